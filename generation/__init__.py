@@ -1,0 +1,54 @@
+"""generation: messages, tools, interrupts, agents, models and one turn of the loop.
+
+Pure: no Celery, no Redis, no HTTP. Everything a user needs to declare agents is exported
+here; `tests/test_public_api.py` checks the list is complete.
+"""
+
+from generation.agents import Agent, load_agents
+from generation.answers import check_answer, schema_errors, to_resume
+from generation.errors import (
+    ConfigError,
+    InvalidAnswer,
+    LaybyError,
+    ResumeError,
+    RunFailed,
+    UnknownToolCall,
+    UnresolvedToolCall,
+)
+from generation.interrupts import (
+    BACKGROUND_JOB,
+    CONFIRMATION,
+    INPUT_REQUIRED,
+    TOOL_CALL,
+    ExpiryAction,
+    Interrupt,
+    OnExpire,
+    ResumeEntry,
+    ResumeMode,
+)
+from generation.messages import Message, Part, ToolRequest, ToolResponse, text_message
+from generation.models import Model, ModelRequest, ModelResponse
+from generation.scripted import Call, Case, Choose, Reply, ScriptedModel
+from generation.tools import Ask, EndRun, JobRequest, Tool, ToolContext, ToolInterrupt, interrupt_tool, tool
+from generation.turn import (
+    Continue,
+    Fail,
+    Finish,
+    Outcome,
+    Park,
+    Resume,
+    Step,
+    model_turn,
+    resume_turn,
+)
+
+__all__ = [
+    "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "TOOL_CALL",
+    "Agent", "Ask", "Call", "Case", "Choose", "ConfigError", "Continue", "EndRun",
+    "ExpiryAction", "Fail", "Finish", "Interrupt", "InvalidAnswer", "JobRequest", "LaybyError",
+    "Message", "Model", "ModelRequest", "ModelResponse", "OnExpire", "Outcome", "Park", "Part",
+    "Reply", "Resume", "ResumeEntry", "ResumeError", "ResumeMode", "RunFailed", "ScriptedModel",
+    "Step", "Tool", "ToolContext", "ToolInterrupt", "ToolRequest", "ToolResponse",
+    "UnknownToolCall", "UnresolvedToolCall", "check_answer", "interrupt_tool", "load_agents",
+    "model_turn", "resume_turn", "schema_errors", "text_message", "to_resume", "tool",
+]

@@ -1,0 +1,72 @@
+"""Messages and parts, shaped as Genkit's (camelCase on the wire).
+
+A part is one of `text`, `toolRequest`, `toolResponse`; `metadata` carries Genkit's
+interrupt markers (`interrupt`, `pendingOutput`, `resolvedInterrupt`, `interruptResponse`,
+`source`). The history of a run is a list of `Message`; it is the only state a run needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+Role = Literal["system", "user", "model", "tool"]
+
+
+class Wire(BaseModel):
+    """Base for every model that crosses a boundary: camelCase out, either case in."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class ToolRequest(Wire):
+    name: str
+    ref: str | None = None
+    input: Any = None
+
+
+class ToolResponse(Wire):
+    name: str
+    ref: str | None = None
+    output: Any = None
+
+
+class Part(Wire):
+    text: str | None = None
+    tool_request: ToolRequest | None = None
+    tool_response: ToolResponse | None = None
+    metadata: dict[str, Any] | None = None
+
+    def meta(self, key: str, default: Any = None) -> Any:
+        return (self.metadata or {}).get(key, default)
+
+
+class Message(Wire):
+    role: Role
+    content: list[Part]
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.content if p.text)
+
+    @property
+    def tool_requests(self) -> list[Part]:
+        return [p for p in self.content if p.tool_request is not None]
+
+
+def text_message(role: Role, text: str) -> Message:
+    return Message(role=role, content=[Part(text=text)])
+
+
+def dump_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    return [m.wire() for m in messages]
+
+
+def load_messages(data: list[Any]) -> list[Message]:
+    return [Message.model_validate(m) for m in data]

@@ -1,0 +1,14 @@
+"""parking: the Redis store of runs, interrupts, answers, outbox and indexes.
+
+Every state change is one atomic Lua script named after its transition (`parking/lua/`);
+`parking.keys` documents every key.
+"""
+
+from parking.keys import Keys
+from parking.records import Answer, Event, InterruptView, OutboxEntry, RunSummary, RunView
+from parking.states import InterruptState, Status
+from parking.store import Result, RunRecord, Store, StoreConfig, iso
+
+__all__ = ["Answer", "Event", "InterruptState", "InterruptView", "Keys", "OutboxEntry",
+           "Result", "RunRecord", "RunSummary", "RunView", "Status", "Store", "StoreConfig",
+           "iso"]

@@ -1,0 +1,107 @@
+-- Shared by every transition script (prepended by parking/scripts.py).
+--
+-- KEYS, the same for every script that changes a run (parking.keys.Keys.for_scripts):
+--   1 run (hash)        2 interrupts (hash)   3 answers (hash)     4 open (set)
+--   5 checkpoints (hash) 6 events (stream)    7 outbox (zset)      8 outbox:entries (hash)
+--   9 leases (zset)     10 deadlines (zset)  11..17 index:<status> (zset), in the order
+--   queued running interrupted resuming completed failed cancelled
+-- Scripts may add KEYS from 18 on; they document those and their ARGV in their header.
+-- User JSON (messages, payloads) is stored and returned as opaque strings: cjson would
+-- round numbers and confuse empty arrays with objects.
+
+local INDEX = {queued = 11, running = 12, interrupted = 13, resuming = 14,
+               completed = 15, failed = 16, cancelled = 17}
+local FINISHED = {completed = true, failed = true, cancelled = true}
+local EVENTS_MAX = __EVENTS_MAX__
+local OUTBOX_GRACE_MS = __OUTBOX_GRACE_MS__
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function run_id() return redis.call('HGET', KEYS[1], 'id') end
+
+local function set_status(new, now)
+  local old = redis.call('HGET', KEYS[1], 'status')
+  local id = run_id()
+  if old and INDEX[old] then redis.call('ZREM', KEYS[INDEX[old]], id) end
+  redis.call('ZADD', KEYS[INDEX[new]], now, id)
+  redis.call('HSET', KEYS[1], 'status', new, 'updated_at', now)
+end
+
+local function event(kind, version, data, now)
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', EVENTS_MAX, '*',
+             'type', kind, 'version', version, 'at', now, 'data', data or '{}')
+end
+
+-- Queue a task to publish after this script; returns the entry as JSON for the caller,
+-- which publishes it and acks it. The sweeper republishes what stays past the grace time.
+local function outbox(kind, task, queue, version, now)
+  local id = run_id()
+  local entry_id = id .. ':' .. kind .. ':' .. version
+  local entry = cjson.encode({id = entry_id, task = task, queue = queue,
+                              args = {id, tonumber(version)}})
+  redis.call('HSET', KEYS[8], entry_id, entry)
+  redis.call('ZADD', KEYS[7], now + OUTBOX_GRACE_MS, entry_id)
+  return entry
+end
+
+local function bump(now)
+  local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
+  redis.call('HSET', KEYS[1], 'updated_at', now)
+  return v
+end
+
+local function release_lease()
+  redis.call('HDEL', KEYS[1], 'lease_owner', 'lease_until')
+  redis.call('ZREM', KEYS[9], run_id())
+end
+
+-- The caller must hold the claim on `version` (see claim_run.lua).
+local function check_claim(version, owner)
+  if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
+  local st = redis.call('HMGET', KEYS[1], 'status', 'version', 'lease_owner')
+  if st[1] ~= 'running' or st[2] ~= version or st[3] ~= owner then
+    return {'stale', st[1] or '', st[2] or '', st[3] or ''}
+  end
+  return nil
+end
+
+local function close_open_interrupts()
+  local id = run_id()
+  for _, iid in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+    redis.call('ZREM', KEYS[10], id .. ' ' .. iid)
+  end
+  redis.call('DEL', KEYS[4])
+end
+
+local function finish(status, now, retention_s)
+  set_status(status, now)
+  release_lease()
+  close_open_interrupts()
+  redis.call('DEL', KEYS[5])
+  for i = 1, 6 do
+    if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('EXPIRE', KEYS[i], retention_s) end
+  end
+end
+
+-- Record answers (each {interrupt id, answer JSON}, all checked to be open); resume if
+-- none stays open. Returns the new version and the outbox entry ('' while it waits).
+local function apply_answers(answers, resume_task, queue, now)
+  local id = run_id()
+  for _, pair in ipairs(answers) do
+    redis.call('SREM', KEYS[4], pair[1])
+    redis.call('HSET', KEYS[3], pair[1], pair[2])
+    redis.call('ZREM', KEYS[10], id .. ' ' .. pair[1])
+    event('interrupt.answered', redis.call('HGET', KEYS[1], 'version'), pair[2], now)
+  end
+  if redis.call('SCARD', KEYS[4]) == 0
+      and redis.call('HGET', KEYS[1], 'status') == 'interrupted' then
+    local v = bump(now)
+    set_status('resuming', now)
+    event('run.resuming', v, '{}', now)
+    return v, outbox('resume', resume_task, queue, v, now)
+  end
+  return tonumber(redis.call('HGET', KEYS[1], 'version')), ''
+end

@@ -1,0 +1,28 @@
+-- claim_run: queued | resuming | running (lease lapsed) → running, under a lease.
+-- ARGV: 1 expected version, 2 owner, 3 lease (ms)
+-- Returns {'ok', previous status, lease until} | {'stale', status, version} |
+--         {'busy', owner, lease until} | {'missing'}
+local now = now_ms()
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
+local st = redis.call('HMGET', KEYS[1], 'status', 'version', 'lease_owner', 'lease_until')
+local status, version, owner, lease_until = st[1], st[2], st[3], tonumber(st[4] or '0')
+if version ~= ARGV[1] or not (status == 'queued' or status == 'resuming'
+                              or status == 'running') then
+  return {'stale', status, version}
+end
+if status == 'running' and owner and owner ~= ARGV[2] and lease_until > now then
+  return {'busy', owner, lease_until}
+end
+local until_ms = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'lease_owner', ARGV[2], 'lease_until', until_ms)
+redis.call('ZADD', KEYS[9], until_ms, run_id())
+if status ~= 'running' then
+  set_status('running', now)
+  event('run.started', version, cjson.encode({from = status}), now)
+end
+-- Checkpoints belong to one version: drop those of a version that never committed.
+if redis.call('HGET', KEYS[5], 'v') ~= version then
+  redis.call('DEL', KEYS[5])
+  redis.call('HSET', KEYS[5], 'v', version)
+end
+return {'ok', status, until_ms}

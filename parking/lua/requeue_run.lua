@@ -1,0 +1,22 @@
+-- requeue_run: running with a lapsed lease (its worker died) → queued, same version, the
+-- turn queued again. Also used by operators to requeue a run that waits for a lost message.
+-- ARGV: 1 turn task, 2 resume task, 3 queue, 4 '1' to requeue even with a live lease
+-- Returns {'ok', entry} | {'busy'} | {'skipped', status} | {'missing'}
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {'missing'}
+end
+local now = now_ms()
+local st = redis.call('HMGET', KEYS[1], 'status', 'version', 'lease_until')
+local status, version = st[1], st[2]
+if status == 'running' then
+  if ARGV[4] ~= '1' and tonumber(st[3] or '0') > now then return {'busy'} end
+  release_lease()
+  set_status('queued', now)
+  event('run.requeued', version, '{}', now)
+  return {'ok', outbox('turn', ARGV[1], ARGV[3], version, now)}
+elseif status == 'queued' then
+  return {'ok', outbox('turn', ARGV[1], ARGV[3], version, now)}
+elseif status == 'resuming' then
+  return {'ok', outbox('resume', ARGV[2], ARGV[3], version, now)}
+end
+return {'skipped', status}

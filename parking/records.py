@@ -1,0 +1,94 @@
+"""What the store hands out: answers as recorded, runs and interrupts as readers see them,
+outbox entries to publish. Plain pydantic models, camelCase on the wire."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from generation.interrupts import Interrupt, ResumeEntry
+from generation.messages import Message, Wire
+from parking.states import InterruptState, Status
+
+
+class Answer(Wire):
+    """An answer as recorded: the resume entry, and who gave it, how and when."""
+
+    interrupt_id: str
+    status: Literal["resolved", "cancelled"]
+    payload: Any = None
+    metadata: dict[str, Any] | None = None
+    state: InterruptState
+    answered_by: str
+    channel: str
+    answered_at: str
+
+    def entry(self) -> ResumeEntry:
+        return ResumeEntry(interrupt_id=self.interrupt_id, status=self.status,
+                           payload=self.payload, metadata=self.metadata)
+
+
+class InterruptView(Wire):
+    """AG-UI's `Interrupt`, plus where it stands and who answered it."""
+
+    id: str
+    reason: str
+    message: str | None = None
+    tool_call_id: str
+    response_schema: dict[str, Any] | None = None
+    expires_at: str | None = None
+    metadata: dict[str, Any] | None = None
+    tool_name: str
+    tool_input: Any = None
+    mode: str
+    state: InterruptState
+    created_at: str | None = None
+    answer: Answer | None = None
+
+    @classmethod
+    def of(cls, spec: Interrupt, answer: Answer | None, is_open: bool) -> InterruptView:
+        state = InterruptState.OPEN if is_open or answer is None else answer.state
+        return cls(id=spec.id, reason=spec.reason, message=spec.message,
+                   tool_call_id=spec.tool_call_id, response_schema=spec.response_schema,
+                   expires_at=spec.expires_at, metadata=spec.metadata,
+                   tool_name=spec.tool_name, tool_input=spec.tool_input, mode=spec.mode.value,
+                   state=state, created_at=spec.created_at, answer=answer)
+
+
+class RunView(Wire):
+    id: str
+    agent: str
+    status: Status
+    version: int
+    input: Any = None
+    messages: list[Message]
+    interrupts: list[InterruptView]
+    result: str | None = None
+    error: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    created_at: str
+    updated_at: str
+
+
+class RunSummary(Wire):
+    id: str
+    agent: str
+    status: Status
+    version: int
+    open_interrupts: int
+    created_at: str
+    updated_at: str
+
+
+class OutboxEntry(Wire):
+    id: str
+    task: str
+    queue: str
+    args: list[Any]
+
+
+class Event(Wire):
+    id: str
+    type: str
+    version: int
+    at: str
+    data: Any = None

@@ -1,0 +1,37 @@
+"""Loads the Lua transition scripts in `lua/`, each registered once per client.
+
+Run scripts get the shared prelude (`lua/_prelude.lua`) and the KEYS layout it documents;
+outbox scripts stand alone.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+from redis import Redis
+from redis.commands.core import Script
+
+RUN_SCRIPTS = ("create_run", "claim_run", "save_checkpoint", "advance_turn", "park_run",
+               "complete_run", "fail_run", "cancel_run", "answer_interrupts",
+               "expire_interrupt", "requeue_run")
+OUTBOX_SCRIPTS = ("claim_outbox", "ack_outbox")
+
+
+@cache
+def _source(name: str) -> str:
+    return (resources.files("parking") / "lua" / f"{name}.lua").read_text()
+
+
+def source(name: str, *, events_max: int, outbox_grace_ms: int) -> str:
+    if name in OUTBOX_SCRIPTS:
+        return _source(name)
+    prelude = (_source("_prelude").replace("__EVENTS_MAX__", str(events_max))
+               .replace("__OUTBOX_GRACE_MS__", str(outbox_grace_ms)))
+    return prelude + "\n" + _source(name)
+
+
+def register(client: Redis, *, events_max: int, outbox_grace_ms: int) -> dict[str, Script]:
+    return {name: client.register_script(source(name, events_max=events_max,
+                                                outbox_grace_ms=outbox_grace_ms))
+            for name in (*RUN_SCRIPTS, *OUTBOX_SCRIPTS)}

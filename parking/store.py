@@ -1,0 +1,309 @@
+"""The Redis store of runs: every state change is one Lua script (see `lua/`), reads are plain.
+
+Each transition method returns a small result; `entries` are outbox entries the caller must
+publish and then `ack_outbox`. The store never publishes: it knows Redis, not the broker.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from redis import Redis
+
+from generation.interrupts import Interrupt
+from generation.messages import Message, dump_messages, load_messages
+from parking import scripts
+from parking.keys import Keys
+from parking.records import (
+    Answer,
+    Event,
+    InterruptView,
+    OutboxEntry,
+    RunSummary,
+    RunView,
+)
+from parking.states import Status
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    prefix: str = "layby"
+    retention_s: int = 7 * 24 * 3600
+    idempotency_ttl_s: int = 24 * 3600
+    lease_ms: int = 300_000
+    events_max: int = 2000
+    outbox_grace_ms: int = 10_000
+    turn_task: str = "layby.run_turn"
+    resume_task: str = "layby.resume_run"
+    turn_queue: str = "layby.turns"
+
+
+@dataclass
+class Result:
+    """The reply of a transition script: `code` is 'ok' or why not; `info` the rest."""
+
+    code: str
+    version: int | None = None
+    entries: list[OutboxEntry] = field(default_factory=list)
+    info: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.code == "ok"
+
+
+def iso(ms: int | str | None) -> str:
+    moment = datetime.fromtimestamp(int(ms or 0) / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _entries(raw: Iterable[str]) -> list[OutboxEntry]:
+    return [OutboxEntry.model_validate_json(e) for e in raw if e]
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass
+class RunRecord:
+    """A run as a worker needs it to take a step."""
+
+    id: str
+    agent: str
+    status: Status
+    version: int
+    messages: list[Message]
+    metadata: dict[str, Any]
+
+
+class Store:
+    def __init__(self, client: Redis, config: StoreConfig | None = None) -> None:
+        self.redis = client
+        self.config = config or StoreConfig()
+        self.keys = Keys(self.config.prefix)
+        self._scripts = scripts.register(client, events_max=self.config.events_max,
+                                         outbox_grace_ms=self.config.outbox_grace_ms)
+
+    def _run(self, name: str, run_id: str, *argv: Any, extra_keys: tuple[str, ...] = ()) -> list:
+        keys = [*self.keys.for_scripts(run_id), *extra_keys]
+        return self._scripts[name](keys=keys, args=[str(a) for a in argv])
+
+    # -- transitions -------------------------------------------------------------------
+
+    def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
+                   metadata: dict[str, Any], idempotency_key: str | None) -> Result:
+        idem = self.keys.idempotency(idempotency_key) if idempotency_key else ""
+        reply = self._run("create_run", run_id, run_id, agent, _dumps(input),
+                          _dumps(dump_messages(messages)), _dumps(metadata),
+                          self.config.idempotency_ttl_s, self.config.turn_task,
+                          self.config.turn_queue, extra_keys=(idem,))
+        if reply[0] == "exists":
+            return Result("exists", info=[reply[1]])
+        return Result("ok", 1, _entries(reply[1:]), [run_id])
+
+    def claim(self, run_id: str, version: int, owner: str) -> Result:
+        reply = self._run("claim_run", run_id, version, owner, self.config.lease_ms)
+        return Result(reply[0], version, info=[str(x) for x in reply[1:]])
+
+    def save_checkpoint(self, run_id: str, version: int, owner: str, name: str,
+                        value: Any) -> bool:
+        reply = self._run("save_checkpoint", run_id, version, owner, name, _dumps(value))
+        return bool(reply[0] == "ok")
+
+    def checkpoints(self, run_id: str, version: int) -> dict[str, Any]:
+        raw = self.redis.hgetall(self.keys.checkpoints(run_id))
+        if raw.get("v") != str(version):
+            return {}
+        return {k: json.loads(v) for k, v in raw.items() if k != "v"}
+
+    def advance(self, run_id: str, version: int, owner: str, messages: list[Message],
+                event: dict[str, Any], *, inline: bool) -> Result:
+        reply = self._run("advance_turn", run_id, version, owner,
+                          _dumps(dump_messages(messages)), _dumps(event), "1" if inline else "0",
+                          self.config.lease_ms, self.config.turn_task, self.config.turn_queue)
+        return self._transition(reply)
+
+    def park(self, run_id: str, version: int, owner: str, messages: list[Message],
+             interrupts: list[Interrupt], event: dict[str, Any]) -> Result:
+        triples: list[Any] = []
+        for intr in interrupts:
+            expiry = ""
+            if intr.expires_at:
+                moment = datetime.fromisoformat(intr.expires_at.replace("Z", "+00:00"))
+                expiry = str(int(moment.timestamp() * 1000))
+            triples += [intr.id, _dumps(intr.wire()), expiry]
+        reply = self._run("park_run", run_id, version, owner, _dumps(dump_messages(messages)),
+                          _dumps(event), self.config.resume_task, self.config.turn_queue,
+                          len(interrupts), *triples)
+        return self._transition(reply)
+
+    def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
+                 result: str, event: dict[str, Any]) -> Result:
+        reply = self._run("complete_run", run_id, version, owner,
+                          _dumps(dump_messages(messages)), result, _dumps(event),
+                          self.config.retention_s)
+        return self._transition(reply)
+
+    def fail(self, run_id: str, error: dict[str, Any], *, version: int | None = None,
+             owner: str | None = None, messages: list[Message] | None = None) -> Result:
+        reply = self._run("fail_run", run_id, "" if version is None else version, owner or "",
+                          _dumps(error),
+                          "" if messages is None else _dumps(dump_messages(messages)),
+                          self.config.retention_s)
+        return self._transition(reply)
+
+    def cancel(self, run_id: str, by: str, reason: str | None) -> Result:
+        data = {"code": "cancelled", "message": reason or "cancelled", "by": by}
+        reply = self._run("cancel_run", run_id, _dumps(data), self.config.retention_s)
+        return self._transition(reply)
+
+    def answer(self, run_id: str, answers: list[Answer], *, require_all: bool = False,
+               allow_early: bool = False) -> Result:
+        pairs: list[Any] = []
+        for a in answers:
+            pairs += [a.interrupt_id, _dumps(a.wire())]
+        reply = self._run("answer_interrupts", run_id, "1" if require_all else "0",
+                          "1" if allow_early else "0", self.config.resume_task,
+                          self.config.turn_queue, len(answers), *pairs)
+        return self._transition(reply)
+
+    def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None) -> Result:
+        reply = self._run("expire_interrupt", run_id, answer.interrupt_id, _dumps(answer.wire()),
+                          _dumps(fail_error) if fail_error else "", self.config.resume_task,
+                          self.config.turn_queue, self.config.retention_s)
+        return self._transition(reply)
+
+    def requeue(self, run_id: str, *, force: bool = False) -> Result:
+        reply = self._run("requeue_run", run_id, self.config.turn_task,
+                          self.config.resume_task, self.config.turn_queue, "1" if force else "0")
+        if reply[0] == "ok":
+            return Result("ok", entries=_entries(reply[1:]))
+        return Result(reply[0], info=[str(x) for x in reply[1:]])
+
+    @staticmethod
+    def _transition(reply: list) -> Result:
+        if reply[0] in ("ok", "failed"):
+            entries = _entries(reply[2:]) if len(reply) > 2 else []
+            return Result(reply[0], int(reply[1]), entries)
+        return Result(reply[0], info=[str(x) for x in reply[1:]])
+
+    # -- outbox --------------------------------------------------------------------------
+
+    def claim_outbox(self, limit: int = 100, retry_ms: int = 10_000) -> list[OutboxEntry]:
+        raw = self._scripts["claim_outbox"](keys=[self.keys.outbox, self.keys.outbox_entries],
+                                            args=[limit, retry_ms])
+        return _entries(raw)
+
+    def ack_outbox(self, entry_ids: list[str]) -> None:
+        if entry_ids:
+            self._scripts["ack_outbox"](keys=[self.keys.outbox, self.keys.outbox_entries],
+                                        args=entry_ids)
+
+    def outbox_backlog(self) -> int:
+        return int(self.redis.zcard(self.keys.outbox))
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def record(self, run_id: str) -> RunRecord | None:
+        raw = self.redis.hmget(self.keys.run(run_id), "id", "agent", "status", "version",
+                               "messages", "metadata")
+        if raw[0] is None:
+            return None
+        return RunRecord(raw[0], raw[1], Status(raw[2]), int(raw[3]),
+                         load_messages(json.loads(raw[4])), json.loads(raw[5] or "{}"))
+
+    def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(self.keys.interrupts(run_id))
+        pipe.hgetall(self.keys.answers(run_id))
+        pipe.smembers(self.keys.open(run_id))
+        specs, answers, open_ids = pipe.execute()
+        found = sorted((Interrupt.model_validate_json(v) for v in specs.values()),
+                       key=lambda i: (i.created_at or "", i.id))
+        return (found, {k: Answer.model_validate_json(v) for k, v in answers.items()},
+                set(open_ids))
+
+    def interrupt(self, run_id: str, interrupt_id: str) -> Interrupt | None:
+        raw = self.redis.hget(self.keys.interrupts(run_id), interrupt_id)
+        return Interrupt.model_validate_json(raw) if raw else None
+
+    def view(self, run_id: str) -> RunView | None:
+        raw = self.redis.hgetall(self.keys.run(run_id))
+        if not raw:
+            return None
+        specs, answers, open_ids = self.interrupts(run_id)
+        return RunView(
+            id=raw["id"], agent=raw["agent"], status=Status(raw["status"]),
+            version=int(raw["version"]), input=json.loads(raw.get("input") or "null"),
+            messages=load_messages(json.loads(raw["messages"])),
+            interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids) for s in specs],
+            result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
+            metadata=json.loads(raw.get("metadata") or "{}"), created_at=iso(raw["created_at"]),
+            updated_at=iso(raw["updated_at"]))
+
+    def list_runs(self, status: Status | None = None, *, limit: int = 50,
+                  offset: int = 0) -> list[RunSummary]:
+        """Newest first; all states when `status` is None."""
+        statuses = [status] if status else list(Status)
+        pipe = self.redis.pipeline(transaction=False)
+        for s in statuses:
+            pipe.zrevrange(self.keys.index(s), 0, offset + limit - 1, withscores=True)
+        scored = sorted((pair for found in pipe.execute() for pair in found),
+                        key=lambda p: -p[1])[offset:offset + limit]
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id, _ in scored:
+            pipe.hmget(self.keys.run(run_id), "id", "agent", "status", "version",
+                       "created_at", "updated_at")
+            pipe.scard(self.keys.open(run_id))
+        replies = pipe.execute()
+        out = []
+        for raw, open_count in zip(replies[::2], replies[1::2], strict=True):
+            if raw[0] is not None:  # expired after retention; the sweeper prunes the index
+                out.append(RunSummary(id=raw[0], agent=raw[1], status=Status(raw[2]),
+                                      version=int(raw[3]), open_interrupts=open_count,
+                                      created_at=iso(raw[4]), updated_at=iso(raw[5])))
+        return out
+
+    def count_by_status(self) -> dict[str, int]:
+        pipe = self.redis.pipeline(transaction=False)
+        for s in Status:
+            pipe.zcard(self.keys.index(s))
+        return {s.value: n for s, n in zip(Status, pipe.execute(), strict=True)}
+
+    def events(self, run_id: str, after: str = "0-0", *, block_ms: int | None = None,
+               count: int = 500) -> list[Event]:
+        key = self.keys.events(run_id)
+        if block_ms is None:
+            found = self.redis.xrange(key, f"({after}" if after != "0-0" else "-", "+", count)
+        else:
+            reply = self.redis.xread({key: after}, count=count, block=block_ms)
+            found = reply[0][1] if reply else []
+        return [event_of(eid, fields) for eid, fields in found]
+
+    def due_deadlines(self, limit: int = 200) -> list[tuple[str, str]]:
+        now_ms = int(self.redis.time()[0]) * 1000
+        members = self.redis.zrangebyscore(self.keys.deadlines, "-inf", now_ms, 0, limit)
+        return [tuple(m.split(" ", 1)) for m in members]  # type: ignore[misc]
+
+    def lapsed_leases(self, limit: int = 200) -> list[str]:
+        now_ms = int(self.redis.time()[0]) * 1000
+        return list(self.redis.zrangebyscore(self.keys.leases, "-inf", now_ms, 0, limit))
+
+    def prune_finished(self) -> int:
+        """Drop index entries of finished runs whose keys have expired."""
+        now_ms = int(self.redis.time()[0]) * 1000
+        cutoff = now_ms - self.config.retention_s * 1000
+        pipe = self.redis.pipeline(transaction=False)
+        for s in (Status.COMPLETED, Status.FAILED, Status.CANCELLED):
+            pipe.zremrangebyscore(self.keys.index(s), "-inf", cutoff)
+        return sum(pipe.execute())
+
+
+def event_of(event_id: str, fields: dict[str, str]) -> Event:
+    return Event(id=event_id, type=fields["type"], version=int(fields["version"]),
+                 at=iso(fields["at"]), data=json.loads(fields.get("data") or "null"))
