@@ -8,8 +8,12 @@ from generation.agents import Agent, load_agents
 from generation.answers import check_answer, schema_errors, to_resume
 from generation.errors import (
     ConfigError,
+    Conflict,
+    Invalid,
     InvalidAnswer,
     LaybyError,
+    NotFound,
+    RequestError,
     ResumeError,
     RunFailed,
     UnknownToolCall,
@@ -44,10 +48,11 @@ from generation.turn import (
 
 __all__ = [
     "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "TOOL_CALL",
-    "Agent", "Ask", "Call", "Case", "Choose", "ConfigError", "Continue", "EndRun",
-    "ExpiryAction", "Fail", "Finish", "Interrupt", "InvalidAnswer", "JobRequest", "LaybyError",
-    "Message", "Model", "ModelRequest", "ModelResponse", "OnExpire", "Outcome", "Park", "Part",
-    "Reply", "Resume", "ResumeEntry", "ResumeError", "ResumeMode", "RunFailed", "ScriptedModel",
+    "Agent", "Ask", "Call", "Case", "Choose", "ConfigError", "Conflict", "Continue", "EndRun",
+    "ExpiryAction", "Fail", "Finish", "Interrupt", "Invalid", "InvalidAnswer", "JobRequest",
+    "LaybyError", "Message", "Model", "ModelRequest", "ModelResponse", "NotFound", "OnExpire",
+    "Outcome", "Park", "Part", "Reply", "RequestError", "Resume", "ResumeEntry", "ResumeError",
+    "ResumeMode", "RunFailed", "ScriptedModel",
     "Step", "Tool", "ToolContext", "ToolInterrupt", "ToolRequest", "ToolResponse",
     "UnknownToolCall", "UnresolvedToolCall", "check_answer", "interrupt_tool", "load_agents",
     "model_turn", "resume_turn", "schema_errors", "text_message", "to_resume", "tool",

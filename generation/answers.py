@@ -59,7 +59,7 @@ def to_resume(interrupts: list[Interrupt], answers: dict[str, ResumeEntry]) -> R
             continue
         if entry.status == "cancelled":
             reason = (entry.metadata or {}).get("reason")
-            resume.decline[intr.tool_call_id] = reason
+            resume.decline[intr.tool_call_id] = reason or "declined by the reviewer"
         elif intr.mode is ResumeMode.RESPOND:
             resume.respond.append(Part(tool_response=ToolResponse(
                 name=intr.tool_name, ref=intr.tool_call_id, output=entry.payload)))

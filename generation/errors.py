@@ -6,7 +6,11 @@
     │   ├── UnknownToolCall    an answer names a tool call that is not waiting
     │   ├── UnresolvedToolCall a waiting tool call got no answer
     │   └── InvalidAnswer      a payload or replaced input fails its schema
-    └── RunFailed              the run cannot go on (max turns, a model error)
+    ├── RunFailed              the run cannot go on (max turns, a model error)
+    └── RequestError           a request from outside cannot be applied (HTTP 4xx)
+        ├── NotFound           no such run, interrupt or agent            (404)
+        ├── Conflict           not open any more: answered, expired, over (409)
+        └── Invalid            a payload fails its schema; nothing stored (422)
 
 Control flow signals raised by tools (`ToolInterrupt`, `EndRun`) live in `generation.tools`
 and are not errors.
@@ -51,3 +55,19 @@ class InvalidAnswer(ResumeError):
 
 class RunFailed(LaybyError):
     pass
+
+
+class RequestError(LaybyError):
+    status_code = 400
+
+
+class NotFound(RequestError):
+    status_code = 404
+
+
+class Conflict(RequestError):
+    status_code = 409
+
+
+class Invalid(RequestError):
+    status_code = 422

@@ -4,8 +4,8 @@ A script is a list of steps; the n-th model turn of a run plays step n (counted 
 history, so a replayed or resumed turn plays the same step). A step is a `Reply` (text and
 tool calls) or a `Choose`, which picks a reply from the last tool responses. Strings are
 templates: `{input}` is the user's first message, named groups of `input_pattern` are
-available by name, and `{tool_name}` is that tool's last output (`{tool[field]}` reaches
-into an object). A script can be loaded from JSON: `ScriptedModel.model_validate_json(...)`.
+available by name, `{tool_name}` is that tool's last output and `{ref}` the output of the
+call with that ref (`{tool[field]}` reaches into an object). A script can be loaded from JSON: `ScriptedModel.model_validate_json(...)`.
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ def _last_tool_outputs(history: list[Message]) -> tuple[dict[str, Any], set[str]
             resp = part.tool_response
             if resp is not None:
                 outputs[resp.name] = resp.output
+                if resp.ref:
+                    outputs[resp.ref] = resp.output
                 if part.meta("cancelled"):
                     declined.add(resp.name)
                 else:

@@ -212,7 +212,9 @@ def _interrupt(step: Step, tool: Tool, ctx: ToolContext, request: ToolRequest,
         tool_name=tool.name, tool_input=request.input,
         input_schema=tool.input_schema if mode is ResumeMode.RESTART else None,
         mode=mode, on_expire=ask.on_expire or OnExpire(), reviewers=ask.reviewers,
-        created_at=_iso(now), turn=step.turns_taken)
+        # a restart runs while the parked model message is already in the history: it
+        # belongs to that turn, not to the next one
+        created_at=_iso(now), turn=step.turns_taken - (1 if ctx.restarted else 0))
 
 
 def _iso(moment: datetime) -> str:
@@ -267,9 +269,12 @@ def _mark(message: Message, calls: list[Part], results: dict[str, CallResult],
         result = results.get(ref)
         if result is not None and result.kind == "interrupt" and result.interrupt:
             intr = result.interrupt
-            meta["interrupt"] = {"id": intr.id, "reason": intr.reason, **(intr.metadata or {})}
+            # the tool's metadata must not replace the id that answers are matched by
+            meta["interrupt"] = {**(intr.metadata or {}), "id": intr.id, "reason": intr.reason}
         elif ref in known:
             meta["pendingOutput"] = known[ref].tool_response.output  # type: ignore[union-attr]
+            if known[ref].meta("cancelled"):  # a decline must survive the turn parking again
+                meta["cancelled"] = True
         content.append(part.model_copy(update={"metadata": meta or None}))
     return message.model_copy(update={"content": content})
 
@@ -319,9 +324,11 @@ def resume_turn(agent: Agent, step: Step, resume: Resume) -> Outcome:
                                   f"{target.ref!r} is waiting in this run",
                                   run_id=step.run_id, ref=target.ref)
     for ref in resume.decline:
-        if ref not in by_ref:
-            raise UnknownToolCall(f"no tool call with ref {ref!r} is waiting", ref=ref,
-                                  run_id=step.run_id)
+        # a finished call has nothing to decline: its pending output would win silently
+        declined = by_ref.get(ref)
+        if declined is None or "interrupt" not in (declined.metadata or {}):
+            raise UnknownToolCall(f"no interrupted tool call with ref {ref!r} is waiting",
+                                  ref=ref, run_id=step.run_id)
     responds = {p.tool_response.ref: p for p in resume.respond}  # type: ignore[union-attr]
     restarts = {p.tool_request.ref: p for p in resume.restart}  # type: ignore[union-attr]
     known: dict[str, Part] = {}
@@ -332,7 +339,8 @@ def resume_turn(agent: Agent, step: Step, resume: Resume) -> Outcome:
         ref = req.ref or ""
         meta = part.metadata or {}
         if "pendingOutput" in meta:  # present even when the output is falsy
-            known[ref] = _response(req, meta["pendingOutput"], {"source": "pending"})
+            known[ref] = _response(req, meta["pendingOutput"], {"source": "pending", **(
+                {"cancelled": True} if meta.get("cancelled") else {})})
         elif ref in responds:
             known[ref] = _checked_response(agent, step, req, responds[ref])
         elif ref in resume.decline:
@@ -345,7 +353,23 @@ def resume_turn(agent: Agent, step: Step, resume: Resume) -> Outcome:
                                      "and the resume gives it no answer",
                                      run_id=step.run_id, ref=ref)
     results = _run_calls(agent, step, to_run) if to_run else {}
-    return _settle(step, message, calls, results, resumed=True, responses=known)
+    message = _replace_inputs(message, {r.ref or "": r for r, _ in to_run})
+    return _settle(step, message, message.tool_requests, results, resumed=True,
+                   responses=known)
+
+
+def _replace_inputs(message: Message, requests: dict[str, ToolRequest]) -> Message:
+    """Genkit's history after `replaceInput`: the new input, the original kept beside it."""
+    content = []
+    for part in message.content:
+        req = part.tool_request
+        new = requests.get(req.ref or "") if req is not None else None
+        if req is not None and new is not None and new.input != req.input:
+            part = part.model_copy(update={
+                "tool_request": new,
+                "metadata": {**(part.metadata or {}), "replacedInput": req.input}})
+        content.append(part)
+    return message.model_copy(update={"content": content})
 
 
 def _checked_response(agent: Agent, step: Step, req: ToolRequest, answer: Part) -> Part:

@@ -40,6 +40,7 @@ class StoreConfig:
     turn_task: str = "layby.run_turn"
     resume_task: str = "layby.resume_run"
     turn_queue: str = "layby.turns"
+    max_attempts: int = 5
 
 
 @dataclass
@@ -107,7 +108,8 @@ class Store:
         return Result("ok", 1, _entries(reply[1:]), [run_id])
 
     def claim(self, run_id: str, version: int, owner: str) -> Result:
-        reply = self._run("claim_run", run_id, version, owner, self.config.lease_ms)
+        reply = self._run("claim_run", run_id, version, owner, self.config.lease_ms,
+                          self.config.max_attempts)
         return Result(reply[0], version, info=[str(x) for x in reply[1:]])
 
     def save_checkpoint(self, run_id: str, version: int, owner: str, name: str,
@@ -175,12 +177,13 @@ class Store:
     def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None) -> Result:
         reply = self._run("expire_interrupt", run_id, answer.interrupt_id, _dumps(answer.wire()),
                           _dumps(fail_error) if fail_error else "", self.config.resume_task,
-                          self.config.turn_queue, self.config.retention_s)
+                          self.config.turn_queue, self.config.retention_s, run_id)
         return self._transition(reply)
 
-    def requeue(self, run_id: str, *, force: bool = False) -> Result:
+    def requeue(self, run_id: str, *, owner: str = "") -> Result:
+        """Queue the run's pending step again. `owner`: '' once its lease lapsed, '*' now."""
         reply = self._run("requeue_run", run_id, self.config.turn_task,
-                          self.config.resume_task, self.config.turn_queue, "1" if force else "0")
+                          self.config.resume_task, self.config.turn_queue, run_id, owner)
         if reply[0] == "ok":
             return Result("ok", entries=_entries(reply[1:]))
         return Result(reply[0], info=[str(x) for x in reply[1:]])

@@ -49,7 +49,7 @@ end
 
 local function bump(now)
   local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
-  redis.call('HSET', KEYS[1], 'updated_at', now)
+  redis.call('HSET', KEYS[1], 'updated_at', now, 'attempts', 0)
   return v
 end
 

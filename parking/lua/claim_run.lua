@@ -1,7 +1,7 @@
 -- claim_run: queued | resuming | running (lease lapsed) → running, under a lease.
--- ARGV: 1 expected version, 2 owner, 3 lease (ms)
--- Returns {'ok', previous status, lease until} | {'stale', status, version} |
---         {'busy', owner, lease until} | {'missing'}
+-- ARGV: 1 expected version, 2 owner, 3 lease (ms), 4 most attempts at one version
+-- Returns {'ok', previous status, lease until, attempt} | {'stale', status, version} |
+--         {'busy', owner, lease until} | {'exhausted', attempts} | {'missing'}
 local now = now_ms()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
 local st = redis.call('HMGET', KEYS[1], 'status', 'version', 'lease_owner', 'lease_until')
@@ -13,6 +13,9 @@ end
 if status == 'running' and owner and owner ~= ARGV[2] and lease_until > now then
   return {'busy', owner, lease_until}
 end
+-- Attempts are counted before running, so a step that kills its worker every time ends.
+local attempt = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+if attempt > tonumber(ARGV[4]) then return {'exhausted', attempt - 1} end
 local until_ms = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'lease_owner', ARGV[2], 'lease_until', until_ms)
 redis.call('ZADD', KEYS[9], until_ms, run_id())
@@ -25,4 +28,4 @@ if redis.call('HGET', KEYS[5], 'v') ~= version then
   redis.call('DEL', KEYS[5])
   redis.call('HSET', KEYS[5], 'v', version)
 end
-return {'ok', status, until_ms}
+return {'ok', status, until_ms, attempt}

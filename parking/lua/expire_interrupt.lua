@@ -1,13 +1,15 @@
 -- expire_interrupt: an open interrupt past its deadline gets its expiry policy: an answer
 -- (cancel, or resolve with a default) or the failure of the run.
 -- ARGV: 1 interrupt id, 2 answer JSON (state "expired"), 3 error JSON to fail the run
---       ('' to apply the answer and go on), 4 resume task, 5 queue, 6 retention (s)
--- Returns {'ok', version, entry or ''} | {'failed', version} | {'gone'} (answered, not due)
+--       ('' to apply the answer and go on), 4 resume task, 5 queue, 6 retention (s), 7 run id
+-- Returns {'ok', version, entry or ''} | {'failed', version} | {'gone'} (answered, or the
+-- run is over: the deadline is dropped) | {'later'} (not due yet)
 local now = now_ms()
-local id = run_id()
-if not id then return {'gone'} end
-local due = redis.call('ZSCORE', KEYS[10], id .. ' ' .. ARGV[1])
-if not due or tonumber(due) > now or redis.call('SISMEMBER', KEYS[4], ARGV[1]) == 0 then
+local member = ARGV[7] .. ' ' .. ARGV[1]
+local due = redis.call('ZSCORE', KEYS[10], member)
+if due and tonumber(due) > now then return {'later'} end
+if not run_id() or redis.call('SISMEMBER', KEYS[4], ARGV[1]) == 0 then
+  redis.call('ZREM', KEYS[10], member)
   return {'gone'}
 end
 if ARGV[3] == '' then

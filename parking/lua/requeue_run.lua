@@ -1,15 +1,20 @@
 -- requeue_run: running with a lapsed lease (its worker died) → queued, same version, the
 -- turn queued again. Also used by operators to requeue a run that waits for a lost message.
--- ARGV: 1 turn task, 2 resume task, 3 queue, 4 '1' to requeue even with a live lease
+-- ARGV: 1 turn task, 2 resume task, 3 queue, 4 run id, 5 owner: '' waits for the lease to
+--       lapse, '*' takes it over now (operators), else only that lease holder may requeue
 -- Returns {'ok', entry} | {'busy'} | {'skipped', status} | {'missing'}
 if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('ZREM', KEYS[9], ARGV[4])
   return {'missing'}
 end
 local now = now_ms()
-local st = redis.call('HMGET', KEYS[1], 'status', 'version', 'lease_until')
+local st = redis.call('HMGET', KEYS[1], 'status', 'version', 'lease_until', 'lease_owner')
 local status, version = st[1], st[2]
 if status == 'running' then
-  if ARGV[4] ~= '1' and tonumber(st[3] or '0') > now then return {'busy'} end
+  local lapsed = tonumber(st[3] or '0') <= now
+  if not (lapsed or ARGV[5] == '*' or (ARGV[5] ~= '' and ARGV[5] == st[4])) then
+    return {'busy'}
+  end
   release_lease()
   set_status('queued', now)
   event('run.requeued', version, '{}', now)

@@ -1,0 +1,22 @@
+"""broker_config: the Celery app, kombu queues and routes, and layby's settings.
+
+`celery -A broker_config worker|beat|flower` finds the app here.
+"""
+
+from broker_config.celery_app import (
+    JOBS,
+    NOTIFY,
+    QUEUES,
+    RESUME_RUN,
+    RUN_TURN,
+    START_RUN,
+    SWEEP,
+    SWEEP_TASK,
+    TURNS,
+    app,
+    make_app,
+)
+from broker_config.settings import Settings, get_settings
+
+__all__ = ["JOBS", "NOTIFY", "QUEUES", "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP",
+           "SWEEP_TASK", "TURNS", "Settings", "app", "get_settings", "make_app"]

@@ -1,0 +1,83 @@
+"""The Celery app: queues, routes and the settings that keep tasks from being lost.
+
+Model turns, notifications, sweeps and background jobs each have their own queue, so a
+sweep or a notification never waits behind model calls. Task names are public and stable:
+other services enqueue by name with `send_task`, knowing only the broker URL.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from broker_config.settings import Settings, get_settings
+
+TURNS = "layby.turns"
+NOTIFY = "layby.notify"
+SWEEP = "layby.sweep"
+JOBS = "layby.jobs"
+QUEUES = (TURNS, NOTIFY, SWEEP, JOBS)
+
+START_RUN = "layby.start_run"
+RUN_TURN = "layby.run_turn"
+RESUME_RUN = "layby.resume_run"
+SWEEP_TASK = "layby.sweep"
+JOB_DONE = "layby.job_done"
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def celery_config(settings: Settings) -> dict[str, object]:
+    url = settings.resolved_redis_url() or DEFAULT_REDIS_URL
+    exchange = Exchange("layby", type="direct")
+    return {
+        "broker_url": url,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            "socket_timeout": settings.redis_socket_timeout_s,
+            "socket_connect_timeout": 10,
+            "socket_keepalive": True,
+            "health_check_interval": settings.redis_health_check_interval_s,
+            "global_keyprefix": f"{settings.key_prefix}:broker:",
+            "retry_on_timeout": True,
+        },
+        "task_acks_late": True,
+        "task_retry_on_worker_lost": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_queues": [Queue(q, exchange, routing_key=q) for q in QUEUES],
+        "task_default_queue": JOBS,
+        "task_default_exchange": "layby",
+        "task_default_routing_key": JOBS,
+        "task_routes": {
+            START_RUN: {"queue": TURNS, "routing_key": TURNS},
+            RUN_TURN: {"queue": TURNS, "routing_key": TURNS},
+            RESUME_RUN: {"queue": TURNS, "routing_key": TURNS},
+            JOB_DONE: {"queue": TURNS, "routing_key": TURNS},
+            SWEEP_TASK: {"queue": SWEEP, "routing_key": SWEEP},
+            "layby.notify.*": {"queue": NOTIFY, "routing_key": NOTIFY},
+        },
+        "beat_schedule": {
+            "layby-sweep": {"task": SWEEP_TASK, "schedule": settings.sweep_interval_s,
+                            "options": {"expires": max(5.0, settings.sweep_interval_s * 5)}},
+        },
+        "worker_hijack_root_logger": False,
+    }
+
+
+def make_app(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
+    app = Celery("layby", include=["tasks", *settings.task_modules])
+    app.conf.update(celery_config(settings))
+    return app
+
+
+app = make_app()

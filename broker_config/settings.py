@@ -1,0 +1,68 @@
+"""Settings, from `LAYBY_*` environment variables (pydantic-settings). Units are in the names.
+
+Where Redis is: `LAYBY_REDIS_URL`, or else the file `<LAYBY_DATA_DIR>/redis.url` that
+`layby up` writes for the embedded server it starts, so every other `layby` command on the
+same machine finds it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+CommaList = Annotated[list[str], NoDecode]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LAYBY_", extra="ignore")
+
+    redis_url: str | None = Field(None, description="Redis/Valkey for broker and store")
+    data_dir: Path = Field(Path(".layby"), description="embedded server's data and state")
+    api_keys: CommaList = Field(default_factory=list, description="bearer keys for /v1")
+    agent_modules: CommaList = Field(default_factory=lambda: ["demo.agents"])
+    task_modules: CommaList = Field(default_factory=lambda: ["demo.jobs"],
+                                    description="modules with Celery tasks to run as jobs")
+    key_prefix: str = "layby"
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    retention_s: int = 7 * 24 * 3600
+    idempotency_ttl_s: int = 24 * 3600
+    lease_s: float = 300.0  # a turn must commit within this, or the sweeper requeues it
+    turn_budget_s: float = 30.0  # keep taking turns in one task for this long
+    visibility_timeout_s: int = 3600  # above lease_s: kombu redelivers unacked after this
+    outbox_grace_s: float = 10.0
+    sweep_interval_s: float = 1.0
+    events_max: int = 2000
+    max_answer_bytes: int = 256 * 1024
+    worker_concurrency: int | None = None
+    redis_socket_timeout_s: float = 30.0
+    redis_health_check_interval_s: int = 25
+
+    @field_validator("api_keys", "agent_modules", "task_modules", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @property
+    def url_file(self) -> Path:
+        return self.data_dir / "redis.url"
+
+    def resolved_redis_url(self) -> str | None:
+        if self.redis_url:
+            return self.redis_url
+        try:
+            return self.url_file.read_text().strip() or None
+        except OSError:
+            return None
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

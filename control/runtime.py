@@ -1,0 +1,83 @@
+"""One store and one publisher per process, built from settings, rebuilt after a fork.
+
+Publishing sends outbox entries to the broker, then acks them in the store; if the broker
+is away the entries stay in the outbox and the sweeper publishes them later.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterable
+
+import redis
+
+from broker_config import app, get_settings
+from broker_config.settings import Settings
+from generation.agents import Agent, load_agents
+from generation.errors import ConfigError
+from parking import OutboxEntry, Store, StoreConfig
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def store_config(settings: Settings) -> StoreConfig:
+    return StoreConfig(prefix=settings.key_prefix, retention_s=settings.retention_s,
+                       idempotency_ttl_s=settings.idempotency_ttl_s,
+                       lease_ms=int(settings.lease_s * 1000), events_max=settings.events_max,
+                       outbox_grace_ms=int(settings.outbox_grace_s * 1000))
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    url = settings.resolved_redis_url()
+    if not url:
+        raise ConfigError("no Redis server is configured: set LAYBY_REDIS_URL, or start "
+                          f"`layby up` (it writes {settings.url_file})")
+    return redis.Redis.from_url(url, decode_responses=True,
+                                socket_timeout=settings.redis_socket_timeout_s,
+                                socket_connect_timeout=10, socket_keepalive=True,
+                                health_check_interval=settings.redis_health_check_interval_s,
+                                retry_on_timeout=True)
+
+
+def store() -> Store:
+    """The process's store (a new one in a forked child: sockets are not shared)."""
+    with _lock:
+        if _state.get("pid") != os.getpid():
+            _state.clear()
+            settings = get_settings()
+            _state["store"] = Store(redis_client(settings), store_config(settings))
+            _state["pid"] = os.getpid()
+        return _state["store"]  # type: ignore[return-value]
+
+
+def agents() -> dict[str, Agent]:
+    with _lock:
+        if "agents" not in _state:
+            _state["agents"] = load_agents(get_settings().agent_modules)
+        return _state["agents"]  # type: ignore[return-value]
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def publish(entries: Iterable[OutboxEntry], target: Store | None = None) -> int:
+    """Send entries to the broker and ack them; returns how many were sent."""
+    entries = list(entries)
+    if not entries:
+        return 0
+    try:
+        with app.producer_or_acquire() as producer:
+            for e in entries:
+                app.send_task(e.task, args=e.args, task_id=e.id, queue=e.queue,
+                              producer=producer)
+    except Exception:  # the outbox keeps them; the sweeper tries again
+        log.exception("publish failed; %d outbox entries left for the sweeper", len(entries))
+        return 0
+    (target or store()).ack_outbox([e.id for e in entries])
+    return len(entries)

@@ -1,0 +1,46 @@
+"""tasks: layby's Celery tasks, thin. Their names are public and stable.
+
+| name               | queue        | arguments                                   |
+|--------------------|--------------|---------------------------------------------|
+| layby.start_run    | layby.turns  | agent, input, metadata?, run_id?            |
+| layby.run_turn     | layby.turns  | run_id, version                             |
+| layby.resume_run   | layby.turns  | run_id, version                             |
+| layby.sweep        | layby.sweep  | (none)                                      |
+
+Other services enqueue runs with `send_task("layby.start_run", args=[agent, input])`; a run
+id given as `run_id` lets them find it later. A redelivered `layby.start_run` does not
+start a second run: the task id is its idempotency key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker_config import RESUME_RUN, RUN_TURN, START_RUN, SWEEP_TASK, app
+from control import commands
+from tasks import jobs as _jobs  # noqa: F401  (connects the job signal handlers)
+from tasks.steps import advance
+from tasks.sweeper import sweep as _sweep
+
+
+@app.task(name=START_RUN, bind=True)
+def start_run(self: Any, agent: str, input: Any = None, metadata: dict[str, Any] | None = None,
+              run_id: str | None = None) -> str:
+    view, _ = commands.start_run(agent, input=input, metadata=metadata, run_id=run_id,
+                                 idempotency_key=f"celery:{self.request.id}")
+    return view.id
+
+
+@app.task(name=RUN_TURN, bind=True)
+def run_turn(self: Any, run_id: str, version: int) -> str:
+    return advance(run_id, int(version), self.request.id)
+
+
+@app.task(name=RESUME_RUN, bind=True)
+def resume_run(self: Any, run_id: str, version: int) -> str:
+    return advance(run_id, int(version), self.request.id)
+
+
+@app.task(name=SWEEP_TASK, ignore_result=True)
+def sweep() -> dict[str, int]:
+    return _sweep()

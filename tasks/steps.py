@@ -1,0 +1,178 @@
+"""Advancing a run: claim it, take steps with `generation`, commit each through `parking`.
+
+A step is a model turn, or the resume of a parked turn once every interrupt has an answer.
+After a `Continue` the next turn is taken in the same task while the time budget lasts
+(fewer hops), else published. Everything here may run twice: the claim refuses stale or
+duplicate messages, checkpoints keep a redelivered step from calling the model or a
+finished tool again, and every commit is a compare-and-set on the run's version.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from broker_config import get_settings
+from control import runtime
+from generation.agents import Agent
+from generation.answers import to_resume
+from generation.errors import ResumeError
+from generation.messages import Message, dump_messages
+from generation.tools import JobRequest
+from generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
+from parking import Store
+from tasks.jobs import start_job
+
+log = logging.getLogger(__name__)
+
+
+class LostClaim(Exception):
+    """Another worker (or a cancel) took the run over while this step ran."""
+
+
+@dataclass
+class StoreCheckpoints:
+    store: Store
+    run_id: str
+    version: int
+    owner: str
+    saved: dict[str, Any]
+
+    def get(self, key: str) -> Any | None:
+        return self.saved.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        if not self.store.save_checkpoint(self.run_id, self.version, self.owner, key, value):
+            raise LostClaim(f"run {self.run_id} moved on while version {self.version} ran")
+        self.saved[key] = value
+
+
+def advance(run_id: str, version: int, task_id: str | None = None) -> str:
+    """Take the run's pending steps; returns how it went (for logs and Flower)."""
+    store = runtime.store()
+    owner = f"{runtime.worker_name()}:{task_id or uuid.uuid4().hex}:{uuid.uuid4().hex[:8]}"
+    claim = store.claim(run_id, version, owner)
+    if claim.code == "exhausted":
+        store.fail(run_id, {"code": "attempts_exhausted",
+                            "message": f"gave up after {claim.info[0]} attempts at version "
+                                       f"{version}; see the worker logs for the cause"},
+                   version=version)
+        return "failed"
+    if not claim.ok:
+        log.info("run %s v%s: %s, nothing to do", run_id, version, claim.code)
+        return claim.code
+    try:
+        return _loop(store, run_id, version, owner)
+    except LostClaim as lost:
+        log.info("%s", lost)
+        return "stale"
+    except Exception:
+        # Give the step back at once rather than after the lease; attempts are bounded.
+        runtime.publish(store.requeue(run_id, owner=owner).entries, store)
+        raise
+
+
+def _loop(store: Store, run_id: str, version: int, owner: str) -> str:
+    settings = get_settings()
+    budget_ends = time.monotonic() + settings.turn_budget_s
+    while True:
+        record = store.record(run_id)
+        if record is None:
+            return "missing"
+        agent = runtime.agents().get(record.agent)
+        if agent is None:
+            store.fail(run_id, {"code": "unknown_agent",
+                                "message": f"no agent named {record.agent!r} is loaded on "
+                                           "this worker; check LAYBY_AGENT_MODULES"},
+                       version=version, owner=owner)
+            return "failed"
+        step = Step(run_id, version, record.messages, record.metadata,
+                    checkpoints=StoreCheckpoints(store, run_id, version, owner,
+                                                 store.checkpoints(run_id, version)),
+                    jobs=lambda request: start_job(request))
+        started = time.monotonic()
+        outcome = _take_step(store, agent, step)
+        inline = time.monotonic() < budget_ends
+        done, version = _commit(store, step, owner, outcome, inline=inline)
+        log.info("run %s: %s in %.0f ms", run_id, type(outcome).__name__.lower(),
+                 (time.monotonic() - started) * 1000)
+        if done:
+            return type(outcome).__name__.lower()
+
+
+def _take_step(store: Store, agent: Agent, step: Step) -> Outcome:
+    try:
+        if _is_parked(step.history):
+            return resume_turn(agent, step, _resume_for(store, step))
+        return _model_turn_with_retries(agent, step)
+    except ResumeError as exc:
+        return Fail(step.history, "invalid_resume", exc.message)
+
+
+def _model_turn_with_retries(agent: Agent, step: Step, attempts: int = 3) -> Outcome:
+    for attempt in range(1, attempts + 1):
+        try:
+            return model_turn(agent, step)
+        except LostClaim:
+            raise
+        except Exception as exc:  # provider errors: the SDKs retry too; we try a little more
+            if attempt == attempts:
+                log.exception("model %s failed for run %s", agent.model.name, step.run_id)
+                return Fail(step.history, "model_error",
+                            f"the model {agent.model.name!r} failed {attempts} times: "
+                            f"{type(exc).__name__}: {exc}")
+            time.sleep(min(8.0, 0.5 * 4 ** (attempt - 1)))
+    raise AssertionError("unreachable")
+
+
+def _is_parked(history: list[Message]) -> bool:
+    last = history[-1] if history else None
+    return bool(last and last.role == "model"
+                and any(p.meta("interrupt") is not None for p in last.tool_requests))
+
+
+def _resume_for(store: Store, step: Step):  # type: ignore[no-untyped-def]
+    waiting = {p.meta("interrupt", {}).get("id") for p in step.history[-1].tool_requests}
+    specs, answers, _ = store.interrupts(step.run_id)
+    return to_resume([s for s in specs if s.id in waiting],
+                     {k: a.entry() for k, a in answers.items()})
+
+
+def _commit(store: Store, step: Step, owner: str, outcome: Outcome,
+            *, inline: bool) -> tuple[bool, int]:
+    """Commit one outcome; returns (finished with this task, the new version)."""
+    added = _added(step.history, outcome.messages)
+    event: dict[str, Any] = {"messages": dump_messages(added), "from": len(outcome.messages)
+                             - len(added)}
+    match outcome:
+        case Continue(messages=messages):
+            result = store.advance(step.run_id, step.version, owner, messages, event,
+                                   inline=inline)
+        case Park(messages=messages, interrupts=interrupts):
+            event["interrupts"] = [i.wire() for i in interrupts]
+            result = store.park(step.run_id, step.version, owner, messages, interrupts, event)
+        case Finish(messages=messages, result=text):
+            event["result"] = text
+            result = store.complete(step.run_id, step.version, owner, messages, text, event)
+        case Fail(messages=messages, code=code, message=message):
+            result = store.fail(step.run_id, {"code": code, "message": message},
+                                version=step.version, owner=owner, messages=messages)
+    if not result.ok:
+        raise LostClaim(f"run {step.run_id}: commit of version {step.version} refused "
+                        f"({result.code} {result.info})")
+    runtime.publish(result.entries, store)
+    keep_going = isinstance(outcome, Continue) and inline
+    return not keep_going, result.version or step.version
+
+
+def _added(before: list[Message], after: list[Message]) -> list[Message]:
+    """The messages a step added or rewrote (a resume rewrites the parked model message)."""
+    same = 0
+    for old, new in zip(before, after, strict=False):
+        if old != new:
+            break
+        same += 1
+    return after[same:]

@@ -1,0 +1,61 @@
+"""The sweeper: publishes what the outbox still holds, applies expiry policies, requeues
+runs whose worker died, prunes finished runs from the indexes. Safe to run anywhere, often,
+and concurrently: every change it makes is a script that re-checks its condition."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from control import runtime
+from generation.interrupts import ExpiryAction
+from parking import Answer, InterruptState, Store
+
+log = logging.getLogger(__name__)
+
+
+def sweep(store: Store | None = None) -> dict[str, int]:
+    store = store or runtime.store()
+    counts = {"published": runtime.publish(store.claim_outbox(), store),
+              "expired": 0, "requeued": 0}
+    for run_id, interrupt_id in store.due_deadlines():
+        counts["expired"] += expire(store, run_id, interrupt_id)
+    for run_id in store.lapsed_leases():
+        result = store.requeue(run_id)
+        if result.ok:
+            log.warning("run %s: its worker stopped answering; step requeued", run_id)
+            counts["requeued"] += runtime.publish(result.entries, store)
+    counts["pruned"] = store.prune_finished()
+    return counts
+
+
+def expire(store: Store, run_id: str, interrupt_id: str) -> int:
+    spec = store.interrupt(run_id, interrupt_id)
+    if spec is None:
+        store.expire(run_id, _expiry_answer(interrupt_id, "cancelled", None), None)
+        return 0
+    policy = spec.on_expire
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    reason = f"no answer before {spec.expires_at}"
+    if policy.action is ExpiryAction.RESOLVE:
+        answer = _expiry_answer(interrupt_id, "resolved", policy.payload, now)
+        fail = None
+    else:
+        answer = _expiry_answer(interrupt_id, "cancelled", None, now, reason)
+        fail = ({"code": "interrupt_expired", "message": f"interrupt {interrupt_id} "
+                 f"({spec.tool_name}) expired: {reason}"}
+                if policy.action is ExpiryAction.FAIL else None)
+    result = store.expire(run_id, answer, fail)
+    runtime.publish(result.entries, store)
+    if result.code in ("ok", "failed"):
+        log.info("run %s: interrupt %s expired (%s)", run_id, interrupt_id, policy.action.value)
+        return 1
+    return 0
+
+
+def _expiry_answer(interrupt_id: str, status: str, payload: object, now: str = "",
+                   reason: str | None = None) -> Answer:
+    return Answer(interrupt_id=interrupt_id, status=status,  # type: ignore[arg-type]
+                  payload=payload, metadata={"reason": reason} if reason else None,
+                  state=InterruptState.EXPIRED, answered_by="layby:expiry", channel="expiry",
+                  answered_at=now)
