@@ -1,0 +1,1 @@
+"""gateway: the HTTP API (`/v1`), the demo ledger page, and the `layby` command."""

@@ -1,0 +1,223 @@
+"""The HTTP API (`/v1`, bearer API keys, camelCase JSON) and the demo ledger page.
+
+Handlers are thin: parse, call `control.commands`, shape the reply. Every refusal is a JSON
+body `{"error": {"code", "message", "detail"}}` with a 4xx status; bad input never
+reaches a 500.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import redis.asyncio as aioredis
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import Field, model_validator
+
+from broker_config import Settings, get_settings
+from control import commands, runtime
+from generation.errors import LaybyError, RequestError
+from generation.interrupts import ResumeEntry
+from generation.messages import Message, Wire
+from parking import RunSummary, RunView, Status
+from parking.store import event_of
+
+bearer = HTTPBearer(auto_error=False)
+
+
+class Unauthorized(RequestError):
+    status_code = 401
+
+
+def require_key(credentials: Annotated[HTTPAuthorizationCredentials | None,
+                                       Depends(bearer)]) -> str:
+    keys = get_settings().api_keys
+    given = credentials.credentials if credentials else ""
+    if not given or not any(hmac.compare_digest(given, k) for k in keys):
+        raise Unauthorized("missing or unknown API key: send `Authorization: Bearer <key>` "
+                           "with a key from LAYBY_API_KEYS")
+    return f"api-key:{given[:4]}…"
+
+
+Caller = Annotated[str, Depends(require_key)]
+
+
+class StartRun(Wire):
+    agent: str
+    input: Any = None
+    messages: list[Message] | None = None
+    metadata: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> StartRun:
+        if (self.input is None) == (self.messages is None):
+            raise ValueError("give either `input` or `messages`")
+        return self
+
+
+class AnswerBody(Wire):
+    status: str = Field(pattern="^(resolved|cancelled)$")
+    payload: Any = None
+    metadata: dict[str, Any] | None = None
+
+
+class ResumeBody(Wire):
+    resume: list[ResumeEntry] = Field(min_length=1)
+
+
+class CancelBody(Wire):
+    reason: str | None = None
+
+
+class RunList(Wire):
+    runs: list[RunSummary]
+
+
+class Answered(Wire):
+    run: RunView
+    resumed: bool
+
+
+def _error(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if detail is not None:
+        body["detail"] = detail
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    app = FastAPI(title="layby", version="0.1.0",
+                  description="Durable interrupts for agent runs: start runs, answer their "
+                              "interrupts, follow their events.")
+
+    @app.exception_handler(LaybyError)
+    async def _layby_error(_: Request, exc: LaybyError) -> JSONResponse:
+        status = getattr(exc, "status_code", 400)
+        return _error(status, type(exc).__name__.lower(), exc.message, exc.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"path": "/" + "/".join(str(p) for p in e["loc"][1:]), "message": e["msg"]}
+                  for e in exc.errors()]
+        return _error(422, "invalid_request", "the request body or parameters are invalid",
+                      errors)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, str]:
+        runtime.store().redis.ping()
+        return {"status": "ok"}
+
+    @app.post("/v1/runs", status_code=202, response_model=RunView,
+              response_model_by_alias=True, response_model_exclude_none=True)
+    def start_run(body: StartRun, _: Caller,
+                  idempotency_key: Annotated[str | None, Header(max_length=200)] = None
+                  ) -> JSONResponse:
+        view, created = commands.start_run(body.agent, input=body.input, messages=body.messages,
+                                           metadata=body.metadata,
+                                           idempotency_key=idempotency_key)
+        headers = None if created else {"Idempotent-Replayed": "true"}
+        return JSONResponse(view.wire(), status_code=202, headers=headers)
+
+    @app.get("/v1/runs", response_model=RunList, response_model_by_alias=True)
+    def list_runs(_: Caller, status: Status | None = None,
+                  limit: Annotated[int, Query(ge=1, le=500)] = 50,
+                  offset: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+        runs = runtime.store().list_runs(status, limit=limit, offset=offset)
+        return RunList(runs=runs).wire()
+
+    @app.get("/v1/runs/{run_id}", response_model=RunView, response_model_by_alias=True,
+             response_model_exclude_none=True)
+    def get_run(run_id: str, _: Caller) -> dict[str, Any]:
+        return commands.get_run(run_id).wire()
+
+    @app.post("/v1/runs/{run_id}/interrupts/{interrupt_id}", response_model=Answered,
+              response_model_by_alias=True, response_model_exclude_none=True)
+    def answer_one(run_id: str, interrupt_id: str, body: AnswerBody,
+                   caller: Caller) -> dict[str, Any]:
+        entry = ResumeEntry(interrupt_id=interrupt_id, status=body.status,  # type: ignore[arg-type]
+                            payload=body.payload, metadata=body.metadata)
+        return _answer(run_id, [entry], caller, require_all=False)
+
+    @app.post("/v1/runs/{run_id}/resume", response_model=Answered,
+              response_model_by_alias=True, response_model_exclude_none=True)
+    def resume(run_id: str, body: ResumeBody, caller: Caller) -> dict[str, Any]:
+        return _answer(run_id, body.resume, caller, require_all=True)
+
+    @app.post("/v1/runs/{run_id}/cancel", response_model=RunView,
+              response_model_by_alias=True, response_model_exclude_none=True)
+    def cancel(run_id: str, caller: Caller, body: CancelBody | None = None) -> dict[str, Any]:
+        return commands.cancel(run_id, by=caller, reason=body.reason if body else None).wire()
+
+    @app.get("/v1/runs/{run_id}/events")
+    async def events(run_id: str, _: Caller,
+                     last_event_id: Annotated[str | None, Header()] = None,
+                     follow: bool = True) -> StreamingResponse:
+        commands.get_run(run_id)  # 404 before the stream starts
+        return StreamingResponse(_event_stream(run_id, last_event_id or "0-0", follow),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache",
+                                          "X-Accel-Buffering": "no"})
+
+    @app.get("/v1/agents")
+    def agents(_: Caller) -> dict[str, Any]:
+        return {"agents": [{"name": a.name, "description": a.description,
+                            "tools": [t.name for t in a.tools]}
+                           for a in runtime.agents().values()]}
+
+    @app.get("/demo/ledger")
+    def demo_ledger() -> dict[str, Any]:
+        from demo import ledger
+
+        return ledger.read()
+
+    return app
+
+
+def _answer(run_id: str, entries: list[ResumeEntry], caller: str, *,
+            require_all: bool) -> dict[str, Any]:
+    limit = get_settings().max_answer_bytes
+    size = len(json.dumps([e.wire() for e in entries]))
+    if size > limit:
+        raise RequestError(f"the answer is {size} bytes; the limit is {limit} "
+                           "(LAYBY_MAX_ANSWER_BYTES)")
+    result = commands.answer(run_id, entries, by=caller, channel="api",
+                             require_all=require_all)
+    return Answered(run=commands.get_run(run_id), resumed=bool(result.entries)).wire()
+
+
+FINAL = {"run.completed", "run.failed", "run.cancelled"}
+
+
+async def _event_stream(run_id: str, after: str, follow: bool) -> AsyncIterator[bytes]:
+    """Server-sent events from the run's stream: replay, then follow until the run ends.
+
+    An async client, so a waiting stream holds a socket, not one of the server's threads.
+    """
+    settings = get_settings()
+    key = runtime.store().keys.events(run_id)
+    client = aioredis.Redis.from_url(settings.resolved_redis_url() or "", decode_responses=True)
+    try:
+        while True:
+            reply = await client.xread({key: after}, count=500,
+                                       block=15_000 if follow else None)
+            batch = reply[0][1] if reply else []
+            if not batch:
+                if not follow:
+                    return
+                yield b": keep-alive\n\n"
+                continue
+            for event_id, fields in batch:
+                after = event_id
+                event = event_of(event_id, fields)
+                data = json.dumps(event.wire(), separators=(",", ":"))
+                yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n".encode()
+                if event.type in FINAL:
+                    return
+    finally:
+        await client.aclose()

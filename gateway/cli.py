@@ -1,0 +1,350 @@
+"""The `layby` command: start everything, run the parts, enqueue and follow runs, answer them.
+
+It talks to Redis directly (the same `control.commands` the HTTP API uses), so it needs
+`LAYBY_REDIS_URL`, or a `layby up` running on this machine with the same `LAYBY_DATA_DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from broker_config import QUEUES, get_settings
+from generation.errors import LaybyError
+from generation.interrupts import CONFIRMATION, ResumeEntry
+from parking import InterruptView, RunView, Status
+
+cli = typer.Typer(help="layby: durable interrupts for agent runs on Celery and Redis.",
+                  no_args_is_help=True, add_completion=False)
+runs = typer.Typer(help="List, inspect, answer, cancel and requeue runs.", no_args_is_help=True)
+cli.add_typer(runs, name="runs")
+
+
+def main() -> None:
+    try:
+        cli()
+    except LaybyError as exc:
+        _fail(exc.message)
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    typer.secho(f"error: {message}", fg="red", err=True)
+    raise SystemExit(code)
+
+
+def _exec(argv: list[str]) -> NoReturn:
+    os.execv(sys.executable, [sys.executable, *argv])
+
+
+@cli.command()
+def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
+       concurrency: Annotated[int, typer.Option(help="worker processes (default: cores)")] = 0
+       ) -> None:
+    """Start Redis (embedded unless LAYBY_REDIS_URL is set), a worker, the sweeper and the
+    HTTP gateway; print where everything is; stop it all on Ctrl-C."""
+    from gateway.supervisor import System
+
+    settings = get_settings()
+    system = System(settings, port or settings.port, concurrency or None)
+    try:
+        where = system.start()
+        typer.echo(
+            f"layby is up\n"
+            f"  gateway   {where['gateway']}   (API docs at {where['gateway']}/docs)\n"
+            f"  api key   {where['api_key']}\n"
+            f"  redis     {where['redis']}"
+            f"{'   (embedded, append-only)' if system.redis else ''}\n"
+            f"  data      {where['data_dir']}\n"
+            f"  queues    {', '.join(QUEUES)}\n"
+            f"try:  layby run demo.trivia 'Ask me a movie question'\n"
+            f"      curl -H 'Authorization: Bearer {where['api_key']}' "
+            f"{where['gateway']}/v1/runs\n"
+            f"Ctrl-C stops everything.")
+        code = system.wait()
+    finally:
+        typer.echo("layby: stopping…")
+        system.stop()
+    raise SystemExit(code)
+
+
+@cli.command()
+def worker(queues: Annotated[str, typer.Option(help="comma-separated queues")] = ",".join(QUEUES),
+           concurrency: Annotated[int, typer.Option(help="processes")] = 0,
+           loglevel: str = "INFO", beat: Annotated[bool, typer.Option(
+               help="also run the sweeper's clock (one per deployment)")] = False) -> None:
+    """Run a Celery worker on layby's queues."""
+    argv = ["-m", "celery", "-A", "broker_config", "worker", "-Q", queues, "-l", loglevel]
+    argv += ["-c", str(concurrency)] if concurrency else []
+    argv += ["-B", "-s", str(get_settings().data_dir / "beat-schedule")] if beat else []
+    _exec(argv)
+
+
+@cli.command()
+def sweeper() -> None:
+    """Run the sweeper: its clock (Celery beat, `layby.sweep` every LAYBY_SWEEP_INTERVAL_S)
+    and a one-process worker on the sweep queue. Run one per deployment."""
+    from gateway.supervisor import sweeper_argv
+
+    _exec(sweeper_argv(get_settings().data_dir)[1:])
+
+
+@cli.command()
+def gateway(host: Annotated[str | None, typer.Option()] = None,
+            port: Annotated[int | None, typer.Option()] = None) -> None:
+    """Run the HTTP gateway."""
+    settings = get_settings()
+    _exec(["-m", "uvicorn", "gateway.app:app", "--host", host or settings.host,
+           "--port", str(port or settings.port)])
+
+
+@cli.command()
+def agents() -> None:
+    """List the agents this machine loads (LAYBY_AGENT_MODULES)."""
+    from control import runtime
+
+    for agent in runtime.agents().values():
+        typer.echo(f"{agent.name:18} {agent.description}")
+
+
+@cli.command("run")
+def run_agent(agent: str, text: str,
+              follow: Annotated[bool, typer.Option(help="follow until it ends or waits")] = True,
+              idempotency_key: Annotated[str | None, typer.Option()] = None) -> None:
+    """Enqueue a run of AGENT with TEXT as the user's request, and follow it. At a terminal,
+    interrupts are asked on the spot; elsewhere the command says how to answer them."""
+    from control import commands
+
+    view, _ = commands.start_run(agent, input=text, idempotency_key=idempotency_key)
+    typer.echo(f"run {view.id} ({agent}) queued")
+    if follow:
+        raise SystemExit(_follow(view.id))
+
+
+def _follow(run_id: str) -> int:
+    from control import commands, runtime
+
+    store = runtime.store()
+    after = "0-0"
+    while True:
+        for event in store.events(run_id, after, block_ms=2000):
+            after = event.id
+            _print_event(event.type, event.data)
+            if event.type == "run.completed":
+                typer.echo(commands.get_run(run_id).result or "")
+                return 0
+            if event.type in ("run.failed", "run.cancelled"):
+                return 1
+            if event.type == "run.interrupted":
+                view = commands.get_run(run_id)
+                if view.status is not Status.INTERRUPTED:
+                    continue
+                if not sys.stdin.isatty():
+                    _print_open(view)
+                    return 0
+                _ask(view)
+
+
+def _print_event(kind: str, data: Any) -> None:
+    if kind == "turn.committed":
+        for message in data.get("messages", []):
+            for part in message.get("content", []):
+                if part.get("text"):
+                    typer.echo(f"  {message['role']}: {part['text']}")
+                elif part.get("toolRequest") and "interrupt" not in (part.get("metadata") or {}):
+                    req = part["toolRequest"]
+                    typer.echo(f"  model → {req['name']}({json.dumps(req.get('input'))})")
+                elif part.get("toolResponse"):
+                    resp = part["toolResponse"]
+                    typer.echo(f"  {resp['name']} → {json.dumps(resp.get('output'))}")
+    elif kind == "interrupt.answered":
+        typer.echo(f"  answered {data.get('interruptId')}: {data.get('status')} by "
+                   f"{data.get('answeredBy')} via {data.get('channel')}")
+    elif kind in ("run.failed", "run.cancelled"):
+        typer.secho(f"  {kind}: {data.get('message')}", fg="red")
+    elif kind in ("run.interrupted", "run.resuming", "run.requeued"):
+        typer.echo(f"  {kind}")
+
+
+def _open(view: RunView) -> list[InterruptView]:
+    return [i for i in view.interrupts if i.state.value == "open"]
+
+
+def _print_open(view: RunView) -> None:
+    for intr in _open(view):
+        typer.echo(f"  waiting: {intr.id} [{intr.reason}] {intr.message or ''}")
+        if intr.response_schema:
+            typer.echo(f"    answer schema: {json.dumps(intr.response_schema)}")
+    typer.echo(f"answer with: layby runs answer {view.id} <interrupt id> "
+               "--approve | --decline | --text TEXT | --payload JSON")
+
+
+def _ask(view: RunView) -> None:
+    from control import commands
+
+    for intr in _open(view):
+        typer.echo(f"? {intr.message or intr.reason}")
+        entry = _prompt_answer(intr)
+        try:
+            commands.answer(view.id, [entry], by=f"cli:{_user()}", channel="cli")
+        except LaybyError as exc:
+            typer.secho(f"  refused: {exc.message}", fg="red")
+            return _ask(commands.get_run(view.id))
+
+
+def _prompt_answer(intr: InterruptView) -> ResumeEntry:
+    schema = intr.response_schema or {}
+    if intr.reason == CONFIRMATION:
+        yes = typer.confirm("  approve?", default=False)
+        return ResumeEntry(interrupt_id=intr.id, status="resolved" if yes else "cancelled",
+                           payload={"approved": True} if yes else None,
+                           metadata=None if yes else {"reason": "declined at the terminal"})
+    choices = schema.get("enum")
+    if choices:
+        for n, choice in enumerate(choices, 1):
+            typer.echo(f"  {n}. {choice}")
+        picked = typer.prompt("  choice", type=typer.IntRange(1, len(choices)))
+        return ResumeEntry(interrupt_id=intr.id, status="resolved", payload=choices[picked - 1])
+    raw = typer.prompt("  answer")
+    return ResumeEntry(interrupt_id=intr.id, status="resolved", payload=_json_or_text(raw, schema))
+
+
+def _json_or_text(raw: str, schema: dict[str, Any]) -> Any:
+    if schema.get("type") == "string":
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _user() -> str:
+    return os.environ.get("USER") or "unknown"
+
+
+@runs.command("ls")
+def runs_ls(status: Annotated[Status | None, typer.Option(help="only runs in this state")] = None,
+            limit: int = 50) -> None:
+    """List runs, newest first."""
+    from control import runtime
+
+    for r in runtime.store().list_runs(status, limit=limit):
+        waiting = f"  {r.open_interrupts} open" if r.open_interrupts else ""
+        typer.echo(f"{r.id}  {r.status.value:11}  {r.agent:16} {r.updated_at}{waiting}")
+
+
+@runs.command("show")
+def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show a run: its state, history, interrupts and who answered them."""
+    from control import commands
+
+    view = commands.get_run(run_id)
+    if as_json:
+        typer.echo(json.dumps(view.wire(), indent=2))
+        return
+    typer.echo(f"{view.id}  {view.agent}  {view.status.value}  v{view.version}")
+    for message in view.messages:
+        for part in message.content:
+            if part.text:
+                typer.echo(f"  {message.role}: {part.text}")
+            elif part.tool_request:
+                typer.echo(f"  {message.role} → {part.tool_request.name}"
+                           f"({json.dumps(part.tool_request.input)})")
+            elif part.tool_response:
+                typer.echo(f"  {part.tool_response.name} → "
+                           f"{json.dumps(part.tool_response.output)}")
+    for intr in view.interrupts:
+        who = (f" by {intr.answer.answered_by} via {intr.answer.channel} at "
+               f"{intr.answer.answered_at}" if intr.answer else "")
+        typer.echo(f"  interrupt {intr.id} [{intr.reason}] {intr.state.value}{who}: "
+                   f"{intr.message or ''}")
+    if view.result:
+        typer.echo(f"result: {view.result}")
+    if view.error:
+        typer.echo(f"error: {view.error.get('message')}")
+
+
+@runs.command("answer")
+def runs_answer(run_id: str, interrupt_id: Annotated[str | None, typer.Argument(
+                    help="which interrupt (optional when only one is open)")] = None,
+                approve: bool = False, decline: bool = False,
+                text: Annotated[str | None, typer.Option(help="a text answer")] = None,
+                payload: Annotated[str | None, typer.Option(help="a JSON answer")] = None,
+                reason: Annotated[str | None, typer.Option(help="why (with --decline)")] = None,
+                replace_input: Annotated[str | None, typer.Option(
+                    help="JSON: new arguments for the tool (with --approve)")] = None) -> None:
+    """Answer one interrupt of a run."""
+    from control import commands
+
+    chosen = [x for x in (approve, decline, text is not None, payload is not None) if x]
+    if len(chosen) != 1:
+        _fail("give exactly one of --approve, --decline, --text, --payload", 2)
+    view = commands.get_run(run_id)
+    if interrupt_id is None:
+        waiting = _open(view)
+        if len(waiting) != 1:
+            _fail(f"run {run_id} has {len(waiting)} open interrupts; name one: "
+                  f"{[i.id for i in waiting]}", 2)
+        interrupt_id = waiting[0].id
+    metadata: dict[str, Any] = {}
+    if reason:
+        metadata["reason"] = reason
+    if replace_input:
+        metadata["replaceInput"] = _load_json(replace_input, "--replace-input")
+    if decline:
+        entry = ResumeEntry(interrupt_id=interrupt_id, status="cancelled",
+                            metadata=metadata or None)
+    else:
+        value: Any = {"approved": True} if approve else text
+        if payload is not None:
+            value = _load_json(payload, "--payload")
+        entry = ResumeEntry(interrupt_id=interrupt_id, status="resolved", payload=value,
+                            metadata=metadata or None)
+    result = commands.answer(run_id, [entry], by=f"cli:{_user()}", channel="cli")
+    typer.echo(f"answered {interrupt_id}" + ("; the run resumes" if result.entries else
+                                             "; other interrupts are still open"))
+
+
+def _load_json(raw: str, flag: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        _fail(f"{flag} is not valid JSON: {exc}", 2)
+
+
+@runs.command("cancel")
+def runs_cancel(run_id: str, reason: str | None = None) -> None:
+    """Cancel a run that has not finished."""
+    from control import commands
+
+    view = commands.cancel(run_id, by=f"cli:{_user()}", reason=reason)
+    typer.echo(f"run {view.id} is {view.status.value}")
+
+
+@runs.command("requeue")
+def runs_requeue(run_id: str) -> None:
+    """Queue a run's pending step again (when its task message was lost)."""
+    from control import commands
+
+    commands.requeue(run_id)
+    typer.echo(f"run {run_id}: pending step queued again")
+
+
+@runs.command("events")
+def runs_events(run_id: str, follow: bool = False) -> None:
+    """Print a run's event history as JSON lines."""
+    from control import commands, runtime
+
+    commands.get_run(run_id)
+    store = runtime.store()
+    after = "0-0"
+    while True:
+        batch = store.events(run_id, after, block_ms=5000 if follow else None)
+        for event in batch:
+            after = event.id
+            typer.echo(json.dumps(event.wire()))
+        if not follow and not batch:
+            return
