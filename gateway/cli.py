@@ -79,7 +79,7 @@ def worker(queues: Annotated[str, typer.Option(help="comma-separated queues")] =
     """Run a Celery worker on layby's queues."""
     argv = ["-m", "celery", "-A", "broker_config", "worker", "-Q", queues, "-l", loglevel]
     argv += ["-c", str(concurrency)] if concurrency else []
-    argv += ["-B", "-s", str(get_settings().data_dir / "beat-schedule")] if beat else []
+    argv += ["-B", "--scheduler", "celery.beat:Scheduler"] if beat else []
     _exec(argv)
 
 
@@ -89,7 +89,7 @@ def sweeper() -> None:
     and a one-process worker on the sweep queue. Run one per deployment."""
     from gateway.supervisor import sweeper_argv
 
-    _exec(sweeper_argv(get_settings().data_dir)[1:])
+    _exec(sweeper_argv()[1:])
 
 
 @cli.command()

@@ -27,11 +27,12 @@ def worker_argv(queues: list[str], concurrency: int | None, loglevel: str) -> li
     return argv + (["-c", str(concurrency)] if concurrency else [])
 
 
-def sweeper_argv(data_dir: Path) -> list[str]:
+def sweeper_argv() -> list[str]:
     """A one-process worker on the sweep queue with the clock (beat) that feeds it, so
     sweeps never wait behind model calls and their log lines stay out of the worker's."""
+    # The in-memory scheduler: a fixed interval needs no schedule file to survive restarts.
     return [sys.executable, "-m", "celery", "-A", "broker_config", "worker", "-Q", SWEEP,
-            "-P", "solo", "-B", "-s", str(data_dir / "beat-schedule"), "-n",
+            "-P", "solo", "-B", "--scheduler", "celery.beat:Scheduler", "-n",
             f"layby-sweeper-{os.getpid()}@%h", "-l", "WARNING"]
 
 
@@ -78,7 +79,7 @@ class System:
         self.children = [
             Child("worker", worker_argv([q for q in QUEUES if q != SWEEP], self.concurrency,
                                         "INFO")),
-            Child("sweeper", sweeper_argv(data_dir)),
+            Child("sweeper", sweeper_argv()),
             Child("gateway", [sys.executable, "-m", "uvicorn", "gateway.app:app", "--host",
                               self.settings.host, "--port", str(self.port),
                               "--log-level", "warning"]),

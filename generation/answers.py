@@ -69,7 +69,7 @@ def to_resume(interrupts: list[Interrupt], answers: dict[str, ResumeEntry]) -> R
             replace = (entry.metadata or {}).get("replaceInput")
             if replace is not None:
                 meta["replaceInput"] = replace
+            # No input: the request runs again as it stands in history (or as replaced).
             resume.restart.append(Part(tool_request=ToolRequest(
-                name=intr.tool_name, ref=intr.tool_call_id, input=intr.tool_input),
-                metadata=meta))
+                name=intr.tool_name, ref=intr.tool_call_id), metadata=meta))
     return resume

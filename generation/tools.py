@@ -186,7 +186,7 @@ def _interrupt_ask(tool: Tool, ask: Ask, parsed: BaseModel) -> Ask:
 
 def _build(fn: Callable[..., Any], name: str | None, description: str | None,
            output: Any, interrupt_reason: str | None) -> Tool:
-    hints = get_type_hints(fn)
+    hints = get_type_hints(fn, include_extras=True)  # keep Annotated constraints
     params = list(inspect.signature(fn).parameters.values())
     ctx_param = next((p.name for p in params if hints.get(p.name) is ToolContext), None)
     data_params = [p for p in params if p.name != ctx_param]

@@ -209,12 +209,20 @@ def _interrupt(step: Step, tool: Tool, ctx: ToolContext, request: ToolRequest,
         id=ctx.interrupt_id, reason=ask.reason or "confirmation", message=ask.message,
         tool_call_id=request.ref or "", response_schema=schema_of(ask.response_schema),
         expires_at=_iso(expires) if expires else None, metadata=ask.metadata,
-        tool_name=tool.name, tool_input=request.input,
+        tool_name=tool.name, tool_input=_normalized(tool, request.input),
         input_schema=tool.input_schema if mode is ResumeMode.RESTART else None,
         mode=mode, on_expire=ask.on_expire or OnExpire(), reviewers=ask.reviewers,
         # a restart runs while the parked model message is already in the history: it
         # belongs to that turn, not to the next one
         created_at=_iso(now), turn=step.turns_taken - (1 if ctx.restarted else 0))
+
+
+def _normalized(tool: Tool, raw: Any) -> Any:
+    """The input as the tool saw it (validated and coerced), for reviewers to read."""
+    try:
+        return tool.parse_input(raw).model_dump(mode="json")
+    except ValidationError:
+        return raw
 
 
 def _iso(moment: datetime) -> str:

@@ -1,0 +1,174 @@
+"""Real parts for integration tests: a Valkey server, and layby systems on it.
+
+A `LaybySystem` is what `layby up` runs (a worker, the sweeper, the HTTP gateway), each a
+real subprocess, pointed at one Redis database, so systems on other databases never take
+each other's messages. Tests talk to it the way users do: over HTTP on loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from broker_config import JOBS, NOTIFY, TURNS
+from gateway.embedded import free_port
+from gateway.supervisor import sweeper_argv, worker_argv
+
+API_KEY = "test-key-0123456789"
+ROOT = Path(__file__).resolve().parent.parent
+
+BASE_ENV = {
+    "LAYBY_API_KEYS": API_KEY,
+    "LAYBY_AGENT_MODULES": "demo.agents,tests.agents",
+    "LAYBY_LEASE_S": "6",
+    "LAYBY_VISIBILITY_TIMEOUT_S": "30",
+    "LAYBY_SWEEP_INTERVAL_S": "0.5",
+    "LAYBY_OUTBOX_GRACE_S": "3",
+    "LAYBY_DEMO_REPORT_S": "1",
+    "LAYBY_DEMO_EXPIRY_S": "2",
+    "PYTHONPATH": str(ROOT),
+}
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 20.0, every: float = 0.1,
+               what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(self.argv, env=env, cwd=ROOT, stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class LaybySystem:
+    redis_url: str
+    logs: Path
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    worker_count: int = 2
+    port: int = 0
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, **BASE_ENV, "LAYBY_REDIS_URL": self.redis_url,
+                "LAYBY_DATA_DIR": str(self.logs / "data"), **self.env_overrides}
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def api(self, key: str | None = API_KEY) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30)
+
+    def start(self) -> LaybySystem:
+        self.port = self.port or free_port()
+        self.start_worker()
+        self._start("sweeper", sweeper_argv())
+        self._start("gateway", [sys.executable, "-m", "uvicorn", "gateway.app:app", "--host",
+                                "127.0.0.1", "--port", str(self.port), "--log-level",
+                                "warning"])
+        wait_until(self._gateway_up, 30, what="the gateway")
+        return self
+
+    def _start(self, name: str, argv: list[str]) -> Proc:
+        proc = Proc(name, argv, self.logs / f"{name}.log")
+        proc.start(self.env)
+        self.procs[name] = proc
+        return proc
+
+    def start_worker(self, name: str = "worker") -> Proc:
+        proc = self._start(name, worker_argv([TURNS, JOBS, NOTIFY], self.worker_count, "INFO"))
+        wait_until(lambda: "ready." in proc.output(), 40, what=f"{name} to be ready")
+        return proc
+
+    def _gateway_up(self) -> bool:
+        try:
+            return httpx.get(f"{self.base_url}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+
+    # -- what users do ---------------------------------------------------------------
+
+    def start_run(self, agent: str, text: str, **extra: Any) -> dict[str, Any]:
+        with self.api() as api:
+            reply = api.post("/v1/runs", json={"agent": agent, "input": text, **extra})
+        assert reply.status_code == 202, reply.text
+        return reply.json()
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        with self.api() as api:
+            reply = api.get(f"/v1/runs/{run_id}")
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    def wait_status(self, run_id: str, *statuses: str, timeout: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.run(run_id)
+            if run["status"] in statuses:
+                return run
+            if time.monotonic() > deadline:
+                raise AssertionError(f"run {run_id} is {run['status']}, not {statuses}, after "
+                                     f"{timeout} s: {run.get('error') or run['interrupts']}")
+            time.sleep(0.1)
+
+    def open_interrupts(self, run: dict[str, Any]) -> list[dict[str, Any]]:
+        return [i for i in run["interrupts"] if i["state"] == "open"]
+
+    def answer(self, run_id: str, interrupt_id: str, status: str = "resolved",
+               payload: Any = None, metadata: dict[str, Any] | None = None) -> httpx.Response:
+        body: dict[str, Any] = {"status": status, "payload": payload}
+        if metadata is not None:
+            body["metadata"] = metadata
+        with self.api() as api:
+            return api.post(f"/v1/runs/{run_id}/interrupts/{interrupt_id}", json=body)
+
+    def ledger(self) -> dict[str, list[dict[str, Any]]]:
+        return httpx.get(f"{self.base_url}/demo/ledger", timeout=10).json()
