@@ -109,9 +109,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                       errors)
 
     @app.get("/healthz", include_in_schema=False)
-    def healthz() -> dict[str, str]:
-        runtime.store().redis.ping()
-        return {"status": "ok"}
+    def healthz() -> JSONResponse:
+        try:
+            runtime.store().redis.ping()
+        except Exception as exc:  # the gateway is up; what it depends on is not
+            return _error(503, "redis_unavailable", f"Redis does not answer: {exc}")
+        return JSONResponse({"status": "ok"})
 
     @app.post("/v1/runs", status_code=202, response_model=RunView,
               response_model_by_alias=True, response_model_exclude_none=True)

@@ -348,3 +348,7 @@ def runs_events(run_id: str, follow: bool = False) -> None:
             typer.echo(json.dumps(event.wire()))
         if not follow and not batch:
             return
+
+
+if __name__ == "__main__":
+    main()

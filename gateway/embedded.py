@@ -57,13 +57,14 @@ class EmbeddedRedis:
         self.process = subprocess.Popen([str(get_binary_path()), str(conf_path)],
                                         cwd=self.data_dir, start_new_session=True,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=1)
         deadline = time.monotonic() + timeout
         while True:
             try:
                 # Replaying a large append-only file answers LOADING for a while.
-                if client.ping():
-                    return self
+                with redis.Redis(host=self.host, port=self.port,
+                                 socket_connect_timeout=1) as client:
+                    client.ping()
+                return self
             except redis.exceptions.BusyLoadingError:
                 pass
             except redis.exceptions.ConnectionError:

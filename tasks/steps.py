@@ -21,7 +21,6 @@ from generation.agents import Agent
 from generation.answers import to_resume
 from generation.errors import ResumeError
 from generation.messages import Message, dump_messages
-from generation.tools import JobRequest
 from generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
 from parking import Store
 from tasks.jobs import start_job
@@ -92,7 +91,7 @@ def _loop(store: Store, run_id: str, version: int, owner: str) -> str:
         step = Step(run_id, version, record.messages, record.metadata,
                     checkpoints=StoreCheckpoints(store, run_id, version, owner,
                                                  store.checkpoints(run_id, version)),
-                    jobs=lambda request: start_job(request))
+                    jobs=start_job)
         started = time.monotonic()
         outcome = _take_step(store, agent, step)
         inline = time.monotonic() < budget_ends
