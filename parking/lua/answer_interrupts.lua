@@ -3,9 +3,13 @@
 -- ARGV: 1 '1' if the answers must cover every open interrupt, 2 '1' to keep an answer for
 --       an interrupt not parked yet (a background job that finished first), 3 resume task,
 --       4 queue, 5 count n, then n pairs: interrupt id, answer JSON
--- Returns {'ok', version, entry or ''} | {'early'} | {'missing'} | {'unknown', id} |
+-- Returns {'ok', version, entry or ''} | {'early'} | {'missing'} | {'finished', status} |
+--         {'unknown', id} |
 --         {'conflict', id, first answer JSON or '', run status} | {'incomplete', open ids…}
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
+local status = redis.call('HGET', KEYS[1], 'status')
+-- A finished run takes no early answers: its keys already count down to expiry.
+if FINISHED[status] and ARGV[2] == '1' then return {'finished', status} end
 local n = tonumber(ARGV[5])
 for i = 0, n - 1 do
   local iid = ARGV[6 + 2 * i]
