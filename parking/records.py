@@ -27,31 +27,17 @@ class Answer(Wire):
                            payload=self.payload, metadata=self.metadata)
 
 
-class InterruptView(Wire):
-    """AG-UI's `Interrupt`, plus where it stands and who answered it."""
+class InterruptView(Interrupt):
+    """An interrupt as readers see it: AG-UI's fields and layby's, where it stands, and who
+    answered it, how and when."""
 
-    id: str
-    reason: str
-    message: str | None = None
-    tool_call_id: str
-    response_schema: dict[str, Any] | None = None
-    expires_at: str | None = None
-    metadata: dict[str, Any] | None = None
-    tool_name: str
-    tool_input: Any = None
-    mode: str
     state: InterruptState
-    created_at: str | None = None
     answer: Answer | None = None
 
     @classmethod
     def of(cls, spec: Interrupt, answer: Answer | None, is_open: bool) -> InterruptView:
         state = InterruptState.OPEN if is_open or answer is None else answer.state
-        return cls(id=spec.id, reason=spec.reason, message=spec.message,
-                   tool_call_id=spec.tool_call_id, response_schema=spec.response_schema,
-                   expires_at=spec.expires_at, metadata=spec.metadata,
-                   tool_name=spec.tool_name, tool_input=spec.tool_input, mode=spec.mode.value,
-                   state=state, created_at=spec.created_at, answer=answer)
+        return cls(**dict(spec), state=state, answer=answer)
 
 
 class RunView(Wire):
