@@ -81,7 +81,8 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
     (Invalid, listing the errors), and with `require_all`, a set that leaves one open.
     """
     store = store or runtime.store()
-    if store.record(run_id) is None:
+    record = store.record(run_id)
+    if record is None:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if not entries:
         raise Invalid("no answers given: `resume` needs one entry per open interrupt")
@@ -96,8 +97,8 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
         if spec is None:
             raise NotFound(f"run {run_id} has no interrupt {entry.interrupt_id!r}",
                            run_id=run_id, detail={"interruptId": entry.interrupt_id})
-        if entry.interrupt_id not in open_ids:
-            raise _not_open(run_id, spec, answers.get(spec.id))
+        if entry.interrupt_id not in open_ids:  # the status says why: cancelled, failed…
+            raise _not_open(run_id, spec, answers.get(spec.id), status=record.status.value)
         _check_expiry(run_id, spec)
         errors = check_answer(spec, entry)
         if errors:

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
+import re
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from typing import Annotated, Any
 
 import redis.asyncio as aioredis
+import redis.exceptions
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from broker_config import Settings, get_settings
 from control import commands, runtime
-from generation.errors import LaybyError, RequestError
+from generation.errors import Invalid, LaybyError, RequestError
 from generation.interrupts import ResumeEntry
 from generation.messages import Message, Wire
 from parking import RunSummary, RunView, Status
@@ -45,6 +50,61 @@ def require_key(credentials: Annotated[HTTPAuthorizationCredentials | None,
 
 
 Caller = Annotated[str, Depends(require_key)]
+
+
+class TooLarge(RequestError):
+    status_code = 413
+
+
+# Deeper JSON parses, but pydantic refuses to serialize it (near 1000 levels) after the
+# run or answer is already stored, which would leave a run nobody can read.
+MAX_JSON_DEPTH = 64
+# A stream entry id, as `Last-Event-ID` must give it; anything else breaks XREAD mid-stream.
+EVENT_ID = re.compile(r"^\d{1,20}(-\d{1,20})?$")
+
+
+def _check_json(value: Any) -> None:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise Invalid(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                # `"\ud800"` is valid JSON but not valid Unicode: Redis cannot store it.
+                raise Invalid("the request body holds a lone UTF-16 surrogate "
+                              "(such as \\ud800); send valid Unicode text") from None
+        elif isinstance(item, float) and not math.isfinite(item):
+            # Python's parser takes NaN and Infinity; JSON has neither, so no reply could
+            # carry them back.
+            raise Invalid("the request body holds NaN or Infinity, which JSON does not allow")
+        elif isinstance(item, dict):
+            stack.extend((k, depth) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+
+
+async def sane_body(request: Request) -> None:
+    """Refuse a body that parses but would fail once stored: too big, too deep, or text
+    that is not Unicode. LAYBY_MAX_ANSWER_BYTES bounds whatever a caller puts into a run."""
+    raw = await request.body()
+    limit = get_settings().max_answer_bytes
+    if len(raw) > limit:
+        raise TooLarge(f"the request body is {len(raw)} bytes; the limit is {limit} "
+                       "(LAYBY_MAX_ANSWER_BYTES)")
+    if not raw:
+        return
+    try:
+        value = await request.json()
+    except Exception:  # noqa: BLE001  (FastAPI itself refuses what does not parse)
+        return
+    _check_json(value)
+
+
+SaneBody = Depends(sane_body)
 
 
 class StartRun(Wire):
@@ -71,7 +131,7 @@ class ResumeBody(Wire):
 
 
 class CancelBody(Wire):
-    reason: str | None = None
+    reason: str | None = Field(None, max_length=2000)
 
 
 class RunList(Wire):
@@ -101,6 +161,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         status = getattr(exc, "status_code", 400)
         return _error(status, type(exc).__name__.lower(), exc.message, exc.detail)
 
+    @app.exception_handler(redis.exceptions.ConnectionError)
+    @app.exception_handler(redis.exceptions.TimeoutError)
+    async def _redis_away(_: Request, exc: Exception) -> JSONResponse:
+        # Redis restarting or failing over is transient: a 503 tells clients to try again,
+        # where a bare 500 would read as a bug in the request or the server.
+        return _error(503, "redis_unavailable", f"Redis does not answer: {exc}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes, wrong methods and bodies the parser gives up on (nesting past
+        # Python's recursion limit) get the same JSON error shape as every other refusal.
+        phrase = HTTPStatus(exc.status_code).phrase
+        return _error(exc.status_code, phrase.lower().replace(" ", "_"), str(exc.detail))
+
+    @app.middleware("http")
+    async def _key_first(request: Request, call_next: Any) -> Any:
+        # FastAPI parses a body before it runs dependencies: without this, a caller with no
+        # key would get a 422 describing the route's schema instead of a 401.
+        if request.url.path.startswith("/v1/"):
+            try:
+                require_key(await bearer(request))
+            except Unauthorized as exc:
+                return _error(401, "unauthorized", exc.message)
+        return await call_next(request)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{"path": "/" + "/".join(str(p) for p in e["loc"][1:]), "message": e["msg"]}
@@ -117,7 +202,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"status": "ok"})
 
     @app.post("/v1/runs", status_code=202, response_model=RunView,
-              response_model_by_alias=True, response_model_exclude_none=True)
+              response_model_by_alias=True, response_model_exclude_none=True,
+              dependencies=[SaneBody])
     def start_run(body: StartRun, _: Caller,
                   idempotency_key: Annotated[str | None, Header(max_length=200)] = None
                   ) -> JSONResponse:
@@ -140,7 +226,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return commands.get_run(run_id).wire()
 
     @app.post("/v1/runs/{run_id}/interrupts/{interrupt_id}", response_model=Answered,
-              response_model_by_alias=True, response_model_exclude_none=True)
+              response_model_by_alias=True, response_model_exclude_none=True,
+              dependencies=[SaneBody])
     def answer_one(run_id: str, interrupt_id: str, body: AnswerBody,
                    caller: Caller) -> dict[str, Any]:
         entry = ResumeEntry(interrupt_id=interrupt_id, status=body.status,  # type: ignore[arg-type]
@@ -148,12 +235,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return _answer(run_id, [entry], caller, require_all=False)
 
     @app.post("/v1/runs/{run_id}/resume", response_model=Answered,
-              response_model_by_alias=True, response_model_exclude_none=True)
+              response_model_by_alias=True, response_model_exclude_none=True,
+              dependencies=[SaneBody])
     def resume(run_id: str, body: ResumeBody, caller: Caller) -> dict[str, Any]:
         return _answer(run_id, body.resume, caller, require_all=True)
 
     @app.post("/v1/runs/{run_id}/cancel", response_model=RunView,
-              response_model_by_alias=True, response_model_exclude_none=True)
+              response_model_by_alias=True, response_model_exclude_none=True,
+              dependencies=[SaneBody])
     def cancel(run_id: str, caller: Caller, body: CancelBody | None = None) -> dict[str, Any]:
         return commands.cancel(run_id, by=caller, reason=body.reason if body else None).wire()
 
@@ -162,6 +251,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                      last_event_id: Annotated[str | None, Header()] = None,
                      follow: bool = True) -> StreamingResponse:
         commands.get_run(run_id)  # 404 before the stream starts
+        if last_event_id is not None and not EVENT_ID.match(last_event_id):
+            raise Invalid(f"Last-Event-ID {last_event_id[:100]!r} is not an event id "
+                          "(give the `id:` of an event this stream sent, like 1700000000000-0)")
         return StreamingResponse(_event_stream(run_id, last_event_id or "0-0", follow),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache",
@@ -184,11 +276,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def _answer(run_id: str, entries: list[ResumeEntry], caller: str, *,
             require_all: bool) -> dict[str, Any]:
-    limit = get_settings().max_answer_bytes
-    size = len(json.dumps([e.wire() for e in entries]))
-    if size > limit:
-        raise RequestError(f"the answer is {size} bytes; the limit is {limit} "
-                           "(LAYBY_MAX_ANSWER_BYTES)")
     result = commands.answer(run_id, entries, by=caller, channel="api",
                              require_all=require_all)
     return Answered(run=commands.get_run(run_id), resumed=bool(result.entries)).wire()

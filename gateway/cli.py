@@ -28,7 +28,10 @@ def main() -> None:
     try:
         cli()
     except LaybyError as exc:
-        _fail(exc.message)
+        # A refused answer's message alone does not say what was wrong with it.
+        errors = exc.detail.get("errors", []) if isinstance(exc.detail, dict) else []
+        _fail("".join([exc.message, *(f"\n  {e.get('path') or '/'}: {e.get('message')}"
+                                      for e in errors)]))
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -285,6 +288,9 @@ def runs_answer(run_id: str, interrupt_id: Annotated[str | None, typer.Argument(
     view = commands.get_run(run_id)
     if interrupt_id is None:
         waiting = _open(view)
+        if not waiting:  # "name one: []" would send people looking for an id that is not there
+            _fail(f"run {run_id} is {view.status.value}: no interrupt is waiting for an "
+                  "answer")
         if len(waiting) != 1:
             _fail(f"run {run_id} has {len(waiting)} open interrupts; name one: "
                   f"{[i.id for i in waiting]}", 2)

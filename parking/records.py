@@ -36,7 +36,12 @@ class InterruptView(Interrupt):
 
     @classmethod
     def of(cls, spec: Interrupt, answer: Answer | None, is_open: bool) -> InterruptView:
-        state = InterruptState.OPEN if is_open or answer is None else answer.state
+        if is_open:
+            state = InterruptState.OPEN
+        elif answer is None:  # closed unanswered: the run was cancelled while it waited
+            state = InterruptState.CANCELLED
+        else:
+            state = answer.state
         return cls(**dict(spec), state=state, answer=answer)
 
 
