@@ -1,0 +1,163 @@
+"""`python -m bench`: start the parts, take both measurements, print the table, stop all.
+
+Order within one run, on one server and one worker: warm-up layby runs (they also count
+the task hops of a cycle), warm-up chains of that many hops, then rounds that alternate the
+baseline and layby (ABBA), then layby runs one at a time for the latency at rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench import BenchError
+from bench.processes import ROOT, Parts
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=(
+        "layby interrupt cycles per second against a bare Celery chain with the same task "
+        "hops, and answer-to-continuation latency, in one run on one Redis/Valkey."))
+    p.add_argument("--runs", type=int, default=200,
+                   help="N: layby runs, and as many Celery chains (default 200)")
+    p.add_argument("--concurrency", type=int, default=2,
+                   help="worker processes (celery worker -c), the same for both (default 2)")
+    p.add_argument("--in-flight", type=int, default=None,
+                   help="runs (and chains) kept going at once (default 4 x concurrency)")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="split N into rounds that alternate baseline and layby, in ABBA "
+                        "order (default 4)")
+    p.add_argument("--warmup", type=int, default=20,
+                   help="unmeasured runs and chains first (at least 1; default 20)")
+    p.add_argument("--redis-url", default=None,
+                   help="use this Redis/Valkey instead of starting an embedded Valkey (the "
+                        "bench uses a key prefix of its own and deletes its keys after)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="give up when nothing moves for this many seconds (default 120)")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    if min(args.runs, args.concurrency, args.rounds) < 1 or args.warmup < 0:
+        p.error("--runs, --concurrency and --rounds must be at least 1, --warmup at least 0")
+    args.in_flight = args.in_flight or 4 * args.concurrency
+    if args.in_flight < 1:
+        p.error("--in-flight must be at least 1")
+    args.warmup = max(1, args.warmup)
+    return args
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `Parts`, which stops what it started
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        with Parts(args.redis_url) as parts:
+            result = _bench(parts, args)
+    except KeyboardInterrupt:
+        print("bench: interrupted; everything it started is stopped", file=sys.stderr)
+        return 130
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    from bench.report import table
+
+    print(table(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"results written to {args.json}")
+    return 0
+
+
+def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
+    assert parts.folder is not None and parts.redis_url is not None
+    prefix = f"laybybench-{uuid.uuid4().hex[:8]}"
+    env = {"LAYBY_REDIS_URL": parts.redis_url, "LAYBY_KEY_PREFIX": prefix,
+           "LAYBY_AGENT_MODULES": "bench.agents", "LAYBY_TASK_MODULES": "bench.tasks",
+           "LAYBY_DATA_DIR": str(parts.folder / "data")}
+    # Before any layby import: the Celery app and the store read these once.
+    os.environ.update(env)
+    from bench import measure, report
+    from control import runtime
+
+    load_before = report.load_average()
+    store = runtime.store()
+    try:
+        store.redis.ping()
+    except Exception as exc:
+        raise BenchError(f"cannot reach Redis at {parts.redis_url}: {exc}") from exc
+    try:
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        worker = parts.start_worker(measure.WORKER_QUEUES, args.concurrency,
+                                    {**os.environ, "PYTHONPATH": path})
+        print(f"bench: worker started (-c {args.concurrency}) on "
+              f"{'an embedded Valkey' if parts.embedded else parts.redis_url}", file=sys.stderr)
+        measure.wait_for_worker(store, worker.alive)
+
+        warm = measure.layby_cycles(store, args.warmup, args.in_flight, args.timeout)
+        hops = max(c.claims for c in warm.cycles)
+        measure.celery_chains(store, args.warmup, hops, args.in_flight, args.timeout)
+        print(f"bench: warmed up; a layby cycle takes {hops} task hops; measuring "
+              f"{args.runs} chains and {args.runs} runs in {args.rounds} round(s), then "
+              f"{args.runs} runs one at a time", file=sys.stderr)
+
+        rounds = []
+        for n in _split(args.runs, args.rounds):
+            # ABBA: the order flips every round, so a load that drifts (another program on
+            # the machine, the append-only file growing) weighs on both sides alike
+            first_chains = len(rounds) % 2 == 0
+            if first_chains:
+                chains = measure.celery_chains(store, n, hops, args.in_flight, args.timeout)
+            cycles = measure.layby_cycles(store, n, args.in_flight, args.timeout)
+            if not first_chains:
+                chains = measure.celery_chains(store, n, hops, args.in_flight, args.timeout)
+            rounds.append((cycles, chains))
+        at_rest = measure.layby_cycles(store, args.runs, 1, args.timeout)
+
+        settings = {"runs": args.runs, "concurrency": args.concurrency,
+                    "in_flight": args.in_flight, "rounds": len(rounds),
+                    "warmup": args.warmup,
+                    "embedded": parts.embedded,
+                    "redis": "embedded" if parts.embedded else parts.redis_url,
+                    "redis_url": parts.redis_url,
+                    "worker": " ".join(worker.argv[1:]), "key_prefix": prefix}
+        r = store.redis
+        try:
+            config = r.config_get("append*")
+        except redis.exceptions.ResponseError:  # CONFIG is often disabled on managed servers
+            config = {}
+        facts = report.machine(r.info("server"), config, load_before)
+        return report.summarize(rounds, at_rest, settings, facts)
+    finally:
+        if not parts.embedded:
+            _delete_keys(store, prefix, parts)
+
+
+def _split(total: int, parts: int) -> list[int]:
+    parts = max(1, min(parts, total))
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def _delete_keys(store: Any, prefix: str, parts: Parts) -> None:
+    """On a server the bench did not start, leave nothing of its own behind."""
+    if parts.worker is not None:
+        parts.worker.stop()  # first, or it would recreate its queue keys
+    try:
+        for key in store.redis.scan_iter(match=f"{prefix}:*", count=1000):
+            store.redis.delete(key)
+    except Exception as exc:  # do not hide the error that brought us here
+        print(f"bench: could not delete the keys under {prefix}: {exc}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""The measurements, against a running worker: layby interrupt cycles, bare Celery chains.
+
+Import this module only after the environment names the bench's Redis and key prefix
+(LAYBY_REDIS_URL, LAYBY_KEY_PREFIX, …): layby's Celery app and store read their settings
+when first imported.
+
+Both measurements are closed loops with the same number of items in flight: a new run (or
+chain) starts as soon as one finishes, until N have finished; throughput is N over the wall
+time from the first start to the last finish.
+
+Times of a layby cycle come from the run's event stream. Every event's `at` is the Redis
+server's clock (`TIME` inside the transition script, in ms), so the bench, the worker and
+the server agree on one clock even when Redis runs on another machine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import chain
+
+from bench import BenchError
+from bench.agents import AGENT
+from bench.tasks import hop
+from broker_config import JOBS, NOTIFY, TURNS
+from control import commands
+from generation.interrupts import ResumeEntry
+from parking import Store
+
+# The queues of a layby worker (all but the sweep queue, as `layby up` runs it). Layby's
+# steps and the baseline's hops both go to layby.turns.
+WORKER_QUEUES = [TURNS, JOBS, NOTIFY]
+
+
+@dataclass
+class Cycle:
+    """One run's event times (Redis server clock, ms) and how many tasks claimed it."""
+
+    run_id: str
+    created_at: int | None = None
+    interrupted_at: int | None = None
+    resuming_at: int | None = None  # the answer committed (answer script)
+    resumed_at: int | None = None  # the resume task claimed the run (claim script)
+    completed_at: int | None = None
+    claims: int = 0  # `run.started` events: one per task that took a step of this run
+
+    @property
+    def answer_to_continuation_ms(self) -> int | None:
+        if self.resuming_at is None or self.resumed_at is None:
+            return None
+        return self.resumed_at - self.resuming_at
+
+    @property
+    def cycle_ms(self) -> int | None:
+        if self.created_at is None or self.completed_at is None:
+            return None
+        return self.completed_at - self.created_at
+
+
+@dataclass
+class LaybyOutcome:
+    runs: int
+    wall_s: float
+    cycles: list[Cycle] = field(default_factory=list)
+
+    @property
+    def completed(self) -> int:
+        return sum(1 for c in self.cycles if c.completed_at is not None)
+
+    @property
+    def per_s(self) -> float:
+        return self.completed / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass
+class ChainOutcome:
+    chains: int
+    hops: int
+    wall_s: float
+    completed: int
+
+    @property
+    def per_s(self) -> float:
+        return self.completed / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _stream_items(reply: Any) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
+    if not reply:
+        return []
+    return list(reply.items()) if isinstance(reply, dict) else list(reply)  # RESP3 or RESP2
+
+
+def layby_cycles(store: Store, runs: int, in_flight: int, timeout_s: float) -> LaybyOutcome:
+    """N runs of the bench agent; each is answered (in this process, through
+    `control.commands.answer`, as the HTTP API would) as soon as it parks."""
+    streams: dict[str, str] = {}  # events key -> last id read
+    active: dict[str, Cycle] = {}
+    finished: list[Cycle] = []
+    launched = 0
+    started = time.perf_counter()
+    last_progress = time.monotonic()
+    while len(finished) < runs:
+        while launched < runs and len(active) < in_flight:
+            run_id = commands.new_run_id()
+            commands.start_run(AGENT, input=f"step {launched}", run_id=run_id, store=store,
+                               known_agents={AGENT})
+            key = store.keys.events(run_id)
+            streams[key] = "0-0"
+            active[key] = Cycle(run_id)
+            launched += 1
+        reply = store.redis.xread(streams, count=100, block=500)
+        items = _stream_items(reply)
+        if items:
+            last_progress = time.monotonic()
+        elif time.monotonic() - last_progress > timeout_s:
+            raise BenchError(f"no layby run moved for {timeout_s} s; {len(finished)} of "
+                             f"{runs} completed; waiting: "
+                             f"{[c.run_id for c in active.values()][:5]}")
+        for key, entries in items:
+            cycle = active[key]
+            done = False
+            for event_id, fields in entries:
+                streams[key] = event_id
+                done = _on_event(store, cycle, fields) or done
+            if done:
+                finished.append(active.pop(key))
+                del streams[key]
+    return LaybyOutcome(runs, time.perf_counter() - started, finished)
+
+
+def _on_event(store: Store, cycle: Cycle, fields: dict[str, str]) -> bool:
+    """Note the event's time, answer an interrupt; True when the run is over."""
+    kind, at = fields["type"], int(fields["at"])
+    if kind == "run.created":
+        cycle.created_at = at
+    elif kind == "run.started":
+        cycle.claims += 1
+        data = json.loads(fields.get("data") or "{}")
+        if data.get("from") == "resuming" and cycle.resumed_at is None:
+            cycle.resumed_at = at
+    elif kind == "run.interrupted":
+        cycle.interrupted_at = at
+        data = json.loads(fields["data"])
+        entries = [ResumeEntry(interrupt_id=i["id"], status="resolved", payload=True)
+                   for i in data.get("interrupts", [])]
+        commands.answer(cycle.run_id, entries, by="bench", channel="bench", store=store)
+    elif kind == "run.resuming":
+        cycle.resuming_at = at
+    elif kind == "run.completed":
+        cycle.completed_at = at
+        return True
+    elif kind in ("run.failed", "run.cancelled"):
+        raise BenchError(f"run {cycle.run_id} ended {kind}: {fields.get('data')}")
+    return False
+
+
+def celery_chains(store: Store, chains: int, hops: int, in_flight: int,
+                  timeout_s: float) -> ChainOutcome:
+    """N bare Celery chains of `hops` no-op tasks on layby's app, queue and worker."""
+    if hops < 1:
+        raise BenchError(f"a chain needs at least one hop, not {hops}")
+    done_key = f"{store.config.prefix}:bench:done:{uuid.uuid4().hex}"
+
+    def launch(n: int) -> None:
+        links = [hop.si().set(queue=TURNS) for _ in range(hops - 1)]
+        links.append(hop.si(done_key, str(n)).set(queue=TURNS))
+        if len(links) == 1:
+            links[0].apply_async()
+        else:
+            chain(*links).apply_async()
+
+    launched = completed = 0
+    started = time.perf_counter()
+    last_progress = time.monotonic()
+    while completed < chains:
+        while launched < chains and launched - completed < in_flight:
+            launch(launched)
+            launched += 1
+        got = store.redis.blpop([done_key], timeout=0.5)
+        if got is None:
+            if time.monotonic() - last_progress > timeout_s:
+                raise BenchError(f"no Celery chain finished for {timeout_s} s; {completed} "
+                                 f"of {chains} done")
+            continue
+        completed += 1 + len(store.redis.lpop(done_key, in_flight) or [])
+        last_progress = time.monotonic()
+    wall = time.perf_counter() - started
+    store.redis.delete(done_key)
+    return ChainOutcome(chains, hops, wall, completed)
+
+
+def wait_for_worker(store: Store, alive: Any, timeout_s: float = 90.0) -> float:
+    """Until the worker runs a task (one chain of one hop); returns the seconds it took."""
+    started = time.monotonic()
+    done_key = f"{store.config.prefix}:bench:ready:{uuid.uuid4().hex}"
+    hop.si(done_key, "ready").set(queue=TURNS).apply_async()
+    while not store.redis.blpop([done_key], timeout=0.5):
+        if not alive():
+            raise BenchError("the worker exited before it took a task")
+        if time.monotonic() - started > timeout_s:
+            raise BenchError(f"the worker took no task within {timeout_s} s")
+    store.redis.delete(done_key)
+    return time.monotonic() - started

@@ -1,0 +1,124 @@
+"""The parts the benchmark starts, and their stopping: an embedded Valkey server in a
+temporary folder (unless a Redis URL is given) and one real `celery worker` subprocess.
+
+`Parts` is a context manager: whatever it started is stopped on the way out, in reverse
+order, on success, on error and on Ctrl-C (SIGINT is ignored while it cleans up, so a second
+Ctrl-C cannot leave a worker or a server behind).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Worker:
+    """One `celery -A broker_config worker` in its own process group, logging to a file."""
+
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Worker:
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Warm shutdown (SIGTERM to the group), then SIGKILL if it does not end in time."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclass
+class Parts:
+    """A temporary folder, Valkey (embedded unless `redis_url`), and later the worker."""
+
+    redis_url: str | None = None
+    folder: Path | None = None
+    server: object | None = None  # gateway.embedded.EmbeddedRedis
+    worker: Worker | None = None
+    embedded: bool = False
+    _stopped: bool = field(default=False, repr=False)
+
+    def __enter__(self) -> Parts:
+        self.folder = Path(tempfile.mkdtemp(prefix="layby-bench-"))
+        try:
+            if self.redis_url is None:
+                # gateway.embedded imports no settings: safe before the environment is set
+                from gateway.embedded import EmbeddedRedis
+
+                self.server = EmbeddedRedis(self.folder / "valkey").start()
+                self.redis_url = self.server.url  # type: ignore[attr-defined]
+                self.embedded = True
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_worker(self, queues: list[str], concurrency: int, env: dict[str, str]) -> Worker:
+        from gateway.supervisor import worker_argv
+
+        assert self.folder is not None
+        argv = worker_argv(queues, concurrency, "WARNING")
+        self.worker = Worker(argv, env, self.folder / "worker.log").start()
+        return self.worker
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            if self.worker is not None:
+                self.worker.stop()
+            if self.server is not None:
+                self.server.stop()  # type: ignore[attr-defined]
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if error is not None and self.worker is not None and not isinstance(
+                error, KeyboardInterrupt):
+            print(f"bench: the worker's last log lines:\n{self.worker.tail()}",
+                  file=sys.stderr)
+        self.stop()

@@ -1,0 +1,163 @@
+"""What the benchmark reports: the figures (one dict, also written as JSON), the machine
+they were measured on, and the table printed at the end."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
+
+from bench.measure import ChainOutcome, LaybyOutcome
+
+HOPS_EXPLAINED = ("layby.run_turn (first model turn, the tool interrupts: park) + "
+                  "layby.resume_run (resume, then the final model turn inline: complete)")
+LATENCY_CLOCK = ("Redis server clock, ms: `at` of run.resuming (written by the answer's "
+                 "script) to `at` of the run.started that follows (written by the resume "
+                 "task's claim script)")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least q% of the values at or below it."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def distribution(values: Sequence[float]) -> dict[str, Any]:
+    return {"count": len(values), "p50": percentile(values, 50),
+            "p99": percentile(values, 99), "min": float(min(values)),
+            "max": float(max(values)), "mean": round(statistics.fmean(values), 2)}
+
+
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def machine(info: dict[str, Any], config: dict[str, str],
+            load_before: float | None) -> dict[str, Any]:
+    """Facts about this machine and the server (`info`: INFO server; `config`: CONFIG GET).
+
+    The 1-minute load averages before and after say whether other programs competed for
+    the cores while the bench ran (its own parts add about one per busy core)."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "")
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count() or 0
+    name = info.get("server_name", "redis")
+    version = info.get("valkey_version") or info.get("redis_version")
+
+    def version_of(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "?"
+
+    return {"cores": os.cpu_count(), "usable_cores": usable, "cpu": model,
+            "platform": platform.platform(), "python": platform.python_version(),
+            "server": f"{name} {version}", "appendonly": config.get("appendonly"),
+            "appendfsync": config.get("appendfsync"), "celery": version_of("celery"),
+            "kombu": version_of("kombu"), "redis_py": version_of("redis"),
+            "load_before": load_before, "load_after": load_average()}
+
+
+def _combined(rounds: list[tuple[LaybyOutcome, ChainOutcome]]
+              ) -> tuple[LaybyOutcome, ChainOutcome]:
+    """All rounds as one measurement: the items and the wall times add up."""
+    layby = LaybyOutcome(sum(r[0].runs for r in rounds), sum(r[0].wall_s for r in rounds),
+                         [c for r in rounds for c in r[0].cycles])
+    chains = ChainOutcome(sum(r[1].chains for r in rounds), rounds[0][1].hops,
+                          sum(r[1].wall_s for r in rounds), sum(r[1].completed for r in rounds))
+    return layby, chains
+
+
+def _latency(outcome: LaybyOutcome) -> dict[str, Any] | None:
+    found = [c.answer_to_continuation_ms for c in outcome.cycles
+             if c.answer_to_continuation_ms is not None]
+    return distribution(found) if found else None
+
+
+def summarize(rounds: list[tuple[LaybyOutcome, ChainOutcome]], at_rest: LaybyOutcome,
+              settings: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+    layby, baseline = _combined(rounds)
+    cycle_times = [c.cycle_ms for c in layby.cycles if c.cycle_ms is not None]
+    cycle_ms = distribution(cycle_times) if cycle_times else None
+    hops_seen = Counter(c.claims for c in layby.cycles)
+    return {
+        "layby": {"runs": layby.runs, "completed": layby.completed,
+                  "wall_s": round(layby.wall_s, 4), "cycles_per_s": round(layby.per_s, 2),
+                  "hops_per_cycle": baseline.hops,
+                  "hops_seen": {str(k): v for k, v in sorted(hops_seen.items())},
+                  "hops_explained": HOPS_EXPLAINED,
+                  "cycle_ms": cycle_ms},
+        "baseline": {"chains": baseline.chains, "completed": baseline.completed,
+                     "wall_s": round(baseline.wall_s, 4),
+                     "chains_per_s": round(baseline.per_s, 2),
+                     "hops_per_chain": baseline.hops},
+        "ratio": round(layby.per_s / baseline.per_s, 4) if baseline.per_s else 0.0,
+        "rounds": [{"cycles_per_s": round(lay.per_s, 2), "chains_per_s": round(ch.per_s, 2),
+                    "ratio": round(lay.per_s / ch.per_s, 4) if ch.per_s else 0.0}
+                   for lay, ch in rounds],
+        "answer_to_continuation_ms": _latency(layby),
+        "answer_to_continuation_at_rest_ms": _latency(at_rest),
+        "at_rest": {"runs": at_rest.runs, "completed": at_rest.completed},
+        "latency_clock": LATENCY_CLOCK,
+        "settings": settings,
+        "machine": facts,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    lay, base, s, m = result["layby"], result["baseline"], result["settings"], result["machine"]
+    nan = float("nan")
+    lat = result["answer_to_continuation_ms"] or {}
+    rest = result["answer_to_continuation_at_rest_ms"] or {}
+    cyc = lay["cycle_ms"] or {}
+    spread = [r["ratio"] for r in result["rounds"]]
+    rows = [
+        ("layby interrupt cycles/s", f"{lay['cycles_per_s']:.1f}  ({lay['completed']}/"
+                                     f"{lay['runs']} in {lay['wall_s']:.2f} s)"),
+        ("bare Celery chains/s", f"{base['chains_per_s']:.1f}  "
+                                 f"({base['completed']}/{base['chains']} in "
+                                 f"{base['wall_s']:.2f} s)"),
+        ("ratio layby / baseline", f"{result['ratio']:.3f}  (rounds: "
+                                   f"{', '.join(f'{x:.3f}' for x in spread)})"),
+        ("task hops per cycle", f"{lay['hops_per_cycle']}  (runs by hops seen: "
+                                f"{lay['hops_seen']})"),
+        ("answer → continuation p50", f"{lat.get('p50', nan):.0f} ms under load "
+                                      f"({s['in_flight']} in flight), "
+                                      f"{rest.get('p50', nan):.0f} ms one at a time"),
+        ("answer → continuation p99", f"{lat.get('p99', nan):.0f} ms under load, "
+                                      f"{rest.get('p99', nan):.0f} ms one at a time"),
+        ("whole cycle p50 / p99", f"{cyc.get('p50', nan):.0f} / {cyc.get('p99', nan):.0f} ms "
+                                  "under load"),
+        ("N (runs = chains)", str(s["runs"])),
+        ("worker concurrency", f"{s['concurrency']} (prefork); in flight: {s['in_flight']}; "
+                               f"rounds: {s['rounds']}"),
+        ("machine", f"{m['cores']} cores ({m['usable_cores']} usable) {m['cpu']}".rstrip()),
+        ("load average (1 min)", f"{m['load_before']} before, {m['load_after']} after"),
+        ("Python / Celery / kombu", f"{m['python']} / {m['celery']} / {m['kombu']}"),
+        ("server", f"{m['server']}, appendonly {m['appendonly']}, appendfsync "
+                   f"{m['appendfsync']} ({'embedded' if s['embedded'] else s['redis']})"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
+    notes = [f"  hops: {HOPS_EXPLAINED}",
+             "  latency clock: " + LATENCY_CLOCK]
+    return "\n".join(["layby bench", *lines, *notes])

@@ -1,0 +1,20 @@
+"""The baseline's Celery task: a no-op hop, registered on layby's own app.
+
+The bench's worker loads it through LAYBY_TASK_MODULES=bench.tasks, so it runs with exactly
+the settings layby's tasks run with (acks_late, prefetch 1, events, same queues). The last
+hop of a chain pushes the chain's token onto a Redis list: that is how the bench learns a
+chain is done (the app keeps no results).
+"""
+
+from __future__ import annotations
+
+from broker_config import app
+from control import runtime
+
+HOP = "bench.hop"
+
+
+@app.task(name=HOP)
+def hop(done_key: str | None = None, token: str | None = None) -> None:
+    if done_key:
+        runtime.store().redis.rpush(done_key, token or "")
