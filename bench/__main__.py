@@ -83,6 +83,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     assert parts.folder is not None and parts.redis_url is not None
     prefix = f"laybybench-{uuid.uuid4().hex[:8]}"
     env = {"LAYBY_REDIS_URL": parts.redis_url, "LAYBY_KEY_PREFIX": prefix,
+           "LAYBY_BROKER_KEY_PREFIX": f"{prefix}:broker:", "LAYBY_INTAKE_QUEUE": "",
            "LAYBY_AGENT_MODULES": "bench.agents", "LAYBY_TASK_MODULES": "bench.tasks",
            "LAYBY_DATA_DIR": str(parts.folder / "data")}
     # Before any layby import: the Celery app and the store read these once.

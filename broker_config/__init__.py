@@ -15,8 +15,10 @@ from broker_config.celery_app import (
     TURNS,
     app,
     make_app,
+    worker_queues,
 )
 from broker_config.settings import Settings, get_settings
 
 __all__ = ["JOBS", "NOTIFY", "QUEUES", "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP",
-           "SWEEP_TASK", "TURNS", "Settings", "app", "get_settings", "make_app"]
+           "SWEEP_TASK", "TURNS", "Settings", "app", "get_settings", "make_app",
+           "worker_queues"]

@@ -2,7 +2,9 @@
 
 Model turns, notifications, sweeps and background jobs each have their own queue, so a
 sweep or a notification never waits behind model calls. Task names are public and stable:
-other services enqueue by name with `send_task`, knowing only the broker URL.
+other services enqueue by name with `send_task`, knowing only the broker URL: such a
+message lands on Celery's default queue (`celery`, the intake), which the turns worker
+reads too, and the broker's keys carry no prefix unless LAYBY_BROKER_KEY_PREFIX says so.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ JOB_DONE = "layby.job_done"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+def worker_queues(settings: Settings | None = None) -> list[str]:
+    """What a worker reads by default: every layby queue but the sweeper's, and the intake."""
+    settings = settings or get_settings()
+    return [TURNS, JOBS, NOTIFY] + ([settings.intake_queue] if settings.intake_queue else [])
+
+
 def celery_config(settings: Settings) -> dict[str, object]:
     url = settings.resolved_redis_url() or DEFAULT_REDIS_URL
     exchange = Exchange("layby", type="direct")
@@ -40,8 +48,9 @@ def celery_config(settings: Settings) -> dict[str, object]:
             "socket_connect_timeout": 10,
             "socket_keepalive": True,
             "health_check_interval": settings.redis_health_check_interval_s,
-            "global_keyprefix": f"{settings.key_prefix}:broker:",
             "retry_on_timeout": True,
+            **({"global_keyprefix": settings.broker_key_prefix}
+               if settings.broker_key_prefix else {}),
         },
         "task_acks_late": True,
         "task_retry_on_worker_lost": True,
@@ -53,7 +62,8 @@ def celery_config(settings: Settings) -> dict[str, object]:
         "task_ignore_result": True,
         "task_serializer": "json",
         "accept_content": ["json"],
-        "task_queues": [Queue(q, exchange, routing_key=q) for q in QUEUES],
+        "task_queues": [Queue(q, exchange, routing_key=q) for q in QUEUES]
+                       + ([Queue(settings.intake_queue)] if settings.intake_queue else []),
         "task_default_queue": JOBS,
         "task_default_exchange": "layby",
         "task_default_routing_key": JOBS,

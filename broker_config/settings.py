@@ -27,6 +27,12 @@ class Settings(BaseSettings):
     task_modules: CommaList = Field(default_factory=lambda: ["demo.jobs"],
                                     description="modules with Celery tasks to run as jobs")
     key_prefix: str = "layby"
+    # Empty by default: another service reaches layby with nothing but the broker URL.
+    # Set it (e.g. "layby:broker:") when the broker's Redis database is shared.
+    broker_key_prefix: str = ""
+    # Where a bare `send_task("layby.start_run", …)` lands: Celery's default queue.
+    # Empty stops layby's workers from reading it (then senders must name layby.turns).
+    intake_queue: str = "celery"
     host: str = "127.0.0.1"
     port: int = 8000
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from broker_config import QUEUES, get_settings
+from broker_config import QUEUES, get_settings, worker_queues
 from generation.errors import LaybyError
 from generation.interrupts import CONFIRMATION, ResumeEntry
 from parking import InterruptView, RunView, Status
@@ -75,11 +75,14 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
 
 
 @cli.command()
-def worker(queues: Annotated[str, typer.Option(help="comma-separated queues")] = ",".join(QUEUES),
+def worker(queues: Annotated[str | None, typer.Option(
+               help="comma-separated queues (default: all but the sweeper's, and the intake)")
+           ] = None,
            concurrency: Annotated[int, typer.Option(help="processes")] = 0,
            loglevel: str = "INFO", beat: Annotated[bool, typer.Option(
                help="also run the sweeper's clock (one per deployment)")] = False) -> None:
     """Run a Celery worker on layby's queues."""
+    queues = queues or ",".join(worker_queues())
     argv = ["-m", "celery", "-A", "broker_config", "worker", "-Q", queues, "-l", loglevel]
     argv += ["-c", str(concurrency)] if concurrency else []
     argv += ["-B", "--scheduler", "celery.beat:Scheduler"] if beat else []

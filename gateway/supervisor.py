@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker_config import QUEUES, SWEEP, Settings
+from broker_config import SWEEP, Settings, worker_queues
 from gateway.embedded import EmbeddedRedis
 
 
@@ -77,7 +77,7 @@ class System:
         if not self.settings.api_keys:
             env["LAYBY_API_KEYS"] = key
         self.children = [
-            Child("worker", worker_argv([q for q in QUEUES if q != SWEEP], self.concurrency,
+            Child("worker", worker_argv(worker_queues(self.settings), self.concurrency,
                                         "INFO")),
             Child("sweeper", sweeper_argv()),
             Child("gateway", [sys.executable, "-m", "uvicorn", "gateway.app:app", "--host",

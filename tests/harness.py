@@ -120,7 +120,8 @@ class LaybySystem:
         return proc
 
     def start_worker(self, name: str = "worker") -> Proc:
-        proc = self._start(name, worker_argv([TURNS, JOBS, NOTIFY], self.worker_count, "INFO"))
+        proc = self._start(name, worker_argv([TURNS, JOBS, NOTIFY, "celery"], self.worker_count,
+                                             "INFO"))
         wait_until(lambda: "ready." in proc.output(), 40, what=f"{name} to be ready")
         return proc
 

@@ -1,5 +1,5 @@
 """Another service starts runs by task name, with its own bare Celery app: no layby code,
-only the broker URL and the transport options layby's broker uses."""
+no settings, only the broker URL."""
 
 from __future__ import annotations
 
@@ -12,15 +12,9 @@ import pytest
 from tests import sse
 from tests.harness import LaybySystem, wait_until
 
-# The key prefix layby's broker puts on its Redis keys (broker_config.celery_app); a sender
-# without it publishes to a list no layby worker reads.
-BROKER_OPTIONS = {"global_keyprefix": "layby:broker:"}
-
-
 @pytest.fixture
 def foreign(system: LaybySystem) -> Iterator[celery.Celery]:
-    app = celery.Celery("billing-service", broker=system.redis_url,
-                        broker_transport_options=BROKER_OPTIONS)
+    app = celery.Celery("billing-service", broker=system.redis_url)
     yield app
     app.close()
 
@@ -37,8 +31,7 @@ def _get(system: LaybySystem, run_id: str) -> dict | None:
 def test_send_task_by_name_starts_a_run(system: LaybySystem, foreign: celery.Celery) -> None:
     run_id = f"run_from_celery_{uuid.uuid4().hex[:8]}"
     sent = foreign.send_task("layby.start_run", args=["demo.trivia", "hi"],
-                             kwargs={"run_id": run_id, "metadata": {"from": "billing"}},
-                             queue="layby.turns")
+                             kwargs={"run_id": run_id, "metadata": {"from": "billing"}})
     wait_until(lambda: _get(system, run_id), 20, what=f"run {run_id} to appear")
     parked = system.wait_status(run_id, "interrupted")
     assert parked["agent"] == "demo.trivia"
