@@ -1,0 +1,102 @@
+"""The reviewer directory: who may answer, and how each is reached.
+
+Read from the TOML or YAML file named by `LAYBY_REVIEWERS_FILE`:
+
+    default_group = "ops"
+
+    [reviewers.alice]
+    name = "Alice Martin"
+    email = "alice@example.com"
+
+    [reviewers.payments-bot]
+    webhook = { url = "https://hooks.example.com/layby", secret = "whsec_…" }
+
+    [groups]
+    ops = ["alice", "payments-bot"]
+
+An interrupt names people and groups (`ctx.interrupt(reviewers=[...])`); with none, the
+default group is asked. Webhook secrets stay in this file: they are never logged, stored
+in Redis or sent in a task.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from generation.errors import ConfigError
+
+
+class Webhook(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(pattern=r"^https?://")
+    secret: str = Field(min_length=8, repr=False)
+
+
+class Reviewer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = ""
+    name: str | None = None
+    email: str | None = Field(None, pattern=r"^[^@\s]+@[^@\s]+$")
+    webhook: Webhook | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.id
+
+
+class Directory(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reviewers: dict[str, Reviewer] = Field(default_factory=dict)
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+    default_group: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Directory:
+        for rid, reviewer in self.reviewers.items():
+            reviewer.id = rid
+        for group, members in self.groups.items():
+            unknown = [m for m in members if m not in self.reviewers]
+            if unknown:
+                raise ValueError(f"group {group!r} names unknown reviewers {unknown}")
+            if group in self.reviewers:
+                raise ValueError(f"{group!r} is both a reviewer and a group")
+        if self.default_group and self.default_group not in self.groups:
+            raise ValueError(f"default_group {self.default_group!r} is not a group")
+        return self
+
+    def resolve(self, names: list[str] | None) -> list[Reviewer]:
+        """The people behind a list of people and groups (the default group for none)."""
+        wanted = names or ([self.default_group] if self.default_group else [])
+        found: dict[str, Reviewer] = {}
+        for name in wanted:
+            if name in self.groups:
+                found.update((m, self.reviewers[m]) for m in self.groups[name])
+            elif name in self.reviewers:
+                found[name] = self.reviewers[name]
+        return list(found.values())
+
+    def by_email(self, address: str) -> Reviewer | None:
+        address = address.strip().lower()
+        return next((r for r in self.reviewers.values()
+                     if r.email and r.email.lower() == address), None)
+
+
+def load_directory(path: Path | None) -> Directory:
+    if path is None:
+        return Directory()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the reviewer directory {path}: {exc}") from exc
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text) or {}
+        return Directory.model_validate(data)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, ValueError) as exc:
+        raise ConfigError(f"the reviewer directory {path} is invalid: {exc}") from exc
