@@ -1,0 +1,426 @@
+"""What must survive: a worker killed mid-turn, a restart of the Redis server, a commit whose
+publish never happened, a job that ends before its run parks, stale duplicate messages, and
+interrupts nobody answers. Real Valkey, real Celery workers, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from broker_config import RESUME_RUN, RUN_TURN, Settings, make_app
+from control.runtime import store_config
+from gateway.embedded import EmbeddedRedis
+from generation import text_message
+from parking import Answer, InterruptState, Store
+from tests.harness import BASE_ENV, LaybySystem, wait_until
+
+DURABLE_ENV = {
+    "LAYBY_AGENT_MODULES": "demo.agents,tests.agents,tests.agents_durability",
+    "LAYBY_TASK_MODULES": "demo.jobs,tests.agents_durability",
+    "LAYBY_TEST_EXPIRY_S": "2",
+}
+OUTBOX_GRACE_S = float(BASE_ENV["LAYBY_OUTBOX_GRACE_S"])
+
+
+@pytest.fixture(scope="module")
+def durable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaybySystem]:
+    """A system with the durability test agents and job, on a Valkey server of its own:
+    nothing else reads its queues."""
+    base = tmp_path_factory.mktemp("durable")
+    server = EmbeddedRedis(base / "valkey").start()
+    system = LaybySystem(server.url, base / "system", env_overrides=DURABLE_ENV)
+    try:
+        yield system.start()
+    finally:
+        system.stop()
+        server.stop()
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def single_open(system: LaybySystem, run_id: str) -> dict[str, Any]:
+    run = system.wait_status(run_id, "interrupted")
+    waiting = system.open_interrupts(run)
+    assert len(waiting) == 1, run["interrupts"]
+    return waiting[0]
+
+
+def transfers_of(system: LaybySystem, run_id: str) -> list[dict[str, Any]]:
+    return [t for t in system.ledger()["transfers"] if t["run"] == run_id]
+
+
+def calls_of(system: LaybySystem, run_id: str, tool: str) -> list[dict[str, Any]]:
+    return [c for c in system.ledger()["calls"] if c["run"] == run_id and c["tool"] == tool]
+
+
+def events(system: LaybySystem, run_id: str) -> list[dict[str, Any]]:
+    """The run's events so far, as the SSE endpoint replays them."""
+    with system.api() as api:
+        reply = api.get(f"/v1/runs/{run_id}/events", params={"follow": "false"})
+    assert reply.status_code == 200, reply.text
+    return [json.loads(line[len("data: "):]) for line in reply.text.splitlines()
+            if line.startswith("data: ")]
+
+
+def event_types(system: LaybySystem, run_id: str) -> list[str]:
+    return [e["type"] for e in events(system, run_id)]
+
+
+def received(log: str, task: str, task_id_pattern: str) -> int:
+    return len(re.findall(rf"Task {re.escape(task)}\[{task_id_pattern}\] received", log))
+
+
+def returned(log: str, task_id: str) -> list[str]:
+    """What the tasks with this id returned, as the worker logged it."""
+    return re.findall(rf"\[{re.escape(task_id)}\] succeeded in [\d.]+s: '([\w.-]+)'", log)
+
+
+def settings_of(system: LaybySystem) -> Settings:
+    """The settings the system's processes run with."""
+    return Settings(**{name.removeprefix("LAYBY_").lower(): value
+                       for name, value in system.env.items() if name.startswith("LAYBY_")})
+
+
+@contextmanager
+def sender(system: LaybySystem) -> Iterator[Any]:
+    """A Celery app in the test process, publishing to the system's broker as it does."""
+    app = make_app(settings_of(system))
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+# -- a worker killed in the middle of a turn -----------------------------------------------
+
+
+@pytest.mark.slow
+def test_worker_killed_after_the_transfer_finishes_the_run_with_one_transfer(
+        isolated: Any) -> None:
+    visibility_s = 8.0  # above the lease (6 s) and the step (3 s), as in production
+    system = isolated(LAYBY_DEMO_TRANSFER_DELAY_S="3",
+                      LAYBY_VISIBILITY_TIMEOUT_S=str(int(visibility_s))).start()
+    run_id = system.start_run("demo.transfer", "Send 250 to Bob")["id"]
+    approval = single_open(system, run_id)
+    assert system.answer(run_id, approval["id"], payload={"approved": True}).status_code == 200
+    delivered = time.monotonic()
+
+    # The money moved; the worker sleeps before the turn commits.
+    wait_until(lambda: transfers_of(system, run_id), 15, every=0.05, what="the transfer")
+    assert system.run(run_id)["status"] == "running"
+    system.procs["worker"].kill()
+    assert system.run(run_id)["status"] == "running"
+
+    # Nothing acks the resume message now: kombu keeps it in its unacked hash and puts it
+    # back only once it is older than the visibility timeout, when a worker starts (kombu's
+    # restore at start) or at its periodic restore (every 100 s by default). Meanwhile
+    # the run's lease lapses (6 s) and the sweeper requeues the step as a new message.
+    # Starting the new worker after the visibility timeout makes it receive both copies:
+    # one claims the run and runs the step again (the transfer is found in the ledger by its
+    # idempotency key), the other finds the run busy or done and does nothing.
+    wait_until(lambda: system.run(run_id)["status"] == "queued", 15,
+               what="the sweeper to requeue the run")
+    time.sleep(max(0.0, visibility_s + 0.5 - (time.monotonic() - delivered)))
+    second = system.start_worker("worker2")
+
+    done = system.wait_status(run_id, "completed", timeout=30)
+    assert done["result"] == "Sent 250 to Bob."
+    assert [(t["to"], t["amount"]) for t in transfers_of(system, run_id)] == [("Bob", 250)]
+    assert "run.requeued" in event_types(system, run_id)
+    finished = rf"\[{run_id}:\w+:\d+\] succeeded in [\d.]+s: '(\w+)'"
+    wait_until(lambda: len(re.findall(finished, second.output())) >= 2, 10,
+               what="the new worker to finish both messages")
+    log = second.output()
+    assert received(log, RESUME_RUN, rf"{run_id}:resume:\d+") == 1  # redelivered by kombu
+    assert received(log, RUN_TURN, rf"{run_id}:turn:\d+") == 1  # requeued by the sweeper
+    # Exactly one of them did the work; the other was refused without touching the run.
+    outcomes = sorted(re.findall(finished, log))
+    assert outcomes in (["busy", "finish"], ["finish", "stale"]), outcomes
+
+
+@pytest.mark.slow
+def test_worker_killed_before_the_transfer_sends_it_once_after_recovery(
+        isolated: Any) -> None:
+    system = isolated(LAYBY_TEST_BEFORE_TRANSFER_S="3", **DURABLE_ENV).start()
+    run_id = system.start_run("test.careful_transfer", "pay Dan")["id"]
+    approval = single_open(system, run_id)
+    assert system.answer(run_id, approval["id"], payload={"approved": True}).status_code == 200
+
+    # The approved tool has started and waits before moving the money.
+    wait_until(lambda: calls_of(system, run_id, "careful_transfer"), 15, every=0.05,
+               what="the approved transfer to start")
+    system.procs["worker"].kill()
+    assert system.run(run_id)["status"] == "running"
+    assert transfers_of(system, run_id) == []
+
+    # The new worker starts at once, well within the visibility timeout (30 s): the killed
+    # worker's message stays in kombu's unacked hash, and the run recovers through its lease
+    # alone (the sweeper requeues it once the lease lapses, 6 s after the claim).
+    system.start_worker("worker2")
+    done = system.wait_status(run_id, "completed", timeout=30)
+    assert done["result"] == "Sent 30 to Dan."
+    assert [(t["to"], t["amount"]) for t in transfers_of(system, run_id)] == [("Dan", 30)]
+    assert "run.requeued" in event_types(system, run_id)
+    assert [i["state"] for i in done["interrupts"]] == ["resolved"]
+
+
+@pytest.mark.slow
+def test_pool_process_killed_mid_turn_finishes_the_run_with_one_transfer(
+        isolated: Any) -> None:
+    """What the kernel's OOM killer does: the process running the turn dies, the worker's
+    main process lives on and starts a new pool process."""
+    system = isolated(LAYBY_DEMO_TRANSFER_DELAY_S="3").start()
+    run_id = system.start_run("demo.transfer", "Send 120 to Ida")["id"]
+    approval = single_open(system, run_id)
+    assert system.answer(run_id, approval["id"], payload={"approved": True}).status_code == 200
+    wait_until(lambda: transfers_of(system, run_id), 15, every=0.05, what="the transfer")
+    worker = system.procs["worker"]
+    assert worker.process is not None
+    pool = subprocess.run(["pgrep", "-P", str(worker.process.pid)], capture_output=True,
+                          text=True, check=True).stdout.split()
+    assert len(pool) == system.worker_count
+    for pid in pool:
+        os.kill(int(pid), signal.SIGKILL)
+
+    # Celery retries the lost task later (task_retry_on_worker_lost, after the task's
+    # retry delay); the run does not wait for that: its lease lapses and the sweeper
+    # requeues it.
+    done = system.wait_status(run_id, "completed", timeout=30)
+    assert done["result"] == "Sent 120 to Ida."
+    assert [(t["to"], t["amount"]) for t in transfers_of(system, run_id)] == [("Ida", 120)]
+    assert "run.requeued" in event_types(system, run_id)
+    assert worker.process.poll() is None
+
+
+# -- a restart of the Redis server while runs are parked -----------------------------------
+
+ANSWERS: dict[str, dict[str, Any]] = {
+    # by agent: interrupt's tool call id or tool name → payload
+    "demo.trivia": {"ask_question": "Jaws"},
+    "demo.transfer": {"transfer_funds": {"approved": True}},
+    "demo.parallel": {"ask_question": "main", "transfer_funds": {"approved": True}},
+    "demo.bbq": {"guests": "12", "diet": "vegan", "grill": "gas"},
+    "demo.expiring": {},  # nobody answers: its deadline, kept in Redis too, ends it
+}
+INPUTS = {"demo.trivia": "quiz me", "demo.transfer": "Send 90 to Ann",
+          "demo.parallel": "pay Carol", "demo.bbq": "Plan a BBQ",
+          "demo.expiring": "ship it"}
+RESULTS = {"demo.trivia": "Right! It was Jaws (1975).", "demo.transfer": "Sent 90 to Ann.",
+           "demo.parallel": "Paying from main; transfer sent; balance was 1000.",
+           "demo.bbq": "BBQ plan: 12 guests, vegan menu, on a gas grill. Light it an hour "
+                       "before they arrive.",
+           "demo.expiring": "The deployment was not approved in time (no answer before "}
+
+
+def _parked(system: LaybySystem, run_ids: list[str]) -> dict[str, tuple[str, int, list[str]]]:
+    out = {}
+    for run_id in run_ids:
+        run = system.run(run_id)
+        out[run_id] = (run["status"], run["version"],
+                       sorted(i["id"] for i in system.open_interrupts(run)))
+    return out
+
+
+def _answer_until_done(system: LaybySystem, run_id: str, agent: str) -> dict[str, Any]:
+    while True:
+        run = system.wait_status(run_id, "interrupted", "completed", timeout=40)
+        if run["status"] == "completed":
+            return run
+        answers = ANSWERS[agent]
+        if not answers:
+            return system.wait_status(run_id, "completed", timeout=40)
+        for intr in system.open_interrupts(run):
+            payload = answers.get(intr["toolCallId"], answers.get(intr["toolName"]))
+            reply = system.answer(run_id, intr["id"], payload=payload)
+            assert reply.status_code == 200, reply.text
+        wait_until(lambda: system.run(run_id)["version"] > run["version"] + 1
+                   or system.run(run_id)["status"] == "completed", 40,
+                   what=f"run {run_id} to move past its answers")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+def test_parked_runs_survive_a_restart_of_the_redis_server(tmp_path: Path, stop: str) -> None:
+    server = EmbeddedRedis(tmp_path / "valkey").start()
+    # The approval of demo.expiring lapses after the restart: the sweeper must be back.
+    system = LaybySystem(server.url, tmp_path / "system",
+                         env_overrides={"LAYBY_DEMO_EXPIRY_S": "12"})
+    try:
+        system.start()
+        agents = {system.start_run(agent, text)["id"]: agent
+                  for agent in INPUTS for text in (INPUTS[agent],) * 2}
+        for run_id in agents:
+            system.wait_status(run_id, "interrupted")
+        # demo.expiring may expire at any time from here on; it is checked at the end.
+        waiting = [r for r, a in agents.items() if a != "demo.expiring"]
+        before = _parked(system, waiting)
+        assert sum(len(ids) for _, _, ids in before.values()) == 10
+
+        port = server.port
+        if stop == "sigkill":
+            time.sleep(1.5)  # appendfsync everysec: what is older than a second is on disk
+            server.kill()
+        else:
+            server.stop()
+        # While it is away the API says so (clients retry a 503), rather than failing.
+        with system.api() as api:
+            away = api.get(f"/v1/runs/{next(iter(agents))}")
+        assert away.status_code == 503, away.text
+        assert away.json()["error"]["code"] == "redis_unavailable"
+        time.sleep(1.0)  # let every client notice the server is gone
+        server = EmbeddedRedis(server.data_dir, port=port).start()
+
+        # Workers, sweeper and gateway reconnect by themselves; the parked runs are intact.
+        assert _parked(system, waiting) == before
+        for run_id, agent in agents.items():
+            done = _answer_until_done(system, run_id, agent)
+            assert done["result"].startswith(RESULTS[agent]), (agent, done)
+            expected = "expired" if agent == "demo.expiring" else "resolved"
+            assert {i["state"] for i in done["interrupts"]} == {expected}
+        transfers = [t for t in system.ledger()["transfers"] if t["run"] in agents]
+        assert sorted(t["run"] for t in transfers) == sorted(
+            r for r, a in agents.items() if a in ("demo.transfer", "demo.parallel"))
+        # A run started after the restart goes through too.
+        fresh = system.start_run("demo.trivia", "one more")["id"]
+        assert _answer_until_done(system, fresh, "demo.trivia")["result"] == RESULTS[
+            "demo.trivia"]
+    finally:
+        system.stop()
+        server.stop()
+
+
+# -- the outbox ----------------------------------------------------------------------------
+
+
+def _store(system: LaybySystem) -> Store:
+    """The store as the system's processes see it, built in the test process."""
+    client = redis.Redis.from_url(system.redis_url, decode_responses=True)
+    return Store(client, store_config(settings_of(system)))
+
+
+def test_commits_whose_publish_never_happened_are_published_by_the_sweeper(
+        durable: LaybySystem) -> None:
+    store = _store(durable)
+    run_id = f"run_{uuid.uuid4().hex}"
+    started = time.monotonic()
+    created = store.create_run(run_id, "demo.trivia", input="quiz me",
+                               messages=[text_message("user", "quiz me")], metadata={},
+                               idempotency_key=None)
+    assert created.ok and len(created.entries) == 1  # and never published here
+    assert durable.run(run_id)["status"] == "queued"
+    assert store.outbox_backlog() == 1
+
+    question = single_open(durable, run_id)
+    # The sweeper leaves an entry alone for the grace time (its publisher may still be at it).
+    assert time.monotonic() - started >= OUTBOX_GRACE_S - 0.5
+    wait_until(lambda: store.outbox_backlog() == 0, 10, what="the outbox to empty")
+
+    # The answer that closes the interrupt commits the resume; nobody publishes it.
+    answered = store.answer(run_id, [Answer(
+        interrupt_id=question["id"], status="resolved", payload="Jaws",
+        state=InterruptState.RESOLVED, answered_by="test", channel="test",
+        answered_at="2025-01-01T00:00:00.000Z")])
+    assert answered.ok and len(answered.entries) == 1
+    assert durable.run(run_id)["status"] == "resuming"
+    done = durable.wait_status(run_id, "completed", timeout=20)
+    assert done["result"] == "Right! It was Jaws (1975)."
+    wait_until(lambda: store.outbox_backlog() == 0, 10, what="the outbox to empty")
+    store.redis.close()
+
+
+# -- a background job that ends before its run parks ---------------------------------------
+
+
+def test_job_that_ends_before_the_park_still_answers_it(durable: LaybySystem) -> None:
+    run_id = durable.start_run("test.early_job", "nightly")["id"]
+    done = durable.wait_status(run_id, "completed", timeout=30)
+    assert done["result"] == "Job nightly done: True."
+    [job] = done["interrupts"]
+    assert job["reason"] == "layby:background_job"
+    assert job["state"] == "resolved"
+    assert job["answer"]["channel"] == "job"
+    assert job["answer"]["answeredBy"] == "job:test.quick_job"
+    assert job["answer"]["payload"] == {"label": "nightly", "done": True}
+    # The answer was recorded before the interrupt was even created.
+    assert job["answer"]["answeredAt"] <= job["createdAt"]
+    types = event_types(durable, run_id)
+    assert types.index("run.interrupted") + 1 == types.index("run.resuming")
+
+
+# -- stale duplicate messages --------------------------------------------------------------
+
+
+def test_stale_duplicate_messages_change_nothing(durable: LaybySystem) -> None:
+    paid = durable.start_run("demo.transfer", "Send 40 to Zed")["id"]
+    approval = single_open(durable, paid)
+    assert durable.answer(paid, approval["id"], payload={"approved": True}).status_code == 200
+    paid_done = durable.wait_status(paid, "completed")
+    transfer_version = next(e["version"] for e in events(durable, paid)
+                            if e["type"] == "run.resuming")
+    parked_id = durable.start_run("demo.trivia", "quiz me")["id"]
+    single_open(durable, parked_id)
+    parked = durable.run(parked_id)
+
+    duplicates = [(RESUME_RUN, paid, transfer_version), (RUN_TURN, paid, transfer_version),
+                  (RUN_TURN, parked_id, 1), (RUN_TURN, parked_id, parked["version"])]
+    sent = []
+    with sender(durable) as client:
+        for task, run_id, version in duplicates:
+            task_id = f"dup-{uuid.uuid4().hex}"
+            for _ in range(2):  # the same message twice, as a redelivery would bring it
+                client.send_task(task, args=[run_id, version], task_id=task_id)
+            sent.append(task_id)
+
+    worker = durable.procs["worker"]
+    wait_until(lambda: all(len(returned(worker.output(), t)) == 2 for t in sent), 20,
+               what="the worker to take every duplicate")
+    assert {t: returned(worker.output(), t) for t in sent} == dict.fromkeys(
+        sent, ["stale", "stale"])
+    assert durable.run(paid) == paid_done
+    assert durable.run(parked_id) == parked
+    assert len(transfers_of(durable, paid)) == 1
+
+
+# -- expiry policies -----------------------------------------------------------------------
+
+
+def test_expiry_with_policy_fail_fails_the_run(durable: LaybySystem) -> None:
+    run_id = durable.start_run("test.expiry_fail", "purge old data")["id"]
+    failed = durable.wait_status(run_id, "failed", timeout=20)
+    [intr] = failed["interrupts"]
+    assert intr["expiresAt"]
+    assert failed["error"]["code"] == "interrupt_expired"
+    assert intr["id"] in failed["error"]["message"]
+    assert "expired" in failed["error"]["message"]
+    assert intr["state"] == "expired"
+    assert intr["answer"]["channel"] == "expiry"
+    assert intr["answer"]["answeredAt"] >= intr["expiresAt"]
+    late = durable.answer(run_id, intr["id"], payload={"ok": True})
+    assert late.status_code == 409
+    assert durable.run(run_id)["status"] == "failed"
+
+
+def test_expiry_with_policy_resolve_uses_the_default(durable: LaybySystem) -> None:
+    run_id = durable.start_run("test.expiry_default", "order dinner")["id"]
+    done = durable.wait_status(run_id, "completed", timeout=20)
+    assert done["result"] == "Ordering a medium pizza."
+    [intr] = done["interrupts"]
+    assert intr["expiresAt"]
+    assert intr["state"] == "expired"
+    assert intr["answer"]["answeredAt"] >= intr["expiresAt"]
+    assert intr["answer"]["status"] == "resolved"
+    assert intr["answer"]["payload"] == "medium"
+    assert intr["answer"]["channel"] == "expiry"
