@@ -12,19 +12,24 @@ from notifier.directory import load_directory
 from notifier.tokens import BadToken, Grant, issue, parse_keys, verify
 
 KEYS = parse_keys("k2:new-secret-0123456789,k1:old-secret-0123456789")
-GRANT = Grant("run_1", "int_abc", "alice", 4, int(time.time()) + 60)
+
+
+def grant() -> Grant:
+    return Grant("run_1", "int_abc", "alice", 4, int(time.time()) + 3600)
 
 
 def test_a_token_round_trips_and_binds_everything() -> None:
-    token = issue(KEYS, GRANT)
+    given = grant()
+    token = issue(KEYS, given)
     assert token.startswith("k2.")
-    assert verify(KEYS, token) == GRANT
+    assert verify(KEYS, token) == given
     assert len(token) < 120  # fits a plus-address local part with room to spare
 
 
 def test_rotation_old_key_still_verifies_retired_key_does_not() -> None:
-    old = issue(parse_keys("k1:old-secret-0123456789"), GRANT)
-    assert verify(KEYS, old) == GRANT
+    given = grant()
+    old = issue(parse_keys("k1:old-secret-0123456789"), given)
+    assert verify(KEYS, old) == given
     with pytest.raises(BadToken, match="no longer accepts"):
         verify(parse_keys("k2:new-secret-0123456789"), old)
 
@@ -37,13 +42,13 @@ def test_rotation_old_key_still_verifies_retired_key_does_not() -> None:
 ])
 def test_forged_or_damaged_tokens_are_refused(mangle) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(BadToken):
-        verify(KEYS, mangle(issue(KEYS, GRANT)))
+        verify(KEYS, mangle(issue(KEYS, grant())))
 
 
 def test_an_expired_token_is_refused() -> None:
-    token = issue(KEYS, GRANT)
+    given = grant()
     with pytest.raises(BadToken, match="expired"):
-        verify(KEYS, token, now=GRANT.expires + 1)
+        verify(KEYS, issue(KEYS, given), now=given.expires + 1)
 
 
 def test_keys_must_read_id_and_secret() -> None:
