@@ -9,6 +9,7 @@ all come through here: each command checks its input, commits one transition thr
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -17,8 +18,13 @@ from generation.answers import check_answer
 from generation.errors import Conflict, Invalid, NotFound
 from generation.interrupts import Interrupt, ResumeEntry
 from generation.messages import Message, text_message
+from generation.tools import Tool
 from parking import Answer, InterruptState, Result, RunView, Store
 from control import runtime
+
+
+# Run ids go inside Redis hash tags and space-separated deadline entries.
+RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
 def _now() -> str:
@@ -34,6 +40,9 @@ def start_run(agent: str, *, input: Any = None, messages: list[Message] | None =
               run_id: str | None = None, store: Store | None = None,
               known_agents: set[str] | None = None) -> tuple[RunView, bool]:
     """Create a run and queue its first turn. Returns the run and whether it is new."""
+    if run_id is not None and not RUN_ID.match(run_id):
+        raise Invalid(f"run id {run_id[:80]!r} is not usable: use 1 to 128 letters, digits, "
+                      "'_', '-' or '.'")
     store = store or runtime.store()
     names = known_agents if known_agents is not None else set(runtime.agents())
     if agent not in names:
@@ -100,7 +109,7 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
         if entry.interrupt_id not in open_ids:  # the status says why: cancelled, failed…
             raise _not_open(run_id, spec, answers.get(spec.id), status=record.status.value)
         _check_expiry(run_id, spec)
-        errors = check_answer(spec, entry)
+        errors = check_answer(spec, entry, _tool(record.agent, spec.tool_name))
         if errors:
             raise Invalid(f"the answer to interrupt {spec.id} does not match what it asks for",
                           run_id=run_id, detail={"interruptId": spec.id, "errors": errors})
@@ -120,6 +129,12 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
                        run_id=run_id)
     runtime.publish(result.entries, store)
     return result
+
+
+def _tool(agent_name: str, tool_name: str) -> Tool | None:
+    """The tool itself where this process loads the agent (the gateway and workers do)."""
+    agent = runtime.agents().get(agent_name)
+    return agent.tool(tool_name) if agent else None
 
 
 def _check_expiry(run_id: str, spec: Interrupt) -> None:

@@ -12,9 +12,11 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from pydantic import ValidationError
 
 from generation.interrupts import Interrupt, ResumeEntry, ResumeMode
 from generation.messages import Part, ToolRequest, ToolResponse
+from generation.tools import Tool
 from generation.turn import Resume
 
 
@@ -31,11 +33,28 @@ def schema_errors(schema: dict[str, Any] | None, value: Any) -> list[dict[str, A
             for e in found]
 
 
-def check_answer(interrupt: Interrupt, entry: ResumeEntry) -> list[dict[str, Any]]:
-    """Why `entry` cannot answer `interrupt`; empty when it can."""
+def _pydantic_errors(check: Any, value: Any, prefix: str) -> list[dict[str, Any]]:
+    try:
+        check(value)
+    except ValidationError as exc:
+        return [{"path": prefix + "".join(f"/{p}" for p in e["loc"]), "message": e["msg"]}
+                for e in exc.errors(include_url=False)]
+    return []
+
+
+def check_answer(interrupt: Interrupt, entry: ResumeEntry,
+                 tool: Tool | None = None) -> list[dict[str, Any]]:
+    """Why `entry` cannot answer `interrupt`; empty when it can.
+
+    With the `tool` at hand, its own types check too (validators and formats a JSON schema
+    does not carry), so what would fail at resume is refused now, the interrupt still open.
+    """
     if entry.status == "cancelled":
         return []
     errors = schema_errors(interrupt.response_schema, entry.payload)
+    if not errors and tool is not None and tool.is_interrupt \
+            and interrupt.mode is ResumeMode.RESPOND:
+        errors = _pydantic_errors(tool.output.validate_python, entry.payload, "")
     replace = (entry.metadata or {}).get("replaceInput")
     if replace is not None:
         if interrupt.mode is not ResumeMode.RESTART:
@@ -44,9 +63,11 @@ def check_answer(interrupt: Interrupt, entry: ResumeEntry) -> list[dict[str, Any
                                       f"after approval; {interrupt.tool_name!r} takes its "
                                       "answer as its output"})
         else:
+            found = schema_errors(interrupt.input_schema, replace)
+            if not found and tool is not None:
+                found = _pydantic_errors(tool.parse_input, replace, "")
             errors += [{"path": "/metadata/replaceInput" + e["path"].rstrip("/"),
-                        "message": e["message"]}
-                       for e in schema_errors(interrupt.input_schema, replace)]
+                        "message": e["message"]} for e in found]
     return errors
 
 

@@ -114,7 +114,8 @@ class Store:
 
     def save_checkpoint(self, run_id: str, version: int, owner: str, name: str,
                         value: Any) -> bool:
-        reply = self._run("save_checkpoint", run_id, version, owner, name, _dumps(value))
+        reply = self._run("save_checkpoint", run_id, version, owner, name, _dumps(value),
+                          self.config.lease_ms)
         return bool(reply[0] == "ok")
 
     def checkpoints(self, run_id: str, version: int) -> dict[str, Any]:
@@ -291,11 +292,20 @@ class Store:
     def due_deadlines(self, limit: int = 200) -> list[tuple[str, str]]:
         now_ms = int(self.redis.time()[0]) * 1000
         members = self.redis.zrangebyscore(self.keys.deadlines, "-inf", now_ms, 0, limit)
-        return [tuple(m.split(" ", 1)) for m in members]  # type: ignore[misc]
+        return [tuple(m.rsplit(" ", 1)) for m in members]  # type: ignore[misc]
 
     def lapsed_leases(self, limit: int = 200) -> list[str]:
         now_ms = int(self.redis.time()[0]) * 1000
         return list(self.redis.zrangebyscore(self.keys.leases, "-inf", now_ms, 0, limit))
+
+    def waiting_too_long(self, older_than_ms: int, limit: int = 200) -> list[str]:
+        """Runs queued or resuming since before `older_than_ms` ago: their message may be
+        lost (a broker that lost its last second, a task that failed before its claim)."""
+        cutoff = int(self.redis.time()[0]) * 1000 - older_than_ms
+        pipe = self.redis.pipeline(transaction=False)
+        for s in (Status.QUEUED, Status.RESUMING):
+            pipe.zrangebyscore(self.keys.index(s), "-inf", cutoff, 0, limit)
+        return [run_id for found in pipe.execute() for run_id in found]
 
     def prune_finished(self) -> int:
         """Drop index entries of finished runs whose keys have expired."""

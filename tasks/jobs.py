@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
+
+import redis
 
 from celery import Task
 from celery.signals import task_failure, task_success
@@ -46,30 +49,36 @@ def _plain(value: Any) -> Any:
         return repr(value)
 
 
+RETRY_DELAYS_S = (0.5, 1, 2, 4, 8, 16)
+
+
+def _record(sender: Task, job: dict[str, str], **outcome: Any) -> None:
+    """The job's answer exists nowhere else: ride out a Redis failover before giving up."""
+    for delay in (*RETRY_DELAYS_S, None):
+        try:
+            code = commands.answer_job(job["run_id"], job["interrupt_id"], task=sender.name,
+                                       **outcome)
+            log.info("job %s for run %s answered interrupt %s: %s", sender.name,
+                     job["run_id"], job["interrupt_id"], code)
+            return
+        except redis.RedisError:
+            if delay is None:
+                log.exception("could not record the end of job %s for run %s; the interrupt "
+                              "stays open until its expiry", sender.name, job["run_id"])
+                return
+            time.sleep(delay)
+
+
 @task_success.connect
 def _job_succeeded(sender: Task | None = None, result: Any = None, **_: Any) -> None:
     job = _job_of(sender)
-    if job is None:
-        return
-    try:
-        code = commands.answer_job(job["run_id"], job["interrupt_id"], task=sender.name,
-                                   result=_plain(result))
-        log.info("job %s for run %s answered interrupt %s: %s", sender.name, job["run_id"],
-                 job["interrupt_id"], code)
-    except Exception:
-        log.exception("could not record the result of job %s for run %s", sender.name,
-                      job["run_id"])
+    if sender is not None and job is not None:
+        _record(sender, job, result=_plain(result))
 
 
 @task_failure.connect
 def _job_failed(sender: Task | None = None, exception: BaseException | None = None,
                 **_: Any) -> None:
     job = _job_of(sender)
-    if job is None:
-        return
-    try:
-        commands.answer_job(job["run_id"], job["interrupt_id"], task=sender.name,
-                            error=f"{type(exception).__name__}: {exception}")
-    except Exception:
-        log.exception("could not record the failure of job %s for run %s", sender.name,
-                      job["run_id"])
+    if sender is not None and job is not None:
+        _record(sender, job, error=f"{type(exception).__name__}: {exception}")

@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from broker_config import get_settings
 from control import runtime
 from generation.agents import Agent
@@ -115,8 +117,8 @@ def _model_turn_with_retries(agent: Agent, step: Step, attempts: int = 3) -> Out
     for attempt in range(1, attempts + 1):
         try:
             return model_turn(agent, step)
-        except LostClaim:
-            raise
+        except (LostClaim, redis.RedisError):
+            raise  # not the model's fault: advance() gives the step back for another try
         except Exception as exc:  # provider errors: the SDKs retry too; we try a little more
             if attempt == attempts:
                 log.exception("model %s failed for run %s", agent.model.name, step.run_id)

@@ -5,6 +5,7 @@ and concurrently: every change it makes is a script that re-checks its condition
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from control import runtime
@@ -19,14 +20,31 @@ def sweep(store: Store | None = None) -> dict[str, int]:
     counts = {"published": runtime.publish(store.claim_outbox(), store),
               "expired": 0, "requeued": 0}
     for run_id, interrupt_id in store.due_deadlines():
-        counts["expired"] += expire(store, run_id, interrupt_id)
+        counts["expired"] += _guarded(expire, store, run_id, interrupt_id)
     for run_id in store.lapsed_leases():
-        result = store.requeue(run_id)
-        if result.ok:
-            log.warning("run %s: its worker stopped answering; step requeued", run_id)
-            counts["requeued"] += runtime.publish(result.entries, store)
+        counts["requeued"] += _guarded(_requeue, store, run_id, "its worker stopped answering")
+    for run_id in store.waiting_too_long(store.config.lease_ms):
+        counts["requeued"] += _guarded(_requeue, store, run_id, "its task message is overdue")
     counts["pruned"] = store.prune_finished()
     return counts
+
+
+def _guarded(step: Callable[..., int], store: Store, *args: str) -> int:
+    """One run's trouble (a record a deploy can no longer read, say) must not stop the
+    sweep for every other run."""
+    try:
+        return step(store, *args)
+    except Exception:
+        log.exception("sweeper: %s failed for %s", step.__name__, args)
+        return 0
+
+
+def _requeue(store: Store, run_id: str, why: str) -> int:
+    result = store.requeue(run_id)
+    if not result.ok:
+        return 0
+    log.warning("run %s: %s; step requeued", run_id, why)
+    return runtime.publish(result.entries, store)
 
 
 def expire(store: Store, run_id: str, interrupt_id: str) -> int:

@@ -341,6 +341,26 @@ def test_commits_whose_publish_never_happened_are_published_by_the_sweeper(
     store.redis.close()
 
 
+def test_a_run_whose_message_was_lost_after_the_outbox_ack_is_requeued(
+        durable: LaybySystem) -> None:
+    """A broker that lost its last second, or a task that failed before it claimed the run:
+    the outbox entry is gone and so is the message. The sweeper finds the run waiting past
+    the lease time and queues its step again."""
+    store = _store(durable)
+    run_id = f"run_{uuid.uuid4().hex}"
+    created = store.create_run(run_id, "demo.trivia", input="quiz me",
+                               messages=[text_message("user", "quiz me")], metadata={},
+                               idempotency_key=None)
+    store.ack_outbox([e.id for e in created.entries])  # as if published, then lost
+    assert store.outbox_backlog() == 0
+    lease_s = float(settings_of(durable).lease_s)
+    started = time.monotonic()
+    single_open(durable, run_id)
+    assert time.monotonic() - started >= lease_s - 1
+    assert "run.requeued" in event_types(durable, run_id)
+    store.redis.close()
+
+
 # -- a background job that ends before its run parks ---------------------------------------
 
 

@@ -890,3 +890,37 @@ def _top_level_names(source: str) -> list[str]:
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.append(node.target.id)
     return names
+
+
+def test_check_answer_with_the_tool_applies_its_own_validators() -> None:
+    """A JSON schema carries neither formats nor validators: with the tool at hand, what
+    would fail at resume is refused before it is stored."""
+    from datetime import datetime
+
+    from pydantic import BaseModel, field_validator
+
+    class Slot(BaseModel):
+        when: datetime
+        seats: int
+
+        @field_validator("seats")
+        @classmethod
+        def _positive(cls, value: int) -> int:
+            if value < 1:
+                raise ValueError("seats must be at least 1")
+            return value
+
+    @interrupt_tool(output=Slot)
+    def pick_slot(topic: str) -> None:
+        return None
+
+    intr = Interrupt(id="i", reason=INPUT_REQUIRED, tool_call_id="r", tool_name="pick_slot",
+                     mode=ResumeMode.RESPOND, response_schema=pick_slot.output_schema)
+    bad = ResumeEntry(interrupt_id="i", status="resolved",
+                      payload={"when": "tomorrow", "seats": 0})
+    assert check_answer(intr, bad) == []  # the JSON schema alone lets it through
+    paths = {e["path"] for e in check_answer(intr, bad, pick_slot)}
+    assert paths == {"/when", "/seats"}
+    good = ResumeEntry(interrupt_id="i", status="resolved",
+                       payload={"when": "2026-12-01T10:00:00Z", "seats": 2})
+    assert check_answer(intr, good, pick_slot) == []

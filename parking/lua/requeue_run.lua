@@ -19,9 +19,12 @@ if status == 'running' then
   set_status('queued', now)
   event('run.requeued', version, '{}', now)
   return {'ok', outbox('turn', ARGV[1], ARGV[3], version, now)}
-elseif status == 'queued' then
-  return {'ok', outbox('turn', ARGV[1], ARGV[3], version, now)}
-elseif status == 'resuming' then
-  return {'ok', outbox('resume', ARGV[2], ARGV[3], version, now)}
+elseif status == 'queued' or status == 'resuming' then
+  -- Refresh its place in the index, so the sweeper's scan for waiting runs whose message
+  -- was lost finds it again only after another full wait.
+  redis.call('ZADD', KEYS[INDEX[status]], now, run_id())
+  event('run.requeued', version, '{}', now)
+  local kind = status == 'queued' and 'turn' or 'resume'
+  return {'ok', outbox(kind, status == 'queued' and ARGV[1] or ARGV[2], ARGV[3], version, now)}
 end
 return {'skipped', status}
