@@ -101,6 +101,7 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
     specs, answers, open_ids = store.interrupts(run_id)
     by_id = {s.id: s for s in specs}
     records = []
+    request_id = uuid.uuid4().hex
     for entry in entries:
         spec = by_id.get(entry.interrupt_id)
         if spec is None:
@@ -115,10 +116,15 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
                           run_id=run_id, detail={"interruptId": spec.id, "errors": errors})
         records.append(Answer(interrupt_id=spec.id, status=entry.status, payload=entry.payload,
                               metadata=entry.metadata, state=InterruptState(entry.status),
-                              answered_by=by, channel=channel, answered_at=_now()))
+                              answered_by=by, channel=channel, answered_at=_now(),
+                              answer_id=request_id))
     result = store.answer(run_id, records, require_all=require_all)
     if result.code == "conflict":
         first = Answer.model_validate_json(result.info[1]) if result.info[1] else None
+        if first is not None and first in records:
+            # Our own answer, recorded by a first attempt whose reply was lost and replayed
+            # by the client's retry: it stands; the outbox publishes what it queued.
+            return Result("ok", result.version)
         raise _not_open(run_id, by_id[result.info[0]], first, status=result.info[2])
     if result.code == "incomplete":
         missing = sorted(set(result.info) - set(ids))

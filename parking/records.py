@@ -18,6 +18,7 @@ class Answer(Wire):
     payload: Any = None
     metadata: dict[str, Any] | None = None
     state: InterruptState
+    answer_id: str | None = None  # unique per request: tells a replay from a rival
     answered_by: str
     channel: str
     answered_at: str
