@@ -13,7 +13,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from broker_config import QUEUES, get_settings, worker_queues
+from broker_config import SWEEP, get_settings, worker_queues
 from generation.errors import LaybyError
 from generation.interrupts import CONFIRMATION, ResumeEntry
 from parking import InterruptView, RunView, Status
@@ -62,8 +62,9 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
             f"  redis     {where['redis']}"
             f"{'   (embedded, append-only)' if system.redis else ''}\n"
             f"  data      {where['data_dir']}\n"
-            f"  queues    {', '.join(QUEUES)}\n"
-            f"try:  layby run demo.trivia 'Ask me a movie question'\n"
+            f"  queues    {', '.join(worker_queues(settings))} (worker); {SWEEP} (sweeper)\n"
+            f"try:  layby run demo.trivia 'Ask me a movie question'   "
+            f"(./dev run … in a checkout)\n"
             f"      curl -H 'Authorization: Bearer {where['api_key']}' "
             f"{where['gateway']}/v1/runs\n"
             f"Ctrl-C stops everything.")
