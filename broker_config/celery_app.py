@@ -24,7 +24,6 @@ START_RUN = "layby.start_run"
 RUN_TURN = "layby.run_turn"
 RESUME_RUN = "layby.resume_run"
 SWEEP_TASK = "layby.sweep"
-JOB_DONE = "layby.job_done"
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -71,7 +70,6 @@ def celery_config(settings: Settings) -> dict[str, object]:
             START_RUN: {"queue": TURNS, "routing_key": TURNS},
             RUN_TURN: {"queue": TURNS, "routing_key": TURNS},
             RESUME_RUN: {"queue": TURNS, "routing_key": TURNS},
-            JOB_DONE: {"queue": TURNS, "routing_key": TURNS},
             SWEEP_TASK: {"queue": SWEEP, "routing_key": SWEEP},
             "layby.notify.*": {"queue": NOTIFY, "routing_key": NOTIFY},
         },

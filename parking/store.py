@@ -273,12 +273,6 @@ class Store:
                                       created_at=iso(raw[4]), updated_at=iso(raw[5])))
         return out
 
-    def count_by_status(self) -> dict[str, int]:
-        pipe = self.redis.pipeline(transaction=False)
-        for s in Status:
-            pipe.zcard(self.keys.index(s))
-        return {s.value: n for s, n in zip(Status, pipe.execute(), strict=True)}
-
     def events(self, run_id: str, after: str = "0-0", *, block_ms: int | None = None,
                count: int = 500) -> list[Event]:
         key = self.keys.events(run_id)
