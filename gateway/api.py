@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field, model_validator
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from broker_config import Settings, get_settings
@@ -250,7 +251,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def events(run_id: str, _: Caller,
                      last_event_id: Annotated[str | None, Header()] = None,
                      follow: bool = True) -> StreamingResponse:
-        commands.get_run(run_id)  # 404 before the stream starts
+        # 404 before the stream starts; off the event loop, which serves every open stream.
+        await run_in_threadpool(commands.get_run, run_id)
         if last_event_id is not None and not EVENT_ID.match(last_event_id):
             raise Invalid(f"Last-Event-ID {last_event_id[:100]!r} is not an event id "
                           "(give the `id:` of an event this stream sent, like 1700000000000-0)")
