@@ -4,8 +4,10 @@
 """
 
 from broker_config.celery_app import (
+    DELIVER_TASK,
     JOBS,
     NOTIFY,
+    NOTIFY_TASK,
     QUEUES,
     RESUME_RUN,
     RUN_TURN,
@@ -19,6 +21,6 @@ from broker_config.celery_app import (
 )
 from broker_config.settings import Settings, get_settings
 
-__all__ = ["JOBS", "NOTIFY", "QUEUES", "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP",
+__all__ = ["DELIVER_TASK", "JOBS", "NOTIFY", "NOTIFY_TASK", "QUEUES", "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP",
            "SWEEP_TASK", "TURNS", "Settings", "app", "get_settings", "make_app",
            "worker_queues"]

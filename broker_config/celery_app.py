@@ -24,6 +24,8 @@ START_RUN = "layby.start_run"
 RUN_TURN = "layby.run_turn"
 RESUME_RUN = "layby.resume_run"
 SWEEP_TASK = "layby.sweep"
+NOTIFY_TASK = "layby.notify.interrupts"
+DELIVER_TASK = "layby.notify.deliver"
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 

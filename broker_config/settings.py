@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 CommaList = Annotated[list[str], NoDecode]
@@ -49,6 +49,38 @@ class Settings(BaseSettings):
     redis_socket_timeout_s: float = 30.0
     redis_health_check_interval_s: int = 25
 
+    # -- reviewers (notifier/) --------------------------------------------------------------
+    reviewers_file: Path | None = Field(None, description="TOML or YAML reviewer directory")
+    # "kid:secret,kid2:secret2": the first signs reviewer tokens, all verify (rotation).
+    # Unset: the file <data_dir>/token.keys, which `layby up` creates.
+    token_keys: SecretStr | None = None
+    token_ttl_s: int = 30 * 24 * 3600  # tokens of interrupts that never expire
+    public_url: str = Field("http://127.0.0.1:8000",
+                            description="where reviewers reach the gateway (links in mail)")
+    smtp_host: str | None = None
+    smtp_port: int = 25
+    smtp_security: Literal["none", "starttls", "tls"] = "none"
+    smtp_username: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_timeout_s: float = 20.0
+    mail_from: str = "layby <layby@localhost>"
+    inbound_domain: str = "localhost"  # replies go to reply+<token>@<inbound_domain>
+    # Shared secret mail providers must send to POST /inbound/email (bearer or basic auth
+    # password); unset, the endpoint relies on the reply token alone.
+    inbound_mail_secret: SecretStr | None = None
+    reply_listener_host: str = "127.0.0.1"
+    reply_listener_port: int = 2525
+    mail_catcher_port: int = 1025
+    # Where the local mail catcher keeps what it receives; set by `layby up`, which also
+    # turns on the gateway's /mail pages. Unset in production.
+    mail_catcher_dir: Path | None = None
+    notify_attempts: int = 8  # per notification, before it is recorded as failed
+    notify_backoff_s: float = 5.0  # first retry delay; doubles each time, with jitter
+    notify_backoff_max_s: float = 900.0
+    notify_send_timeout_s: float = 30.0  # a send taking longer is retried
+    webhook_timeout_s: float = 10.0
+    remind_before_s: float | None = None  # remind reviewers this long before expiry
+
     @field_validator("api_keys", "agent_modules", "task_modules", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
@@ -59,6 +91,18 @@ class Settings(BaseSettings):
     @property
     def url_file(self) -> Path:
         return self.data_dir / "redis.url"
+
+    @property
+    def token_keys_file(self) -> Path:
+        return self.data_dir / "token.keys"
+
+    def resolved_token_keys(self) -> str | None:
+        if self.token_keys:
+            return self.token_keys.get_secret_value()
+        try:
+            return self.token_keys_file.read_text().strip() or None
+        except OSError:
+            return None
 
     def resolved_redis_url(self) -> str | None:
         if self.redis_url:

@@ -63,6 +63,10 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
             f"{'   (embedded, append-only)' if system.redis else ''}\n"
             f"  data      {where['data_dir']}\n"
             f"  queues    {', '.join(worker_queues(settings))} (worker); {SWEEP} (sweeper)\n"
+            f"  reviewers {where['reviewers']}\n"
+            f"  replies   {where['replies']}   (the reply listener)\n"
+            + (f"  mail      {where['gateway']}/mail   (the mail catcher keeps every "
+               f"notification in {where['mail']})\n" if where["mail"] else "") +
             f"try:  layby run demo.trivia 'Ask me a movie question'   "
             f"(./dev run … in a checkout)\n"
             f"      curl -H 'Authorization: Bearer {where['api_key']}' "
@@ -106,6 +110,55 @@ def gateway(host: Annotated[str | None, typer.Option()] = None,
     settings = get_settings()
     _exec(["-m", "uvicorn", "gateway.app:app", "--host", host or settings.host,
            "--port", str(port or settings.port)])
+
+
+@cli.command("reply-listener")
+def reply_listener(host: Annotated[str | None, typer.Option()] = None,
+                   port: Annotated[int | None, typer.Option()] = None) -> None:
+    """Run the SMTP listener that takes reviewers' email replies (reply+<token>@…). Point
+    the MX of LAYBY_INBOUND_DOMAIN (or your mail provider's forwarding) at it."""
+    from notifier.listener import ReplyHandler, serve
+
+    settings = get_settings()
+    _log_to_console()
+    serve(host or settings.reply_listener_host, port or settings.reply_listener_port,
+          ReplyHandler(), "layby reply listener")
+
+
+@cli.command("mail-catcher")
+def mail_catcher(port: Annotated[int | None, typer.Option()] = None) -> None:
+    """Run a local SMTP server that keeps every mail (for trying layby on one machine;
+    `layby up` starts it). Read them at <gateway>/mail."""
+    from notifier.catcher import CatcherHandler
+    from notifier.listener import serve
+
+    settings = get_settings()
+    folder = settings.mail_catcher_dir or settings.data_dir / "mail"
+    serve("127.0.0.1", port or settings.mail_catcher_port,
+          CatcherHandler(folder, settings.public_url), "layby mail catcher")
+
+
+@cli.command()
+def secret(kind: Annotated[str, typer.Argument(help="'tokens' or 'webhook'")]) -> None:
+    """Print a new secret: a token key for LAYBY_TOKEN_KEYS (put it first to rotate), or a
+    Standard Webhooks secret for a reviewer's webhook."""
+    import base64
+    import secrets as _secrets
+
+    from notifier.tokens import new_keys
+
+    if kind == "tokens":
+        typer.echo(new_keys())
+    elif kind == "webhook":
+        typer.echo("whsec_" + base64.b64encode(_secrets.token_bytes(32)).decode())
+    else:
+        _fail(f"unknown kind {kind!r}: use 'tokens' or 'webhook'", 2)
+
+
+def _log_to_console() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
 
 @cli.command()

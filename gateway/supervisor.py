@@ -1,8 +1,11 @@
 """`layby up`: the whole system on one machine, started in order and stopped in reverse.
 
 Redis (embedded unless `LAYBY_REDIS_URL` is set), a worker on every layby queue, the
-sweeper's clock (Celery beat sending `layby.sweep`) and the HTTP gateway, each a child
-process in its own process group. Ctrl-C (or SIGTERM) stops the gateway, the clock and the
+sweeper's clock (Celery beat sending `layby.sweep`), the HTTP gateway, the reply listener
+and, unless an SMTP server is configured, a mail catcher that keeps the notifications (read
+them at <gateway>/mail), each a child process in its own process group. What a newcomer
+has not configured is made up in the data folder: an API key, token keys, and a reviewer
+directory with one reviewer, you@localhost. Ctrl-C (or SIGTERM) stops the gateway, the clock and the
 worker (a warm shutdown puts back what it holds), then Redis.
 """
 
@@ -19,6 +22,20 @@ from pathlib import Path
 
 from broker_config import SWEEP, Settings, worker_queues
 from gateway.embedded import EmbeddedRedis
+from notifier.tokens import new_keys
+
+DEMO_REVIEWERS = """\
+# The reviewer directory `layby up` made (LAYBY_REVIEWERS_FILE points elsewhere to use
+# your own). Interrupts that name no reviewers ask the default group.
+default_group = "everyone"
+
+[reviewers.you]
+name = "You"
+email = "you@localhost"
+
+[groups]
+everyone = ["you"]
+"""
 
 
 def worker_argv(queues: list[str], concurrency: int | None, loglevel: str) -> list[str]:
@@ -76,6 +93,7 @@ class System:
         key = self.api_key()
         if not self.settings.api_keys:
             env["LAYBY_API_KEYS"] = key
+        env.update(self._reviewer_env(data_dir))
         self.children = [
             Child("worker", worker_argv(worker_queues(self.settings), self.concurrency,
                                         "INFO")),
@@ -83,11 +101,44 @@ class System:
             Child("gateway", [sys.executable, "-m", "uvicorn", "gateway.app:app", "--host",
                               self.settings.host, "--port", str(self.port),
                               "--log-level", "warning"]),
+            Child("replies", [sys.executable, "-m", "gateway.cli", "reply-listener"]),
         ]
+        if "LAYBY_MAIL_CATCHER_DIR" in env:
+            self.children.append(Child("mail", [sys.executable, "-m", "gateway.cli",
+                                                "mail-catcher"]))
         for child in self.children:
             child.process = subprocess.Popen(child.argv, env=env, start_new_session=True)
         return {"redis": url, "gateway": f"http://{self.settings.host}:{self.port}",
-                "api_key": key, "data_dir": str(data_dir)}
+                "api_key": key, "data_dir": str(data_dir),
+                "reviewers": env["LAYBY_REVIEWERS_FILE"],
+                "replies": f"smtp://{self.settings.reply_listener_host}:"
+                           f"{self.settings.reply_listener_port}",
+                "mail": env.get("LAYBY_MAIL_CATCHER_DIR", "")}
+
+    def _reviewer_env(self, data_dir: Path) -> dict[str, str]:
+        """Token keys, a reviewer directory, links to this gateway and a mail catcher, for
+        whatever the environment does not already say."""
+        env: dict[str, str] = {}
+        settings = self.settings
+        if not settings.resolved_token_keys():
+            keys = data_dir / "token.keys"
+            keys.write_text(new_keys() + "\n")
+            keys.chmod(0o600)
+        if settings.reviewers_file:
+            env["LAYBY_REVIEWERS_FILE"] = str(settings.reviewers_file)
+        else:
+            directory = data_dir / "reviewers.toml"
+            if not directory.exists():
+                directory.write_text(DEMO_REVIEWERS)
+            env["LAYBY_REVIEWERS_FILE"] = str(directory)
+        if "LAYBY_PUBLIC_URL" not in os.environ:
+            env["LAYBY_PUBLIC_URL"] = f"http://{settings.host}:{self.port}"
+        if not settings.smtp_host:
+            env.update({"LAYBY_SMTP_HOST": "127.0.0.1",
+                        "LAYBY_SMTP_PORT": str(settings.mail_catcher_port),
+                        "LAYBY_SMTP_SECURITY": "none",
+                        "LAYBY_MAIL_CATCHER_DIR": str(data_dir / "mail")})
+        return env
 
     def wait(self) -> int:
         """Until a signal or a child's death; returns the exit code for `layby up`."""

@@ -21,11 +21,13 @@ in Redis or sent in a task.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import tomllib
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from generation.errors import ConfigError
 
@@ -34,7 +36,22 @@ class Webhook(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = Field(pattern=r"^https?://")
-    secret: str = Field(min_length=8, repr=False)
+    # A Standard Webhooks secret: "whsec_" and base64 of 24 to 64 random bytes. It signs
+    # what layby sends and verifies what the reviewer's system sends back.
+    secret: str = Field(repr=False)
+
+    @field_validator("secret")
+    @classmethod
+    def _standard_secret(cls, value: str) -> str:
+        body = value.removeprefix("whsec_")
+        try:
+            raw = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
+        except binascii.Error:
+            raw = b""
+        if not value.startswith("whsec_") or len(raw) < 16:
+            raise ValueError("a webhook secret must read 'whsec_' and the base64 of 16 or "
+                             "more random bytes (make one with `layby secret webhook`)")
+        return value
 
 
 class Reviewer(BaseModel):

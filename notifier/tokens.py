@@ -1,9 +1,13 @@
 """Reviewer tokens: HMAC-signed, bound to run, interrupt, reviewer and run version, expiring
 with the interrupt, verifiable with any of several keys (so keys can rotate).
 
-A token reads `<key id>.<payload>.<signature>` (URL-safe base64, no padding), short enough
-for a plus-address (`reply+<token>@…`) and a link. It is accepted once by construction: it
-names one interrupt at one run version, and an interrupt takes one answer.
+A token reads `<key id>-<ref>-<signature>`, lowercase base32: about 40 characters, so
+`reply+<token>@…` stays within the 64 characters SMTP allows a local part and survives
+mail servers that change the case of addresses. The `ref` names a grant stored in Redis
+(run, interrupt, reviewer, version, expiry); the signature covers the ref and the grant
+together, so neither a guessed ref nor an edited grant verifies. A token is accepted once
+by construction: its grant names one interrupt at one run version, and an interrupt takes
+one answer.
 """
 
 from __future__ import annotations
@@ -12,14 +16,20 @@ import base64
 import hashlib
 import hmac
 import json
+import re
+import secrets
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 from generation.errors import LaybyError
 
+KID = re.compile(r"^[a-z0-9]{1,8}$")
+TOKEN = re.compile(r"^([a-z0-9]{1,8})-([a-z2-7]{16})-([a-z2-7]{16})$")
+
 
 class BadToken(LaybyError):
-    """The token is forged, damaged, expired or signed with a retired key."""
+    """The token is forged, damaged, unknown, expired or signed with a retired key."""
 
     status_code = 403
 
@@ -32,54 +42,72 @@ class Grant:
     version: int
     expires: int  # epoch seconds
 
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, raw: str) -> Grant:
+        return cls(**json.loads(raw))
+
 
 def parse_keys(spec: str) -> dict[str, bytes]:
     """`kid:secret,kid2:secret2`: the first signs, all verify."""
     keys: dict[str, bytes] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         kid, sep, secret = item.partition(":")
-        if not sep or not kid or not secret or "." in kid:
-            raise ValueError(f"token key {item[:8]}… must read 'id:secret' (no dot in the id)")
+        if not sep or not KID.match(kid) or len(secret) < 16:
+            raise ValueError(f"token key {item[:6]}… must read 'id:secret': an id of 1 to 8 "
+                             "lowercase letters or digits, a secret of 16 characters or more")
         keys[kid] = secret.encode()
+    if not keys:
+        raise ValueError("no token keys given: set LAYBY_TOKEN_KEYS to 'id:secret'")
     return keys
 
 
-def _b64(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+def new_keys() -> str:
+    """A fresh key spec, for `layby up` and for operators rotating keys."""
+    return f"k{secrets.randbelow(10**6):06d}:{secrets.token_urlsafe(32)}"
 
 
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+def _b32(raw: bytes) -> str:
+    return base64.b32encode(raw).decode().rstrip("=").lower()
 
 
-def _sign(key: bytes, kid: str, payload: str) -> str:
-    return _b64(hmac.new(key, f"{kid}.{payload}".encode(), hashlib.sha256).digest()[:20])
+def _sign(key: bytes, kid: str, ref: str, grant: Grant) -> str:
+    message = f"{kid}\x00{ref}\x00{grant.dumps()}".encode()
+    return _b32(hmac.new(key, message, hashlib.sha256).digest()[:10])
 
 
-def issue(keys: dict[str, bytes], grant: Grant) -> str:
+def issue(keys: dict[str, bytes], grant: Grant) -> tuple[str, str]:
+    """A new token for `grant`: returns (ref, token). The caller stores the grant under ref."""
     kid, key = next(iter(keys.items()))
-    body = [grant.run_id, grant.interrupt_id, grant.reviewer, grant.version, grant.expires]
-    payload = _b64(json.dumps(body, separators=(",", ":")).encode())
-    return f"{kid}.{payload}.{_sign(key, kid, payload)}"
+    ref = _b32(secrets.token_bytes(10))
+    return ref, f"{kid}-{ref}-{_sign(key, kid, ref, grant)}"
 
 
-def verify(keys: dict[str, bytes], token: str, *, now: float | None = None) -> Grant:
-    parts = token.strip().split(".")
-    if len(parts) != 3:
-        raise BadToken("this link or address does not hold a valid layby token")
-    kid, payload, signature = parts
+def ref_of(token: str) -> str | None:
+    found = TOKEN.match(token.strip().lower())
+    return found.group(2) if found else None
+
+
+def verify(keys: dict[str, bytes], token: str, lookup: Callable[[str], Grant | None], *,
+           now: float | None = None) -> Grant:
+    """The grant behind `token`, or BadToken saying why not. `lookup` reads a stored grant."""
+    found = TOKEN.match(token.strip().lower())
+    if not found:
+        raise BadToken("this link or address does not hold a valid layby token; use the "
+                       "link or reply address from the notification as it was sent")
+    kid, ref, signature = found.groups()
     key = keys.get(kid)
     if key is None:
-        raise BadToken("this token was signed with a key layby no longer accepts; ask for a "
-                       "new notification")
-    if not hmac.compare_digest(_sign(key, kid, payload), signature):
+        raise BadToken("this token was signed with a key layby no longer accepts; ask the "
+                       "run's owner to send the request again")
+    grant = lookup(ref)
+    if grant is None:
+        raise BadToken("this token is unknown or has expired (tokens last as long as the "
+                       "request they answer)")
+    if not hmac.compare_digest(_sign(key, kid, ref, grant), signature):
         raise BadToken("this token's signature does not match: it was altered or forged")
-    try:
-        run_id, interrupt_id, reviewer, version, expires = json.loads(_unb64(payload))
-        grant = Grant(str(run_id), str(interrupt_id), str(reviewer), int(version),
-                      int(expires))
-    except (ValueError, TypeError) as exc:
-        raise BadToken("this token's content is damaged") from exc
     if grant.expires <= (time.time() if now is None else now):
         raise BadToken("this token has expired, as has the request it answers")
     return grant

@@ -5,10 +5,19 @@ Every state change is one atomic Lua script named after its transition (`parking
 """
 
 from parking.keys import Keys
-from parking.records import Answer, Event, InterruptView, OutboxEntry, RunSummary, RunView
+from parking.records import (
+    Answer,
+    Event,
+    InterruptView,
+    Notification,
+    OutboxEntry,
+    RunSummary,
+    RunView,
+)
 from parking.states import InterruptState, Status
 from parking.store import Result, RunRecord, Store, StoreConfig, iso
 
-__all__ = ["Answer", "Event", "InterruptState", "InterruptView", "Keys", "OutboxEntry",
+__all__ = ["Answer", "Event", "InterruptState", "InterruptView", "Keys", "Notification",
+           "OutboxEntry",
            "Result", "RunRecord", "RunSummary", "RunView", "Status", "Store", "StoreConfig",
            "iso"]

@@ -12,6 +12,7 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 | checkpoints  | hash   | "model", "tool:<ref>" → results within the current      | cleared at every  |
 |              |        | version (field "v" holds that version)                  | commit            |
 | events       | stream | type, version, at (ms), data (JSON); capped             | same as run       |
+| notifications| hash   | notification id → Notification JSON (with its token)    | same as run       |
 
 Global:
 
@@ -23,6 +24,11 @@ Global:
 | outbox               | zset | outbox entry ids scored by when to (re)publish    |
 | outbox:entries       | hash | entry id → {"task", "queue", "args"} JSON         |
 | idem:<key>           | str  | run id for an idempotency key; expires (24 h)     |
+| notify:due           | zset | "<run_id> <notification id>" scored by when to    |
+|                      |      | (re)send: now, a retry's backoff, a reminder      |
+| grant:<ref>          | str  | a reviewer token's grant (JSON); expires with it  |
+| seen:<webhook id>    | str  | a callback's webhook-id, kept past the replay     |
+|                      |      | tolerance so a replay is refused                  |
 
 Parked runs never expire. Finished runs expire `retention` seconds after they end; their
 index entries are pruned by the sweeper.
@@ -62,6 +68,9 @@ class Keys:
     def events(self, run_id: str) -> str:
         return f"{self.prefix}:{{{run_id}}}:events"
 
+    def notifications(self, run_id: str) -> str:
+        return f"{self.prefix}:{{{run_id}}}:notifications"
+
     def index(self, status: Status) -> str:
         return f"{self.prefix}:index:{status.value}"
 
@@ -84,7 +93,18 @@ class Keys:
     def idempotency(self, key: str) -> str:
         return f"{self.prefix}:idem:{key}"
 
+    @property
+    def notify_due(self) -> str:
+        return f"{self.prefix}:notify:due"
+
+    def grant(self, ref: str) -> str:
+        return f"{self.prefix}:grant:{ref}"
+
+    def seen_webhook(self, webhook_id: str) -> str:
+        return f"{self.prefix}:seen:{webhook_id}"
+
     def for_scripts(self, run_id: str) -> list[str]:
         """The KEYS every transition script receives, in the order of `lua/_prelude.lua`."""
         return [*self.of_run(run_id), self.outbox, self.outbox_entries, self.leases,
-                self.deadlines, *(self.index(s) for s in Status)]
+                self.deadlines, *(self.index(s) for s in Status), self.notifications(run_id),
+                self.notify_due]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
 from generation.interrupts import Interrupt, ResumeEntry
 from generation.messages import Message, Wire
 from parking.states import InterruptState, Status
@@ -46,6 +48,27 @@ class InterruptView(Interrupt):
         return cls(**dict(spec), state=state, answer=answer)
 
 
+class Notification(Wire):
+    """One announcement of one interrupt to one reviewer on one channel, and how it went.
+
+    `kind` is "request" (when the run parks) or "reminder" (before the interrupt expires).
+    The token it carries is stored beside it, never shown.
+    """
+
+    id: str
+    interrupt_id: str
+    reviewer: str
+    channel: Literal["email", "webhook"]
+    kind: Literal["request", "reminder"] = "request"
+    state: Literal["pending", "sending", "retrying", "sent", "failed", "skipped"] = "pending"
+    attempts: int = 0
+    last_error: str | None = None
+    next_attempt_at: str | None = None
+    sent_at: str | None = None
+    created_at: str | None = None
+    token: str | None = Field(None, exclude=True, repr=False)
+
+
 class RunView(Wire):
     id: str
     agent: str
@@ -54,6 +77,7 @@ class RunView(Wire):
     input: Any = None
     messages: list[Message]
     interrupts: list[InterruptView]
+    notifications: list[Notification] = Field(default_factory=list)
     result: str | None = None
     error: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None

@@ -1,7 +1,7 @@
 """Loads the Lua transition scripts in `lua/`, each registered once per client.
 
 Run scripts get the shared prelude (`lua/_prelude.lua`) and the KEYS layout it documents;
-outbox scripts stand alone.
+scripts on global keys only (outbox, due notifications) stand alone.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from redis.commands.core import Script
 
 RUN_SCRIPTS = ("create_run", "claim_run", "save_checkpoint", "advance_turn", "park_run",
                "complete_run", "fail_run", "cancel_run", "answer_interrupts",
-               "expire_interrupt", "requeue_run")
-OUTBOX_SCRIPTS = ("claim_outbox", "ack_outbox")
+               "expire_interrupt", "requeue_run", "plan_notifications", "start_delivery",
+               "finish_delivery")
+# Scripts on global keys only, without the prelude.
+STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications")
 
 
 @cache
@@ -24,7 +26,7 @@ def _source(name: str) -> str:
 
 
 def source(name: str, *, events_max: int, outbox_grace_ms: int) -> str:
-    if name in OUTBOX_SCRIPTS:
+    if name in STANDALONE_SCRIPTS:
         return _source(name)
     prelude = (_source("_prelude").replace("__EVENTS_MAX__", str(events_max))
                .replace("__OUTBOX_GRACE_MS__", str(outbox_grace_ms)))
@@ -34,4 +36,4 @@ def source(name: str, *, events_max: int, outbox_grace_ms: int) -> str:
 def register(client: Redis, *, events_max: int, outbox_grace_ms: int) -> dict[str, Script]:
     return {name: client.register_script(source(name, events_max=events_max,
                                                 outbox_grace_ms=outbox_grace_ms))
-            for name in (*RUN_SCRIPTS, *OUTBOX_SCRIPTS)}
+            for name in (*RUN_SCRIPTS, *STANDALONE_SCRIPTS)}

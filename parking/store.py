@@ -22,6 +22,7 @@ from parking.records import (
     Answer,
     Event,
     InterruptView,
+    Notification,
     OutboxEntry,
     RunSummary,
     RunView,
@@ -40,6 +41,8 @@ class StoreConfig:
     turn_task: str = "layby.run_turn"
     resume_task: str = "layby.resume_run"
     turn_queue: str = "layby.turns"
+    notify_task: str = "layby.notify.interrupts"
+    notify_queue: str = "layby.notify"
     max_attempts: int = 5
 
 
@@ -132,7 +135,9 @@ class Store:
         return self._transition(reply)
 
     def park(self, run_id: str, version: int, owner: str, messages: list[Message],
-             interrupts: list[Interrupt], event: dict[str, Any]) -> Result:
+             interrupts: list[Interrupt], event: dict[str, Any], *,
+             announce: bool = True) -> Result:
+        """Park the run on `interrupts`; with `announce`, queue their notification."""
         triples: list[Any] = []
         for intr in interrupts:
             expiry = ""
@@ -142,7 +147,8 @@ class Store:
             triples += [intr.id, _dumps(intr.wire()), expiry]
         reply = self._run("park_run", run_id, version, owner, _dumps(dump_messages(messages)),
                           _dumps(event), self.config.resume_task, self.config.turn_queue,
-                          len(interrupts), *triples)
+                          self.config.notify_task if announce else "",
+                          self.config.notify_queue, len(interrupts), *triples)
         return self._transition(reply)
 
     def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
@@ -196,6 +202,62 @@ class Store:
             return Result(reply[0], int(reply[1]), entries)
         return Result(reply[0], info=[str(x) for x in reply[1:]])
 
+    # -- notifications -------------------------------------------------------------------
+
+    def plan_notifications(self, run_id: str, planned: list[tuple[Notification, int | None]],
+                           grants: list[tuple[str, str, int]]) -> list[str]:
+        """Record notifications (each with when to send it in epoch ms, None for now) and
+        the grants of their new tokens (ref, grant JSON, lifetime in ms; opaque here).
+        Returns the ids that were not planned before."""
+        argv: list[Any] = [len(planned), len(grants)]
+        for note, at in planned:
+            argv += [note.id, _dumps(_stored(note)), "" if at is None else at]
+        for _, grant, ttl_ms in grants:
+            argv += [grant, max(1000, ttl_ms)]
+        reply = self._run("plan_notifications", run_id, *argv,
+                          extra_keys=tuple(self.keys.grant(ref) for ref, _, _ in grants))
+        return [str(x) for x in reply]
+
+    def claim_due_notifications(self, limit: int = 100,
+                                retry_ms: int = 10_000) -> list[tuple[str, str]]:
+        """(run id, notification id) of notifications due to be sent."""
+        raw = self._scripts["claim_due_notifications"](keys=[self.keys.notify_due],
+                                                       args=[limit, retry_ms])
+        return [tuple(m.split(" ", 1)) for m in raw]  # type: ignore[misc]
+
+    def start_delivery(self, run_id: str, notification_id: str, *, deadline_ms: int,
+                       max_attempts: int) -> tuple[str, Notification | None]:
+        reply = self._run("start_delivery", run_id, notification_id, deadline_ms,
+                          max_attempts, run_id)
+        if reply[0] == "ok":
+            return "ok", _notification(reply[1])
+        return str(reply[0]), None
+
+    def finish_delivery(self, run_id: str, note: Notification, outcome: str, *,
+                        error: str = "", retry_in_ms: int = 0) -> str:
+        """Record a send's outcome: "sent", "retry" (in `retry_in_ms`) or "failed"."""
+        reply = self._run("finish_delivery", run_id, note.id, outcome, error[:2000],
+                          retry_in_ms, run_id, note.attempts)
+        return str(reply[0])
+
+    def notifications(self, run_id: str) -> list[Notification]:
+        found = [_notification(v) for v in
+                 self.redis.hvals(self.keys.notifications(run_id))]
+        return sorted(found, key=lambda n: (n.created_at or "", n.interrupt_id, n.reviewer,
+                                            n.channel, n.kind))
+
+    def notification(self, run_id: str, notification_id: str) -> Notification | None:
+        raw = self.redis.hget(self.keys.notifications(run_id), notification_id)
+        return _notification(raw) if raw else None
+
+    def grant(self, ref: str) -> str | None:
+        return self.redis.get(self.keys.grant(ref))
+
+    def first_sight(self, webhook_id: str, ttl_s: int) -> bool:
+        """True the first time a callback's webhook-id is seen within `ttl_s`."""
+        return bool(self.redis.set(self.keys.seen_webhook(webhook_id), "1", nx=True,
+                                   ex=ttl_s))
+
     # -- outbox --------------------------------------------------------------------------
 
     def claim_outbox(self, limit: int = 100, retry_ms: int = 10_000) -> list[OutboxEntry]:
@@ -246,6 +308,7 @@ class Store:
             version=int(raw["version"]), input=json.loads(raw.get("input") or "null"),
             messages=load_messages(json.loads(raw["messages"])),
             interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids) for s in specs],
+            notifications=self.notifications(run_id),
             result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
             metadata=json.loads(raw.get("metadata") or "{}"), created_at=iso(raw["created_at"]),
             updated_at=iso(raw["updated_at"]))
@@ -309,6 +372,23 @@ class Store:
         for s in (Status.COMPLETED, Status.FAILED, Status.CANCELLED):
             pipe.zremrangebyscore(self.keys.index(s), "-inf", cutoff)
         return sum(pipe.execute())
+
+
+def _stored(note: Notification) -> dict[str, Any]:
+    """A notification as stored: its wire form (no nulls: Lua reads them as truthy values)
+    and its token, which the wire form leaves out."""
+    return {**note.wire(), "token": note.token}
+
+
+def _notification(raw: str) -> Notification:
+    data = json.loads(raw)
+    due = data.pop("due", None)  # the record's own schedule, shown while one is pending
+    if due is not None and data.get("state") in ("pending", "retrying"):
+        data["nextAttemptAt"] = iso(due)
+    for field_name in ("createdAt", "sentAt"):
+        if isinstance(data.get(field_name), int):
+            data[field_name] = iso(data[field_name])
+    return Notification.model_validate(data)
 
 
 def event_of(event_id: str, fields: dict[str, str]) -> Event:

@@ -6,6 +6,8 @@
 | layby.run_turn     | layby.turns  | run_id, version                             |
 | layby.resume_run   | layby.turns  | run_id, version                             |
 | layby.sweep        | layby.sweep  | (none)                                      |
+| layby.notify.interrupts | layby.notify | run_id, version (plans the announcements) |
+| layby.notify.deliver    | layby.notify | run_id, notification_id                   |
 
 Other services enqueue runs with `send_task("layby.start_run", args=[agent, input])`; a run
 id given as `run_id` lets them find it later. A redelivered `layby.start_run` does not
@@ -16,8 +18,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_config import RESUME_RUN, RUN_TURN, START_RUN, SWEEP_TASK, app
+from broker_config import (
+    DELIVER_TASK,
+    NOTIFY_TASK,
+    RESUME_RUN,
+    RUN_TURN,
+    START_RUN,
+    SWEEP_TASK,
+    app,
+)
 from control import commands
+from notifier import delivery, planning
 from tasks import jobs as _jobs  # noqa: F401  (connects the job signal handlers)
 from tasks.steps import advance
 from tasks.sweeper import sweep as _sweep
@@ -44,3 +55,17 @@ def resume_run(self: Any, run_id: str, version: int) -> str:
 @app.task(name=SWEEP_TASK, ignore_result=True)
 def sweep() -> dict[str, int]:
     return _sweep()
+
+
+# Planning is idempotent; retried (with backoff) so that a Redis blip or a directory being
+# edited does not leave a parked run unannounced.
+@app.task(name=NOTIFY_TASK, autoretry_for=(Exception,), retry_backoff=2, retry_backoff_max=300,
+          retry_jitter=True, max_retries=12)
+def notify_interrupts(run_id: str, version: int) -> int:
+    """Announce a parked run's interrupts to their reviewers (`version`: the park's)."""
+    return delivery.dispatch([(run_id, n) for n in planning.plan(run_id)])
+
+
+@app.task(name=DELIVER_TASK)
+def deliver_notification(run_id: str, notification_id: str) -> str:
+    return delivery.deliver(run_id, notification_id)

@@ -22,6 +22,7 @@ from control import runtime
 from generation.agents import Agent
 from generation.answers import to_resume
 from generation.errors import ResumeError
+from generation.interrupts import BACKGROUND_JOB
 from generation.messages import Message, dump_messages
 from generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
 from parking import Store
@@ -154,7 +155,10 @@ def _commit(store: Store, step: Step, owner: str, outcome: Outcome,
                                    inline=inline)
         case Park(messages=messages, interrupts=interrupts):
             event["interrupts"] = [i.wire() for i in interrupts]
-            result = store.park(step.run_id, step.version, owner, messages, interrupts, event)
+            # Background jobs answer themselves; anything else waits on people.
+            announce = any(i.reason != BACKGROUND_JOB for i in interrupts)
+            result = store.park(step.run_id, step.version, owner, messages, interrupts, event,
+                                announce=announce)
         case Finish(messages=messages, result=text):
             event["result"] = text
             result = store.complete(step.run_id, step.version, owner, messages, text, event)

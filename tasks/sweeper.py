@@ -1,6 +1,7 @@
-"""The sweeper: publishes what the outbox still holds, applies expiry policies, requeues
-runs whose worker died, prunes finished runs from the indexes. Safe to run anywhere, often,
-and concurrently: every change it makes is a script that re-checks its condition."""
+"""The sweeper: publishes what the outbox still holds, queues due notifications (retries,
+reminders, lost sends), applies expiry policies, requeues runs whose worker died, prunes
+finished runs from the indexes. Safe to run anywhere, often, and concurrently: every change
+it makes is a script that re-checks its condition."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from datetime import UTC, datetime
 
 from control import runtime
 from generation.interrupts import ExpiryAction
+from notifier import delivery
 from parking import Answer, InterruptState, Store
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,7 @@ def sweep(store: Store | None = None) -> dict[str, int]:
     store = store or runtime.store()
     counts = {"published": runtime.publish(store.claim_outbox(), store),
               "expired": 0, "requeued": 0}
+    counts["notifications"] = _guarded(delivery.dispatch_due, store)
     for run_id, interrupt_id in store.due_deadlines():
         counts["expired"] += _guarded(expire, store, run_id, interrupt_id)
     for run_id in store.lapsed_leases():

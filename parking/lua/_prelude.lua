@@ -5,7 +5,8 @@
 --   5 checkpoints (hash) 6 events (stream)    7 outbox (zset)      8 outbox:entries (hash)
 --   9 leases (zset)     10 deadlines (zset)  11..17 index:<status> (zset), in the order
 --   queued running interrupted resuming completed failed cancelled
--- Scripts may add KEYS from 18 on; they document those and their ARGV in their header.
+--  18 notifications (hash)   19 notify:due (zset)
+-- Scripts may add KEYS from 20 on; they document those and their ARGV in their header.
 -- User JSON (messages, payloads) is stored and returned as opaque strings: cjson would
 -- round numbers and confuse empty arrays with objects.
 
@@ -81,7 +82,7 @@ local function finish(status, now, retention_s)
   release_lease()
   close_open_interrupts()
   redis.call('DEL', KEYS[5])
-  for i = 1, 6 do
+  for _, i in ipairs({1, 2, 3, 4, 5, 6, 18}) do
     if redis.call('EXISTS', KEYS[i]) == 1 then redis.call('EXPIRE', KEYS[i], retention_s) end
   end
 end

@@ -1,0 +1,322 @@
+"""The reviewer side of the gateway: the signed answer page (`/review/{token}`), webhook
+callbacks (`/callbacks/answers`), the inbound-mail webhook (`/inbound/email`) and, on one
+machine, the mail catcher's pages (`/mail`).
+
+None of these take API keys: a reviewer proves who they are with a token (a link, a reply
+address), a Standard Webhooks signature made with their secret, or, for the inbound-mail
+webhook, the reply token inside the mail (and the provider's shared secret when one is
+configured). Every answer goes through `notifier.answers`, recorded with who, how, when.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import smtplib
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid, parseaddr
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from pydantic import Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from broker_config import get_settings
+from control import commands, runtime
+from control.commands import _now
+from generation.errors import Invalid, LaybyError, NotFound, RequestError
+from generation.interrupts import ResumeEntry
+from generation.messages import Wire
+from notifier import answers, catcher, config, inbox, webhooks
+from notifier.forms import DECISIONS, entry_from_form, form_for
+from notifier.pages import render_mailbox, render_review
+from notifier.tokens import BadToken
+from parking import InterruptState
+
+router = APIRouter(include_in_schema=True, tags=["reviewers"])
+
+MAX_MAIL_BYTES = 10 * 1024 * 1024
+
+
+class Unauthorized(RequestError):
+    status_code = 401
+
+
+class TooLarge(RequestError):
+    status_code = 413
+
+
+class Callback(Wire):
+    """An answer POSTed by a reviewer's system."""
+
+    run_id: str
+    interrupt_id: str
+    status: str = Field(pattern="^(resolved|cancelled)$")
+    payload: Any = None
+    metadata: dict[str, Any] | None = None
+    reviewer: str | None = Field(None, description="the signing reviewer's id")
+    token: str | None = Field(None, description="the token from the notification, instead "
+                                                "of a signature")
+
+
+# -- the answer page --------------------------------------------------------------------
+
+
+def _page(html: str, status: int = 200) -> HTMLResponse:
+    # The token is in the URL: keep it out of caches and of other sites' Referer headers.
+    return HTMLResponse(html, status_code=status, headers={
+        "Cache-Control": "no-store", "Referrer-Policy": "no-referrer",
+        "X-Frame-Options": "DENY", "Content-Security-Policy":
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+            "frame-ancestors 'none'"})
+
+
+def _refused(reason: str, status: int) -> HTMLResponse:
+    return _page(render_review(agent="", interrupt=None, reviewer_label=None, state="refused",
+                               form=None, message=reason), status)
+
+
+def _closed_state(opened: answers.Opened) -> str | None:
+    """Why the page shows no form, or None when it should."""
+    intr = opened.interrupt
+    if intr.state is InterruptState.OPEN:
+        if intr.expires_at and intr.expires_at < _now():
+            return "expired"  # past its time; the sweeper applies the policy any moment
+        return None
+    if intr.state is InterruptState.EXPIRED:
+        return "expired"
+    if intr.answer is not None and intr.state is not InterruptState.CANCELLED:
+        return "answered"
+    return "answered" if intr.answer is not None else "cancelled"
+
+
+def _show(opened: answers.Opened, state: str, status: int = 200, **extra: Any) -> HTMLResponse:
+    form = form_for(opened.interrupt, extra.pop("decision", None)) if state == "open" else None
+    return _page(render_review(agent=opened.run.agent, interrupt=opened.interrupt,
+                               reviewer_label=opened.reviewer.label, state=state, form=form,
+                               **extra), status)
+
+
+@router.get("/review/{token}", response_class=HTMLResponse)
+def review_page(token: str, decision: str | None = None) -> HTMLResponse:
+    """The request and its form. Never records anything: mail scanners open links."""
+    try:
+        opened = answers.open_token(token)
+    except (BadToken, NotFound) as exc:
+        return _refused(exc.message, exc.status_code)
+    state = _closed_state(opened)
+    if state:
+        return _show(opened, state)
+    return _show(opened, "open", decision=decision if decision in DECISIONS else None)
+
+
+@router.post("/review/{token}", response_class=HTMLResponse)
+async def review_answer(token: str, request: Request) -> HTMLResponse:
+    raw = await _body(request, get_settings().max_answer_bytes)
+    del raw  # read once for the size check; Starlette keeps it for .form()
+    form = await request.form()
+    values = {k: v for k, v in form.items() if isinstance(v, str)}
+    return await run_in_threadpool(_answer_page, token, values)
+
+
+def _answer_page(token: str, values: dict[str, str]) -> HTMLResponse:
+    try:
+        opened = answers.open_token(token)
+    except (BadToken, NotFound) as exc:
+        return _refused(exc.message, exc.status_code)
+    state = _closed_state(opened)
+    if state:
+        return _show(opened, state, 409)
+    try:
+        entry = entry_from_form(opened.interrupt, values)
+        answers.answer(opened, entry, channel="page")
+    except Invalid as exc:
+        errors = (exc.detail or {}).get("errors") if isinstance(exc.detail, dict) else None
+        return _show(opened, "open", 422, errors=errors or [{"path": "", "message":
+                                                              exc.message}], values=values)
+    except LaybyError as exc:
+        fresh = answers.open_token(token)
+        return _show(fresh, _closed_state(fresh) or "open", exc.status_code if hasattr(
+            exc, "status_code") else 409, message=exc.message)
+    return _show(answers.open_token(token), "done")
+
+
+def _answered(opened: answers.Opened, resumed: bool) -> dict[str, Any]:
+    run = commands.get_run(opened.run.id)
+    return {"run": run.wire(), "resumed": resumed}
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    raw = await request.body()
+    if len(raw) > limit:
+        raise TooLarge(f"the request body is {len(raw)} bytes; the limit is {limit}")
+    return raw
+
+
+@router.post("/callbacks/answers")
+async def callback(request: Request) -> JSONResponse:
+    """A reviewer's system answers: signed per Standard Webhooks with the reviewer's secret
+    (and `reviewer` naming them), or carrying the notification's `token`."""
+    raw = await _body(request, get_settings().max_answer_bytes)
+    try:
+        body = Callback.model_validate_json(raw)
+    except ValidationError as exc:
+        raise Invalid("the callback body is not a valid answer", detail=[
+            {"path": "/" + "/".join(str(p) for p in e["loc"]), "message": e["msg"]}
+            for e in exc.errors(include_url=False)]) from None
+    headers = {k.lower(): v for k, v in request.headers.items()}
+
+    def work() -> dict[str, Any]:
+        if "webhook-signature" in headers:
+            opened = _signed(body, raw, headers)
+        elif body.token:
+            opened = answers.open_token(body.token)
+            if (opened.run.id, opened.interrupt.id) != (body.run_id, body.interrupt_id):
+                raise BadToken("this token was issued for another interrupt "
+                               f"({opened.interrupt.id} of run {opened.run.id})")
+        else:
+            raise Unauthorized("sign the callback per Standard Webhooks with your webhook "
+                               "secret (and set \"reviewer\"), or include the notification's "
+                               "\"token\"")
+        entry = ResumeEntry(interrupt_id=body.interrupt_id, status=body.status,  # type: ignore[arg-type]
+                            payload=body.payload, metadata=body.metadata)
+        result = answers.answer(opened, entry, channel="webhook")
+        return _answered(opened, bool(result.entries))
+
+    return JSONResponse(await run_in_threadpool(work))
+
+
+def _signed(body: Callback, raw: bytes, headers: dict[str, str]) -> answers.Opened:
+    if not body.reviewer:
+        raise Invalid("a signed callback names its reviewer: set \"reviewer\" to your id in "
+                      "the reviewer directory")
+    reviewer = config.directory().reviewers.get(body.reviewer)
+    if reviewer is None or reviewer.webhook is None:
+        raise webhooks.BadSignature(f"{body.reviewer!r} is not a reviewer with a webhook "
+                                    "secret in layby's reviewer directory")
+    webhooks.verify(reviewer.webhook.secret, raw, headers)
+    webhook_id = headers.get("webhook-id", "")
+    # Remembered for twice the tolerance: an older replay fails on its timestamp anyway.
+    if not runtime.store().first_sight(f"{reviewer.id}:{webhook_id}",
+                                       2 * webhooks.TOLERANCE_S):
+        raise webhooks.Replayed(f"webhook-id {webhook_id[:80]!r} was already received; a "
+                                "replayed callback is refused (send a new id for a new answer)")
+    return answers.open_for(reviewer, body.run_id, body.interrupt_id)
+
+
+@router.post("/inbound/email")
+async def inbound_email(request: Request) -> JSONResponse:
+    """Replies POSTed by a mail provider: raw MIME (`message/rfc822`, recipients in `?to=`),
+    or a form with the raw mail in `email` (SendGrid) or `body-mime` (Mailgun) and the
+    recipients in `envelope` or `recipient`."""
+    _check_provider(request)
+    raw = await _body(request, MAX_MAIL_BYTES)
+    recipients = list(request.query_params.getlist("to"))
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        form = await request.form(max_part_size=MAX_MAIL_BYTES)
+        mime = form.get("email") or form.get("body-mime")
+        if not isinstance(mime, str) or not mime:
+            raise Invalid("the form holds no raw mail: send it in `email` (SendGrid, "
+                          "\"POST the raw, full MIME message\") or `body-mime` (Mailgun)")
+        raw = mime.encode()
+        recipients += _form_recipients(form.get("envelope"), form.get("recipient"))
+    got = await run_in_threadpool(inbox.receive, raw, recipients)
+    return JSONResponse({"runId": got.run_id, "interruptId": got.interrupt_id,
+                         "reviewer": got.reviewer, "resumed": got.resumed})
+
+
+def _check_provider(request: Request) -> None:
+    secret = get_settings().inbound_mail_secret
+    if secret is None:
+        return
+    given = request.headers.get("authorization", "")
+    scheme, _, value = given.partition(" ")
+    if scheme.lower() == "basic":
+        try:
+            value = base64.b64decode(value).decode().partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            value = ""
+    elif scheme.lower() != "bearer":
+        value = ""
+    if not hmac.compare_digest(value.encode(), secret.get_secret_value().encode()):
+        raise Unauthorized("the inbound-mail webhook needs LAYBY_INBOUND_MAIL_SECRET as a "
+                           "bearer token or as the basic-auth password")
+
+
+def _form_recipients(envelope: Any, recipient: Any) -> list[str]:
+    found: list[str] = []
+    if isinstance(envelope, str) and envelope:
+        try:
+            to = json.loads(envelope).get("to") or []
+            found += [to] if isinstance(to, str) else [str(t) for t in to]
+        except (ValueError, AttributeError):
+            raise Invalid("`envelope` must be JSON like {\"to\": [\"reply+…@…\"]}") from None
+    if isinstance(recipient, str) and recipient:
+        found += [r.strip() for r in recipient.split(",")]
+    return found
+
+
+# -- the mail catcher (only with LAYBY_MAIL_CATCHER_DIR, which `layby up` sets) ------------
+
+
+def _catcher_folder() -> Path:
+    folder = get_settings().mail_catcher_dir
+    if folder is None:
+        raise NotFound("the mail catcher is off: `layby up` turns it on "
+                       "(LAYBY_MAIL_CATCHER_DIR)")
+    return folder
+
+
+@router.get("/mail", response_class=HTMLResponse, include_in_schema=False)
+def mailbox() -> HTMLResponse:
+    folder = _catcher_folder()
+    return _page(render_mailbox(catcher.listing(folder), None))
+
+
+@router.get("/mail/{name}", response_class=HTMLResponse, include_in_schema=False)
+def mail_message(name: str, reply: str | None = None) -> HTMLResponse:
+    folder = _catcher_folder()
+    caught = catcher.load(folder, name)
+    if caught is None:
+        raise NotFound(f"no caught mail {name!r}")
+    return _page(render_mailbox(catcher.listing(folder), caught, reply))
+
+
+@router.post("/mail/{name}/reply", include_in_schema=False)
+def mail_reply(name: str, text: Annotated[str, Form(max_length=20_000)]) -> RedirectResponse:
+    """Reply as the mail's recipient would from a mail client: a real SMTP message to the
+    reply listener, which answers the interrupt (or mails back why it could not)."""
+    settings = get_settings()
+    caught = catcher.load(_catcher_folder(), name)
+    if caught is None:
+        raise NotFound(f"no caught mail {name!r}")
+    reply = EmailMessage()
+    reply["From"] = caught.to
+    reply["To"] = caught.reply_to
+    reply["Subject"] = f"Re: {caught.subject}"
+    reply["Date"] = formatdate(localtime=False)
+    reply["Message-ID"] = make_msgid(domain="mail-catcher.localhost")
+    if caught.message.get("Message-ID"):
+        reply["In-Reply-To"] = caught.message["Message-ID"]
+    quoted = "\n".join(f"> {line}" for line in caught.text.splitlines())
+    reply.set_content(f"{text.strip()}\n\nOn {caught.message.get('Date')}, "
+                      f"{parseaddr(str(caught.message.get('From')))[1]} wrote:\n{quoted}\n")
+    try:
+        with smtplib.SMTP(settings.reply_listener_host, settings.reply_listener_port,
+                          timeout=20) as smtp:
+            smtp.send_message(reply)
+        outcome = "sent"
+    except smtplib.SMTPResponseException as exc:
+        outcome = f"refused: {exc.smtp_code} {exc.smtp_error.decode(errors='replace')}"
+    except smtplib.SMTPRecipientsRefused as exc:
+        code, why = next(iter(exc.recipients.values()))
+        outcome = f"refused: {code} {why.decode(errors='replace')}"
+    except OSError as exc:
+        outcome = f"the reply listener is not reachable: {exc}"
+    return RedirectResponse(f"/mail/{name}?{urlencode({'reply': outcome})}", status_code=303)

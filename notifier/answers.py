@@ -1,0 +1,79 @@
+"""Answers through the reviewer channels (page, email reply, webhook callback): who the
+answer is from, whether they may give it, then the same `control.commands.answer` as every
+other way in, recorded with the reviewer, the channel and the time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from control import commands, runtime
+from generation.errors import NotFound
+from generation.interrupts import ResumeEntry
+from notifier import config, tokens
+from notifier.directory import Reviewer
+from notifier.planning import reviewers_for
+from notifier.tokens import BadToken, Grant
+from parking import InterruptState, InterruptView, Result, RunView
+
+
+class NotAllowed(BadToken):
+    """A known reviewer who is not (or no longer) asked for this interrupt."""
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What a valid token opens: the reviewer, the run and the interrupt it names."""
+
+    grant: Grant
+    reviewer: Reviewer
+    run: RunView
+    interrupt: InterruptView
+
+    @property
+    def is_open(self) -> bool:
+        return self.interrupt.state is InterruptState.OPEN
+
+
+def _lookup(ref: str) -> Grant | None:
+    raw = runtime.store().grant(ref)
+    return Grant.loads(raw) if raw else None
+
+
+def open_token(token: str) -> Opened:
+    """The reviewer, run and interrupt behind `token`; BadToken (403) says why not."""
+    grant = tokens.verify(config.token_keys(), token, _lookup)
+    reviewer = config.directory().reviewers.get(grant.reviewer)
+    if reviewer is None:
+        raise NotAllowed(f"reviewer {grant.reviewer!r} is no longer in the reviewer directory")
+    return _opened(grant, reviewer)
+
+
+def open_for(reviewer: Reviewer, run_id: str, interrupt_id: str) -> Opened:
+    """What a reviewer authenticated otherwise (a signed webhook) may answer."""
+    run = commands.get_run(run_id)
+    grant = Grant(run_id, interrupt_id, reviewer.id, run.version, 0)
+    return _opened(grant, reviewer, run)
+
+
+def _opened(grant: Grant, reviewer: Reviewer, run: RunView | None = None) -> Opened:
+    run = run or commands.get_run(grant.run_id)
+    interrupt = next((i for i in run.interrupts if i.id == grant.interrupt_id), None)
+    if interrupt is None:
+        raise NotFound(f"run {run.id} has no interrupt {grant.interrupt_id!r}", run_id=run.id)
+    if reviewer.id not in {r.id for r in reviewers_for(interrupt)}:
+        raise NotAllowed(f"{reviewer.label} is not among the reviewers of this request",
+                         run_id=run.id)
+    return Opened(grant, reviewer, run, interrupt)
+
+
+def answer(opened: Opened, entry: ResumeEntry, *, channel: str) -> Result:
+    """Record `entry` for the opened interrupt. A token from an earlier step of the run (a
+    version that moved on) is refused; an interrupt already answered is refused with who
+    answered it first (so a token is accepted once)."""
+    grant, run = opened.grant, opened.run
+    if opened.is_open and grant.version != run.version:
+        raise BadToken(f"this token was issued for version {grant.version} of run {run.id}, "
+                       f"which is now at version {run.version}", run_id=run.id)
+    entry = entry.model_copy(update={"interrupt_id": opened.interrupt.id})
+    return commands.answer(run.id, [entry], by=f"reviewer:{opened.reviewer.id}",
+                           channel=channel)

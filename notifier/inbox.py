@@ -1,0 +1,79 @@
+"""Email replies in: one reply mail (from the SMTP listener or the inbound-mail webhook)
+becomes one answer, or a refusal that says why. The token comes from the recipient
+address, the sender must be the reviewer the token was issued to, and the answer is read
+from the reply's first lines. A reply that cannot be read gets an email back."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from broker_config import get_settings
+from generation.errors import LaybyError
+from notifier import answers, mail
+from notifier.replies import Mail, MalformedMail, Unreadable, parse_mail, read_answer, \
+    reply_text, token_from_address
+from notifier.tokens import BadToken
+
+log = logging.getLogger(__name__)
+
+
+class WrongSender(BadToken):
+    """The reply did not come from the reviewer the token was issued to."""
+
+
+@dataclass(frozen=True)
+class Received:
+    run_id: str
+    interrupt_id: str
+    reviewer: str
+    resumed: bool
+
+
+def token_of(message: Mail, envelope_recipients: list[str] | None) -> str:
+    """The reply token: from the SMTP envelope first (what the mail was delivered to), then
+    from the headers (forwarders keep the original address there)."""
+    for address in [*(envelope_recipients or []), *message.recipients]:
+        token = token_from_address(address)
+        if token:
+            return token
+    raise BadToken("this mail is not addressed to a reply+<token>@ address: reply to the "
+                   "notification itself, keeping its Reply-To address")
+
+
+def receive(raw: bytes, envelope_recipients: list[str] | None = None) -> Received:
+    """Answer with a reply mail. Raises MalformedMail (400), BadToken/WrongSender (403),
+    Conflict (409: already answered, or expired) or Unreadable (422, after mailing the
+    sender why and how to answer)."""
+    message = parse_mail(raw)
+    opened = answers.open_token(token_of(message, envelope_recipients))
+    # The From header, not the envelope sender: providers rewrite the envelope (bounce
+    # addresses, SRS), and From is what the sender's domain signs (DKIM).
+    if message.sender != (opened.reviewer.email or "").lower():
+        raise WrongSender(f"this reply came from {message.sender}, but the request was sent "
+                          f"to {opened.reviewer.label}; only they can answer it by email",
+                          run_id=opened.run.id)
+    try:
+        entry = read_answer(opened.interrupt, reply_text(message.text))
+        result = answers.answer(opened, entry, channel="email")
+    except Unreadable as exc:
+        _mail_back(message, exc.message)
+        raise
+    except LaybyError as exc:
+        if getattr(exc, "status_code", 0) == 422:  # the answer broke the tool's own rules
+            _mail_back(message, exc.message)
+        raise
+    return Received(opened.run.id, opened.interrupt.id, opened.reviewer.id,
+                    bool(result.entries))
+
+
+def _mail_back(message: Mail, reason: str) -> None:
+    settings = get_settings()
+    try:
+        mail.send(settings, mail.unreadable_reply(settings, message.sender, message.subject,
+                                                  message.message_id, reason))
+    except Exception:  # noqa: BLE001  (the refusal stands whether or not the mail goes out)
+        log.exception("could not tell %s that their reply was unreadable", message.sender)
+
+
+__all__ = ["MalformedMail", "Received", "Unreadable", "WrongSender", "receive"]

@@ -1,0 +1,89 @@
+"""The SMTP reply listener (aiosmtpd): takes replies to `reply+<token>@…` addresses and
+answers with them through `notifier.inbox`. What cannot be taken is refused in the SMTP
+conversation with a reason the sending server passes back to the reviewer; when Redis is
+away the refusal is temporary (4xx), so the sending server tries again and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from typing import Any
+
+import redis
+from aiosmtpd.controller import Controller
+
+from generation.errors import Conflict, LaybyError, NotFound
+from notifier import inbox
+from notifier.replies import MalformedMail, Unreadable, token_from_address
+
+log = logging.getLogger(__name__)
+
+MAX_MAIL_BYTES = 10 * 1024 * 1024
+
+
+def _one_line(text: str) -> str:
+    # An SMTP reply line is ASCII and short; the reason must survive relaying.
+    flat = " ".join(text.split()).encode("ascii", "replace").decode()
+    return flat[:400]
+
+
+def smtp_reply(exc: LaybyError) -> str:
+    if isinstance(exc, MalformedMail):
+        return f"550 5.6.0 {_one_line(exc.message)}"
+    if isinstance(exc, NotFound):
+        return f"550 5.1.1 {_one_line(exc.message)}"
+    if isinstance(exc, Conflict):
+        return f"550 5.7.1 {_one_line(exc.message)}"
+    return f"550 5.7.1 {_one_line(exc.message)}"
+
+
+class ReplyHandler:
+    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
+                          rcpt_options: list[str]) -> str:
+        if token_from_address(address) is None:
+            return (f"550 5.1.1 <{_one_line(address)}>: this server takes only replies to "
+                    "layby notifications (reply+<token>@ addresses)")
+        envelope.rcpt_tos.append(address)
+        return "250 2.1.5 OK"
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        loop = asyncio.get_running_loop()
+        raw = envelope.original_content or envelope.content
+        try:
+            got = await loop.run_in_executor(None, inbox.receive, raw, list(envelope.rcpt_tos))
+        except Unreadable:
+            return ("250 2.0.0 Received, but the answer could not be read; nothing was "
+                    "recorded and instructions were mailed back")
+        except LaybyError as exc:
+            log.info("reply from %s refused: %s", envelope.mail_from, exc.message)
+            return smtp_reply(exc)
+        except (redis.RedisError, OSError):
+            log.exception("reply from %s not taken now", envelope.mail_from)
+            return "451 4.3.0 layby cannot take replies right now; try again later"
+        except Exception:
+            log.exception("reply from %s failed", envelope.mail_from)
+            return "451 4.3.0 layby could not take this reply; try again later"
+        log.info("reply from %s answered interrupt %s of run %s", envelope.mail_from,
+                 got.interrupt_id, got.run_id)
+        return f"250 2.0.0 Answer recorded for run {got.run_id}"
+
+
+def serve(host: str, port: int, handler: Any, what: str) -> None:
+    """Run an SMTP server until SIGTERM or SIGINT."""
+    # aiosmtpd logs every connection at INFO, including its own start-up self-test.
+    logging.getLogger("mail.log").setLevel(logging.WARNING)
+    controller = Controller(handler, hostname=host, port=port,
+                            data_size_limit=MAX_MAIL_BYTES, server_hostname="layby")
+    controller.start()
+    log.info("%s listening on %s:%d", what, host, port)
+    print(f"{what} listening on smtp://{host}:{port}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        stop.wait()
+    finally:
+        controller.stop()

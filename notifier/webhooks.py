@@ -1,0 +1,117 @@
+"""Webhooks per the Standard Webhooks specification: the notification layby POSTs to a
+reviewer's system, and the check of the answers that system POSTs back.
+
+Each notification is sent with its notification id as `webhook-id` (the same on every
+retry, so the receiver can drop duplicates), the send time as `webhook-timestamp`, and
+`webhook-signature` made with the reviewer's secret. A callback is accepted once: its
+`webhook-id` is remembered past the timestamp tolerance, so a replay is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from standardwebhooks import Webhook, WebhookVerificationError
+
+from broker_config import Settings
+from generation.errors import LaybyError
+from generation.interrupts import Interrupt
+from notifier.directory import Reviewer
+from notifier.mail import PermanentFailure, page_url
+from parking import Notification, RunView
+
+# The specification's tolerance: a timestamp further than this from now is refused.
+TOLERANCE_S = 300
+USER_AGENT = "layby-webhooks/0.1"
+
+
+class BadSignature(LaybyError):
+    status_code = 401
+
+
+class Replayed(LaybyError):
+    status_code = 409
+
+
+def callback_url(settings: Settings) -> str:
+    return f"{settings.public_url.rstrip('/')}/callbacks/answers"
+
+
+def notification_body(settings: Settings, run: RunView, interrupt: Interrupt,
+                      reviewer: Reviewer, note: Notification) -> dict[str, Any]:
+    assert note.token is not None
+    return {
+        "type": f"interrupt.{'reminder' if note.kind == 'reminder' else 'requested'}",
+        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z"),
+        "data": {
+            "notificationId": note.id,
+            "reviewer": reviewer.id,
+            "run": {"id": run.id, "agent": run.agent, "status": run.status.value,
+                    "version": run.version},
+            "interrupt": Interrupt(**{k: getattr(interrupt, k)
+                                      for k in Interrupt.model_fields}).wire(),
+            "answer": {
+                "callbackUrl": callback_url(settings),
+                "token": note.token,
+                "pageUrl": page_url(settings, note.token),
+                "expiresAt": interrupt.expires_at,
+                "how": "POST {runId, interruptId, status: resolved|cancelled, payload, "
+                       "metadata} to callbackUrl, signed with your webhook secret per "
+                       "Standard Webhooks and with \"reviewer\" set to your id, or carrying "
+                       "\"token\".",
+            },
+        },
+    }
+
+
+def sign(secret: str, webhook_id: str, body: str, at: float | None = None) -> dict[str, str]:
+    """The three Standard Webhooks headers for `body`."""
+    moment = datetime.fromtimestamp(time.time() if at is None else at, tz=UTC)
+    return {"webhook-id": webhook_id,
+            "webhook-timestamp": str(int(moment.timestamp())),
+            "webhook-signature": Webhook(secret).sign(webhook_id, moment, body)}
+
+
+def send(settings: Settings, reviewer: Reviewer, note: Notification,
+         body: dict[str, Any]) -> None:
+    """POST the notification; any 2xx is delivered. 410 Gone is final; any other failure
+    is worth another try (the caller backs off)."""
+    assert reviewer.webhook is not None
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    headers = {"content-type": "application/json", "user-agent": USER_AGENT,
+               **sign(reviewer.webhook.secret, note.id, text)}
+    try:
+        reply = httpx.post(reviewer.webhook.url, content=text.encode(), headers=headers,
+                           timeout=settings.webhook_timeout_s, follow_redirects=False)
+    except httpx.HTTPError as exc:
+        raise ConnectionError(f"POST {reviewer.webhook.url} failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    if reply.status_code == 410:
+        raise PermanentFailure(f"{reviewer.webhook.url} answered 410 Gone: the receiver "
+                               "asks not to be sent to again")
+    if not 200 <= reply.status_code < 300:
+        raise ConnectionError(f"{reviewer.webhook.url} answered {reply.status_code}: "
+                              f"{reply.text[:200]}")
+
+
+def verify(secret: str, body: bytes, headers: dict[str, str]) -> None:
+    """Refuse a callback whose signature does not match or whose timestamp is outside the
+    tolerance. The caller still refuses a replayed `webhook-id`."""
+    try:
+        Webhook(secret).verify(body, headers, json_parse=False)
+    except WebhookVerificationError as exc:
+        reason = str(exc)
+        if "too old" in reason or "too new" in reason:
+            raise BadSignature(f"the webhook-timestamp is more than {TOLERANCE_S} s from "
+                               "now; send the callback with the current time (and check "
+                               "the clock of the sending system)") from exc
+        raise BadSignature(f"the webhook signature does not verify ({reason}): sign the "
+                           "exact body with your webhook secret, per Standard Webhooks") \
+            from exc
+    except (ValueError, TypeError) as exc:  # damaged base64 in a signature
+        raise BadSignature(f"the webhook signature headers are damaged: {exc}") from exc

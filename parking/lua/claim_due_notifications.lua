@@ -1,0 +1,14 @@
+-- claim_due_notifications: notifications whose send is due (a lost publish, a retry after
+-- its backoff, a reminder, a sender that died), each pushed back by a retry delay so that
+-- two sweepers do not publish the same one at once. The notification's own record says
+-- whether it is really due (start_delivery.lua).
+-- KEYS: 1 notify:due (zset)
+-- ARGV: 1 max entries, 2 retry delay (ms)
+-- Returns "<run id> <notification id>" members.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+for _, member in ipairs(due) do
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), member)
+end
+return due
