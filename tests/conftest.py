@@ -10,6 +10,7 @@ import pytest
 
 from gateway.embedded import EmbeddedRedis
 from tests.harness import LaybySystem
+from tests.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewed_system
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +48,28 @@ def isolated(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[callable]:
 
     for db in range(1, 16):
         _r.Redis(port=redis_server.port, db=db).flushdb()
+
+
+@pytest.fixture(scope="session")
+def reviewer_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """A Valkey server of the reviewer tests' own: `isolated` flushes databases 1-15."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("valkey-reviewers")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def reviewed(reviewer_redis: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[ReviewedSystem]:
+    """One layby system with reviewers (alice and bob by email, hookbot by webhook), an
+    SMTP server receiving its mail, a webhook receiver, and its reply listener."""
+    logs: Path = tmp_path_factory.mktemp("reviewed")
+    smtp = SmtpServer().start()
+    hooks = WebhookReceiver().start()
+    running = reviewed_system(LaybySystem(f"redis://127.0.0.1:{reviewer_redis.port}/0", logs,
+                                          env_overrides={"LAYBY_DEMO_EXPIRY_S": "60"}),
+                              logs, smtp, hooks)
+    yield running
+    running.system.stop()
+    smtp.stop()
+    hooks.stop()
