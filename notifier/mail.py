@@ -12,8 +12,9 @@ from email.utils import formataddr, formatdate, make_msgid
 import jinja2
 
 from broker_config import Settings
-from generation.interrupts import CONFIRMATION, Interrupt
+from generation.interrupts import Interrupt
 from notifier.directory import Reviewer
+from notifier.forms import is_confirmation
 from parking import Notification, RunView
 
 _templates = jinja2.Environment(loader=jinja2.PackageLoader("notifier", "templates"),
@@ -23,12 +24,6 @@ _templates = jinja2.Environment(loader=jinja2.PackageLoader("notifier", "templat
 
 class PermanentFailure(Exception):
     """A send that will fail the same way every time: do not retry it."""
-
-
-def is_confirmation(interrupt: Interrupt) -> bool:
-    props = (interrupt.response_schema or {}).get("properties") or {}
-    return interrupt.reason == CONFIRMATION or (props.get("approved") or {}).get("type") \
-        == "boolean"
 
 
 def page_url(settings: Settings, token: str) -> str:

@@ -1,5 +1,6 @@
-"""`layby up` as a newcomer runs it: embedded Valkey, worker, sweeper, gateway; a parked run
-survives Ctrl-C and a second `layby up` on the same data folder."""
+"""`layby up` as a newcomer runs it: embedded Valkey, worker, sweeper, gateway, reply
+listener and mail catcher; a parked run survives Ctrl-C and a second `layby up` on the same
+data folder; the whole email round trip works in a browser."""
 
 from __future__ import annotations
 
@@ -22,8 +23,12 @@ pytestmark = pytest.mark.slow
 
 def _up(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("LAYBY_REDIS_URL", "LAYBY_API_KEYS")}
-    env.update({"LAYBY_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT)})
+           if k not in ("LAYBY_REDIS_URL", "LAYBY_API_KEYS") and not k.startswith("LAYBY_SMTP")}
+    # Free ports rather than the defaults (1025, 2525), which a developer's own `layby up`
+    # may hold while the tests run.
+    env.update({"LAYBY_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT),
+                "LAYBY_MAIL_CATCHER_PORT": str(free_port()),
+                "LAYBY_REPLY_LISTENER_PORT": str(free_port())})
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "gateway.cli", "up", "--port", str(port),
                                  "--concurrency", "1"], env=env, cwd=ROOT, stdout=out,
@@ -89,5 +94,46 @@ def test_layby_up_survives_a_restart_with_a_parked_run(tmp_path: Path) -> None:
                    30, what="the run to complete")
         assert api.get(f"/v1/runs/{run_id}").json()["result"] == "Sent 30 to Ann."
         api.close()
+    finally:
+        assert _stop(up) == []
+
+
+def test_the_email_round_trip_on_one_machine(tmp_path: Path) -> None:
+    """What the README promises a newcomer: start a run, read the approval request in the
+    mail catcher's page, reply "approve" from that page (a real SMTP reply to the reply
+    listener), and watch the run finish, the answer recorded as the reviewer's, by email."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser import launch
+
+    data_dir, port, log = tmp_path / "data", free_port(), tmp_path / "up.log"
+    base = f"http://127.0.0.1:{port}"
+    up = _up(data_dir, port, log)
+    try:
+        wait_until(lambda: _ready(base), 60, what="layby up")
+        assert _printed(log, "mail") == f"{base}/mail"
+        with _client(base, _printed(log, "api key")) as api:
+            run_id = api.post("/v1/runs", json={"agent": "demo.transfer",
+                                                "input": "Send 70 to Dee"}).json()["id"]
+            wait_until(lambda: list((data_dir / "mail").glob("*.eml")), 30,
+                       what="the notification in the mail catcher")
+            with sync_playwright() as pw:
+                browser = launch(pw)
+                page = browser.new_context(java_script_enabled=False).new_page()
+                page.goto(f"{base}/mail")
+                page.get_by_role("link", name="demo.transfer asks for your approval").click()
+                assert "Send 70 to Dee?" in page.content()
+                page.get_by_label("Your reply").fill("approve")
+                page.get_by_role("button", name="Send reply").click()
+                assert "Reply sent" in page.get_by_role("status").inner_text()
+                browser.close()
+            wait_until(lambda: api.get(f"/v1/runs/{run_id}").json()["status"] == "completed",
+                       30, what="the run to complete")
+            run = api.get(f"/v1/runs/{run_id}").json()
+        assert run["result"] == "Sent 70 to Dee."
+        answer = run["interrupts"][0]["answer"]
+        assert (answer["answeredBy"], answer["channel"]) == ("reviewer:you", "email")
+        assert [n["state"] for n in run["notifications"]] == ["sent"]
+        assert "mail to you@localhost: [layby] demo.transfer asks" in log.read_text()
     finally:
         assert _stop(up) == []
