@@ -108,7 +108,7 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
             raise NotFound(f"run {run_id} has no interrupt {entry.interrupt_id!r}",
                            run_id=run_id, detail={"interruptId": entry.interrupt_id})
         if entry.interrupt_id not in open_ids:  # the status says why: cancelled, failed…
-            raise _not_open(run_id, spec, answers.get(spec.id), status=record.status.value)
+            raise not_open(run_id, spec, answers.get(spec.id), status=record.status.value)
         _check_expiry(run_id, spec)
         errors = check_answer(spec, entry, _tool(record.agent, spec.tool_name))
         if errors:
@@ -125,7 +125,7 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
             # Our own answer, recorded by a first attempt whose reply was lost and replayed
             # by the client's retry: it stands; the outbox publishes what it queued.
             return Result("ok", result.version)
-        raise _not_open(run_id, by_id[result.info[0]], first, status=result.info[2])
+        raise not_open(run_id, by_id[result.info[0]], first, status=result.info[2])
     if result.code == "incomplete":
         missing = sorted(set(result.info) - set(ids))
         raise Invalid("a resume must answer every open interrupt; still open: "
@@ -150,7 +150,7 @@ def _check_expiry(run_id: str, spec: Interrupt) -> None:
                        detail={"interruptId": spec.id, "expiresAt": spec.expires_at})
 
 
-def _not_open(run_id: str, spec: Interrupt, first: Answer | None,
+def not_open(run_id: str, spec: Interrupt, first: Answer | None,
               status: str | None = None) -> Conflict:
     if first is None:
         return Conflict(f"interrupt {spec.id} is not open: the run is {status or 'over'}",

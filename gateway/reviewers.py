@@ -14,6 +14,7 @@ import base64
 import binascii
 import hmac
 import json
+import logging
 import smtplib
 from email.message import EmailMessage
 from email.utils import formatdate, make_msgid, parseaddr
@@ -29,14 +30,17 @@ from starlette.concurrency import run_in_threadpool
 from broker_config import get_settings
 from control import commands, runtime
 from control.commands import _now
-from generation.errors import Invalid, LaybyError, NotFound, RequestError
+from generation.errors import ConfigError, Invalid, LaybyError, NotFound, RequestError
 from generation.interrupts import ResumeEntry
 from generation.messages import Wire
 from notifier import answers, catcher, config, inbox, webhooks
+from notifier.directory import Reviewer
 from notifier.forms import DECISIONS, entry_from_form, form_for
 from notifier.pages import render_mailbox, render_review
-from notifier.tokens import BadToken
+from notifier.tokens import BadToken, ExpiredToken
 from parking import InterruptState
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(include_in_schema=True, tags=["reviewers"])
 
@@ -49,6 +53,10 @@ class Unauthorized(RequestError):
 
 class TooLarge(RequestError):
     status_code = 413
+
+
+class Unavailable(LaybyError):
+    status_code = 503
 
 
 class Callback(Wire):
@@ -81,6 +89,14 @@ def _refused(reason: str, status: int) -> HTMLResponse:
                                form=None, message=reason), status)
 
 
+def _expired(exc: ExpiredToken, status: int) -> HTMLResponse:
+    """An expired link still says where its request stands: expired, or answered before."""
+    opened = answers.open_expired(exc.grant)
+    if opened is None:
+        return _refused(exc.message, exc.status_code)
+    return _show(opened, _closed_state(opened) or "expired", status)
+
+
 def _closed_state(opened: answers.Opened) -> str | None:
     """Why the page shows no form, or None when it should."""
     intr = opened.interrupt
@@ -102,11 +118,15 @@ def _show(opened: answers.Opened, state: str, status: int = 200, **extra: Any) -
                                **extra), status)
 
 
-@router.get("/review/{token}", response_class=HTMLResponse)
+# `:path` so that a mangled link (cut short after "/review/", or with a "/" in it) still gets
+# the page saying the link is bad, not the API's JSON 404.
+@router.get("/review/{token:path}", response_class=HTMLResponse)
 def review_page(token: str, decision: str | None = None) -> HTMLResponse:
     """The request and its form. Never records anything: mail scanners open links."""
     try:
         opened = answers.open_token(token)
+    except ExpiredToken as exc:
+        return _expired(exc, 200)
     except (BadToken, NotFound) as exc:
         return _refused(exc.message, exc.status_code)
     state = _closed_state(opened)
@@ -115,7 +135,7 @@ def review_page(token: str, decision: str | None = None) -> HTMLResponse:
     return _show(opened, "open", decision=decision if decision in DECISIONS else None)
 
 
-@router.post("/review/{token}", response_class=HTMLResponse)
+@router.post("/review/{token:path}", response_class=HTMLResponse)
 async def review_answer(token: str, request: Request) -> HTMLResponse:
     raw = await _body(request, get_settings().max_answer_bytes)
     del raw  # read once for the size check; Starlette keeps it for .form()
@@ -127,6 +147,8 @@ async def review_answer(token: str, request: Request) -> HTMLResponse:
 def _answer_page(token: str, values: dict[str, str]) -> HTMLResponse:
     try:
         opened = answers.open_token(token)
+    except ExpiredToken as exc:
+        return _expired(exc, 409)
     except (BadToken, NotFound) as exc:
         return _refused(exc.message, exc.status_code)
     state = _closed_state(opened)
@@ -171,10 +193,23 @@ async def callback(request: Request) -> JSONResponse:
             for e in exc.errors(include_url=False)]) from None
     headers = {k.lower(): v for k, v in request.headers.items()}
 
+    entry = ResumeEntry(interrupt_id=body.interrupt_id,
+                        status=body.status,  # type: ignore[arg-type]
+                        payload=body.payload, metadata=body.metadata)
+
     def work() -> dict[str, Any]:
         if "webhook-signature" in headers:
-            opened = _signed(body, raw, headers)
-        elif body.token:
+            reviewer, seen = _signed(body, raw, headers)
+            try:
+                opened = answers.open_for(reviewer, body.run_id, body.interrupt_id)
+                result = answers.answer(opened, entry, channel="webhook")
+            except BaseException:
+                # Not taken: a retry of this callback (same webhook-id) must get the real
+                # reason again, not "already received", which would say it was taken.
+                runtime.store().forget_sight(seen)
+                raise
+            return _answered(opened, bool(result.entries))
+        if body.token:
             opened = answers.open_token(body.token)
             if (opened.run.id, opened.interrupt.id) != (body.run_id, body.interrupt_id):
                 raise BadToken("this token was issued for another interrupt "
@@ -183,30 +218,34 @@ async def callback(request: Request) -> JSONResponse:
             raise Unauthorized("sign the callback per Standard Webhooks with your webhook "
                                "secret (and set \"reviewer\"), or include the notification's "
                                "\"token\"")
-        entry = ResumeEntry(interrupt_id=body.interrupt_id, status=body.status,  # type: ignore[arg-type]
-                            payload=body.payload, metadata=body.metadata)
         result = answers.answer(opened, entry, channel="webhook")
         return _answered(opened, bool(result.entries))
 
     return JSONResponse(await run_in_threadpool(work))
 
 
-def _signed(body: Callback, raw: bytes, headers: dict[str, str]) -> answers.Opened:
+def _signed(body: Callback, raw: bytes, headers: dict[str, str]
+            ) -> tuple[Reviewer, str]:
+    """The reviewer whose signature the callback carries, and the key remembering its
+    webhook-id (to forget if the callback is not taken)."""
     if not body.reviewer:
         raise Invalid("a signed callback names its reviewer: set \"reviewer\" to your id in "
                       "the reviewer directory")
     reviewer = config.directory().reviewers.get(body.reviewer)
     if reviewer is None or reviewer.webhook is None:
-        raise webhooks.BadSignature(f"{body.reviewer!r} is not a reviewer with a webhook "
-                                    "secret in layby's reviewer directory")
+        # The same words as a wrong signature: callers learn nothing of the directory.
+        raise webhooks.BadSignature("the webhook signature does not verify for reviewer "
+                                    f"{body.reviewer[:80]!r}: sign the exact body with your "
+                                    "webhook secret, per Standard Webhooks")
     webhooks.verify(reviewer.webhook.secret, raw, headers)
     webhook_id = headers.get("webhook-id", "")
+    store = runtime.store()
+    sight = f"webhook:{reviewer.id}:{webhook_id}"
     # Remembered for twice the tolerance: an older replay fails on its timestamp anyway.
-    if not runtime.store().first_sight(f"{reviewer.id}:{webhook_id}",
-                                       2 * webhooks.TOLERANCE_S):
+    if not store.first_sight(sight, 2 * webhooks.TOLERANCE_S):
         raise webhooks.Replayed(f"webhook-id {webhook_id[:80]!r} was already received; a "
                                 "replayed callback is refused (send a new id for a new answer)")
-    return answers.open_for(reviewer, body.run_id, body.interrupt_id)
+    return reviewer, sight
 
 
 @router.post("/inbound/email")
@@ -226,7 +265,14 @@ async def inbound_email(request: Request) -> JSONResponse:
                           "\"POST the raw, full MIME message\") or `body-mime` (Mailgun)")
         raw = mime.encode()
         recipients += _form_recipients(form.get("envelope"), form.get("recipient"))
-    got = await run_in_threadpool(inbox.receive, raw, recipients)
+    try:
+        got = await run_in_threadpool(inbox.receive, raw, recipients)
+    except ConfigError as exc:
+        log.error("inbound reply not taken now: %s", exc.message)
+        # layby's own configuration is broken (maybe for a moment, while an operator edits
+        # the reviewer directory): 503, so the provider delivers the reply again later.
+        raise Unavailable("layby cannot take replies right now (a configuration problem on "
+                          "its side); try again later") from exc
     return JSONResponse({"runId": got.run_id, "interruptId": got.interrupt_id,
                          "reviewer": got.reviewer, "resumed": got.resumed})
 

@@ -48,6 +48,16 @@ def open_token(token: str) -> Opened:
     return _opened(grant, reviewer)
 
 
+def open_expired(grant: Grant) -> Opened | None:
+    """What an expired token named, to show where its request stands (it answers nothing);
+    None when the reviewer or the run is gone."""
+    reviewer = config.directory().reviewers.get(grant.reviewer)
+    try:
+        return _opened(grant, reviewer) if reviewer else None
+    except (NotFound, NotAllowed):
+        return None
+
+
 def open_for(reviewer: Reviewer, run_id: str, interrupt_id: str) -> Opened:
     """What a reviewer authenticated otherwise (a signed webhook) may answer."""
     run = commands.get_run(run_id)
@@ -64,6 +74,15 @@ def _opened(grant: Grant, reviewer: Reviewer, run: RunView | None = None) -> Ope
         raise NotAllowed(f"{reviewer.label} is not among the reviewers of this request",
                          run_id=run.id)
     return Opened(grant, reviewer, run, interrupt)
+
+
+def refuse_if_closed(opened: Opened) -> None:
+    """Refuse (Conflict, naming who answered first, how and when) an interrupt that is no
+    longer open, before its answer is read: a late reply that cannot be read must not be
+    told the request is still open."""
+    if not opened.is_open:
+        raise commands.not_open(opened.run.id, opened.interrupt, opened.interrupt.answer,
+                                 status=opened.run.status.value)
 
 
 def answer(opened: Opened, entry: ResumeEntry, *, channel: str) -> Result:

@@ -9,10 +9,19 @@ import logging
 from dataclasses import dataclass
 
 from broker_config import get_settings
-from generation.errors import LaybyError
+from control import runtime
+from generation.errors import Invalid
 from notifier import answers, mail
-from notifier.replies import Mail, MalformedMail, Unreadable, parse_mail, read_answer, \
-    reply_text, token_from_address
+from notifier.replies import (
+    Mail,
+    MalformedMail,
+    Unreadable,
+    how_to_answer,
+    parse_mail,
+    read_answer,
+    reply_text,
+    token_from_address,
+)
 from notifier.tokens import BadToken
 
 log = logging.getLogger(__name__)
@@ -53,22 +62,27 @@ def receive(raw: bytes, envelope_recipients: list[str] | None = None) -> Receive
         raise WrongSender(f"this reply came from {message.sender}, but the request was sent "
                           f"to {opened.reviewer.label}; only they can answer it by email",
                           run_id=opened.run.id)
+    answers.refuse_if_closed(opened)  # before reading: an unreadable late reply is late
     try:
         entry = read_answer(opened.interrupt, reply_text(message.text))
         result = answers.answer(opened, entry, channel="email")
-    except Unreadable as exc:
-        _mail_back(message, exc.message)
-        raise
-    except LaybyError as exc:
-        if getattr(exc, "status_code", 0) == 422:  # the answer broke the tool's own rules
-            _mail_back(message, exc.message)
-        raise
+    except (Unreadable, Invalid) as exc:
+        # Invalid: read, but refused by the tool's own rules; to the reviewer, the same.
+        reason = exc.message if isinstance(exc, Unreadable) else \
+            f"{exc.message}\n\n{how_to_answer(opened.interrupt)}"
+        _mail_back(message, reason)
+        raise Unreadable(reason, run_id=opened.run.id, detail=exc.detail) from None
     return Received(opened.run.id, opened.interrupt.id, opened.reviewer.id,
                     bool(result.entries))
 
 
 def _mail_back(message: Mail, reason: str) -> None:
+    """Tell the sender why their reply was not taken, once per reply: mail providers POST
+    a refused reply again and again, and each must not mail the reviewer again."""
     settings = get_settings()
+    if message.message_id and not runtime.store().first_sight(
+            f"mailed-back:{message.message_id}", 3 * 24 * 3600):
+        return
     try:
         mail.send(settings, mail.unreadable_reply(settings, message.sender, message.subject,
                                                   message.message_id, reason))

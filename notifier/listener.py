@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from aiosmtpd.controller import Controller
 
-from generation.errors import Conflict, LaybyError, NotFound
+from generation.errors import ConfigError, Conflict, LaybyError, NotFound
 from notifier import inbox
 from notifier.replies import MalformedMail, Unreadable, token_from_address
 
@@ -57,6 +57,13 @@ class ReplyHandler:
         except Unreadable:
             return ("250 2.0.0 Received, but the answer could not be read; nothing was "
                     "recorded and instructions were mailed back")
+        except ConfigError:
+            # layby's own configuration (the reviewer directory, the token keys) is broken,
+            # maybe for a moment while an operator edits it: defer, so the sending server
+            # tries again later instead of bouncing the reply for good.
+            log.exception("reply from %s not taken now", envelope.mail_from)
+            return ("451 4.3.5 layby cannot take replies right now (a configuration "
+                    "problem on its side); try again later")
         except LaybyError as exc:
             log.info("reply from %s refused: %s", envelope.mail_from, exc.message)
             return smtp_reply(exc)

@@ -67,7 +67,10 @@ def plan(run_id: str, store: Store | None = None) -> list[str]:
                 grant = tokens.Grant(run_id, intr.id, reviewer.id, view.version,
                                      int(expires or now + settings.token_ttl_s))
                 ref, token = tokens.issue(config.token_keys(), grant)
-                grants.append((ref, grant.dumps(), int((grant.expires - now) * 1000)))
+                # Stored past the token's own expiry, so that an expired link still opens
+                # a page saying the request expired (verify refuses it as an answer).
+                keep_s = grant.expires - now + settings.retention_s
+                grants.append((ref, grant.dumps(), int(keep_s * 1000)))
             remind_at = None
             if expires and settings.remind_before_s:
                 remind_at = expires - settings.remind_before_s
@@ -76,10 +79,10 @@ def plan(run_id: str, store: Store | None = None) -> list[str]:
                 for kind, at in (("request", None), ("reminder", remind_at)):
                     if kind == "reminder" and at is None:
                         continue
-                    note = Notification(
+                    note = Notification(  # type: ignore[arg-type]  (channel, kind)
                         id=notification_id(run_id, intr.id, reviewer.id, channel, kind),
-                        interrupt_id=intr.id, reviewer=reviewer.id, channel=channel,  # type: ignore[arg-type]
-                        kind=kind, token=token)  # type: ignore[arg-type]
+                        interrupt_id=intr.id, reviewer=reviewer.id, channel=channel,
+                        kind=kind, token=token)
                     planned.append((note, None if at is None else int(at * 1000)))
     if not planned:
         return []

@@ -34,6 +34,15 @@ class BadToken(LaybyError):
     status_code = 403
 
 
+class ExpiredToken(BadToken):
+    """A genuine token past its time. It carries its grant, so a page can still say that
+    the request it answers has expired; it answers nothing."""
+
+    def __init__(self, message: str, grant: Grant) -> None:
+        super().__init__(message, run_id=grant.run_id)
+        self.grant = grant
+
+
 @dataclass(frozen=True)
 class Grant:
     run_id: str
@@ -109,5 +118,5 @@ def verify(keys: dict[str, bytes], token: str, lookup: Callable[[str], Grant | N
     if not hmac.compare_digest(_sign(key, kid, ref, grant), signature):
         raise BadToken("this token's signature does not match: it was altered or forged")
     if grant.expires <= (time.time() if now is None else now):
-        raise BadToken("this token has expired, as has the request it answers")
+        raise ExpiredToken("this token has expired, as has the request it answers", grant)
     return grant

@@ -77,6 +77,12 @@ def sign(secret: str, webhook_id: str, body: str, at: float | None = None) -> di
             "webhook-signature": Webhook(secret).sign(webhook_id, moment, body)}
 
 
+def where(url: str) -> str:
+    """A webhook URL as errors and logs show it: its path may be a secret (Slack-style)."""
+    parts = httpx.URL(url)
+    return f"{parts.scheme}://{parts.host}" + (f":{parts.port}" if parts.port else "")
+
+
 def send(settings: Settings, reviewer: Reviewer, note: Notification,
          body: dict[str, Any]) -> None:
     """POST the notification; any 2xx is delivered. 410 Gone is final; any other failure
@@ -89,13 +95,13 @@ def send(settings: Settings, reviewer: Reviewer, note: Notification,
         reply = httpx.post(reviewer.webhook.url, content=text.encode(), headers=headers,
                            timeout=settings.webhook_timeout_s, follow_redirects=False)
     except httpx.HTTPError as exc:
-        raise ConnectionError(f"POST {reviewer.webhook.url} failed: "
+        raise ConnectionError(f"POST to {where(reviewer.webhook.url)} failed: "
                               f"{type(exc).__name__}: {exc}") from exc
     if reply.status_code == 410:
-        raise PermanentFailure(f"{reviewer.webhook.url} answered 410 Gone: the receiver "
+        raise PermanentFailure(f"{where(reviewer.webhook.url)} answered 410 Gone: the receiver "
                                "asks not to be sent to again")
     if not 200 <= reply.status_code < 300:
-        raise ConnectionError(f"{reviewer.webhook.url} answered {reply.status_code}: "
+        raise ConnectionError(f"{where(reviewer.webhook.url)} answered {reply.status_code}: "
                               f"{reply.text[:200]}")
 
 

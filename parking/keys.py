@@ -27,8 +27,9 @@ Global:
 | notify:due           | zset | "<run_id> <notification id>" scored by when to    |
 |                      |      | (re)send: now, a retry's backoff, a reminder      |
 | grant:<ref>          | str  | a reviewer token's grant (JSON); expires with it  |
-| seen:<webhook id>    | str  | a callback's webhook-id, kept past the replay     |
-|                      |      | tolerance so a replay is refused                  |
+| seen:<what>          | str  | something taken once: a callback's webhook-id     |
+|                      |      | (past the replay tolerance), a reply mail that    |
+|                      |      | was mailed back (a provider's retries are not)    |
 
 Parked runs never expire. Finished runs expire `retention` seconds after they end; their
 index entries are pruned by the sweeper.
@@ -100,8 +101,8 @@ class Keys:
     def grant(self, ref: str) -> str:
         return f"{self.prefix}:grant:{ref}"
 
-    def seen_webhook(self, webhook_id: str) -> str:
-        return f"{self.prefix}:seen:{webhook_id}"
+    def seen(self, what: str) -> str:
+        return f"{self.prefix}:seen:{what}"
 
     def for_scripts(self, run_id: str) -> list[str]:
         """The KEYS every transition script receives, in the order of `lua/_prelude.lua`."""

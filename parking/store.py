@@ -253,10 +253,12 @@ class Store:
     def grant(self, ref: str) -> str | None:
         return self.redis.get(self.keys.grant(ref))
 
-    def first_sight(self, webhook_id: str, ttl_s: int) -> bool:
-        """True the first time a callback's webhook-id is seen within `ttl_s`."""
-        return bool(self.redis.set(self.keys.seen_webhook(webhook_id), "1", nx=True,
-                                   ex=ttl_s))
+    def first_sight(self, what: str, ttl_s: int) -> bool:
+        """True the first time `what` is seen within `ttl_s` (a webhook-id, a mail)."""
+        return bool(self.redis.set(self.keys.seen(what), "1", nx=True, ex=ttl_s))
+
+    def forget_sight(self, what: str) -> None:
+        self.redis.delete(self.keys.seen(what))
 
     # -- outbox --------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from generation import Agent, Call, Reply, ScriptedModel, ToolContext, tool
+from generation import Agent, Ask, Call, Reply, ScriptedModel, ToolContext, interrupt_tool, tool
 
 
 @tool
@@ -29,4 +29,37 @@ loop = Agent(name="test.loop", max_turns=3, tools=(ping,),
 twice = Agent(name="test.twice", tools=(two_approvals,), model=ScriptedModel(steps=[
     Reply(calls=[Call(name="two_approvals", input={"action": "launch"})]),
     Reply(text="Result: {two_approvals[done]}"),
+]))
+
+
+@tool
+def sign_off(ctx: ToolContext, who: str) -> dict:
+    """Asks the reviewers named in `who` (people or groups, comma-separated) to sign off."""
+    if not ctx.restarted:
+        ctx.interrupt("Sign off on the quarterly audit?", response_schema={"type": "object"},
+                      reviewers=[name.strip() for name in who.split(",") if name.strip()])
+    return {"signed": True}
+
+
+named = Agent(name="test.named", tools=(sign_off,), model=ScriptedModel(steps=[
+    Reply(calls=[Call(name="sign_off", input={"who": "{input}"})]),
+    Reply(text="Signed off."),
+]))
+
+
+# -- for the review page tests: a request whose words are full of HTML ------------------
+
+MARKUP_QUESTION = 'Is <script>alert("owned")</script> & <b>bold</b> \'safe\'?'
+MARKUP_CHOICES = ["<b>yes</b>", "no & never"]
+
+
+@interrupt_tool(output=str)
+def ask_markup(question: str) -> Ask:
+    """Ask a question whose text and choices are HTML-looking strings."""
+    return Ask(message=question, response_schema={"type": "string", "enum": MARKUP_CHOICES})
+
+
+markup = Agent(name="test.markup", tools=(ask_markup,), model=ScriptedModel(steps=[
+    Reply(calls=[Call(name="ask_markup", input={"question": MARKUP_QUESTION})]),
+    Reply(text="You chose {ask_markup}."),
 ]))

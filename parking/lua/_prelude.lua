@@ -77,7 +77,23 @@ local function close_open_interrupts()
   redis.call('DEL', KEYS[4])
 end
 
+-- Notifications not sent yet of a closed interrupt (or, with nil, of every interrupt) are
+-- skipped now, not when their time comes, so operators never see them as pending.
+local function skip_notifications(iid)
+  local raw = redis.call('HGETALL', KEYS[18])
+  for i = 1, #raw, 2 do
+    local rec = cjson.decode(raw[i + 1])
+    if (rec.state == 'pending' or rec.state == 'retrying')
+        and (iid == nil or rec.interruptId == iid) then
+      rec.state = 'skipped'
+      redis.call('HSET', KEYS[18], raw[i], cjson.encode(rec))
+      redis.call('ZREM', KEYS[19], run_id() .. ' ' .. raw[i])
+    end
+  end
+end
+
 local function finish(status, now, retention_s)
+  skip_notifications(nil)
   set_status(status, now)
   release_lease()
   close_open_interrupts()
@@ -95,6 +111,7 @@ local function apply_answers(answers, resume_task, queue, now)
     redis.call('SREM', KEYS[4], pair[1])
     redis.call('HSET', KEYS[3], pair[1], pair[2])
     redis.call('ZREM', KEYS[10], id .. ' ' .. pair[1])
+    skip_notifications(pair[1])
     event('interrupt.answered', redis.call('HGET', KEYS[1], 'version'), pair[2], now)
   end
   if redis.call('SCARD', KEYS[4]) == 0
