@@ -10,7 +10,9 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import redis
 
@@ -21,6 +23,7 @@ from generation.errors import ConfigError
 from parking import OutboxEntry, Store, StoreConfig
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -60,6 +63,24 @@ def agents() -> dict[str, Agent]:
         if "agents" not in _state:
             _state["agents"] = load_agents(get_settings().agent_modules)
         return _state["agents"]  # type: ignore[return-value]
+
+
+FAILOVER_DELAYS_S = (0.5, 1, 2, 4, 8, 16)
+
+
+def through_failover(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`call`, tried again through about 30 s of Redis errors (a failover, a restart): for
+    records that exist nowhere else once the process moves on (a job's result, the outcome
+    of a send). Raises the last error after that."""
+    for delay in (*FAILOVER_DELAYS_S, None):
+        try:
+            return call(*args, **kwargs)
+        except redis.RedisError:
+            if delay is None:
+                raise
+            log.warning("Redis error; trying %s again in %.1f s", call.__name__, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def worker_name() -> str:
