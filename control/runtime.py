@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from broker_config import app, get_settings
+from broker_config import NOTIFY_TASK, app, get_settings
 from broker_config.settings import Settings
 from generation.agents import Agent, load_agents
 from generation.errors import ConfigError
@@ -87,6 +87,12 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+# Tasks that ack their own outbox entry once their work is done, so that a task that fails
+# for good (say, while the reviewer directory is broken) is published again by the sweeper
+# until it succeeds: a parked run is never left unannounced.
+ACKED_BY_THE_TASK = frozenset({NOTIFY_TASK})
+
+
 def publish(entries: Iterable[OutboxEntry], target: Store | None = None) -> int:
     """Send entries to the broker and ack them; returns how many were sent."""
     entries = list(entries)
@@ -100,5 +106,5 @@ def publish(entries: Iterable[OutboxEntry], target: Store | None = None) -> int:
     except Exception:  # the outbox keeps them; the sweeper tries again
         log.exception("publish failed; %d outbox entries left for the sweeper", len(entries))
         return 0
-    (target or store()).ack_outbox([e.id for e in entries])
+    (target or store()).ack_outbox([e.id for e in entries if e.task not in ACKED_BY_THE_TASK])
     return len(entries)
