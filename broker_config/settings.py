@@ -74,10 +74,15 @@ class Settings(BaseSettings):
     # Where the local mail catcher keeps what it receives; set by `layby up`, which also
     # turns on the gateway's /mail pages. Unset in production.
     mail_catcher_dir: Path | None = None
-    notify_attempts: int = 8  # per notification, before it is recorded as failed
+    # Per notification, before it is recorded as failed: with the defaults, retries go on
+    # for about 12 hours (halved at worst by jitter), so a receiver down overnight still
+    # gets it.
+    notify_attempts: int = 20
     notify_backoff_s: float = 5.0  # first retry delay; doubles each time, with jitter
-    notify_backoff_max_s: float = 900.0
-    notify_send_timeout_s: float = 30.0  # a send taking longer is retried
+    notify_backoff_max_s: float = 3600.0
+    # A send that has not finished this long after it started is taken as dead and tried
+    # again (so it may arrive twice, with the same id): keep it above the slowest send.
+    notify_send_timeout_s: float = 300.0
     webhook_timeout_s: float = 10.0
     remind_before_s: float | None = None  # remind reviewers this long before expiry
 

@@ -27,7 +27,7 @@ from control import runtime
 RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
-def _now() -> str:
+def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -116,7 +116,7 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
                           run_id=run_id, detail={"interruptId": spec.id, "errors": errors})
         records.append(Answer(interrupt_id=spec.id, status=entry.status, payload=entry.payload,
                               metadata=entry.metadata, state=InterruptState(entry.status),
-                              answered_by=by, channel=channel, answered_at=_now(),
+                              answered_by=by, channel=channel, answered_at=now_iso(),
                               answer_id=request_id))
     result = store.answer(run_id, records, require_all=require_all)
     if result.code == "conflict":
@@ -144,7 +144,7 @@ def _tool(agent_name: str, tool_name: str) -> Tool | None:
 
 
 def _check_expiry(run_id: str, spec: Interrupt) -> None:
-    if spec.expires_at and spec.expires_at < _now():
+    if spec.expires_at and spec.expires_at < now_iso():
         raise Conflict(f"interrupt {spec.id} expired at {spec.expires_at}; its expiry policy "
                        f"({spec.on_expire.action.value}) applies", run_id=run_id,
                        detail={"interruptId": spec.id, "expiresAt": spec.expires_at})
@@ -168,7 +168,7 @@ def answer_job(run_id: str, interrupt_id: str, *, task: str, result: Any = None,
     payload = {"status": "failed", "error": error} if error is not None else result
     record = Answer(interrupt_id=interrupt_id, status="resolved", payload=payload,
                     state=InterruptState.RESOLVED, answered_by=f"job:{task}", channel="job",
-                    answered_at=_now())
+                    answered_at=now_iso())
     outcome = store.answer(run_id, [record], allow_early=True)
     runtime.publish(outcome.entries, store)
     return outcome.code

@@ -10,17 +10,20 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import redis
 
-from broker_config import app, get_settings
+from broker_config import NOTIFY_TASK, app, get_settings
 from broker_config.settings import Settings
 from generation.agents import Agent, load_agents
 from generation.errors import ConfigError
 from parking import OutboxEntry, Store, StoreConfig
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -62,8 +65,32 @@ def agents() -> dict[str, Agent]:
         return _state["agents"]  # type: ignore[return-value]
 
 
+FAILOVER_DELAYS_S = (0.5, 1, 2, 4, 8, 16)
+
+
+def through_failover(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`call`, tried again through about 30 s of Redis errors (a failover, a restart): for
+    records that exist nowhere else once the process moves on (a job's result, the outcome
+    of a send). Raises the last error after that."""
+    for delay in (*FAILOVER_DELAYS_S, None):
+        try:
+            return call(*args, **kwargs)
+        except redis.RedisError:
+            if delay is None:
+                raise
+            log.warning("Redis error; trying %s again in %.1f s", call.__name__, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# Tasks that ack their own outbox entry once their work is done, so that a task that fails
+# for good (say, while the reviewer directory is broken) is published again by the sweeper
+# until it succeeds: a parked run is never left unannounced.
+ACKED_BY_THE_TASK = frozenset({NOTIFY_TASK})
 
 
 def publish(entries: Iterable[OutboxEntry], target: Store | None = None) -> int:
@@ -79,5 +106,5 @@ def publish(entries: Iterable[OutboxEntry], target: Store | None = None) -> int:
     except Exception:  # the outbox keeps them; the sweeper tries again
         log.exception("publish failed; %d outbox entries left for the sweeper", len(entries))
         return 0
-    (target or store()).ack_outbox([e.id for e in entries])
+    (target or store()).ack_outbox([e.id for e in entries if e.task not in ACKED_BY_THE_TASK])
     return len(entries)

@@ -267,9 +267,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                             "tools": [t.name for t in a.tools]}
                            for a in runtime.agents().values()]}
 
-    from gateway.reviewers import router as reviewer_routes
+    from gateway import mailbox, reviewers
 
-    app.include_router(reviewer_routes)
+    app.include_router(reviewers.router)
+    app.include_router(mailbox.router)
 
     @app.get("/demo/ledger")
     def demo_ledger() -> dict[str, Any]:

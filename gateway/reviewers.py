@@ -1,6 +1,5 @@
 """The reviewer side of the gateway: the signed answer page (`/review/{token}`), webhook
-callbacks (`/callbacks/answers`), the inbound-mail webhook (`/inbound/email`) and, on one
-machine, the mail catcher's pages (`/mail`).
+callbacks (`/callbacks/answers`) and the inbound-mail webhook (`/inbound/email`).
 
 None of these take API keys: a reviewer proves who they are with a token (a link, a reply
 address), a Standard Webhooks signature made with their secret, or, for the inbound-mail
@@ -15,28 +14,24 @@ import binascii
 import hmac
 import json
 import logging
-import smtplib
-from email.message import EmailMessage
-from email.utils import formatdate, make_msgid, parseaddr
-from pathlib import Path
-from typing import Annotated, Any
-from urllib.parse import urlencode
+from typing import Any
 
-from fastapi import APIRouter, Form, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from broker_config import get_settings
 from control import commands, runtime
-from control.commands import _now
+from control.commands import now_iso
 from generation.errors import ConfigError, Invalid, LaybyError, NotFound, RequestError
 from generation.interrupts import ResumeEntry
 from generation.messages import Wire
-from notifier import answers, catcher, config, inbox, webhooks
+from notifier import answers, config, inbox, webhooks
 from notifier.directory import Reviewer
 from notifier.forms import DECISIONS, entry_from_form, form_for
-from notifier.pages import render_mailbox, render_review
+from notifier.pages import render_review
+from notifier.listener import MAX_MAIL_BYTES
 from notifier.tokens import BadToken, ExpiredToken
 from parking import InterruptState
 
@@ -44,7 +39,6 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(include_in_schema=True, tags=["reviewers"])
 
-MAX_MAIL_BYTES = 10 * 1024 * 1024
 
 
 class Unauthorized(RequestError):
@@ -94,6 +88,10 @@ def _expired(exc: ExpiredToken, status: int) -> HTMLResponse:
     opened = answers.open_expired(exc.grant)
     if opened is None:
         return _refused(exc.message, exc.status_code)
+    if opened.is_open and _closed_state(opened) is None:
+        # The link outlived LAYBY_TOKEN_TTL_S; the request itself still waits.
+        return _refused("this link has expired, though the request is still open: ask the "
+                        "run's owner to answer it or to send the request again", 403)
     return _show(opened, _closed_state(opened) or "expired", status)
 
 
@@ -101,13 +99,11 @@ def _closed_state(opened: answers.Opened) -> str | None:
     """Why the page shows no form, or None when it should."""
     intr = opened.interrupt
     if intr.state is InterruptState.OPEN:
-        if intr.expires_at and intr.expires_at < _now():
+        if intr.expires_at and intr.expires_at < now_iso():
             return "expired"  # past its time; the sweeper applies the policy any moment
         return None
     if intr.state is InterruptState.EXPIRED:
         return "expired"
-    if intr.answer is not None and intr.state is not InterruptState.CANCELLED:
-        return "answered"
     return "answered" if intr.answer is not None else "cancelled"
 
 
@@ -137,8 +133,7 @@ def review_page(token: str, decision: str | None = None) -> HTMLResponse:
 
 @router.post("/review/{token:path}", response_class=HTMLResponse)
 async def review_answer(token: str, request: Request) -> HTMLResponse:
-    raw = await _body(request, get_settings().max_answer_bytes)
-    del raw  # read once for the size check; Starlette keeps it for .form()
+    await _body(request, get_settings().max_answer_bytes)
     form = await request.form()
     values = {k: v for k, v in form.items() if isinstance(v, str)}
     return await run_in_threadpool(_answer_page, token, values)
@@ -169,15 +164,28 @@ def _answer_page(token: str, values: dict[str, str]) -> HTMLResponse:
 
 
 def _answered(opened: answers.Opened, resumed: bool) -> dict[str, Any]:
+    """What a reviewer's system learns: its own answer as recorded, not the run's history
+    or anyone else's answers."""
     run = commands.get_run(opened.run.id)
-    return {"run": run.wire(), "resumed": resumed}
+    mine = next(i for i in run.interrupts if i.id == opened.interrupt.id)
+    return {"runId": run.id, "interruptId": mine.id, "state": mine.state.value,
+            "answer": mine.answer.wire() if mine.answer else None, "resumed": resumed}
 
 
 async def _body(request: Request, limit: int) -> bytes:
-    raw = await request.body()
-    if len(raw) > limit:
-        raise TooLarge(f"the request body is {len(raw)} bytes; the limit is {limit}")
-    return raw
+    """The body, refused past `limit` bytes without holding more than that: these routes
+    take no API key, so anyone can send them anything."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the request body is {declared} bytes; the limit is {limit}")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise TooLarge(f"the request body is over the limit of {limit} bytes")
+    # Where Starlette's own body() keeps it, so that form() parses these bytes.
+    request._body = bytes(raw)
+    return request._body
 
 
 @router.post("/callbacks/answers")
@@ -267,6 +275,8 @@ async def inbound_email(request: Request) -> JSONResponse:
         recipients += _form_recipients(form.get("envelope"), form.get("recipient"))
     try:
         got = await run_in_threadpool(inbox.receive, raw, recipients)
+    except inbox.AutomaticReply as exc:
+        return JSONResponse({"ignored": True, "reason": exc.message})
     except ConfigError as exc:
         log.error("inbound reply not taken now: %s", exc.message)
         # layby's own configuration is broken (maybe for a moment, while an operator edits
@@ -306,63 +316,3 @@ def _form_recipients(envelope: Any, recipient: Any) -> list[str]:
     if isinstance(recipient, str) and recipient:
         found += [r.strip() for r in recipient.split(",")]
     return found
-
-
-# -- the mail catcher (only with LAYBY_MAIL_CATCHER_DIR, which `layby up` sets) ------------
-
-
-def _catcher_folder() -> Path:
-    folder = get_settings().mail_catcher_dir
-    if folder is None:
-        raise NotFound("the mail catcher is off: `layby up` turns it on "
-                       "(LAYBY_MAIL_CATCHER_DIR)")
-    return folder
-
-
-@router.get("/mail", response_class=HTMLResponse, include_in_schema=False)
-def mailbox() -> HTMLResponse:
-    folder = _catcher_folder()
-    return _page(render_mailbox(catcher.listing(folder), None))
-
-
-@router.get("/mail/{name}", response_class=HTMLResponse, include_in_schema=False)
-def mail_message(name: str, reply: str | None = None) -> HTMLResponse:
-    folder = _catcher_folder()
-    caught = catcher.load(folder, name)
-    if caught is None:
-        raise NotFound(f"no caught mail {name!r}")
-    return _page(render_mailbox(catcher.listing(folder), caught, reply))
-
-
-@router.post("/mail/{name}/reply", include_in_schema=False)
-def mail_reply(name: str, text: Annotated[str, Form(max_length=20_000)]) -> RedirectResponse:
-    """Reply as the mail's recipient would from a mail client: a real SMTP message to the
-    reply listener, which answers the interrupt (or mails back why it could not)."""
-    settings = get_settings()
-    caught = catcher.load(_catcher_folder(), name)
-    if caught is None:
-        raise NotFound(f"no caught mail {name!r}")
-    reply = EmailMessage()
-    reply["From"] = caught.to
-    reply["To"] = caught.reply_to
-    reply["Subject"] = f"Re: {caught.subject}"
-    reply["Date"] = formatdate(localtime=False)
-    reply["Message-ID"] = make_msgid(domain="mail-catcher.localhost")
-    if caught.message.get("Message-ID"):
-        reply["In-Reply-To"] = caught.message["Message-ID"]
-    quoted = "\n".join(f"> {line}" for line in caught.text.splitlines())
-    reply.set_content(f"{text.strip()}\n\nOn {caught.message.get('Date')}, "
-                      f"{parseaddr(str(caught.message.get('From')))[1]} wrote:\n{quoted}\n")
-    try:
-        with smtplib.SMTP(settings.reply_listener_host, settings.reply_listener_port,
-                          timeout=20) as smtp:
-            smtp.send_message(reply)
-        outcome = "sent"
-    except smtplib.SMTPResponseException as exc:
-        outcome = f"refused: {exc.smtp_code} {exc.smtp_error.decode(errors='replace')}"
-    except smtplib.SMTPRecipientsRefused as exc:
-        code, why = next(iter(exc.recipients.values()))
-        outcome = f"refused: {code} {why.decode(errors='replace')}"
-    except OSError as exc:
-        outcome = f"the reply listener is not reachable: {exc}"
-    return RedirectResponse(f"/mail/{name}?{urlencode({'reply': outcome})}", status_code=303)

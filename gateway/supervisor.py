@@ -121,9 +121,10 @@ class System:
         env: dict[str, str] = {}
         settings = self.settings
         if not settings.resolved_token_keys():
-            keys = data_dir / "token.keys"
-            keys.write_text(new_keys() + "\n")
-            keys.chmod(0o600)
+            # Created private: never readable by others, not even for a moment.
+            fd = os.open(data_dir / "token.keys", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as keys:
+                keys.write(new_keys() + "\n")
         if settings.reviewers_file:
             env["LAYBY_REVIEWERS_FILE"] = str(settings.reviewers_file)
         else:

@@ -34,7 +34,8 @@ class LaybyError(Exception):
 
 
 class ConfigError(LaybyError):
-    pass
+    # Over HTTP: the server's configuration, not the request, is wrong; try again later.
+    status_code = 503
 
 
 class ResumeError(LaybyError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from control import commands, runtime
-from generation.errors import NotFound
+from generation.errors import Invalid, NotFound
 from generation.interrupts import ResumeEntry
 from notifier import config, tokens
 from notifier.directory import Reviewer
@@ -93,6 +93,12 @@ def answer(opened: Opened, entry: ResumeEntry, *, channel: str) -> Result:
     if opened.is_open and grant.version != run.version:
         raise BadToken(f"this token was issued for version {grant.version} of run {run.id}, "
                        f"which is now at version {run.version}", run_id=run.id)
+    if entry.metadata and "replaceInput" in entry.metadata:
+        # Reviewers approve or decline what the agent asked for; changing what the tool
+        # runs with is for the run's owner.
+        raise Invalid("reviewers cannot change the tool's input (metadata.replaceInput); "
+                      "approve or decline it, or ask the run's owner to change it through "
+                      "/v1", run_id=run.id)
     entry = entry.model_copy(update={"interrupt_id": opened.interrupt.id})
     return commands.answer(run.id, [entry], by=f"reviewer:{opened.reviewer.id}",
                            channel=channel)

@@ -51,8 +51,7 @@ def deliver(run_id: str, notification_id: str, store: Store | None = None) -> st
     why nothing was sent: later, done, skipped…)."""
     store = store or runtime.store()
     settings = get_settings()
-    deadline_ms = int((settings.notify_send_timeout_s + settings.smtp_timeout_s
-                       + settings.webhook_timeout_s) * 1000)
+    deadline_ms = int(settings.notify_send_timeout_s * 1000)
     code, note = store.start_delivery(run_id, notification_id, deadline_ms=deadline_ms,
                                       max_attempts=settings.notify_attempts)
     if code != "ok" or note is None:
@@ -73,7 +72,8 @@ def deliver(run_id: str, notification_id: str, store: Store | None = None) -> st
         log.warning("notification %s of run %s (%s to %s) failed, attempt %d; next in %.0f s: "
                     "%s", note.id, run_id, note.channel, note.reviewer, note.attempts, delay,
                     error)
-        store.finish_delivery(run_id, note, "retry", error=error, retry_in_ms=int(delay * 1000))
+        runtime.through_failover(store.finish_delivery, run_id, note, "retry", error=error,
+                                 retry_in_ms=int(delay * 1000))
         return "retry"
     return _finish(store, run_id, note, "sent")
 
@@ -86,7 +86,8 @@ def _finish(store: Store, run_id: str, note: Notification, outcome: str,
     else:
         log.info("notification %s of run %s sent (%s to %s)", note.id, run_id, note.channel,
                  note.reviewer)
-    store.finish_delivery(run_id, note, outcome, error=error)
+    # Sent is sent: recorded through a failover, or the notification would go out again.
+    runtime.through_failover(store.finish_delivery, run_id, note, outcome, error=error)
     return outcome
 
 

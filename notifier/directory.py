@@ -27,7 +27,14 @@ import tomllib
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from generation.errors import ConfigError
 
@@ -115,5 +122,10 @@ def load_directory(path: Path | None) -> Directory:
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text) or {}
         return Directory.model_validate(data)
+    except ValidationError as exc:
+        # Without the input values: a mistyped webhook secret must not reach any message.
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                             for e in exc.errors(include_input=False, include_url=False))
+        raise ConfigError(f"the reviewer directory {path} is invalid: {problems}") from None
     except (tomllib.TOMLDecodeError, yaml.YAMLError, ValueError) as exc:
         raise ConfigError(f"the reviewer directory {path} is invalid: {exc}") from exc

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from broker_config import get_settings
 from control import runtime
-from generation.errors import Invalid
+from generation.errors import Invalid, LaybyError
 from notifier import answers, mail
 from notifier.replies import (
     Mail,
@@ -25,6 +25,12 @@ from notifier.replies import (
 from notifier.tokens import BadToken
 
 log = logging.getLogger(__name__)
+
+
+class AutomaticReply(LaybyError):
+    """A robot's reply: taken and dropped (refusing it would only make the robot retry)."""
+
+    status_code = 200
 
 
 class WrongSender(BadToken):
@@ -55,6 +61,9 @@ def receive(raw: bytes, envelope_recipients: list[str] | None = None) -> Receive
     Conflict (409: already answered, or expired) or Unreadable (422, after mailing the
     sender why and how to answer)."""
     message = parse_mail(raw)
+    if message.automatic:
+        raise AutomaticReply(f"an automatic reply from {message.sender} (out of office, "
+                             "vacation) is not an answer; nothing was recorded")
     opened = answers.open_token(token_of(message, envelope_recipients))
     # The From header, not the envelope sender: providers rewrite the envelope (bounce
     # addresses, SRS), and From is what the sender's domain signs (DKIM).
@@ -78,16 +87,20 @@ def receive(raw: bytes, envelope_recipients: list[str] | None = None) -> Receive
 
 def _mail_back(message: Mail, reason: str) -> None:
     """Tell the sender why their reply was not taken, once per reply: mail providers POST
-    a refused reply again and again, and each must not mail the reviewer again."""
+    a refused reply again and again, and each must not mail the reviewer again. Marked only
+    once sent, so a send that failed is tried again with the provider's next attempt."""
     settings = get_settings()
-    if message.message_id and not runtime.store().first_sight(
-            f"mailed-back:{message.message_id}", 3 * 24 * 3600):
+    store = runtime.store()
+    mark = f"mailed-back:{message.message_id or message.sender + message.subject}"
+    if store.seen(mark):
         return
     try:
         mail.send(settings, mail.unreadable_reply(settings, message.sender, message.subject,
                                                   message.message_id, reason))
     except Exception:  # noqa: BLE001  (the refusal stands whether or not the mail goes out)
         log.exception("could not tell %s that their reply was unreadable", message.sender)
+        return
+    store.first_sight(mark, 3 * 24 * 3600)
 
 
-__all__ = ["MalformedMail", "Received", "Unreadable", "WrongSender", "receive"]
+__all__ = ["AutomaticReply", "MalformedMail", "Received", "Unreadable", "WrongSender", "receive"]

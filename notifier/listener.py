@@ -57,6 +57,8 @@ class ReplyHandler:
         except Unreadable:
             return ("250 2.0.0 Received, but the answer could not be read; nothing was "
                     "recorded and instructions were mailed back")
+        except inbox.AutomaticReply:
+            return "250 2.0.0 Automatic reply received and ignored; nothing was recorded"
         except ConfigError:
             # layby's own configuration (the reviewer directory, the token keys) is broken,
             # maybe for a moment while an operator edits it: defer, so the sending server

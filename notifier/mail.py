@@ -22,6 +22,9 @@ _templates = jinja2.Environment(loader=jinja2.PackageLoader("notifier", "templat
                                 keep_trailing_newline=True)
 
 
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
 class PermanentFailure(Exception):
     """A send that will fail the same way every time: do not retry it."""
 
@@ -103,12 +106,21 @@ def send(settings: Settings, mail: EmailMessage) -> None:
     if not settings.smtp_host:
         raise PermanentFailure("no SMTP server is configured: set LAYBY_SMTP_HOST (and "
                                "LAYBY_SMTP_PORT, LAYBY_SMTP_SECURITY, LAYBY_SMTP_USERNAME)")
-    factory = smtplib.SMTP_SSL if settings.smtp_security == "tls" else smtplib.SMTP
+    if settings.smtp_username and settings.smtp_security == "none" \
+            and settings.smtp_host not in LOOPBACK:
+        raise PermanentFailure("refusing to send the SMTP password in clear text: set "
+                               "LAYBY_SMTP_SECURITY to starttls or tls")
+    secure = ssl.create_default_context()  # verifies the certificate and the host name
     try:
-        with factory(settings.smtp_host, settings.smtp_port,
-                     timeout=settings.smtp_timeout_s) as smtp:
+        if settings.smtp_security == "tls":
+            session = smtplib.SMTP_SSL(settings.smtp_host, settings.smtp_port,
+                                       timeout=settings.smtp_timeout_s, context=secure)
+        else:
+            session = smtplib.SMTP(settings.smtp_host, settings.smtp_port,
+                                   timeout=settings.smtp_timeout_s)
+        with session as smtp:
             if settings.smtp_security == "starttls":
-                smtp.starttls(context=ssl.create_default_context())
+                smtp.starttls(context=secure)
             if settings.smtp_username:
                 password = settings.smtp_password.get_secret_value() \
                     if settings.smtp_password else ""
@@ -119,6 +131,15 @@ def send(settings: Settings, mail: EmailMessage) -> None:
         if all(500 <= code < 600 for code in codes):
             raise PermanentFailure(f"the SMTP server refused the recipient: "
                                    f"{_smtp_reasons(exc.recipients)}") from exc
+        raise
+    except smtplib.SMTPResponseException as exc:
+        # 5xx (a refused sender, a refused message, bad credentials) will not change by
+        # itself; 4xx is the server asking to try again later.
+        if 500 <= exc.smtp_code < 600:
+            reason = exc.smtp_error.decode(errors="replace") \
+                if isinstance(exc.smtp_error, bytes) else str(exc.smtp_error)
+            raise PermanentFailure(f"the SMTP server refused: {exc.smtp_code} {reason}") \
+                from exc
         raise
 
 

@@ -25,7 +25,8 @@ from email_reply_parser import EmailReplyParser
 
 from generation.answers import check_answer
 from generation.errors import LaybyError
-from generation.interrupts import CONFIRMATION, Interrupt, ResumeEntry
+from generation.interrupts import Interrupt, ResumeEntry
+from notifier.forms import is_confirmation
 
 
 class MalformedMail(LaybyError):
@@ -48,6 +49,7 @@ class Mail:
     subject: str
     message_id: str | None  # as written, angle brackets included (what In-Reply-To wants)
     text: str  # the body as plain text
+    automatic: bool = False  # sent by a robot (out of office, vacation): never an answer
 
 
 # --- parse_mail ---------------------------------------------------------------------------
@@ -76,7 +78,16 @@ def parse_mail(raw: bytes) -> Mail:
             if address not in recipients:
                 recipients.append(address)
     return Mail(sender=senders[0], recipients=recipients, subject=_header(msg, "Subject"),
-                message_id=_header(msg, "Message-ID") or None, text=_body_text(msg))
+                message_id=_header(msg, "Message-ID") or None, text=_body_text(msg),
+                automatic=_is_automatic(msg))
+
+
+def _is_automatic(msg: Message) -> bool:
+    """RFC 3834's Auto-Submitted, and what common auto-responders send instead."""
+    submitted = _header(msg, "Auto-Submitted").lower()
+    precedence = _header(msg, "Precedence").lower()
+    return bool((submitted and submitted != "no") or precedence in ("auto_reply", "bulk", "junk")
+                or msg.get("X-Autoreply") or msg.get("X-Autorespond"))
 
 
 def _header(msg: Message, name: str) -> str:
@@ -321,8 +332,8 @@ def _signature_start(lines: list[str]) -> int:
 
 # --- read_answer --------------------------------------------------------------------------
 
-_APPROVE = frozenset({"approve", "approved", "yes", "y", "ok", "okay", "lgtm", "accept",
-                      "confirm"})
+# Not "ok": "OK, let me check with finance first" is no approval.
+_APPROVE = frozenset({"approve", "approved", "yes", "y", "lgtm", "accept", "confirm"})
 _DECLINE = frozenset({"decline", "declined", "no", "n", "reject", "rejected", "deny", "denied"})
 _TRUE, _FALSE = _APPROVE | {"true"}, _DECLINE | {"false"}  # a yes/no question, said as JSON
 _WORD_PUNCTUATION = "!.,:;?\"'()[]*_“”‘’"
@@ -365,7 +376,8 @@ def read_answer(interrupt: Interrupt, text: str) -> ResumeEntry:
 
 
 def _kind(interrupt: Interrupt) -> str:
-    if _has_approved(interrupt.response_schema) or interrupt.reason == CONFIRMATION:
+    # The page's own rule, so that the mail, its links and the page all agree.
+    if is_confirmation(interrupt):
         return "confirmation"
     schema = _main_schema(interrupt.response_schema)
     if schema is None:

@@ -65,8 +65,8 @@ def parse_keys(spec: str) -> dict[str, bytes]:
     for item in filter(None, (s.strip() for s in spec.split(","))):
         kid, sep, secret = item.partition(":")
         if not sep or not KID.match(kid) or len(secret) < 16:
-            raise ValueError(f"token key {item[:6]}… must read 'id:secret': an id of 1 to 8 "
-                             "lowercase letters or digits, a secret of 16 characters or more")
+            raise ValueError("each token key must read 'id:secret': an id of 1 to 8 lowercase "
+                             "letters or digits, a secret of 16 characters or more")
         keys[kid] = secret.encode()
     if not keys:
         raise ValueError("no token keys given: set LAYBY_TOKEN_KEYS to 'id:secret'")

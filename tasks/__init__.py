@@ -27,7 +27,7 @@ from broker_config import (
     SWEEP_TASK,
     app,
 )
-from control import commands
+from control import commands, runtime
 from notifier import delivery, planning
 from tasks import jobs as _jobs  # noqa: F401  (connects the job signal handlers)
 from tasks.steps import advance
@@ -57,13 +57,14 @@ def sweep() -> dict[str, int]:
     return _sweep()
 
 
-# Planning is idempotent; retried (with backoff) so that a Redis blip or a directory being
-# edited does not leave a parked run unannounced.
-@app.task(name=NOTIFY_TASK, autoretry_for=(Exception,), retry_backoff=2, retry_backoff_max=300,
-          retry_jitter=True, max_retries=12)
-def notify_interrupts(run_id: str, version: int) -> int:
-    """Announce a parked run's interrupts to their reviewers (`version`: the park's)."""
-    return delivery.dispatch([(run_id, n) for n in planning.plan(run_id)])
+@app.task(name=NOTIFY_TASK, bind=True)
+def notify_interrupts(self: Any, run_id: str, version: int) -> int:
+    """Announce a parked run's interrupts to their reviewers (`version`: the park's). Its
+    outbox entry (the task id) is acked only once planned: until then the sweeper publishes
+    it again, and planning twice plans nothing new."""
+    sent = delivery.dispatch([(run_id, n) for n in planning.plan(run_id)])
+    runtime.store().ack_outbox([self.request.id])
+    return sent
 
 
 @app.task(name=DELIVER_TASK)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Any
 
 import redis
@@ -20,7 +19,7 @@ from celery import Task
 from celery.signals import task_failure, task_success
 
 from broker_config import app
-from control import commands
+from control import commands, runtime
 from generation.tools import JobRequest
 
 log = logging.getLogger(__name__)
@@ -49,24 +48,17 @@ def _plain(value: Any) -> Any:
         return repr(value)
 
 
-RETRY_DELAYS_S = (0.5, 1, 2, 4, 8, 16)
-
-
 def _record(sender: Task, job: dict[str, str], **outcome: Any) -> None:
     """The job's answer exists nowhere else: ride out a Redis failover before giving up."""
-    for delay in (*RETRY_DELAYS_S, None):
-        try:
-            code = commands.answer_job(job["run_id"], job["interrupt_id"], task=sender.name,
-                                       **outcome)
-            log.info("job %s for run %s answered interrupt %s: %s", sender.name,
-                     job["run_id"], job["interrupt_id"], code)
-            return
-        except redis.RedisError:
-            if delay is None:
-                log.exception("could not record the end of job %s for run %s; the interrupt "
-                              "stays open until its expiry", sender.name, job["run_id"])
-                return
-            time.sleep(delay)
+    try:
+        code = runtime.through_failover(commands.answer_job, job["run_id"],
+                                        job["interrupt_id"], task=sender.name, **outcome)
+    except redis.RedisError:
+        log.exception("could not record the end of job %s for run %s; the interrupt stays "
+                      "open until its expiry", sender.name, job["run_id"])
+        return
+    log.info("job %s for run %s answered interrupt %s: %s", sender.name, job["run_id"],
+             job["interrupt_id"], code)
 
 
 @task_success.connect

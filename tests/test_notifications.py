@@ -544,3 +544,26 @@ def test_a_run_cancelled_while_parked_sends_no_reminder(reminding: ReviewedSyste
     wait_gone(lambda: bool(reminders(reminding.smtp.mails_to(ALICE, run_id))
                            or hooks_of(reminding.hooks, run_id, "interrupt.reminder")), 2)
     assert len(reminding.smtp.mails_to(ALICE, run_id)) == 1
+
+
+def test_a_run_parked_while_the_directory_is_broken_is_announced_once_it_is_fixed(
+        reviewed: ReviewedSystem) -> None:
+    """The operator saves a broken reviewers.toml just as a run parks: nobody can be
+    notified yet, but the announcement is not dropped. Once the file is fixed, Alice gets
+    her mail (once), and the run is answered as usual."""
+    directory = Path(reviewed.system.env_overrides["LAYBY_REVIEWERS_FILE"])
+    good = directory.read_text()
+    complaints = logs(reviewed).count("is invalid")
+    try:
+        directory.write_text(good + "\n[reviewers.broken\n")
+        run = parked_transfer(reviewed, "Send 20 to Fay")
+        wait_until(lambda: logs(reviewed).count("is invalid") > complaints, 30,
+                   what="the worker to report the broken directory")
+        assert reviewed.smtp.mails_to(ALICE, run["id"]) == []
+        assert notes(reviewed, run["id"]) == []
+    finally:
+        directory.write_text(good)
+    reviewed.smtp.wait_mail(ALICE, run["id"], timeout=60)
+    wait_gone(lambda: len(reviewed.smtp.mails_to(ALICE, run["id"])) > 1, 4)
+    assert {(n["reviewer"], n["state"]) for n in notes(reviewed, run["id"])} \
+        == {("alice", "sent"), ("hookbot", "sent")}

@@ -382,7 +382,7 @@ def test_reply_text_keeps_only_what_the_reviewer_wrote(text: str, kept: str) -> 
     ("Approved!", {"approved": True}),
     ("LGTM.", {"approved": True}),
     ("y", {"approved": True}),
-    ("OK, go ahead", {"approved": True, "note": "go ahead"}),
+    ("Confirm, go ahead", {"approved": True, "note": "go ahead"}),
     ("yes: Bob is expecting it", {"approved": True, "note": "Bob is expecting it"}),
     ("Decline", {"approved": False}),
     ("no - over budget", {"approved": False, "note": "over budget"}),
@@ -414,19 +414,23 @@ def test_confirmation_without_schema_declines_by_cancelling() -> None:
     assert read_answer(intr, "Deny - not during the freeze") == ResumeEntry(
         interrupt_id=intr.id, status="cancelled", metadata={"reason": "not during the freeze"})
     assert read_answer(intr, "no") == ResumeEntry(interrupt_id=intr.id, status="cancelled")
-    assert read_answer(intr, "okay") == ResumeEntry(interrupt_id=intr.id, status="resolved")
+    assert read_answer(intr, "lgtm") == ResumeEntry(interrupt_id=intr.id, status="resolved")
+    # "OK, let me check first" says nothing yet: it is no approval.
+    with pytest.raises(Unreadable):
+        read_answer(intr, "OK, let me check with finance first")
 
 
-def test_confirmation_with_a_boolean_schema_approves_with_true() -> None:
+def test_a_confirmation_answered_by_a_boolean_reads_yes_and_no_as_the_page_does() -> None:
+    # The page shows yes/no for a boolean answer, whatever the reason: mail agrees.
     intr = interrupt({"type": "boolean"}, reason="confirmation")
     assert read_answer(intr, "confirm").payload is True
-    assert read_answer(intr, "declined").status == "cancelled"
+    declined = read_answer(intr, "declined")
+    assert (declined.status, declined.payload) == ("resolved", False)
 
 
-def test_confirmation_whose_schema_needs_a_value_cannot_be_approved_by_mail() -> None:
+def test_a_confirmation_whose_answer_is_text_takes_the_text_as_the_page_does() -> None:
     intr = interrupt({"type": "string", "minLength": 1}, reason="confirmation")
-    problem = unreadable(intr, "approve")
-    assert "does not fit" in problem and "None is not of type 'string'" in problem
+    assert read_answer(intr, "only after the audit").payload == "only after the audit"
 
 
 @pytest.mark.parametrize("text", ["maybe later", "I approve", "sure thing"])

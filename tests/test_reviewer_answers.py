@@ -491,7 +491,11 @@ def test_hookbot_approves_a_transfer_with_a_signed_callback(reviewed: ReviewedSy
     got = signed_callback(reviewed, run_id, interrupt_id, {"approved": True, "note": "bot ok"})
 
     assert got.status_code == 200, got.text
+    # The reviewer's system hears of its own answer, not of the run's history.
     assert got.json()["resumed"] is True
+    assert (got.json()["runId"], got.json()["interruptId"]) == (run_id, interrupt_id)
+    assert got.json()["answer"]["answeredBy"] == "reviewer:hookbot"
+    assert "messages" not in got.text and "Send 250 to Bob" not in got.text
     done = finished(reviewed, run_id)
     assert (done["status"], done["result"]) == ("completed", "Sent 250 to Bob.")
     answer = assert_answered(reviewed, run_id, interrupt_id, by="reviewer:hookbot",
@@ -921,3 +925,37 @@ def test_a_broken_reviewer_directory_defers_replies_instead_of_bouncing_them(
     assert_untouched(reviewed, run_id)
     reply(reviewed, mail, "approve")
     assert finished(reviewed, run_id)["result"] == "Sent 250 to Bob."
+
+
+def test_an_out_of_office_reply_is_taken_and_ignored(reviewed: ReviewedSystem) -> None:
+    """An auto-responder writes from Alice's own address to the reply address: its mail is
+    taken (so the robot does not retry), nothing is recorded, nothing is mailed back."""
+    run_id = start(reviewed, "demo.bbq", "Plan a BBQ")
+    mail = notification(reviewed, run_id)
+    message = compose(mail, "I am out of the office until Monday.")
+    message["Auto-Submitted"] = "auto-replied"
+
+    said = smtp_send(reviewed.reply_port, message.as_bytes(), ALICE, reply_address(mail))
+    posted = inbound(reviewed, message.as_bytes(), reply_address(mail))
+
+    assert said.startswith("250") and "Automatic reply" in said, said
+    assert posted.status_code == 200 and posted.json()["ignored"] is True, posted.text
+    assert_untouched(reviewed, run_id)
+    assert not [m for m in reviewed.smtp.mails_to(ALICE)
+                if m["In-Reply-To"] == message["Message-ID"]]
+
+
+def test_a_reviewer_cannot_change_the_tools_input(reviewed: ReviewedSystem) -> None:
+    """Reviewers approve or decline what the agent asked for: a callback that would also
+    rewrite the transfer (replaceInput) is refused, nothing recorded."""
+    run_id = start(reviewed, "demo.transfer", "Send 250 to Bob")
+    (interrupt_id,) = open_ids(reviewed, run_id)
+    body = json.dumps({"runId": run_id, "interruptId": interrupt_id, "status": "resolved",
+                       "payload": {"approved": True}, "reviewer": "hookbot",
+                       "metadata": {"replaceInput": {"to": "Mallory", "amount": 99999}}})
+
+    got = post_callback(reviewed, body, signature_headers(body))
+
+    assert got.status_code == 422, got.text
+    assert "cannot change the tool's input" in error_of(got)
+    assert_untouched(reviewed, run_id)

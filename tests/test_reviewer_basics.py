@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from email.message import EmailMessage
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,23 @@ def test_directory_in_yaml_and_its_errors(tmp_path: Path) -> None:
         load_directory(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_directory(tmp_path / "missing.toml")
+
+
+def test_an_invalid_directory_is_refused_without_showing_its_secrets(tmp_path: Path) -> None:
+    path = tmp_path / "reviewers.toml"
+    path.write_text('[reviewers.bot]\nwebhook = { url = "https://h.example/x", '
+                    'secret = "supersecretvalue-notbase64!!" }\n')
+    with pytest.raises(ConfigError) as caught:
+        load_directory(path)
+    assert "whsec_" in caught.value.message  # says what a secret must look like
+    assert "supersecretvalue" not in caught.value.message
+
+
+def test_no_smtp_password_in_clear_text_to_another_machine() -> None:
+    from broker_config import Settings
+    from notifier.mail import PermanentFailure, send
+
+    settings = Settings(smtp_host="smtp.example.com", smtp_username="layby",
+                        smtp_password="hunter2-hunter2", smtp_security="none")
+    with pytest.raises(PermanentFailure, match="clear text"):
+        send(settings, EmailMessage())
