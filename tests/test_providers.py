@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import pytest
 from pydantic import Field
 
+from demo import providers as demo_providers
 from demo.agents import ask_question
 from generation import (
     CONFIRMATION,
@@ -54,6 +55,7 @@ from generation.providers import (
 )
 from generation.providers.anthropic_messages import safe_id, to_anthropic_messages
 from generation.providers.openai_chat import to_chat_messages
+from tests.harness import LaybySystem
 
 RUN = "run-p"
 KEY = "sk-layby-test-0123456789abcdef"
@@ -630,3 +632,248 @@ def test_demo_assistant_on_an_openai_compatible_server(server, monkeypatch):
     assert request["json"]["model"] == "llama3.2"
     assert request["json"]["messages"][0]["role"] == "system"
     assert request["headers"]["authorization"] == "Bearer no-key"  # Ollama needs none
+
+
+# --- on a real system: the worker calls the fake servers -----------------------------------------
+#
+# A layby system (worker, sweeper, gateway: real subprocesses on their own Redis database) whose
+# demo.assistant and demo.assistant_anthropic talk to the fake provider in this process. Runs
+# are started and answered over HTTP as users do; the demo tools record to the real ledger.
+
+REAL_DB = 15  # a database of this module's own (the session system is on 0)
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeProvider]:
+    provider = FakeProvider()
+    provider.thread.start()
+    yield provider
+    provider.server.shutdown()
+    provider.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def real(redis_server: Any, fake: FakeProvider, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[LaybySystem]:
+    import redis as redis_client
+
+    redis_client.Redis(port=redis_server.port, db=REAL_DB).flushdb()
+    system = LaybySystem(f"redis://127.0.0.1:{redis_server.port}/{REAL_DB}",
+                         tmp_path_factory.mktemp("providers"), env_overrides={
+                             "LAYBY_AGENT_MODULES": "demo.agents,demo.providers,tests.agents",
+                             "LAYBY_OPENAI_MODEL": "gpt-test",
+                             "LAYBY_OPENAI_BASE_URL": f"{fake.url}/v1",
+                             "LAYBY_OPENAI_API_KEY": KEY,
+                             "LAYBY_OPENAI_MAX_RETRIES": "2",
+                             "LAYBY_OPENAI_TIMEOUT_S": "10",
+                             "LAYBY_ANTHROPIC_MODEL": "claude-test",
+                             "LAYBY_ANTHROPIC_BASE_URL": fake.url,
+                             "LAYBY_ANTHROPIC_API_KEY": KEY,
+                             "LAYBY_ANTHROPIC_MAX_RETRIES": "2",
+                             "LAYBY_ANTHROPIC_TIMEOUT_S": "10",
+                             "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+                         })
+    try:
+        yield system.start()
+    finally:
+        system.stop()
+        redis_client.Redis(port=redis_server.port, db=REAL_DB).flushdb()
+
+
+@pytest.fixture
+def provider(fake: FakeProvider) -> FakeProvider:
+    """The module's fake provider with nothing queued and nothing received yet."""
+    with fake._lock:
+        fake.replies.clear()
+        fake.requests.clear()
+    return fake
+
+
+def open_by_tool(system: LaybySystem, run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {i["toolName"]: i for i in system.open_interrupts(run)}
+
+
+def ledger_of(system: LaybySystem, run_id: str) -> dict[str, list[dict[str, Any]]]:
+    return {kind: [e for e in entries if e["run"] == run_id]
+            for kind, entries in system.ledger().items()}
+
+
+def test_real_openai_transfer_parks_then_the_answer_resumes_it_and_sends_once(real, provider):
+    provider.reply(completion(calls=[("call_T250", "transfer_funds",
+                                      {"to": "Bob", "amount": 250})]))
+    provider.reply(completion(content="Sent 250 to Bob."))
+
+    run_id = real.start_run("demo.assistant", "Send 250 to Bob")["id"]
+    parked = real.wait_status(run_id, "interrupted")
+
+    [approval] = real.open_interrupts(parked)
+    assert approval["toolName"] == "transfer_funds" and approval["toolCallId"] == "call_T250"
+    assert approval["reason"] == CONFIRMATION and approval["message"] == "Send 250 to Bob?"
+    [first] = provider.requests
+    assert first["path"] == "/v1/chat/completions"
+    assert first["headers"]["authorization"] == f"Bearer {KEY}"
+    assert first["json"]["model"] == "gpt-test"
+    assert [m["role"] for m in first["json"]["messages"]] == ["system", "user"]
+    assert first["json"]["messages"][1]["content"] == "Send 250 to Bob"
+    assert ledger_of(real, run_id)["transfers"] == []  # nothing sent before the approval
+
+    assert real.answer(run_id, approval["id"], payload={"approved": True}).status_code == 200
+    done = real.wait_status(run_id, "completed")
+
+    assert done["result"] == "Sent 250 to Bob."
+    [transfer] = ledger_of(real, run_id)["transfers"]
+    assert (transfer["to"], transfer["amount"]) == ("Bob", 250)
+    assert len(provider.requests) == 2
+    messages = provider.requests[1]["json"]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+    assert messages[2]["tool_calls"] == [
+        {"id": "call_T250", "type": "function",
+         "function": {"name": "transfer_funds", "arguments": '{"to":"Bob","amount":250}'}}]
+    assert messages[3]["tool_call_id"] == "call_T250"
+    assert json.loads(messages[3]["content"]) == {"status": "sent", "to": "Bob", "amount": 250,
+                                                  "id": transfer["key"]}
+
+
+def test_real_openai_several_calls_in_one_turn(real, provider):
+    provider.reply(completion(content="Let me sort this out.", calls=PARALLEL_CALLS))
+    provider.reply(completion(content="Sent 40 to Carol from savings. Main holds 1000."))
+
+    run_id = real.start_run("demo.assistant", "Pay Carol 40")["id"]
+    parked = real.wait_status(run_id, "interrupted")
+
+    asked = open_by_tool(real, parked)
+    assert set(asked) == {"ask_question", "transfer_funds"}
+    assert asked["ask_question"]["toolCallId"] == "call_Qk3Lw9"
+    assert asked["transfer_funds"]["toolCallId"] == "call_Tr8mXa"
+    assert len(ledger_of(real, run_id)["calls"]) == 1  # check_balance ran in the turn
+
+    # one answer is not enough to resume
+    assert real.answer(run_id, asked["ask_question"]["id"], payload="savings").status_code == 200
+    assert real.run(run_id)["status"] == "interrupted"
+    assert len(provider.requests) == 1
+    assert real.answer(run_id, asked["transfer_funds"]["id"],
+                       payload={"approved": True}).status_code == 200
+    done = real.wait_status(run_id, "completed")
+
+    assert done["result"] == "Sent 40 to Carol from savings. Main holds 1000."
+    ledger = ledger_of(real, run_id)
+    assert [(t["to"], t["amount"]) for t in ledger["transfers"]] == [("Carol", 40)]
+    assert [c["tool"] for c in ledger["calls"]] == ["check_balance"]  # not run again
+    assert len(provider.requests) == 2
+    messages = provider.requests[1]["json"]["messages"]
+    assert parsed_chat(messages[2:]) == [
+        {"role": "assistant", "content": "Let me sort this out.", "tool_calls": [
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+            for cid, name, args in PARALLEL_CALLS]},
+        {"role": "tool", "tool_call_id": "call_Qk3Lw9", "content": "savings"},
+        {"role": "tool", "tool_call_id": "call_Tr8mXa",
+         "content": {"status": "sent", "to": "Carol", "amount": 40,
+                     "id": ledger["transfers"][0]["key"]}},
+        {"role": "tool", "tool_call_id": "call_Bal2Zp",
+         "content": {"account": "main", "balance": 1000}},
+    ]
+
+
+def test_real_anthropic_transfer_parks_then_the_answer_resumes_it_and_sends_once(real,
+                                                                                  provider):
+    provider.reply(anthropic_message([{"type": "tool_use", "id": "toolu_T250",
+                                       "name": "transfer_funds",
+                                       "input": {"to": "Bob", "amount": 250}}]))
+    provider.reply(anthropic_message([{"type": "text", "text": "Sent 250 to Bob."}]))
+
+    run_id = real.start_run("demo.assistant_anthropic", "Send 250 to Bob")["id"]
+    parked = real.wait_status(run_id, "interrupted")
+
+    [approval] = real.open_interrupts(parked)
+    assert approval["toolCallId"] == "toolu_T250" and approval["message"] == "Send 250 to Bob?"
+    [first] = provider.requests
+    assert first["path"] == "/v1/messages"
+    assert first["json"]["model"] == "claude-test" and first["json"]["system"] == \
+        demo_providers.SYSTEM
+    assert first["json"]["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Send 250 to Bob"}]}]
+
+    assert real.answer(run_id, approval["id"], payload={"approved": True}).status_code == 200
+    done = real.wait_status(run_id, "completed")
+
+    assert done["result"] == "Sent 250 to Bob."
+    [transfer] = ledger_of(real, run_id)["transfers"]
+    assert (transfer["to"], transfer["amount"]) == ("Bob", 250)
+    messages = provider.requests[1]["json"]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    [result] = messages[2]["content"]
+    assert result["type"] == "tool_result" and result["tool_use_id"] == "toolu_T250"
+    assert json.loads(result["content"]) == {"status": "sent", "to": "Bob", "amount": 250,
+                                             "id": transfer["key"]}
+
+
+def test_real_anthropic_several_calls_in_one_turn(real, provider):
+    uses = [{"type": "tool_use", "id": cid.replace("call_", "toolu_"), "name": name,
+             "input": args} for cid, name, args in PARALLEL_CALLS]
+    provider.reply(anthropic_message([{"type": "text", "text": "I'll check a few things."},
+                                      *uses]))
+    provider.reply(anthropic_message([{"type": "text", "text": "No money was sent."}]))
+
+    run_id = real.start_run("demo.assistant_anthropic", "Pay Carol 40")["id"]
+    asked = open_by_tool(real, real.wait_status(run_id, "interrupted"))
+    assert set(asked) == {"ask_question", "transfer_funds"}
+    assert real.answer(run_id, asked["ask_question"]["id"], payload="main").status_code == 200
+    assert real.answer(run_id, asked["transfer_funds"]["id"], status="cancelled",
+                       metadata={"reason": "not this month"}).status_code == 200
+    done = real.wait_status(run_id, "completed")
+
+    assert done["result"] == "No money was sent."
+    ledger = ledger_of(real, run_id)
+    assert ledger["transfers"] == []
+    assert [c["tool"] for c in ledger["calls"]] == ["check_balance"]
+    messages = provider.requests[1]["json"]["messages"]
+    assert messages[1]["content"][1:] == uses
+    results = messages[2]["content"]
+    assert [r["tool_use_id"] for r in results] == ["toolu_Qk3Lw9", "toolu_Tr8mXa",
+                                                   "toolu_Bal2Zp"]
+    assert [json.loads(r["content"]) for r in results] == [
+        "main", {"status": "declined", "reason": "not this month"},
+        {"account": "main", "balance": 1000}]
+
+
+def test_real_401_fails_the_run_at_once_with_a_clear_message_without_the_key(real, provider):
+    provider.reply({"error": {"message": f"Incorrect API key provided: {KEY}.",
+                              "type": "invalid_request_error", "code": "invalid_api_key"}},
+                   status=401)
+
+    run_id = real.start_run("demo.assistant", "Send 250 to Bob")["id"]
+    failed = real.wait_status(run_id, "failed", timeout=20)
+
+    error = failed["error"]
+    assert error["code"] == "model_error"
+    assert f"the OpenAI-compatible server at {provider.url}/v1 refused the API key (401)" \
+        in error["message"]
+    assert "set LAYBY_OPENAI_API_KEY" in error["message"]
+    assert "failed 3 times" not in error["message"]
+    assert not leaks(json.dumps(failed))
+    assert len(provider.requests) == 1  # neither the SDK nor the worker tried again
+    assert not leaks(real.procs["worker"].output())
+
+
+def test_real_500_twice_then_200_is_retried_by_the_sdk_and_the_run_goes_on(real, provider):
+    for _ in range(2):
+        provider.reply({"error": {"message": "The server had an error."}}, status=500,
+                       retry_after_ms="5")
+    provider.reply(completion(content="Hello."))
+
+    run_id = real.start_run("demo.assistant", "hi")["id"]
+
+    assert real.wait_status(run_id, "completed")["result"] == "Hello."
+    assert len(provider.requests) == 3
+
+
+def test_real_transient_errors_past_the_sdk_retries_are_tried_again_by_the_worker(real,
+                                                                                 provider):
+    for _ in range(3):  # the SDK's 3 tries (LAYBY_OPENAI_MAX_RETRIES=2) all fail
+        provider.reply({"error": {"message": "Overloaded."}}, status=503, retry_after_ms="5")
+    provider.reply(completion(content="Hello."))
+
+    run_id = real.start_run("demo.assistant", "hi")["id"]
+
+    assert real.wait_status(run_id, "completed")["result"] == "Hello."
+    assert len(provider.requests) == 4
