@@ -2,8 +2,12 @@
 
 A stdlib HTTP server on loopback answers `POST /v1/chat/completions` (OpenAI-compatible) and
 `POST /v1/messages` (Anthropic) with recorded-looking replies, and keeps every request it got.
-Whole interrupt-and-resume cycles run through generation's pure turn functions with the real
-SDKs in between, so what is asserted is what went over the wire.
+
+The first tests check translation in-process: generation's pure turn functions with the real
+SDKs in between, and tools of the tests' own that touch nothing. The last ones run whole
+interrupt-and-resume cycles on a real layby system (worker, sweeper, gateway, Redis) whose
+worker calls the fake servers: runs are started and answered over HTTP, and the demo tools
+record to the real ledger, so what is asserted is what went over the wire and what happened.
 """
 
 from __future__ import annotations
