@@ -21,9 +21,10 @@ from broker_config import get_settings
 from control import runtime
 from generation.agents import Agent
 from generation.answers import to_resume
-from generation.errors import ResumeError
+from generation.errors import ConfigError, ResumeError
 from generation.interrupts import BACKGROUND_JOB
 from generation.messages import Message, dump_messages
+from generation.providers.common import ProviderError
 from generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
 from parking import Store
 from tasks.jobs import start_job
@@ -115,12 +116,28 @@ def _take_step(store: Store, agent: Agent, step: Step) -> Outcome:
 
 
 def _model_turn_with_retries(agent: Agent, step: Step, attempts: int = 3) -> Outcome:
+    """A model turn, tried again (with a short pause) after errors that may pass.
+
+    A `ProviderError` that is not transient (a refused key, an unknown model, a rejected
+    request) and a `ConfigError` (no model configured) fail the run at once: trying again
+    would only delay the same answer. Transient ones (timeouts, 429, 5xx) have already been
+    retried by the provider's SDK; they get `attempts` tries here too.
+    """
     for attempt in range(1, attempts + 1):
         try:
             return model_turn(agent, step)
         except (LostClaim, redis.RedisError):
             raise  # not the model's fault: advance() gives the step back for another try
-        except Exception as exc:  # provider errors: the SDKs retry too; we try a little more
+        except Exception as exc:
+            permanent = isinstance(exc, ConfigError) or (
+                isinstance(exc, ProviderError) and not exc.transient)
+            if permanent:
+                # No traceback: the message says it all, and provider errors are redacted.
+                log.error("model %s failed for run %s: %s: %s", agent.model.name,
+                          step.run_id, type(exc).__name__, exc)
+                return Fail(step.history, "model_error",
+                            f"the model {agent.model.name!r} failed: "
+                            f"{type(exc).__name__}: {exc}")
             if attempt == attempts:
                 log.exception("model %s failed for run %s", agent.model.name, step.run_id)
                 return Fail(step.history, "model_error",
