@@ -6,16 +6,21 @@ pure translation of layby events into AG-UI events."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import time
 import uuid
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ag_ui.core import RunFinishedEvent
 
 from gateway import agui
 from generation.messages import Message, Part, ToolRequest, ToolResponse, text_message
 from parking.records import Event
-from tests.harness import LaybySystem
+from tests.harness import API_KEY, LaybySystem
 
 
 def _post(system: LaybySystem, agent: str, thread: str, *, text: str | None = None,
@@ -325,3 +330,56 @@ def test_background_job_parks_are_followed() -> None:
     _, ending = agui.translate(cursor, _event("run.interrupted", {
         "from": 1, "messages": [], "interrupts": [job]}))
     assert ending is None
+
+
+# -- the real @ag-ui/client ----------------------------------------------------------------
+
+NODE_DIR = Path(__file__).resolve().parent / "agui_node"
+
+
+def _node_client_ready() -> bool:
+    if shutil.which("node") is None:
+        return False
+    if not (NODE_DIR / "node_modules" / "@ag-ui" / "client").exists():
+        if shutil.which("npm") is None:
+            return False
+        done = subprocess.run(["npm", "install", "--no-audit", "--no-fund"], cwd=NODE_DIR,
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            return False
+    return True
+
+
+def test_real_agui_client(system: LaybySystem) -> None:
+    if not _node_client_ready():
+        pytest.skip("node/npm or the @ag-ui/client package are not available")
+    done = subprocess.run(["node", "drive.mjs", system.base_url, API_KEY], cwd=NODE_DIR,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+
+    transfer = report["transfer"]
+    (intr,) = transfer["interrupts"]
+    assert intr["reason"] == "confirmation" and intr["message"] == "Send 30 to Eve?"
+    assert transfer["toolCalls"] == [intr["toolCallId"]]
+    assert transfer["result"] == "Sent 30 to Eve." and transfer["pendingAfter"] == 0
+    assert "finished:interrupt" in transfer["seen"] and "finished:success" in transfer["seen"]
+    assert [m["role"] for m in transfer["messages"]] == ["user", "assistant", "tool",
+                                                          "assistant"]
+    assert transfer["messages"][-1]["content"] == "Sent 30 to Eve."
+
+    parallel = report["parallel"]
+    assert parallel["reasons"] == ["confirmation", "input_required"]
+    # The client itself refuses a resume that leaves one open (the server too, see above).
+    assert parallel["partial"] and "not addressed by resume" in parallel["partial"]
+    assert parallel["result"] == ("Paying from main; transfer declined; "
+                                  "balance was 1000.")
+
+    assert report["noResume"]["waiting"] == 1
+    no_resume = report["noResume"]
+    # The client refuses input while it knows of a pending interrupt; a client that forgot
+    # it (a reloaded page) gets RUN_ERROR from the server (runAgent itself resolves).
+    assert "not addressed by resume" in no_resume["refusedByClient"]
+    (error,) = no_resume["errors"]
+    assert error["code"] == "conflict" and "resume" in error["message"]
+    assert no_resume["result"].startswith("Not quite: you said Alien")
