@@ -180,7 +180,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _key_first(request: Request, call_next: Any) -> Any:
         # FastAPI parses a body before it runs dependencies: without this, a caller with no
         # key would get a 422 describing the route's schema instead of a 401.
-        if request.url.path.startswith("/v1/"):
+        if request.url.path.startswith(("/v1/", "/agui/")):
             try:
                 require_key(await bearer(request))
             except Unauthorized as exc:
@@ -267,8 +267,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                             "tools": [t.name for t in a.tools]}
                            for a in runtime.agents().values()]}
 
-    from gateway import mailbox, reviewers
+    from gateway import agui, mailbox, reviewers
 
+    app.include_router(agui.router)
     app.include_router(reviewers.router)
     app.include_router(mailbox.router)
 
