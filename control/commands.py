@@ -151,7 +151,7 @@ def _check_expiry(run_id: str, spec: Interrupt) -> None:
 
 
 def not_open(run_id: str, spec: Interrupt, first: Answer | None,
-              status: str | None = None) -> Conflict:
+             status: str | None = None) -> Conflict:
     if first is None:
         return Conflict(f"interrupt {spec.id} is not open: the run is {status or 'over'}",
                         run_id=run_id, detail={"interruptId": spec.id, "runStatus": status})

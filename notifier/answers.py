@@ -82,7 +82,7 @@ def refuse_if_closed(opened: Opened) -> None:
     told the request is still open."""
     if not opened.is_open:
         raise commands.not_open(opened.run.id, opened.interrupt, opened.interrupt.answer,
-                                 status=opened.run.status.value)
+                                status=opened.run.status.value)
 
 
 def answer(opened: Opened, entry: ResumeEntry, *, channel: str) -> Result:
