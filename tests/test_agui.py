@@ -146,6 +146,62 @@ def test_transfer_pauses_then_resume_completes(system: LaybySystem) -> None:
     assert len([t for t in system.ledger()["transfers"] if t["run"] == run["id"]]) == 1
 
 
+def _tool_responses(run: dict[str, Any], call_id: str) -> list[dict[str, Any]]:
+    """The tool responses for `call_id` in the run's history (wire form)."""
+    return [part["toolResponse"] for message in run["messages"]
+            for part in message.get("content", []) if isinstance(part, dict)
+            and (part.get("toolResponse") or {}).get("ref") == call_id]
+
+
+def test_copilotkit_duplicate_tool_message_is_not_applied_twice(system: LaybySystem) -> None:
+    """CopilotKit resumes a `tool_call` interrupt with `resume` AND a tool message for the
+    same toolCallId in `messages`; the resume entry is the answer, the tool message is not
+    applied again (no second run, nothing added to history)."""
+    thread = _thread()
+    events = _post(system, "demo.transfer", thread, text="Send 40 to Hal")
+    (intr,) = _interrupts(events)
+    call_id = intr["toolCallId"]
+    snapshot = next(e for e in events if e["type"] == "MESSAGES_SNAPSHOT")["messages"]
+    body = {"threadId": thread, "runId": events[0]["runId"], "state": {}, "tools": [],
+            "context": [], "forwardedProps": {},
+            # What CopilotKit sends: the thread as it knows it, plus the tool message for
+            # the interrupted call (here with a different content than the resume payload).
+            "messages": [*snapshot, {"id": "tool-dup", "role": "tool", "toolCallId": call_id,
+                                     "content": json.dumps({"approved": False})}],
+            "resume": [{"interruptId": intr["id"], "status": "resolved",
+                        "payload": {"approved": True}}]}
+    with system.api() as api:
+        reply = api.post("/agui/demo.transfer", json=body,
+                         headers={"Accept": "text/event-stream"})
+    assert reply.status_code == 200, reply.text
+    done = [json.loads(f[len("data: "):]) for f in reply.text.split("\n\n")
+            if f.startswith("data: ")]
+    end = _last(done)
+    assert end["type"] == "RUN_FINISHED" and end["result"] == "Sent 40 to Hal.", done
+    results = [e for e in done if e["type"] == "TOOL_CALL_RESULT"]
+    assert [e["toolCallId"] for e in results] == [call_id]
+    run = _run_of(system, thread)
+    assert run["status"] == "completed"
+    (response,) = _tool_responses(run, call_id)
+    assert "sent" in json.dumps(response["output"])
+    assert run["interrupts"][0]["state"] == "resolved"
+    assert run["interrupts"][0]["answer"]["payload"] == {"approved": True}
+    transfers = [t for t in system.ledger()["transfers"] if t["run"] == run["id"]]
+    assert len(transfers) == 1
+    # Only one run behind the thread: the tool message did not start another.
+    assert len([m for m in run["messages"] if m["role"] == "user"]) == 1
+
+    # The same request again (CopilotKit retrying): a replay; still one response, one
+    # transfer.
+    with system.api() as api:
+        again = api.post("/agui/demo.transfer", json=body,
+                         headers={"Accept": "text/event-stream"})
+    assert '"RUN_FINISHED"' in again.text and '"RUN_ERROR"' not in again.text, again.text
+    run = _run_of(system, thread)
+    assert len(_tool_responses(run, call_id)) == 1
+    assert len([t for t in system.ledger()["transfers"] if t["run"] == run["id"]]) == 1
+
+
 def test_first_post_is_idempotent_on_the_thread(system: LaybySystem) -> None:
     thread = _thread()
     first = _post(system, "demo.transfer", thread, text="Send 5 to Ann")
