@@ -283,6 +283,9 @@ def prepare(agent: str, body: RunAgentInput, caller: str) -> Plan:
     user_id = ((view.metadata or {}).get("agui", {}).get("userMessageId")
                if view is not None else None)
     if body.resume:
+        # The resume entries are the answers; `messages` is not read. CopilotKit also sends
+        # a tool message for a `tool_call` interrupt it resumes: applying it too would
+        # answer the call twice (tests: test_copilotkit_duplicate_tool_message_...).
         if view is None:
             raise NotFound(f"thread {body.thread_id!r} has no run to resume", run_id=run_id)
         entries = [ResumeEntry(interrupt_id=e.interrupt_id, status=e.status,

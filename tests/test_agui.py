@@ -146,6 +146,62 @@ def test_transfer_pauses_then_resume_completes(system: LaybySystem) -> None:
     assert len([t for t in system.ledger()["transfers"] if t["run"] == run["id"]]) == 1
 
 
+def _tool_responses(run: dict[str, Any], call_id: str) -> list[dict[str, Any]]:
+    """The tool responses for `call_id` in the run's history (wire form)."""
+    return [part["toolResponse"] for message in run["messages"]
+            for part in message.get("content", []) if isinstance(part, dict)
+            and (part.get("toolResponse") or {}).get("ref") == call_id]
+
+
+def test_copilotkit_duplicate_tool_message_is_not_applied_twice(system: LaybySystem) -> None:
+    """CopilotKit resumes a `tool_call` interrupt with `resume` AND a tool message for the
+    same toolCallId in `messages`; the resume entry is the answer, the tool message is not
+    applied again (no second run, nothing added to history)."""
+    thread = _thread()
+    events = _post(system, "demo.transfer", thread, text="Send 40 to Hal")
+    (intr,) = _interrupts(events)
+    call_id = intr["toolCallId"]
+    snapshot = next(e for e in events if e["type"] == "MESSAGES_SNAPSHOT")["messages"]
+    body = {"threadId": thread, "runId": events[0]["runId"], "state": {}, "tools": [],
+            "context": [], "forwardedProps": {},
+            # What CopilotKit sends: the thread as it knows it, plus the tool message for
+            # the interrupted call (here with a different content than the resume payload).
+            "messages": [*snapshot, {"id": "tool-dup", "role": "tool", "toolCallId": call_id,
+                                     "content": json.dumps({"approved": False})}],
+            "resume": [{"interruptId": intr["id"], "status": "resolved",
+                        "payload": {"approved": True}}]}
+    with system.api() as api:
+        reply = api.post("/agui/demo.transfer", json=body,
+                         headers={"Accept": "text/event-stream"})
+    assert reply.status_code == 200, reply.text
+    done = [json.loads(f[len("data: "):]) for f in reply.text.split("\n\n")
+            if f.startswith("data: ")]
+    end = _last(done)
+    assert end["type"] == "RUN_FINISHED" and end["result"] == "Sent 40 to Hal.", done
+    results = [e for e in done if e["type"] == "TOOL_CALL_RESULT"]
+    assert [e["toolCallId"] for e in results] == [call_id]
+    run = _run_of(system, thread)
+    assert run["status"] == "completed"
+    (response,) = _tool_responses(run, call_id)
+    assert "sent" in json.dumps(response["output"])
+    assert run["interrupts"][0]["state"] == "resolved"
+    assert run["interrupts"][0]["answer"]["payload"] == {"approved": True}
+    transfers = [t for t in system.ledger()["transfers"] if t["run"] == run["id"]]
+    assert len(transfers) == 1
+    # Only one run behind the thread: the tool message did not start another.
+    assert len([m for m in run["messages"] if m["role"] == "user"]) == 1
+
+    # The same request again (CopilotKit retrying): a replay; still one response, one
+    # transfer.
+    with system.api() as api:
+        again = api.post("/agui/demo.transfer", json=body,
+                         headers={"Accept": "text/event-stream"})
+    assert '"RUN_FINISHED"' in again.text and '"RUN_ERROR"' not in again.text, again.text
+    run = _run_of(system, thread)
+    assert len(_tool_responses(run, call_id)) == 1
+    assert len([t for t in system.ledger()["transfers"] if t["run"] == run["id"]]) == 1
+
+
 def test_first_post_is_idempotent_on_the_thread(system: LaybySystem) -> None:
     thread = _thread()
     first = _post(system, "demo.transfer", thread, text="Send 5 to Ann")
@@ -334,27 +390,39 @@ def test_background_job_parks_are_followed() -> None:
 
 # -- the real @ag-ui/client ----------------------------------------------------------------
 
-NODE_DIR = Path(__file__).resolve().parent / "agui_node"
+NODE_DIR = Path(__file__).resolve().parent / "agui_node"  # @ag-ui/client 1.0.x, drive.mjs
+# @ag-ui/client 0.0.59: the version CopilotKit's React package pins (same driver).
+NODE_DIR_0059 = Path(__file__).resolve().parent / "agui_node_0059"
 
 
-def _install_node_client() -> None:
+def _install_node_client(folder: Path = NODE_DIR) -> None:
     """The real client from npm (`npm ci` from the lock file), once per checkout. A machine
     without Node fails the test: the AG-UI tests need the real client, not a stand-in."""
     assert shutil.which("node") and shutil.which("npm"), \
         "the AG-UI tests need Node.js and npm on the machine (apt-get install nodejs npm)"
-    if (NODE_DIR / "node_modules" / "@ag-ui" / "client").exists():
+    if (folder / "node_modules" / "@ag-ui" / "client").exists():
         return
-    done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR,
+    done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=folder,
                           capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"npm ci in {NODE_DIR} failed:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"npm ci in {folder} failed:\n{done.stderr[-3000:]}"
 
 
-def test_real_agui_client(system: LaybySystem) -> None:
-    _install_node_client()
-    done = subprocess.run(["node", "drive.mjs", system.base_url, API_KEY], cwd=NODE_DIR,
-                          capture_output=True, text=True, timeout=120)
+def _drive(system: LaybySystem, folder: Path) -> dict[str, Any]:
+    """Run drive.mjs with the client installed in `folder`; its JSON report."""
+    _install_node_client(folder)
+    version = json.loads((folder / "node_modules" / "@ag-ui" / "client" /
+                          "package.json").read_text())["version"]
+    pinned = json.loads((folder / "package.json").read_text())["dependencies"]["@ag-ui/client"]
+    assert version.startswith(pinned.rstrip("x").rstrip(".")), (version, pinned)
+    done = subprocess.run(["node", str(NODE_DIR / "drive.mjs"), system.base_url, API_KEY],
+                          cwd=folder, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("folder", [NODE_DIR, NODE_DIR_0059], ids=["client-1.0", "client-0.0.59"])
+def test_real_agui_client(system: LaybySystem, folder: Path) -> None:
+    report = _drive(system, folder)
 
     transfer = report["transfer"]
     (intr,) = transfer["interrupts"]
@@ -381,3 +449,32 @@ def test_real_agui_client(system: LaybySystem) -> None:
     (error,) = no_resume["errors"]
     assert error["code"] == "conflict" and "resume" in error["message"]
     assert no_resume["result"].startswith("Not quite: you said Alien")
+
+    # An expired interrupt: the client refuses to send it; a client that sends it anyway
+    # gets RUN_ERROR (runAgent resolves), and the expiry policy applied.
+    expired = report["expired"]
+    assert expired["refusedByClient"] and "expired" in expired["refusedByClient"]
+    (error,) = expired["errors"]
+    assert error["code"] == "conflict" and "expired" in error["message"]
+    run = system.wait_status(agui.thread_run_id(expired["threadId"]), "completed")
+    assert run["interrupts"][0]["state"] != "resolved"
+
+    # A replayed resume: no error, the same result, one transfer.
+    replay = report["replay"]
+    assert replay["errors"] == []
+    assert replay["first"] == replay["replayed"] == "Sent 12 to Fay."
+    run_id = agui.thread_run_id(replay["threadId"])
+    assert len([t for t in system.ledger()["transfers"] if t["run"] == run_id]) == 1
+
+    # Answered through /v1, then a plain run on the thread: the client sees it finish.
+    reconnect = report["reconnect"]
+    assert reconnect["answered"] == 200 and reconnect["errors"] == []
+    assert reconnect["result"] == reconnect["last"] == "Right! It was Jaws (1975)."
+    assert reconnect["pendingAfter"] == 0 and "RUN_FINISHED" in reconnect["seen"]
+
+    # Every event of a paused and of a finished (declined) run passes the client's schemas.
+    schemas = report["schemas"]
+    assert schemas["rejected"] == []
+    assert schemas["paused"][0] == "RUN_STARTED" and schemas["paused"][-1] == "RUN_FINISHED"
+    assert schemas["finished"][-1] == "RUN_FINISHED"
+    assert "TOOL_CALL_RESULT" in schemas["finished"]
