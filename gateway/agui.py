@@ -221,7 +221,9 @@ def pause_events(cursor: Cursor, history: list[Message], interrupts: list[dict[s
     layby = {"runId": cursor.run_id, "status": "interrupted",
              "interrupts": [i["id"] for i in interrupts]}
     snapshot = {**state, "layby": layby} if isinstance(state, dict) else {"layby": layby}
-    outcome = RunFinishedInterruptOutcome(interrupts=[agui_interrupt(i) for i in interrupts])
+    # A background job answers itself: the client is asked only what people must answer.
+    outcome = RunFinishedInterruptOutcome(interrupts=[
+        agui_interrupt(i) for i in interrupts if i.get("reason") != BACKGROUND_JOB])
     return [StateSnapshotEvent(snapshot=snapshot),
             MessagesSnapshotEvent(messages=agui_messages(cursor.run_id, history,
                                                          user_message_id)),
@@ -294,11 +296,17 @@ def prepare(agent: str, body: RunAgentInput, caller: str) -> Plan:
         if park is None:
             raise NotFound(f"thread {body.thread_id!r} has no interrupt "
                            f"{[e.interrupt_id for e in entries]}", run_id=run_id)
-        _, answers, open_ids = store.interrupts(run_id)
+        specs, answers, open_ids = store.interrupts(run_id)
         fresh = [e for e in entries if e.interrupt_id in open_ids
                  or e.interrupt_id not in answers or answers[e.interrupt_id].entry() != e]
+        # Every open interrupt but background jobs, which answer themselves.
+        waiting = {s.id for s in specs if s.id in open_ids and s.reason != BACKGROUND_JOB}
+        missing = sorted(waiting - {e.interrupt_id for e in entries})
+        if fresh and missing:
+            raise Invalid("a resume must answer every open interrupt; still open: "
+                          f"{missing}", run_id=run_id, detail={"open": missing})
         if fresh:  # entries all recorded already: a replay, nothing to answer
-            commands.answer(run_id, fresh, by=caller, channel=CHANNEL, require_all=True)
+            commands.answer(run_id, fresh, by=caller, channel=CHANNEL)
         return _after(park, Plan(run_id, user_message_id=user_id))
     if view is None:
         uid, text = last_user_text(body.messages)

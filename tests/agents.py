@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from demo.agents import ask_question, compile_report
 from generation import Agent, Ask, Call, Reply, ScriptedModel, ToolContext, interrupt_tool, tool
 
 
@@ -63,3 +64,14 @@ markup = Agent(name="test.markup", tools=(ask_markup,), model=ScriptedModel(step
     Reply(calls=[Call(name="ask_markup", input={"question": MARKUP_QUESTION})]),
     Reply(text="You chose {ask_markup}."),
 ]))
+
+
+# One turn that starts a background job and asks a person: the job answers itself, so an
+# AG-UI client is asked only the question.
+mixed = Agent(name="test.mixed", tools=(compile_report, ask_question), model=ScriptedModel(
+    steps=[
+        Reply(calls=[Call(name="compile_report", input={"topic": "sales"}),
+                     Call(name="ask_question", input={"question": "Which format?",
+                                                      "choices": ["pdf", "html"]})]),
+        Reply(text="{compile_report[title]} as {ask_question}."),
+    ]))

@@ -249,6 +249,28 @@ def test_parallel_resume_must_answer_both(system: LaybySystem) -> None:
     assert end["result"] == "Paying from savings; transfer sent; balance was 1000."
 
 
+def test_a_background_job_beside_a_question_is_not_asked_of_the_client(
+        system: LaybySystem) -> None:
+    """One turn starts a report (a background job) and asks a question: the client is asked
+    only the question, its resume answers only that, and the run completes once the job has
+    answered itself."""
+    thread = _thread()
+    events = _post(system, "test.mixed", thread, text="report")
+    (question,) = _interrupts(events)
+    assert question["reason"] == "input_required" and question["message"] == "Which format?"
+
+    done = _post(system, "test.mixed", thread,
+                 resume=[{"interruptId": question["id"], "status": "resolved",
+                          "payload": "pdf"}])
+
+    assert _types(done)[-1] == "RUN_FINISHED"
+    assert (_last(done).get("outcome") or {}).get("type") != "interrupt", _last(done)
+    run = system.wait_status(_run_of(system, thread)["id"], "completed", timeout=30)
+    assert run["result"] == "Report on sales as pdf."
+    answers = {i["reason"]: i["answer"]["channel"] for i in run["interrupts"]}
+    assert answers == {"input_required": "agui", "layby:background_job": "job"}
+
+
 def test_invalid_answer_is_an_error_and_stays_open(system: LaybySystem) -> None:
     thread = _thread()
     (intr,) = _interrupts(_post(system, "demo.transfer", thread, text="Send 7 to Dan"))
