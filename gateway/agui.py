@@ -316,7 +316,9 @@ def prepare(agent: str, body: RunAgentInput, caller: str) -> Plan:
         return Plan(run_id, user_message_id=uid)
     park = _park_event(store, run_id, None)  # before the status: a newer park shows there
     view = store.view(run_id) or view
-    waiting = [i.id for i in view.interrupts if i.state == InterruptState.OPEN]
+    # A run waiting on background jobs only is followed, not refused: they answer themselves.
+    waiting = [i.id for i in view.interrupts
+               if i.state == InterruptState.OPEN and i.reason != BACKGROUND_JOB]
     if waiting:
         raise Conflict(f"thread {body.thread_id!r} waits on interrupts {waiting}: send a "
                        "`resume` entry for each of them", run_id=run_id,

@@ -402,6 +402,25 @@ def test_translate_messages_and_pause() -> None:
     assert ending == "end" and out[-1].code == "model_error"
 
 
+def test_a_client_reconnecting_while_a_job_runs_follows_it(system: LaybySystem) -> None:
+    """demo.report waits on its background job: a client that reconnects meanwhile is not
+    asked to answer anything; its stream follows the run to the report."""
+    thread = _thread()
+    with system.api() as api:  # starts the thread's run; the stream is left at once
+        body = {"threadId": thread, "runId": "r-start", "state": {}, "tools": [],
+                "context": [], "forwardedProps": {},
+                "messages": [{"id": "u1", "role": "user", "content": "sales"}]}
+        with api.stream("POST", "/agui/demo.report", json=body) as reply:
+            assert reply.status_code == 200
+    system.wait_status(_run_of(system, thread)["id"], "interrupted", "completed")
+
+    events = _post(system, "demo.report", thread)
+
+    assert "RUN_ERROR" not in _types(events), events
+    assert _last(events)["type"] == "RUN_FINISHED"
+    assert "Report on sales" in _last(events)["result"]
+
+
 def test_background_job_parks_are_followed() -> None:
     cursor = agui.Cursor("t", "r", "run_1")
     job = {"id": "int_j", "reason": "layby:background_job", "toolCallId": "c1"}
