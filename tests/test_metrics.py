@@ -117,3 +117,13 @@ def test_doctor_finds_a_lease_above_the_visibility_timeout(system: LaybySystem,
     assert done.returncode == 1, done.stdout
     (line,) = [x for x in done.stdout.splitlines() if "visibility_timeout" in x]
     assert line.startswith("PROBLEM") and "LAYBY_VISIBILITY_TIMEOUT_S" in line
+
+
+def test_idempotency_key_still_works_with_the_stats_key(system: LaybySystem) -> None:
+    # The stats hash took KEYS[20]: create_run's idempotency key moved to KEYS[21].
+    with system.api() as api:
+        first = api.post("/v1/runs", json={"agent": "demo.trivia", "input": "quiz"},
+                         headers={"Idempotency-Key": "metrics-idem-1"})
+        again = api.post("/v1/runs", json={"agent": "demo.trivia", "input": "quiz"},
+                         headers={"Idempotency-Key": "metrics-idem-1"})
+    assert first.json()["id"] == again.json()["id"]
