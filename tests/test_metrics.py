@@ -127,3 +127,33 @@ def test_idempotency_key_still_works_with_the_stats_key(system: LaybySystem) -> 
         again = api.post("/v1/runs", json={"agent": "demo.trivia", "input": "quiz"},
                          headers={"Idempotency-Key": "metrics-idem-1"})
     assert first.json()["id"] == again.json()["id"]
+
+
+def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem) -> None:
+    # Straight on the store, under a prefix of its own: grants moved to KEYS[21…], and a
+    # notification out of attempts counts in `stats`, read by the collector.
+    from gateway.metrics import render
+    from parking import Notification, Store, StoreConfig
+
+    client = redis.Redis.from_url(system.redis_url, decode_responses=True)
+    store = Store(client, StoreConfig(prefix="metrics-test"))
+    run_id = "run-metrics-1"
+    client.hset(store.keys.run(run_id), mapping={"id": run_id, "status": "interrupted",
+                                                 "version": 1})
+    client.sadd(store.keys.open(run_id), "i1")
+    note = Notification(id="n1", interrupt_id="i1", reviewer="alice", channel="email")
+    assert store.plan_notifications(run_id, [(note, None)], [("ref-1", "{}", 60_000)]) == ["n1"]
+    assert client.get(store.keys.grant("ref-1")) == "{}"
+    status, started = store.start_delivery(run_id, "n1", deadline_ms=60_000, max_attempts=1)
+    assert status == "ok" and started is not None
+    assert store.finish_delivery(run_id, started, "failed", error="refused") == "ok"
+    assert client.hget(store.keys.stats, "notifications_failed") == "1"
+    # A sender that died on its last attempt: the next start records the failure.
+    dead = Notification(id="n2", interrupt_id="i1", reviewer="bob", channel="email")
+    assert store.plan_notifications(run_id, [(dead, None)], []) == ["n2"]
+    assert store.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "ok"
+    assert store.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "failed"
+    text = render(client, store.keys).decode()
+    assert "layby_notifications_failed_total 2.0" in text
+    for key in client.scan_iter("metrics-test:*"):
+        client.delete(key)
