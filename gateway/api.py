@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field, model_validator
 from starlette.concurrency import run_in_threadpool
@@ -27,6 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from broker_config import Settings, get_settings
 from control import commands, runtime
+from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gateway.metrics import render as render_metrics
 from generation.errors import Invalid, LaybyError, RequestError
 from generation.interrupts import ResumeEntry
 from generation.messages import Message, Wire
@@ -201,6 +203,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except Exception as exc:  # the gateway is up; what it depends on is not
             return _error(503, "redis_unavailable", f"Redis does not answer: {exc}")
         return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(_: Caller) -> Response:
+        # Prometheus text format, read from Redis now (gateway.metrics); bearer key as /v1.
+        store = runtime.store()
+        body = await run_in_threadpool(render_metrics, store.redis, store.keys)
+        return Response(body, media_type=METRICS_CONTENT_TYPE)
 
     @app.post("/v1/runs", status_code=202, response_model=RunView,
               response_model_by_alias=True, response_model_exclude_none=True,

@@ -155,6 +155,25 @@ def secret(kind: Annotated[str, typer.Argument(help="'tokens' or 'webhook'")]) -
         _fail(f"unknown kind {kind!r}: use 'tokens' or 'webhook'", 2)
 
 
+@cli.command()
+def doctor() -> None:
+    """Check what guards parked work: Redis persistence and eviction, clocks, Celery's
+    loss settings, SMTP, reviewers and token keys. Exits 1 if anything needs fixing."""
+    import redis as _redis
+
+    from broker_config import app
+    from gateway.doctor import run_checks
+
+    settings = get_settings()
+    url = settings.resolved_redis_url()
+    client = _redis.Redis.from_url(url, decode_responses=True, socket_timeout=10,
+                                   socket_connect_timeout=5) if url else None
+    checks = run_checks(settings, client, app.conf)
+    for check in checks:
+        typer.secho(check.line(), fg=None if check.ok else "red")
+    raise SystemExit(0 if all(c.ok for c in checks) else 1)
+
+
 def _log_to_console() -> None:
     import logging
 

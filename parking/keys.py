@@ -30,6 +30,12 @@ Global:
 | seen:<what>          | str  | something taken once: a callback's webhook-id     |
 |                      |      | (past the replay tolerance), a reply mail that    |
 |                      |      | was mailed back (a provider's retries are not)    |
+| stats                | hash | counters since the data began, for /metrics:      |
+|                      |      | answers:<channel> (answers recorded, by channel;  |
+|                      |      | expiries count as their answer's channel),        |
+|                      |      | answer_latency_ms_sum / answer_latency_count      |
+|                      |      | (park → answer, answers to parked runs only),     |
+|                      |      | notifications_failed (sends out of attempts)      |
 
 Parked runs never expire. Finished runs expire `retention` seconds after they end; their
 index entries are pruned by the sweeper.
@@ -104,8 +110,12 @@ class Keys:
     def seen(self, what: str) -> str:
         return f"{self.prefix}:seen:{what}"
 
+    @property
+    def stats(self) -> str:
+        return f"{self.prefix}:stats"
+
     def for_scripts(self, run_id: str) -> list[str]:
         """The KEYS every transition script receives, in the order of `lua/_prelude.lua`."""
         return [*self.of_run(run_id), self.outbox, self.outbox_entries, self.leases,
                 self.deadlines, *(self.index(s) for s in Status), self.notifications(run_id),
-                self.notify_due]
+                self.notify_due, self.stats]

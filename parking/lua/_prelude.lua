@@ -5,8 +5,8 @@
 --   5 checkpoints (hash) 6 events (stream)    7 outbox (zset)      8 outbox:entries (hash)
 --   9 leases (zset)     10 deadlines (zset)  11..17 index:<status> (zset), in the order
 --   queued running interrupted resuming completed failed cancelled
---  18 notifications (hash)   19 notify:due (zset)
--- Scripts may add KEYS from 20 on; they document those and their ARGV in their header.
+--  18 notifications (hash)   19 notify:due (zset)   20 stats (hash: counters for /metrics)
+-- Scripts may add KEYS from 21 on; they document those and their ARGV in their header.
 -- User JSON (messages, payloads) is stored and returned as opaque strings: cjson would
 -- round numbers and confuse empty arrays with objects.
 
@@ -105,9 +105,26 @@ end
 
 -- Record answers (each {interrupt id, answer JSON}, all checked to be open); resume if
 -- none stays open. Returns the new version and the outbox entry ('' while it waits).
+-- Counters read by /metrics (parking.keys documents the fields).
+local function stat(field, by) redis.call('HINCRBY', KEYS[20], field, by or 1) end
+
 local function apply_answers(answers, resume_task, queue, now)
   local id = run_id()
+  -- While a run is interrupted its updated_at is when it parked: answers are not changes
+  -- of status.
+  local parked_at = nil
+  if redis.call('HGET', KEYS[1], 'status') == 'interrupted' then
+    parked_at = tonumber(redis.call('HGET', KEYS[1], 'updated_at'))
+  end
   for _, pair in ipairs(answers) do
+    local ok, decoded = pcall(cjson.decode, pair[2])
+    local channel = (ok and type(decoded) == 'table' and type(decoded.channel) == 'string'
+                     and decoded.channel) or 'unknown'
+    stat('answers:' .. channel)
+    if parked_at then
+      stat('answer_latency_ms_sum', now - parked_at)
+      stat('answer_latency_count')
+    end
     redis.call('SREM', KEYS[4], pair[1])
     redis.call('HSET', KEYS[3], pair[1], pair[2])
     redis.call('ZREM', KEYS[10], id .. ' ' .. pair[1])

@@ -33,6 +33,7 @@ else
   rec.lastError = ARGV[3]
   redis.call('ZREM', KEYS[19], member)
   redis.call('HINCRBY', KEYS[1], 'notifications_failed', 1)
+  stat('notifications_failed')
   data.error = ARGV[3]
   event('notification.failed', v, cjson.encode(data), now)
 end

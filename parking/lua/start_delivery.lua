@@ -31,6 +31,7 @@ if tonumber(rec.attempts) >= tonumber(ARGV[3]) then
   redis.call('HSET', KEYS[18], nid, cjson.encode(rec))
   redis.call('ZREM', KEYS[19], member)
   redis.call('HINCRBY', KEYS[1], 'notifications_failed', 1)
+  stat('notifications_failed')
   event('notification.failed', v, cjson.encode({id = nid, interruptId = rec.interruptId,
         reviewer = rec.reviewer, channel = rec.channel, kind = rec.kind,
         attempts = rec.attempts, error = rec.lastError}), now)

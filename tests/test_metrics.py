@@ -1,0 +1,159 @@
+"""`GET /metrics` scraped from a real gateway and parsed with prometheus_client's own parser;
+`layby doctor` run as a subprocess against real Valkey servers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.embedded import EmbeddedRedis
+from tests.harness import ROOT, LaybySystem
+
+
+def _scrape(system: LaybySystem) -> dict[str, dict[tuple, float]]:
+    with system.api() as api:
+        reply = api.get("/metrics")
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["content-type"].startswith("text/plain")
+    found: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(reply.text):
+        assert family.name.startswith("layby_"), family.name
+        assert family.documentation, family.name
+        for sample in family.samples:
+            found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def _listed(system: LaybySystem, status: str) -> int:
+    with system.api() as api:
+        reply = api.get("/v1/runs", params={"status": status, "limit": 200})
+    assert reply.status_code == 200, reply.text
+    return len(reply.json()["runs"])
+
+
+def _open_one(system: LaybySystem, run_id: str) -> dict:
+    run = system.wait_status(run_id, "interrupted")
+    (question,) = system.open_interrupts(run)
+    return question
+
+
+def test_metrics_count_runs_by_state_and_answers(isolated) -> None:
+    system = isolated().start()
+    done = system.start_run("demo.trivia", "quiz me")
+    question = _open_one(system, done["id"])
+    assert system.answer(done["id"], question["id"], payload="Jaws").status_code == 200
+    system.wait_status(done["id"], "completed")
+    parked = system.start_run("demo.trivia", "quiz me again")
+    _open_one(system, parked["id"])
+
+    metrics = _scrape(system)
+    assert metrics["layby_redis_up"][()] == 1
+    for state in ("queued", "running", "interrupted", "resuming", "completed", "failed",
+                  "cancelled"):
+        assert metrics["layby_runs"][(("state", state),)] == _listed(system, state), state
+    assert metrics["layby_runs"][(("state", "completed"),)] == 1
+    assert metrics["layby_runs"][(("state", "interrupted"),)] == 1
+    waiting = metrics["layby_runs_waiting_by_age"]
+    assert waiting[(("le", "+Inf"),)] == 1
+    assert waiting[(("le", "60.0"),)] == 1  # parked just now
+    assert metrics["layby_runs_waiting_oldest_seconds"][()] < 60
+    assert metrics["layby_answers_total"][(("channel", "api"),)] == 1
+    assert metrics["layby_answer_latency_seconds_count"][()] == 1
+    assert 0 <= metrics["layby_answer_latency_seconds_sum"][()] < 60
+    assert metrics["layby_notifications_failed_total"][()] == 0
+    for name in ("layby_outbox_backlog", "layby_outbox_due", "layby_outbox_lag_seconds",
+                 "layby_notifications_due", "layby_notifications_lag_seconds",
+                 "layby_interrupt_deadlines", "layby_interrupt_deadlines_overdue",
+                 "layby_leases_lapsed"):
+        assert metrics[name][()] >= 0, name
+
+
+def test_metrics_need_the_api_key(system: LaybySystem) -> None:
+    assert httpx.get(f"{system.base_url}/metrics", timeout=10).status_code == 401
+    with system.api("not-a-key") as api:
+        assert api.get("/metrics").status_code == 401
+    assert _scrape(system)["layby_redis_up"][()] == 1
+
+
+def _doctor(system_env: dict[str, str], redis_url: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "doctor"], cwd=ROOT,
+                          env={**system_env, "LAYBY_REDIS_URL": redis_url,
+                               "LAYBY_DATA_DIR": str(cwd)},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_doctor_passes_on_the_embedded_valkey(system: LaybySystem, tmp_path: Path) -> None:
+    done = _doctor(system.env, system.redis_url, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert all(line.startswith("OK") for line in lines), done.stdout
+    for name in ("redis appendonly", "redis appendfsync", "redis maxmemory-policy",
+                 "clock skew", "celery task_acks_late", "celery visibility_timeout"):
+        assert any(name in line for line in lines), name
+
+
+def test_doctor_finds_an_evicting_server(system: LaybySystem, tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "valkey").start()
+    try:
+        redis.Redis(port=server.port).config_set("maxmemory-policy", "allkeys-lru")
+        done = _doctor(system.env, server.url, tmp_path)
+    finally:
+        server.stop()
+    assert done.returncode == 1, done.stdout + done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if "maxmemory-policy" in x]
+    assert line.startswith("PROBLEM") and "noeviction" in line, line
+    assert any(x.startswith("OK") and "appendonly" in x for x in done.stdout.splitlines())
+
+
+def test_doctor_finds_a_lease_above_the_visibility_timeout(system: LaybySystem,
+                                                           tmp_path: Path) -> None:
+    env = {**system.env, "LAYBY_LEASE_S": "7200", "LAYBY_VISIBILITY_TIMEOUT_S": "3600"}
+    done = _doctor(env, system.redis_url, tmp_path)
+    assert done.returncode == 1, done.stdout
+    (line,) = [x for x in done.stdout.splitlines() if "visibility_timeout" in x]
+    assert line.startswith("PROBLEM") and "LAYBY_VISIBILITY_TIMEOUT_S" in line
+
+
+def test_idempotency_key_still_works_with_the_stats_key(system: LaybySystem) -> None:
+    # The stats hash took KEYS[20]: create_run's idempotency key moved to KEYS[21].
+    with system.api() as api:
+        first = api.post("/v1/runs", json={"agent": "demo.trivia", "input": "quiz"},
+                         headers={"Idempotency-Key": "metrics-idem-1"})
+        again = api.post("/v1/runs", json={"agent": "demo.trivia", "input": "quiz"},
+                         headers={"Idempotency-Key": "metrics-idem-1"})
+    assert first.json()["id"] == again.json()["id"]
+
+
+def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem) -> None:
+    # Straight on the store, under a prefix of its own: grants moved to KEYS[21…], and a
+    # notification out of attempts counts in `stats`, read by the collector.
+    from gateway.metrics import render
+    from parking import Notification, Store, StoreConfig
+
+    client = redis.Redis.from_url(system.redis_url, decode_responses=True)
+    store = Store(client, StoreConfig(prefix="metrics-test"))
+    run_id = "run-metrics-1"
+    client.hset(store.keys.run(run_id), mapping={"id": run_id, "status": "interrupted",
+                                                 "version": 1})
+    client.sadd(store.keys.open(run_id), "i1")
+    note = Notification(id="n1", interrupt_id="i1", reviewer="alice", channel="email")
+    assert store.plan_notifications(run_id, [(note, None)], [("ref-1", "{}", 60_000)]) == ["n1"]
+    assert client.get(store.keys.grant("ref-1")) == "{}"
+    status, started = store.start_delivery(run_id, "n1", deadline_ms=60_000, max_attempts=1)
+    assert status == "ok" and started is not None
+    assert store.finish_delivery(run_id, started, "failed", error="refused") == "ok"
+    assert client.hget(store.keys.stats, "notifications_failed") == "1"
+    # A sender that died on its last attempt: the next start records the failure.
+    dead = Notification(id="n2", interrupt_id="i1", reviewer="bob", channel="email")
+    assert store.plan_notifications(run_id, [(dead, None)], []) == ["n2"]
+    assert store.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "ok"
+    assert store.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "failed"
+    text = render(client, store.keys).decode()
+    assert "layby_notifications_failed_total 2.0" in text
+    for key in client.scan_iter("metrics-test:*"):
+        client.delete(key)
