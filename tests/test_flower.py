@@ -104,7 +104,8 @@ def test_tasks_queues_and_workers_with_credentials(system: LaybySystem, flower: 
     def finished() -> dict[str, dict[str, Any]] | None:
         tasks = mine()
         names = {t["name"] for t in tasks.values() if t["state"] == "SUCCESS"}
-        return tasks if {"layby.run_turn", "layby.resume_run"} <= names else None
+        wanted = {"layby.run_turn", "layby.resume_run", "layby.notify.interrupts"}
+        return tasks if wanted <= names else None
 
     tasks = wait_until(finished, 60, every=1, what="Flower to list the runs' tasks")
     for uuid, task in tasks.items():
@@ -124,6 +125,27 @@ def test_tasks_queues_and_workers_with_credentials(system: LaybySystem, flower: 
     names = {q["name"] for q in lengths}
     assert set(QUEUES) - {"layby.sweep"} <= names, lengths
     assert all(isinstance(q["messages"], int) for q in lengths)
+
+
+def test_a_task_is_listed_from_the_moment_it_is_sent(system: LaybySystem,
+                                                     flower: Flower) -> None:
+    """A message no worker has taken yet (on a queue nobody reads) is already in Flower."""
+    from broker_config import RUN_TURN, Settings, make_app
+
+    app = make_app(Settings(redis_url=system.redis_url))
+    queue = f"flower-probe-{os.getpid()}"
+    run_id = f"run_flowerprobe{os.getpid()}"
+    sent = app.send_task(RUN_TURN, args=[run_id, 1], queue=queue, routing_key=queue,
+                         exchange="")
+    try:
+        task = wait_until(lambda: flower.json("/api/tasks", limit=5000).get(sent.id), 60,
+                          every=1, what="Flower to list a task just sent")
+        assert task["name"] == RUN_TURN and task["state"] == "PENDING", task
+        assert ast.literal_eval(task["args"]) == [run_id, 1]
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.client.delete(queue)
+        app.close()
 
 
 def test_refused_without_credentials(flower: Flower) -> None:
