@@ -65,9 +65,8 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
             f"  queues    {', '.join(worker_queues(settings))} (worker); {SWEEP} (sweeper)\n"
             f"  reviewers {where['reviewers']}\n"
             f"  replies   {where['replies']}   (the reply listener)\n"
-            + (f"  flower    {where['flower']}   (user:password {where['flower_auth']}; "
-               f"kept in {where['data_dir']}/flower.auth unless LAYBY_FLOWER_BASIC_AUTH is "
-               f"set)\n" if where["flower"] else "") +
+            + (f"  flower    {where['flower']}   (basic auth {where['flower_auth']})\n"
+               if where["flower"] else "")
             + (f"  mail      {where['gateway']}/mail   (the mail catcher keeps every "
                f"notification in {where['mail']})\n" if where["mail"] else "") +
             f"try:  layby run demo.trivia 'Ask me a movie question'   "

@@ -13,9 +13,10 @@ import secrets
 import sys
 from pathlib import Path
 
+import broker_config
 from broker_config import Settings
 
-CONFIG_FILE = Path(__file__).resolve().parent.parent / "broker_config" / "flowerconfig.py"
+CONFIG_FILE = Path(broker_config.__file__).resolve().parent / "flowerconfig.py"
 
 
 class FlowerAuthMissing(Exception):

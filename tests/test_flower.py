@@ -198,3 +198,33 @@ def test_layby_up_credentials_file_is_private(tmp_path: Path) -> None:
     assert "--address=127.0.0.1" in argv and "--port=5555" in argv
     assert made.split(":")[1] not in " ".join(argv)
     assert os.path.exists(argv[argv.index("flower") + 1].split("=", 1)[1])
+
+
+def test_layby_up_starts_flower_and_prints_its_credentials(tmp_path: Path) -> None:
+    from tests.test_up import _printed, _stop, _up
+
+    data, log = tmp_path / "data", tmp_path / "up.log"
+    proc = _up(data, free_port(), log)
+    try:
+        url = wait_until(lambda: _printed(log, "flower") or proc.poll() is not None, 90,
+                         every=0.5, what="layby up to print Flower's URL")
+        assert proc.poll() is None, log.read_text()
+        credentials = (data / "flower.auth").read_text().strip()
+        assert (data / "flower.auth").stat().st_mode & 0o777 == 0o600
+        assert credentials in log.read_text()
+        user, password = credentials.split(":", 1)
+        assert url.startswith("http://127.0.0.1:")
+        wait_until(lambda: _healthy(url), 60, every=0.5, what="layby up's Flower")
+        workers = wait_until(
+            lambda: httpx.get(f"{url}/api/workers?refresh=true", auth=(user, password),
+                              timeout=15).json(),
+            60, every=1, what="layby up's Flower to see its worker")
+        assert any(name.startswith("layby-") for name in workers)
+        assert httpx.get(f"{url}/api/workers", timeout=15).status_code == 401
+        flower_procs = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                        if "flower" in p.cmdline()]
+        assert flower_procs and all(password not in " ".join(p.cmdline())
+                                    for p in flower_procs)
+    finally:
+        if proc.poll() is None:
+            assert _stop(proc) == []
