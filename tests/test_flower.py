@@ -228,3 +228,17 @@ def test_layby_up_starts_flower_and_prints_its_credentials(tmp_path: Path) -> No
     finally:
         if proc.poll() is None:
             assert _stop(proc) == []
+
+
+def test_flower_pages_hide_a_start_runs_input() -> None:
+    from types import SimpleNamespace
+
+    from broker_config.flowerconfig import format_task
+
+    task = SimpleNamespace(name="layby.start_run", args="['demo.trivia', 'my secret text']",
+                           kwargs="{'run_id': 'run_order_42', 'metadata': {'order': 42}}")
+    shown = format_task(task)
+    assert "secret" not in shown.args and "order" not in shown.kwargs.replace("run_order", "")
+    assert "demo.trivia" in shown.args and "run_order_42" in shown.kwargs
+    other = SimpleNamespace(name="layby.run_turn", args="['run_1', 2]", kwargs="{}")
+    assert format_task(other).args == "['run_1', 2]"
