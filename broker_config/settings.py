@@ -86,6 +86,14 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = 10.0
     remind_before_s: float | None = None  # remind reviewers this long before expiry
 
+    # -- Flower (`layby flower`, started by `layby up`) ---------------------------------------
+    flower_host: str = "127.0.0.1"
+    flower_port: int = 5555
+    # "user:password" (comma-separated for several). Unset: the file <data_dir>/flower.auth,
+    # which `layby up` creates. `layby flower` refuses to start without credentials unless
+    # Flower's own OAuth is configured (FLOWER_AUTH and FLOWER_OAUTH2_*).
+    flower_basic_auth: SecretStr | None = None
+
     @field_validator("api_keys", "agent_modules", "task_modules", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
@@ -106,6 +114,18 @@ class Settings(BaseSettings):
             return self.token_keys.get_secret_value()
         try:
             return self.token_keys_file.read_text().strip() or None
+        except OSError:
+            return None
+
+    @property
+    def flower_auth_file(self) -> Path:
+        return self.data_dir / "flower.auth"
+
+    def resolved_flower_basic_auth(self) -> str | None:
+        if self.flower_basic_auth:
+            return self.flower_basic_auth.get_secret_value()
+        try:
+            return self.flower_auth_file.read_text().strip() or None
         except OSError:
             return None
 

@@ -45,14 +45,14 @@ def _exec(argv: list[str]) -> NoReturn:
 
 @cli.command()
 def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
-       concurrency: Annotated[int, typer.Option(help="worker processes (default: cores)")] = 0
-       ) -> None:
-    """Start Redis (embedded unless LAYBY_REDIS_URL is set), a worker, the sweeper and the
-    HTTP gateway; print where everything is; stop it all on Ctrl-C."""
+       concurrency: Annotated[int, typer.Option(help="worker processes (default: cores)")] = 0,
+       flower: Annotated[bool, typer.Option(help="start Flower too")] = True) -> None:
+    """Start Redis (embedded unless LAYBY_REDIS_URL is set), a worker, the sweeper, the
+    HTTP gateway and Flower; print where everything is; stop it all on Ctrl-C."""
     from gateway.supervisor import System
 
     settings = get_settings()
-    system = System(settings, port or settings.port, concurrency or None)
+    system = System(settings, port or settings.port, concurrency or None, flower)
     try:
         where = system.start()
         typer.echo(
@@ -65,6 +65,8 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
             f"  queues    {', '.join(worker_queues(settings))} (worker); {SWEEP} (sweeper)\n"
             f"  reviewers {where['reviewers']}\n"
             f"  replies   {where['replies']}   (the reply listener)\n"
+            + (f"  flower    {where['flower']}   (basic auth {where['flower_auth']})\n"
+               if where["flower"] else "")
             + (f"  mail      {where['gateway']}/mail   (the mail catcher keeps every "
                f"notification in {where['mail']})\n" if where["mail"] else "") +
             f"try:  layby run demo.trivia 'Ask me a movie question'   "
@@ -110,6 +112,25 @@ def gateway(host: Annotated[str | None, typer.Option()] = None,
     settings = get_settings()
     _exec(["-m", "uvicorn", "gateway.app:app", "--host", host or settings.host,
            "--port", str(port or settings.port)])
+
+
+@cli.command()
+def flower(host: Annotated[str | None, typer.Option(
+               help="address to bind (default LAYBY_FLOWER_HOST, 127.0.0.1)")] = None,
+           port: Annotated[int | None, typer.Option(
+               help="port (default LAYBY_FLOWER_PORT, 5555)")] = None) -> None:
+    """Run Flower on layby's Celery app with authentication on: basic auth from
+    LAYBY_FLOWER_BASIC_AUTH or <data dir>/flower.auth (passed in Flower's environment,
+    never on the command line), or Flower's OAuth (FLOWER_AUTH, FLOWER_OAUTH2_*)."""
+    from gateway.flower import FlowerAuthMissing, flower_argv, flower_env
+
+    settings = get_settings()
+    try:
+        env = flower_env(settings)
+    except FlowerAuthMissing as exc:
+        _fail(str(exc), 2)
+    argv = flower_argv(settings, host, port)
+    os.execve(sys.executable, argv, env)
 
 
 @cli.command("reply-listener")

@@ -1,11 +1,12 @@
 """`layby up`: the whole system on one machine, started in order and stopped in reverse.
 
 Redis (embedded unless `LAYBY_REDIS_URL` is set), a worker on every layby queue, the
-sweeper's clock (Celery beat sending `layby.sweep`), the HTTP gateway, the reply listener
-and, unless an SMTP server is configured, a mail catcher that keeps the notifications (read
-them at <gateway>/mail), each a child process in its own process group. What a newcomer
-has not configured is made up in the data folder: an API key, token keys, and a reviewer
-directory with one reviewer, you@localhost. Ctrl-C (or SIGTERM) stops the gateway, the clock and the
+sweeper's clock (Celery beat sending `layby.sweep`), the HTTP gateway, the reply listener,
+Flower (basic auth, credentials in <data dir>/flower.auth) and, unless an SMTP server is
+configured, a mail catcher that keeps the notifications (read them at <gateway>/mail), each
+a child process in its own process group. What a newcomer has not configured is made up in
+the data folder: an API key, token keys, Flower's credentials, and a reviewer directory with
+one reviewer, you@localhost. Ctrl-C (or SIGTERM) stops the gateway, the clock and the
 worker (a warm shutdown puts back what it holds), then Redis.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from broker_config import SWEEP, Settings, worker_queues
 from gateway.embedded import EmbeddedRedis
+from gateway.flower import ensure_credentials, flower_argv, flower_env
 from notifier.tokens import new_keys
 
 DEMO_REVIEWERS = """\
@@ -58,6 +61,16 @@ class Child:
     name: str
     argv: list[str]
     process: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
@@ -65,6 +78,7 @@ class System:
     settings: Settings
     port: int
     concurrency: int | None = None
+    flower: bool = True
     redis: EmbeddedRedis | None = None
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
@@ -106,14 +120,26 @@ class System:
         if "LAYBY_MAIL_CATCHER_DIR" in env:
             self.children.append(Child("mail", [sys.executable, "-m", "gateway.cli",
                                                 "mail-catcher"]))
+        flower_url, flower_auth = "", ""
+        if self.flower:
+            flower_auth = ensure_credentials(self.settings)
+            if port_free(self.settings.flower_host, self.settings.flower_port):
+                self.children.append(Child("flower", flower_argv(self.settings),
+                                           env=flower_env(self.settings, env)))
+                flower_url = f"http://{self.settings.flower_host}:{self.settings.flower_port}"
+            else:
+                print(f"layby: port {self.settings.flower_port} is taken: not starting Flower "
+                      "(set LAYBY_FLOWER_PORT)", file=sys.stderr)
         for child in self.children:
-            child.process = subprocess.Popen(child.argv, env=env, start_new_session=True)
+            child.process = subprocess.Popen(child.argv, env=child.env or env,
+                                             start_new_session=True)
         return {"redis": url, "gateway": f"http://{self.settings.host}:{self.port}",
                 "api_key": key, "data_dir": str(data_dir),
                 "reviewers": env["LAYBY_REVIEWERS_FILE"],
                 "replies": f"smtp://{self.settings.reply_listener_host}:"
                            f"{self.settings.reply_listener_port}",
-                "mail": env.get("LAYBY_MAIL_CATCHER_DIR", "")}
+                "mail": env.get("LAYBY_MAIL_CATCHER_DIR", ""),
+                "flower": flower_url, "flower_auth": flower_auth}
 
     def _reviewer_env(self, data_dir: Path) -> dict[str, str]:
         """Token keys, a reviewer directory, links to this gateway and a mail catcher, for

@@ -28,7 +28,8 @@ def _up(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     # may hold while the tests run.
     env.update({"LAYBY_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT),
                 "LAYBY_MAIL_CATCHER_PORT": str(free_port()),
-                "LAYBY_REPLY_LISTENER_PORT": str(free_port())})
+                "LAYBY_REPLY_LISTENER_PORT": str(free_port()),
+                "LAYBY_FLOWER_PORT": str(free_port())})
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "gateway.cli", "up", "--port", str(port),
                                  "--concurrency", "1"], env=env, cwd=ROOT, stdout=out,
