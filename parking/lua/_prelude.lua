@@ -103,11 +103,11 @@ local function finish(status, now, retention_s)
   end
 end
 
--- Record answers (each {interrupt id, answer JSON}, all checked to be open); resume if
--- none stays open. Returns the new version and the outbox entry ('' while it waits).
 -- Counters read by /metrics (parking.keys documents the fields).
 local function stat(field, by) redis.call('HINCRBY', KEYS[20], field, by or 1) end
 
+-- Record answers (each {interrupt id, answer JSON}, all checked to be open); resume if
+-- none stays open. Returns the new version and the outbox entry ('' while it waits).
 local function apply_answers(answers, resume_task, queue, now)
   local id = run_id()
   -- While a run is interrupted its updated_at is when it parked: answers are not changes
