@@ -22,6 +22,9 @@ cli = typer.Typer(help="layby: durable interrupts for agent runs on Celery and R
                   no_args_is_help=True, add_completion=False)
 runs = typer.Typer(help="List, inspect, answer, cancel and requeue runs.", no_args_is_help=True)
 cli.add_typer(runs, name="runs")
+ops = typer.Typer(help="On-call work: stuck runs, failed notifications, purging.",
+                  no_args_is_help=True)
+cli.add_typer(ops, name="ops")
 
 
 def main() -> None:
@@ -437,10 +440,17 @@ def runs_requeue(run_id: str) -> None:
 
 
 @runs.command("events")
-def runs_events(run_id: str, follow: bool = False) -> None:
-    """Print a run's event history as JSON lines."""
+def runs_events(run_id: str, follow: bool = False,
+                as_json: Annotated[bool, typer.Option(
+                    "--json", help="JSON lines (the default; kept for scripts)")] = False,
+                text: Annotated[bool, typer.Option(
+                    "--text", help="one readable line per event")] = False) -> None:
+    """Print a run's full event history, oldest first: every event's id, time, type,
+    version and data, as JSON lines (or readable lines with --text)."""
     from control import commands, runtime
 
+    if as_json and text:
+        _fail("give --json or --text, not both", 2)
     commands.get_run(run_id)
     store = runtime.store()
     after = "0-0"
@@ -448,9 +458,90 @@ def runs_events(run_id: str, follow: bool = False) -> None:
         batch = store.events(run_id, after, block_ms=5000 if follow else None)
         for event in batch:
             after = event.id
-            typer.echo(json.dumps(event.wire()))
+            if text:
+                typer.echo(f"{event.at}  {event.type:24} v{event.version}  "
+                           f"{json.dumps(event.data, ensure_ascii=False)}")
+            else:
+                typer.echo(json.dumps(event.wire()))
         if not follow and not batch:
             return
+
+
+@ops.command("stuck")
+def ops_stuck(as_json: Annotated[bool, typer.Option("--json")] = False,
+              limit: Annotated[int, typer.Option(
+                  help="at most this many of each kind (and parked runs scanned)")] = 200
+              ) -> None:
+    """List what is stuck: runs whose lease lapsed, runs queued or resuming longer than the
+    lease (message lost), overdue outbox entries, parked runs with failed notifications.
+    Each says what is wrong and the command that fixes it."""
+    from control import oncall
+
+    findings = oncall.stuck(limit=limit)
+    if as_json:
+        typer.echo(json.dumps([f.wire() for f in findings], indent=2))
+        return
+    for finding in findings:
+        typer.echo(finding.line())
+    if not findings:
+        typer.echo("nothing is stuck")
+
+
+@ops.command("requeue-stuck")
+def ops_requeue_stuck(limit: int = 200) -> None:
+    """Requeue runs whose lease lapsed or whose message looks lost, and publish overdue
+    outbox entries."""
+    from control import oncall
+
+    done, published = oncall.requeue_stuck(limit=limit)
+    for item in done:
+        typer.echo(f"{item.run_id}  {item.outcome}  ({item.why})")
+    typer.echo(f"{sum(i.outcome == 'requeued' for i in done)} run(s) requeued, "
+               f"{published} outbox entr{'y' if published == 1 else 'ies'} published")
+
+
+@ops.command("retry-notifications")
+def ops_retry_notifications(run_id: Annotated[str | None, typer.Argument(
+                                help="the run (or --all)")] = None,
+                            all_runs: Annotated[bool, typer.Option(
+                                "--all", help="every parked run's failed notifications")
+                            ] = False,
+                            limit: int = 200) -> None:
+    """Send a parked run's failed notifications again, with their attempts reset."""
+    from control import commands, oncall
+
+    if (run_id is None) == (not all_runs):
+        _fail("give a RUN_ID or --all", 2)
+    if run_id is not None:
+        view = commands.get_run(run_id)
+        if view.status is not Status.INTERRUPTED:
+            _fail(f"run {run_id} is {view.status.value}: only a parked run's notifications "
+                  "are sent again")
+        run_ids = [run_id]
+    else:
+        run_ids = oncall.interrupted_runs(limit=limit)
+    retried = oncall.retry_notifications(run_ids)
+    for rid, ids in retried.items():
+        for nid in ids:
+            typer.echo(f"{rid}  {nid}  sent again")
+    count = sum(len(ids) for ids in retried.values())
+    typer.echo(f"{count} failed notification(s) queued again" if count else
+               "no failed notification to retry (only those of open interrupts are sent)")
+
+
+@ops.command("purge")
+def ops_purge(dry_run: Annotated[bool, typer.Option(
+                  help="count only")] = False) -> None:
+    """Drop finished runs past retention (LAYBY_RETENTION_S) from the indexes."""
+    from control import oncall
+
+    counts = oncall.purge(dry_run=dry_run)
+    found = ", ".join(f"{counts[s]} {s}" for s in ("completed", "failed", "cancelled"))
+    if dry_run:
+        typer.echo(f"would purge: {found}")
+    else:
+        typer.echo(f"purged {counts['pruned']} index entr"
+                   f"{'y' if counts['pruned'] == 1 else 'ies'} ({found})")
 
 
 if __name__ == "__main__":

@@ -240,6 +240,13 @@ class Store:
                           retry_in_ms, run_id, note.attempts)
         return str(reply[0])
 
+    def retry_notifications(self, run_id: str, notification_ids: list[str] | None = None
+                            ) -> list[str]:
+        """Failed notifications of a parked run (those named, or all) back to pending with
+        their attempts reset, due now. Returns the ids to dispatch."""
+        reply = self._run("retry_notifications", run_id, run_id, *(notification_ids or []))
+        return [str(x) for x in reply]
+
     def notifications(self, run_id: str) -> list[Notification]:
         found = [_notification(v) for v in
                  self.redis.hvals(self.keys.notifications(run_id))]
@@ -277,6 +284,15 @@ class Store:
 
     def outbox_backlog(self) -> int:
         return int(self.redis.zcard(self.keys.outbox))
+
+    def overdue_outbox(self, older_than_ms: int = 0, limit: int = 200
+                       ) -> list[tuple[str, int]]:
+        """(entry id, ms overdue) of outbox entries due to be published more than
+        `older_than_ms` ago, most overdue first. A read: nothing is claimed."""
+        now_ms = int(self.redis.time()[0]) * 1000
+        found = self.redis.zrangebyscore(self.keys.outbox, "-inf", now_ms - older_than_ms,
+                                         0, limit, withscores=True)
+        return [(entry_id, now_ms - int(score)) for entry_id, score in found]
 
     # -- reads -----------------------------------------------------------------------------
 
