@@ -29,17 +29,13 @@ from broker_config import Settings, get_settings
 from control import commands, runtime
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import render as render_metrics
-from generation.errors import Invalid, LaybyError, RequestError
+from generation.errors import Invalid, LaybyError, TooLarge, Unauthorized
 from generation.interrupts import ResumeEntry
 from generation.messages import Message, Wire
 from parking import RunSummary, RunView, Status
 from parking.store import event_of
 
 bearer = HTTPBearer(auto_error=False)
-
-
-class Unauthorized(RequestError):
-    status_code = 401
 
 
 def require_key(credentials: Annotated[HTTPAuthorizationCredentials | None,
@@ -53,10 +49,6 @@ def require_key(credentials: Annotated[HTTPAuthorizationCredentials | None,
 
 
 Caller = Annotated[str, Depends(require_key)]
-
-
-class TooLarge(RequestError):
-    status_code = 413
 
 
 # Deeper JSON parses, but pydantic refuses to serialize it (near 1000 levels) after the

@@ -15,16 +15,12 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from broker_config import get_settings
-from generation.errors import NotFound, RequestError
+from generation.errors import Forbidden, NotFound
 from notifier import catcher
 from notifier.mail import LOOPBACK
 from notifier.pages import render_mailbox
 
 router = APIRouter(include_in_schema=False)
-
-
-class Forbidden(RequestError):
-    status_code = 403
 
 
 def _private(html: str) -> HTMLResponse:

@@ -24,7 +24,15 @@ from starlette.concurrency import run_in_threadpool
 from broker_config import get_settings
 from control import commands, runtime
 from control.commands import now_iso
-from generation.errors import ConfigError, Invalid, LaybyError, NotFound, RequestError
+from generation.errors import (
+    ConfigError,
+    Invalid,
+    LaybyError,
+    NotFound,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
 from generation.interrupts import ResumeEntry
 from generation.messages import Wire
 from notifier import answers, config, inbox, webhooks
@@ -39,18 +47,6 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(include_in_schema=True, tags=["reviewers"])
 
-
-
-class Unauthorized(RequestError):
-    status_code = 401
-
-
-class TooLarge(RequestError):
-    status_code = 413
-
-
-class Unavailable(LaybyError):
-    status_code = 503
 
 
 class Callback(Wire):
@@ -116,18 +112,25 @@ def _show(opened: answers.Opened, state: str, status: int = 200, **extra: Any) -
 
 # `:path` so that a mangled link (cut short after "/review/", or with a "/" in it) still gets
 # the page saying the link is bad, not the API's JSON 404.
-@router.get("/review/{token:path}", response_class=HTMLResponse)
-def review_page(token: str, decision: str | None = None) -> HTMLResponse:
-    """The request and its form. Never records anything: mail scanners open links."""
+def _open(token: str, status: int) -> answers.Opened | HTMLResponse:
+    """What the link opens, or the page saying why it opens nothing (`status` for a link
+    to a closed request)."""
     try:
         opened = answers.open_token(token)
     except ExpiredToken as exc:
-        return _expired(exc, 200)
+        return _expired(exc, status)
     except (BadToken, NotFound) as exc:
         return _refused(exc.message, exc.status_code)
     state = _closed_state(opened)
-    if state:
-        return _show(opened, state)
+    return _show(opened, state, status) if state else opened
+
+
+@router.get("/review/{token:path}", response_class=HTMLResponse)
+def review_page(token: str, decision: str | None = None) -> HTMLResponse:
+    """The request and its form. Never records anything: mail scanners open links."""
+    opened = _open(token, 200)
+    if isinstance(opened, HTMLResponse):
+        return opened
     return _show(opened, "open", decision=decision if decision in DECISIONS else None)
 
 
@@ -140,15 +143,9 @@ async def review_answer(token: str, request: Request) -> HTMLResponse:
 
 
 def _answer_page(token: str, values: dict[str, str]) -> HTMLResponse:
-    try:
-        opened = answers.open_token(token)
-    except ExpiredToken as exc:
-        return _expired(exc, 409)
-    except (BadToken, NotFound) as exc:
-        return _refused(exc.message, exc.status_code)
-    state = _closed_state(opened)
-    if state:
-        return _show(opened, state, 409)
+    opened = _open(token, 409)
+    if isinstance(opened, HTMLResponse):
+        return opened
     try:
         entry = entry_from_form(opened.interrupt, values)
         answers.answer(opened, entry, channel="page")
@@ -156,10 +153,10 @@ def _answer_page(token: str, values: dict[str, str]) -> HTMLResponse:
         errors = (exc.detail or {}).get("errors") if isinstance(exc.detail, dict) else None
         return _show(opened, "open", 422, errors=errors or [{"path": "", "message":
                                                               exc.message}], values=values)
-    except LaybyError as exc:
+    except LaybyError as exc:  # refused as it was recorded: a rival answered first, …
         fresh = answers.open_token(token)
-        return _show(fresh, _closed_state(fresh) or "open", exc.status_code if hasattr(
-            exc, "status_code") else 409, message=exc.message)
+        return _show(fresh, _closed_state(fresh) or "open", getattr(exc, "status_code", 409),
+                     message=exc.message)
     return _show(answers.open_token(token), "done")
 
 

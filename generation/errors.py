@@ -62,6 +62,14 @@ class RequestError(LaybyError):
     status_code = 400
 
 
+class Unauthorized(RequestError):
+    status_code = 401
+
+
+class Forbidden(RequestError):
+    status_code = 403
+
+
 class NotFound(RequestError):
     status_code = 404
 
@@ -72,3 +80,13 @@ class Conflict(RequestError):
 
 class Invalid(RequestError):
     status_code = 422
+
+
+class TooLarge(RequestError):
+    status_code = 413
+
+
+class Unavailable(RequestError):
+    """Something on the server's side is away for now; the caller should try again."""
+
+    status_code = 503

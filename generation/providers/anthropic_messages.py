@@ -19,20 +19,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
-import threading
-from typing import Any
+from types import ModuleType
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
+from pydantic import Field
 
 from generation.messages import Message, Part, ToolRequest
 from generation.models import ModelRequest, ModelResponse
 from generation.providers.common import (
     ANTHROPIC_CONFIG,
     ProviderError,
+    ProviderModel,
     dumps,
-    map_error,
     request_params,
     safe_url,
     tool_schema,
@@ -49,7 +48,7 @@ _FINISH = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls"
 _SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")
 
 
-class AnthropicModel(BaseModel):
+class AnthropicModel(ProviderModel):
     """A Claude model, called through the official `anthropic` SDK.
 
     `api_key` falls back to `LAYBY_ANTHROPIC_API_KEY`, then `ANTHROPIC_API_KEY`. `max_tokens`
@@ -57,23 +56,12 @@ class AnthropicModel(BaseModel):
     go into every request body as they are (`{"thinking": {...}}`, `{"top_k": 5}`).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    PROVIDER: ClassVar[str] = PROVIDER
+    LABEL: ClassVar[str] = "Anthropic API"
+    ENV: ClassVar[str] = ENV
+    KEY_ENV: ClassVar[str] = "ANTHROPIC_API_KEY"
 
-    model: str = Field(min_length=1)
-    base_url: str | None = None
-    api_key: SecretStr | None = None
-    timeout_s: float = Field(60.0, gt=0)
-    max_retries: int = Field(2, ge=0)
-    temperature: float | None = None
     max_tokens: int = Field(4096, ge=1)
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    _client: Any = PrivateAttr(default=None)
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-
-    @property
-    def name(self) -> str:
-        return f"anthropic:{self.model}"
 
     @classmethod
     def from_settings(cls, settings: AnthropicSettings | None = None,
@@ -117,16 +105,10 @@ class AnthropicModel(BaseModel):
 
     # -- internals --------------------------------------------------------------------------
 
-    def _key(self) -> str | None:
-        if self.api_key is not None:
-            return self.api_key.get_secret_value()
-        return os.environ.get(f"{ENV}_API_KEY") or os.environ.get("ANTHROPIC_API_KEY") or None
+    def _sdk(self) -> ModuleType:
+        import anthropic
 
-    def _get_client(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                self._client = self._make_client()
-            return self._client
+        return anthropic
 
     def _make_client(self) -> Any:
         try:
@@ -144,14 +126,6 @@ class AnthropicModel(BaseModel):
         return anthropic.Anthropic(api_key=key, base_url=self.base_url, timeout=self.timeout_s,
                                    max_retries=self.max_retries)
 
-    def _error(self, exc: Exception, where: str) -> ProviderError:
-        import anthropic
-
-        if isinstance(exc, ProviderError):
-            return exc
-        return map_error(exc, anthropic, provider=PROVIDER, label="Anthropic API",
-                         where=where, model=self.model, env=ENV, key=self._key(),
-                         retries=self.max_retries, timeout_s=self.timeout_s)
 
 
 # -- history -> Messages API -------------------------------------------------------------------

@@ -10,9 +10,14 @@ No message ever contains the API key: server messages are quoted with it blanked
 from __future__ import annotations
 
 import json
+import os
 import re
-from typing import Any
+import threading
+from types import ModuleType
+from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
 
 from generation.errors import RunFailed
 
@@ -173,3 +178,55 @@ def map_error(exc: Exception, sdk: Any, *, provider: str, label: str, where: str
         return err(f"{at} failed with a server error ({status}){said}, still after {tries}: "
                    "try again later", True)
     return err(f"{at} answered {status}{said} for model {model!r}", False)
+
+
+class ProviderModel(BaseModel):
+    """What both adapters are made of: where the provider is, its key, timeouts and retries,
+    and one SDK client per adapter, made on first use. Subclasses name their provider and
+    make the client."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    PROVIDER: ClassVar[str]
+    LABEL: ClassVar[str]  # how messages name the server
+    ENV: ClassVar[str]  # the settings' prefix: <ENV>_API_KEY comes first
+    KEY_ENV: ClassVar[str]  # the SDK's own variable, the fallback
+
+    model: str = Field(min_length=1)
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(2, ge=0)
+    temperature: float | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    _client: Any = PrivateAttr(default=None)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return f"{self.PROVIDER}:{self.model}"
+
+    def _key(self) -> str | None:
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        return os.environ.get(f"{self.ENV}_API_KEY") or os.environ.get(self.KEY_ENV) or None
+
+    def _get_client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = self._make_client()
+            return self._client
+
+    def _make_client(self) -> Any:
+        raise NotImplementedError
+
+    def _sdk(self) -> ModuleType:
+        raise NotImplementedError
+
+    def _error(self, exc: Exception, where: str) -> ProviderError:
+        if isinstance(exc, ProviderError):
+            return exc
+        return map_error(exc, self._sdk(), provider=self.PROVIDER, label=self.LABEL,
+                         where=where, model=self.model, env=self.ENV, key=self._key(),
+                         retries=self.max_retries, timeout_s=self.timeout_s)

@@ -20,18 +20,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
+from types import ModuleType
+from typing import Any, ClassVar
 
 from generation.messages import Message, Part, ToolRequest
 from generation.models import ModelRequest, ModelResponse
 from generation.providers.common import (
     OPENAI_CONFIG,
     ProviderError,
+    ProviderModel,
     dumps,
-    map_error,
     redact,
     request_params,
     safe_url,
@@ -47,7 +45,7 @@ _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
            "function_call": "tool_calls", "content_filter": "blocked"}
 
 
-class OpenAIChatModel(BaseModel):
+class OpenAIChatModel(ProviderModel):
     """A model on an OpenAI-compatible server, called through the official `openai` SDK.
 
     `api_key` falls back to `LAYBY_OPENAI_API_KEY`, then `OPENAI_API_KEY`; a server given by
@@ -57,22 +55,10 @@ class OpenAIChatModel(BaseModel):
     `stopSequences` are renamed, other keys pass as they are).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model: str = Field(min_length=1)
-    base_url: str | None = None
-    api_key: SecretStr | None = None
-    timeout_s: float = Field(60.0, gt=0)
-    max_retries: int = Field(2, ge=0)
-    temperature: float | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
-
-    _client: Any = PrivateAttr(default=None)
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-
-    @property
-    def name(self) -> str:
-        return f"openai:{self.model}"
+    PROVIDER: ClassVar[str] = PROVIDER
+    LABEL: ClassVar[str] = "OpenAI-compatible server"
+    ENV: ClassVar[str] = ENV
+    KEY_ENV: ClassVar[str] = "OPENAI_API_KEY"
 
     @classmethod
     def from_settings(cls, settings: OpenAISettings | None = None,
@@ -110,16 +96,10 @@ class OpenAIChatModel(BaseModel):
 
     # -- internals --------------------------------------------------------------------------
 
-    def _key(self) -> str | None:
-        if self.api_key is not None:
-            return self.api_key.get_secret_value()
-        return os.environ.get(f"{ENV}_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
+    def _sdk(self) -> ModuleType:
+        import openai
 
-    def _get_client(self) -> Any:
-        with self._lock:
-            if self._client is None:
-                self._client = self._make_client()
-            return self._client
+        return openai
 
     def _make_client(self) -> Any:
         try:
@@ -139,14 +119,6 @@ class OpenAIChatModel(BaseModel):
         return openai.OpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout_s,
                              max_retries=self.max_retries)
 
-    def _error(self, exc: Exception, where: str) -> ProviderError:
-        import openai
-
-        if isinstance(exc, ProviderError):
-            return exc
-        return map_error(exc, openai, provider=PROVIDER, label="OpenAI-compatible server",
-                         where=where, model=self.model, env=ENV, key=self._key(),
-                         retries=self.max_retries, timeout_s=self.timeout_s)
 
 
 # -- history -> chat messages -----------------------------------------------------------------
