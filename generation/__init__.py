@@ -9,6 +9,7 @@ from generation.answers import check_answer, schema_errors, to_resume
 from generation.errors import (
     ConfigError,
     Conflict,
+    Forbidden,
     Invalid,
     InvalidAnswer,
     LaybyError,
@@ -16,6 +17,9 @@ from generation.errors import (
     RequestError,
     ResumeError,
     RunFailed,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
     UnknownToolCall,
     UnresolvedToolCall,
 )
@@ -49,11 +53,11 @@ from generation.turn import (
 __all__ = [
     "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "TOOL_CALL",
     "Agent", "Ask", "Call", "Case", "Choose", "ConfigError", "Conflict", "Continue", "EndRun",
-    "ExpiryAction", "Fail", "Finish", "Interrupt", "Invalid", "InvalidAnswer", "JobRequest",
+    "ExpiryAction", "Fail", "Finish", "Forbidden", "Interrupt", "Invalid", "InvalidAnswer", "JobRequest",
     "LaybyError", "Message", "Model", "ModelRequest", "ModelResponse", "NotFound", "OnExpire",
     "Outcome", "Park", "Part", "Reply", "RequestError", "Resume", "ResumeEntry", "ResumeError",
     "ResumeMode", "RunFailed", "ScriptedModel",
-    "Step", "Tool", "ToolContext", "ToolInterrupt", "ToolRequest", "ToolResponse",
-    "UnknownToolCall", "UnresolvedToolCall", "check_answer", "interrupt_tool", "load_agents",
+    "Step", "TooLarge", "Tool", "ToolContext", "ToolInterrupt", "ToolRequest", "ToolResponse",
+    "Unauthorized", "Unavailable", "UnknownToolCall", "UnresolvedToolCall", "check_answer", "interrupt_tool", "load_agents",
     "model_turn", "resume_turn", "schema_errors", "text_message", "to_resume", "tool",
 ]

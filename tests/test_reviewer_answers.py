@@ -340,7 +340,10 @@ def test_parallel_two_mails_both_answered_by_reply(reviewed: ReviewedSystem) -> 
     """One turn asks a question and a confirmation: Alice gets a mail for each, and the run
     resumes only once she has replied to both."""
     run_id = start(reviewed, "demo.parallel")
-    question_id, confirmation_id = open_ids(reviewed, run_id)
+    # Both come from one turn: their order in the run says nothing, their reasons do.
+    by_reason = {i["reason"]: i["id"]
+                 for i in reviewed.system.open_interrupts(parked(reviewed, run_id))}
+    question_id, confirmation_id = by_reason["input_required"], by_reason["confirmation"]
     question = notification(reviewed, run_id, question_id)
     confirmation = notification(reviewed, run_id, confirmation_id)
     assert question["Reply-To"] != confirmation["Reply-To"]
