@@ -9,9 +9,12 @@ reads too, and the broker's keys carry no prefix unless LAYBY_BROKER_KEY_PREFIX 
 
 from __future__ import annotations
 
-from celery import Celery
+from typing import Any
+
+from celery import Celery, signals
 from kombu import Exchange, Queue
 
+from broker_config import logs
 from broker_config.settings import Settings, get_settings
 
 TURNS = "layby.turns"
@@ -81,6 +84,20 @@ def celery_config(settings: Settings) -> dict[str, object]:
         },
         "worker_hijack_root_logger": False,
     }
+
+
+@signals.setup_logging.connect
+def _configure_logs(loglevel: Any = None, **_: Any) -> None:
+    # Connected, so Celery leaves logging to layby: workers, the sweeper and beat write
+    # the same format as the gateway (text or JSON, with ids), at `-l`'s level.
+    logs.configure(get_settings(), level=loglevel)
+
+
+@signals.celeryd_init.connect
+def _configure_logs_early(options: dict[str, Any] | None = None, **_: Any) -> None:
+    # Before the worker's first warnings (running as root, say), which come ahead of its
+    # logging setup and would otherwise be the one plain-text line in a JSON log.
+    logs.configure(get_settings(), level=(options or {}).get("loglevel"))
 
 
 def make_app(settings: Settings | None = None) -> Celery:

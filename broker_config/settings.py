@@ -35,6 +35,10 @@ class Settings(BaseSettings):
     intake_queue: str = "celery"
     host: str = "127.0.0.1"
     port: int = 8000
+    # /metrics on a port of its own, without the API key (the gateway opens it); unset,
+    # /metrics is on the gateway's port and needs the key.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     retention_s: int = 7 * 24 * 3600
     idempotency_ttl_s: int = 24 * 3600
@@ -47,6 +51,10 @@ class Settings(BaseSettings):
     max_answer_bytes: int = 256 * 1024
     worker_concurrency: int | None = None
     redis_socket_timeout_s: float = 30.0
+    # Every process's log lines: "text", or "json" (one object per line, with the run,
+    # interrupt and task ids as fields). `layby worker -l` overrides the level.
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
     redis_health_check_interval_s: int = 25
 
     # -- reviewers (notifier/) --------------------------------------------------------------
@@ -93,6 +101,14 @@ class Settings(BaseSettings):
     # which `layby up` creates. `layby flower` refuses to start without credentials unless
     # Flower's own OAuth is configured (FLOWER_AUTH and FLOWER_OAUTH2_*).
     flower_basic_auth: SecretStr | None = None
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+        if value.upper() not in levels:
+            raise ValueError(f"not a log level; use one of {', '.join(levels)}")
+        return value.upper()
 
     @field_validator("api_keys", "agent_modules", "task_modules", mode="before")
     @classmethod

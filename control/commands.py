@@ -9,6 +9,7 @@ all come through here: each command checks its input, commits one transition thr
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from datetime import UTC, datetime
@@ -21,6 +22,8 @@ from generation.messages import Message, text_message
 from generation.tools import Tool
 from parking import Answer, InterruptState, Result, RunView, Store
 from control import runtime
+
+log = logging.getLogger(__name__)
 
 
 # Run ids go inside Redis hash tags and space-separated deadline entries.
@@ -133,6 +136,10 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
     if not result.ok:
         raise NotFound(f"run {run_id} or one of its interrupts is gone ({result.code})",
                        run_id=run_id)
+    for rec in records:
+        log.info("interrupt %s of run %s %s by %s via %s", rec.interrupt_id, run_id,
+                 rec.state.value, by, channel,
+                 extra={"run_id": run_id, "interrupt_id": rec.interrupt_id})
     runtime.publish(result.entries, store)
     return result
 

@@ -12,6 +12,7 @@ import json
 import math
 import re
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Annotated, Any
 
@@ -29,6 +30,7 @@ from broker_config import Settings, get_settings
 from control import commands, runtime
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import render as render_metrics
+from gateway.metrics import serve as serve_metrics
 from generation.errors import Invalid, LaybyError, TooLarge, Unauthorized
 from generation.interrupts import ResumeEntry
 from generation.messages import Message, Wire
@@ -147,7 +149,20 @@ def _error(status: int, code: str, message: str, detail: Any = None) -> JSONResp
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    app = FastAPI(title="layby", version="0.1.0",
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        exporter = (serve_metrics(settings.metrics_host, settings.metrics_port, runtime.store)
+                    if settings.metrics_port else None)
+        try:
+            yield
+        finally:
+            if exporter is not None:
+                exporter.shutdown()
+                exporter.server_close()
+
+    app = FastAPI(title="layby", version="0.1.0", lifespan=lifespan,
                   description="Durable interrupts for agent runs: start runs, answer their "
                               "interrupts, follow their events.")
 

@@ -3,6 +3,7 @@
 import logging
 import re
 
+from broker_config import get_settings, logs
 from gateway.api import create_app
 
 # Reviewer tokens travel in URLs (/review/<token>); access logs must not keep them.
@@ -17,6 +18,9 @@ class _RedactTokens(logging.Filter):
         return True
 
 
+# uvicorn has set up its loggers by the time it imports the app: send them through layby's
+# handler, so the gateway writes the configured format (JSON with ids, or text).
+logs.configure(get_settings())
 logging.getLogger("uvicorn.access").addFilter(_RedactTokens())
 
 app = create_app()

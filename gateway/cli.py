@@ -13,7 +13,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from broker_config import SWEEP, get_settings, worker_queues
+from broker_config import SWEEP, get_settings, logs, worker_queues
 from generation.errors import LaybyError
 from generation.interrupts import CONFIRMATION, ResumeEntry
 from parking import InterruptView, RunView, Status
@@ -92,8 +92,10 @@ def worker(queues: Annotated[str | None, typer.Option(
            loglevel: str = "INFO", beat: Annotated[bool, typer.Option(
                help="also run the sweeper's clock (one per deployment)")] = False) -> None:
     """Run a Celery worker on layby's queues."""
+    from gateway.supervisor import celery_argv
+
     queues = queues or ",".join(worker_queues())
-    argv = ["-m", "celery", "-A", "broker_config", "worker", "-Q", queues, "-l", loglevel]
+    argv = [*celery_argv()[1:], "worker", "-Q", queues, "-l", loglevel]
     argv += ["-c", str(concurrency)] if concurrency else []
     argv += ["-B", "--scheduler", "celery.beat:Scheduler"] if beat else []
     _exec(argv)
@@ -144,7 +146,7 @@ def reply_listener(host: Annotated[str | None, typer.Option()] = None,
     from notifier.listener import ReplyHandler, serve
 
     settings = get_settings()
-    _log_to_console()
+    logs.configure(settings)
     serve(host or settings.reply_listener_host, port or settings.reply_listener_port,
           ReplyHandler(), "layby reply listener")
 
@@ -157,6 +159,7 @@ def mail_catcher(port: Annotated[int | None, typer.Option()] = None) -> None:
     from notifier.listener import serve
 
     settings = get_settings()
+    logs.configure(settings)
     folder = settings.mail_catcher_dir or settings.data_dir / "mail"
     serve("127.0.0.1", port or settings.mail_catcher_port,
           CatcherHandler(folder, settings.public_url), "layby mail catcher")
@@ -196,12 +199,6 @@ def doctor() -> None:
     for check in checks:
         typer.secho(check.line(), fg=None if check.ok else "red")
     raise SystemExit(0 if all(c.ok for c in checks) else 1)
-
-
-def _log_to_console() -> None:
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
 
 @cli.command()

@@ -8,15 +8,18 @@ process, so any number of gateways report the same values.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from wsgiref.simple_server import WSGIServer
 
 import redis
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Metric,
-                                    SummaryMetricFamily)
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from parking import Keys, Status
+from generation.errors import ConfigError
+from parking import Keys, Status, Store
+from parking.scripts import LATENCY_BUCKETS_S
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Runs waiting on people, counted by how long they have waited (cumulative, like `le`).
@@ -113,14 +116,52 @@ class LaybyCollector:
         yield CounterMetricFamily("layby_notifications_failed",
                                   "Notifications that ran out of attempts",
                                   value=float(stats.get("notifications_failed", 0)))
-        yield SummaryMetricFamily(
-            "layby_answer_latency_seconds",
-            "Time from a run parking to each answer to it",
-            count_value=int(stats.get("answer_latency_count", 0)),
-            sum_value=float(stats.get("answer_latency_ms_sum", 0)) / 1000)
+        yield _latency(stats, "answer", "Time from a run parking to each answer to it")
+        yield _latency(stats, "resume", "Time from a run's last answer to a worker taking "
+                                        "it up again (queueing before the continuation)")
+
+
+def _latency(stats: dict[str, str], what: str, doc: str) -> HistogramMetricFamily:
+    """A histogram from the scripts' counters: one per bucket, made cumulative here."""
+    per_bucket = {float(field.rsplit(":", 1)[1]): int(value)
+                  for field, value in stats.items()
+                  if field.startswith(f"{what}_latency_le:")}
+    buckets, below = [], 0
+    for bound in LATENCY_BUCKETS_S[what]:
+        below += per_bucket.get(float(bound), 0)
+        buckets.append((str(float(bound)), below))
+    buckets.append(("+Inf", int(stats.get(f"{what}_latency_count", 0))))
+    return HistogramMetricFamily(f"layby_{what}_latency_seconds", doc, buckets=buckets,
+                                 sum_value=float(stats.get(f"{what}_latency_ms_sum", 0)) / 1000)
 
 
 def render(client: redis.Redis, keys: Keys) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LaybyCollector(client, keys))
     return generate_latest(registry)
+
+
+class _CollectorOfTheStore:
+    """The store is looked up at each scrape: the metrics port opens with the gateway, when
+    Redis may not be configured yet (then `layby_redis_up` is 0)."""
+
+    def __init__(self, store: Callable[[], Store]) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            store = self.store()
+        except ConfigError:
+            yield GaugeMetricFamily("layby_redis_up", "1 when the Redis server answered this "
+                                    "scrape", value=0)
+            return
+        yield from LaybyCollector(store.redis, store.keys).collect()
+
+
+def serve(host: str, port: int, store: Callable[[], Store]) -> WSGIServer:
+    """The same metrics on a port of their own, without the API key (LAYBY_METRICS_PORT):
+    for a scraper on a network the API's callers cannot reach. Stop it with `shutdown()`."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_CollectorOfTheStore(store))
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return server

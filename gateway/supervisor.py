@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker_config import SWEEP, Settings, worker_queues
+from broker_config import SWEEP, Settings, get_settings, worker_queues
 from gateway.embedded import EmbeddedRedis
 from gateway.flower import ensure_credentials, flower_argv, flower_env
 from notifier.tokens import new_keys
@@ -41,17 +41,24 @@ everyone = ["you"]
 """
 
 
-def worker_argv(queues: list[str], concurrency: int | None, loglevel: str) -> list[str]:
-    argv = [sys.executable, "-m", "celery", "-A", "broker_config", "worker", "-Q",
-            ",".join(queues), "-n", f"layby-{os.getpid()}@%h", "-l", loglevel]
+def celery_argv(log_format: str | None = None) -> list[str]:
+    """`celery -A broker_config`, without its banner when logs are JSON (every line parses)."""
+    quiet = (log_format or get_settings().log_format) == "json"
+    return [sys.executable, "-m", "celery", "-A", "broker_config", *(["--quiet"] if quiet else [])]
+
+
+def worker_argv(queues: list[str], concurrency: int | None, loglevel: str,
+                log_format: str | None = None) -> list[str]:
+    argv = [*celery_argv(log_format), "worker", "-Q", ",".join(queues), "-n",
+            f"layby-{os.getpid()}@%h", "-l", loglevel]
     return argv + (["-c", str(concurrency)] if concurrency else [])
 
 
-def sweeper_argv() -> list[str]:
+def sweeper_argv(log_format: str | None = None) -> list[str]:
     """A one-process worker on the sweep queue with the clock (beat) that feeds it, so
     sweeps never wait behind model calls and their log lines stay out of the worker's."""
     # The in-memory scheduler: a fixed interval needs no schedule file to survive restarts.
-    return [sys.executable, "-m", "celery", "-A", "broker_config", "worker", "-Q", SWEEP,
+    return [*celery_argv(log_format), "worker", "-Q", SWEEP,
             "-P", "solo", "-B", "--scheduler", "celery.beat:Scheduler", "-n",
             f"layby-sweeper-{os.getpid()}@%h", "-l", "WARNING"]
 

@@ -76,7 +76,8 @@ class ReplyHandler:
             log.exception("reply from %s failed", envelope.mail_from)
             return "451 4.3.0 layby could not take this reply; try again later"
         log.info("reply from %s answered interrupt %s of run %s", envelope.mail_from,
-                 got.interrupt_id, got.run_id)
+                 got.interrupt_id, got.run_id,
+                 extra={"run_id": got.run_id, "interrupt_id": got.interrupt_id})
         return f"250 2.0.0 Answer recorded for run {got.run_id}"
 
 

@@ -59,7 +59,8 @@ def plan(run_id: str, store: Store | None = None) -> list[str]:
         people = [r for r in reviewers_for(intr) if channels_of(r)]
         if not people:
             log.warning("run %s: interrupt %s has no reviewer with an email or webhook; it "
-                        "can be answered through /v1", run_id, intr.id)
+                        "can be answered through /v1", run_id, intr.id,
+                        extra={"interrupt_id": intr.id})
         expires = epoch(intr.expires_at)
         for reviewer in people:
             token = issued.get((intr.id, reviewer.id))

@@ -33,8 +33,10 @@ Global:
 | stats                | hash | counters since the data began, for /metrics:      |
 |                      |      | answers:<channel> (answers recorded, by channel;  |
 |                      |      | expiries count as their answer's channel),        |
-|                      |      | answer_latency_ms_sum / answer_latency_count      |
-|                      |      | (park → answer, answers to parked runs only),     |
+|                      |      | <what>_latency_ms_sum, <what>_latency_count and   |
+|                      |      | <what>_latency_le:<bound> (one bucket, not        |
+|                      |      | cumulative) for answer (park → answer, parked     |
+|                      |      | runs only) and resume (last answer → claimed),    |
 |                      |      | notifications_failed (sends out of attempts)      |
 
 Parked runs never expire. Finished runs expire `retention` seconds after they end; their

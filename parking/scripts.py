@@ -19,6 +19,18 @@ RUN_SCRIPTS = ("create_run", "claim_run", "save_checkpoint", "advance_turn", "pa
 # Scripts on global keys only, without the prelude.
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications")
 
+# Upper bounds (seconds) of the latency histograms the scripts count in `stats`: park →
+# answer (people: seconds to days), last answer → a worker taking the run up (queues).
+LATENCY_BUCKETS_S: dict[str, tuple[float, ...]] = {
+    "answer": (10, 60, 300, 900, 3600, 14400, 86400, 604800),
+    "resume": (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+}
+
+
+def _lua_buckets() -> str:
+    return "{" + ", ".join(f"{what} = {{{', '.join(repr(b) for b in bounds)}}}"
+                           for what, bounds in LATENCY_BUCKETS_S.items()) + "}"
+
 
 @cache
 def _source(name: str) -> str:
@@ -29,7 +41,8 @@ def source(name: str, *, events_max: int, outbox_grace_ms: int) -> str:
     if name in STANDALONE_SCRIPTS:
         return _source(name)
     prelude = (_source("_prelude").replace("__EVENTS_MAX__", str(events_max))
-               .replace("__OUTBOX_GRACE_MS__", str(outbox_grace_ms)))
+               .replace("__OUTBOX_GRACE_MS__", str(outbox_grace_ms))
+               .replace("__LATENCY_BUCKETS_S__", _lua_buckets()))
     return prelude + "\n" + _source(name)
 
 

@@ -29,6 +29,7 @@ from broker_config import (
 )
 from control import commands, runtime
 from notifier import delivery, planning
+from tasks import context as _context  # noqa: F401  (log lines carry the run's ids)
 from tasks import jobs as _jobs  # noqa: F401  (connects the job signal handlers)
 from tasks.steps import advance
 from tasks.sweeper import sweep as _sweep

@@ -33,7 +33,7 @@ def start_job(request: JobRequest) -> None:
                                     "interrupt_id": request.interrupt_id}})
 
 
-def _job_of(task: Task | None) -> dict[str, str] | None:
+def job_of(task: Task | None) -> dict[str, str] | None:
     if task is None or task.request is None:
         return None
     found = getattr(task.request, HEADER, None) or (task.request.headers or {}).get(HEADER)
@@ -63,7 +63,7 @@ def _record(sender: Task, job: dict[str, str], **outcome: Any) -> None:
 
 @task_success.connect
 def _job_succeeded(sender: Task | None = None, result: Any = None, **_: Any) -> None:
-    job = _job_of(sender)
+    job = job_of(sender)
     if sender is not None and job is not None:
         _record(sender, job, result=_plain(result))
 
@@ -71,6 +71,6 @@ def _job_succeeded(sender: Task | None = None, result: Any = None, **_: Any) -> 
 @task_failure.connect
 def _job_failed(sender: Task | None = None, exception: BaseException | None = None,
                 **_: Any) -> None:
-    job = _job_of(sender)
+    job = job_of(sender)
     if sender is not None and job is not None:
         _record(sender, job, error=f"{type(exception).__name__}: {exception}")

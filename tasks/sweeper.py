@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from broker_config.logs import about
 from control import runtime
 from generation.interrupts import ExpiryAction
 from notifier import delivery
@@ -23,11 +24,16 @@ def sweep(store: Store | None = None) -> dict[str, int]:
               "expired": 0, "requeued": 0}
     counts["notifications"] = _guarded(delivery.dispatch_due, store)
     for run_id, interrupt_id in store.due_deadlines():
-        counts["expired"] += _guarded(expire, store, run_id, interrupt_id)
+        with about(run_id=run_id, interrupt_id=interrupt_id):
+            counts["expired"] += _guarded(expire, store, run_id, interrupt_id)
     for run_id in store.lapsed_leases():
-        counts["requeued"] += _guarded(_requeue, store, run_id, "its worker stopped answering")
+        with about(run_id=run_id):
+            counts["requeued"] += _guarded(_requeue, store, run_id,
+                                           "its worker stopped answering")
     for run_id in store.waiting_too_long(store.config.lease_ms):
-        counts["requeued"] += _guarded(_requeue, store, run_id, "its task message is overdue")
+        with about(run_id=run_id):
+            counts["requeued"] += _guarded(_requeue, store, run_id,
+                                           "its task message is overdue")
     counts["pruned"] = store.prune_finished()
     return counts
 

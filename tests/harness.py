@@ -106,7 +106,7 @@ class LaybySystem:
     def start(self) -> LaybySystem:
         self.port = self.port or free_port()
         self.start_worker()
-        self._start("sweeper", sweeper_argv())
+        self._start("sweeper", sweeper_argv(self.env.get("LAYBY_LOG_FORMAT")))
         self._start("gateway", [sys.executable, "-m", "uvicorn", "gateway.app:app", "--host",
                                 "127.0.0.1", "--port", str(self.port), "--log-level",
                                 "warning"])
@@ -121,7 +121,7 @@ class LaybySystem:
 
     def start_worker(self, name: str = "worker") -> Proc:
         proc = self._start(name, worker_argv([TURNS, JOBS, NOTIFY, "celery"], self.worker_count,
-                                             "INFO"))
+                                             "INFO", self.env.get("LAYBY_LOG_FORMAT")))
         wait_until(lambda: "ready." in proc.output(), 40, what=f"{name} to be ready")
         return proc
 

@@ -65,6 +65,14 @@ def test_metrics_count_runs_by_state_and_answers(isolated) -> None:
     assert metrics["layby_answers_total"][(("channel", "api"),)] == 1
     assert metrics["layby_answer_latency_seconds_count"][()] == 1
     assert 0 <= metrics["layby_answer_latency_seconds_sum"][()] < 60
+    answered = metrics["layby_answer_latency_seconds_bucket"]
+    assert answered[(("le", "60.0"),)] == answered[(("le", "+Inf"),)] == 1
+    # The answer resumed the run once: one continuation taken up by a worker, soon.
+    resumed = metrics["layby_resume_latency_seconds_bucket"]
+    assert metrics["layby_resume_latency_seconds_count"][()] == 1
+    assert resumed[(("le", "+Inf"),)] == resumed[(("le", "300.0"),)] == 1
+    assert resumed[(("le", "0.05"),)] <= resumed[(("le", "1.0"),)] <= 1  # cumulative
+    assert 0 <= metrics["layby_resume_latency_seconds_sum"][()] < 300
     assert metrics["layby_notifications_failed_total"][()] == 0
     for name in ("layby_outbox_backlog", "layby_outbox_due", "layby_outbox_lag_seconds",
                  "layby_notifications_due", "layby_notifications_lag_seconds",

@@ -106,6 +106,21 @@ end
 -- Counters read by /metrics (parking.keys documents the fields).
 local function stat(field, by) redis.call('HINCRBY', KEYS[20], field, by or 1) end
 
+-- A latency for a Prometheus histogram: its sum and count, and one count in the first
+-- bucket (upper bounds in seconds) that holds it; /metrics makes the buckets cumulative.
+local LATENCY_BUCKETS_S = __LATENCY_BUCKETS_S__  -- parking.scripts.LATENCY_BUCKETS_S
+local function observe(what, ms)
+  ms = math.max(0, ms)
+  stat(what .. '_latency_ms_sum', ms)
+  stat(what .. '_latency_count')
+  for _, bound in ipairs(LATENCY_BUCKETS_S[what]) do
+    if ms <= bound * 1000 then
+      stat(what .. '_latency_le:' .. bound)
+      return
+    end
+  end
+end
+
 -- Record answers (each {interrupt id, answer JSON}, all checked to be open); resume if
 -- none stays open. Returns the new version and the outbox entry ('' while it waits).
 local function apply_answers(answers, resume_task, queue, now)
@@ -121,10 +136,7 @@ local function apply_answers(answers, resume_task, queue, now)
     local channel = (ok and type(decoded) == 'table' and type(decoded.channel) == 'string'
                      and decoded.channel) or 'unknown'
     stat('answers:' .. channel)
-    if parked_at then
-      stat('answer_latency_ms_sum', now - parked_at)
-      stat('answer_latency_count')
-    end
+    if parked_at then observe('answer', now - parked_at) end
     redis.call('SREM', KEYS[4], pair[1])
     redis.call('HSET', KEYS[3], pair[1], pair[2])
     redis.call('ZREM', KEYS[10], id .. ' ' .. pair[1])

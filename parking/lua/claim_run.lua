@@ -4,7 +4,8 @@
 --         {'busy', owner, lease until} | {'exhausted', attempts} | {'missing'}
 local now = now_ms()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
-local st = redis.call('HMGET', KEYS[1], 'status', 'version', 'lease_owner', 'lease_until')
+local st = redis.call('HMGET', KEYS[1], 'status', 'version', 'lease_owner', 'lease_until',
+                      'updated_at')
 local status, version, owner, lease_until = st[1], st[2], st[3], tonumber(st[4] or '0')
 if version ~= ARGV[1] or not (status == 'queued' or status == 'resuming'
                               or status == 'running') then
@@ -19,6 +20,10 @@ if attempt > tonumber(ARGV[4]) then return {'exhausted', attempt - 1} end
 local until_ms = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'lease_owner', ARGV[2], 'lease_until', until_ms)
 redis.call('ZADD', KEYS[9], until_ms, run_id())
+if status == 'resuming' then
+  -- The last answer set updated_at: this is how long the continuation waited for a worker.
+  observe('resume', now - tonumber(st[5] or now))
+end
 if status ~= 'running' then
   set_status('running', now)
   event('run.started', version, cjson.encode({from = status}), now)

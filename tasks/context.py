@@ -1,0 +1,40 @@
+"""Which run a worker's log lines are about: Celery's prerun and postrun signals set the ids
+(broker_config.logs) from the task's own arguments, or from a background job's header.
+
+Every layby task takes ids as arguments (`run_id`, `notification_id`), so binding the
+arguments to the task's signature finds them without each task repeating it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from celery import Task
+from celery.signals import task_postrun, task_prerun
+
+from broker_config.logs import IDS, set_about
+from tasks.jobs import job_of
+
+
+def _ids_in(task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        bound = inspect.signature(task.run).bind_partial(*args, **kwargs).arguments
+    except TypeError:  # the task will fail on its arguments; say which task it was anyway
+        bound = {}
+    return {k: v for k, v in bound.items() if k in IDS and isinstance(v, str)}
+
+
+@task_prerun.connect
+def _about_the_task(sender: Task | None = None, task_id: str | None = None,
+                    args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
+                    **_: Any) -> None:
+    if sender is None:
+        return
+    ids = _ids_in(sender, tuple(args or ()), dict(kwargs or {}))
+    set_about(**{**ids, **(job_of(sender) or {}), "task_id": task_id, "task_name": sender.name})
+
+
+@task_postrun.connect
+def _forget_the_task(**_: Any) -> None:
+    set_about()
