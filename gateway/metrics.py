@@ -1,8 +1,8 @@
 """`GET /metrics`: what is parked and what is late, read from Redis at each scrape.
 
-A `prometheus_client` collector; every number comes from a few cheap Redis commands
-(ZCARD, ZCOUNT, ZRANGE of one member, HGETALL of the small `stats` hash), timed by the
-Redis server's clock like the scripts that write the scores. Nothing is kept in the gateway
+A `prometheus_client` collector; every number comes from cheap Redis commands (ZCARD,
+ZCOUNT, ZRANGE of one member, HGETALL of the small `stats` hash) in two round trips, timed
+by the Redis server's clock like the scripts that write the scores. Nothing is kept in the gateway
 process, so any number of gateways report the same values.
 """
 
@@ -26,9 +26,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 WAIT_BUCKETS_S = (60, 300, 3600, 86400)
 
 
-def _age_of_oldest(client: redis.Redis, key: str, now_ms: int, due_only: bool) -> float:
-    """Seconds since the lowest score of `key` (0 when empty, or when nothing is due yet)."""
-    first = client.zrange(key, 0, 0, withscores=True)
+def _age_of_oldest(first: list[tuple[str, float]], now_ms: int, due_only: bool) -> float:
+    """Seconds since the lowest score (`first`: ZRANGE 0 0 WITHSCORES); 0 when the set is
+    empty, or when nothing in it is due yet."""
     if not first:
         return 0.0
     score = first[0][1]
@@ -58,54 +58,70 @@ class LaybyCollector:
         c, k = self.client, self.keys
         seconds, micros = c.time()
         now_ms = seconds * 1000 + micros // 1000
+        parked = k.index(Status.INTERRUPTED)
+        # One round trip for the rest; the replies are taken in the order asked.
+        pipe = c.pipeline(transaction=False)
+        for status in Status:
+            pipe.zcard(k.index(status))
+        for bound in WAIT_BUCKETS_S:
+            pipe.zcount(parked, now_ms - bound * 1000, "+inf")
+        for key in (parked, k.outbox, k.notify_due):
+            pipe.zrange(key, 0, 0, withscores=True)
+        pipe.zcard(k.deadlines)
+        for key in (k.deadlines, k.leases, k.outbox, k.notify_due):
+            pipe.zcount(key, "-inf", now_ms)
+        pipe.zcard(k.outbox)
+        pipe.hgetall(k.stats)
+        replies = iter(pipe.execute())
 
         runs = GaugeMetricFamily("layby_runs", "Runs by state (finished ones until retention)",
                                  labels=["state"])
-        for status in Status:
-            runs.add_metric([status.value], c.zcard(k.index(status)))
+        counts = {status: next(replies) for status in Status}
+        for status, count in counts.items():
+            runs.add_metric([status.value], count)
         yield runs
 
-        parked = k.index(Status.INTERRUPTED)
         waiting = GaugeMetricFamily(
             "layby_runs_waiting_by_age",
             "Interrupted runs that have waited at most `le` seconds since they parked "
             "(cumulative)", labels=["le"])
         for bound in WAIT_BUCKETS_S:
-            waiting.add_metric([str(float(bound))], c.zcount(parked, now_ms - bound * 1000,
-                                                             "+inf"))
-        waiting.add_metric(["+Inf"], c.zcard(parked))
+            waiting.add_metric([str(float(bound))], next(replies))
+        waiting.add_metric(["+Inf"], counts[Status.INTERRUPTED])
         yield waiting
+        oldest_parked, oldest_outbox, oldest_notification = (next(replies) for _ in range(3))
         yield GaugeMetricFamily("layby_runs_waiting_oldest_seconds",
                                 "How long the longest-waiting interrupted run has waited",
-                                value=_age_of_oldest(c, parked, now_ms, due_only=False))
+                                value=_age_of_oldest(oldest_parked, now_ms, due_only=False))
 
         yield GaugeMetricFamily("layby_interrupt_deadlines",
                                 "Open interrupts that expire (each has a deadline)",
-                                value=c.zcard(k.deadlines))
+                                value=next(replies))
+        overdue, lapsed, outbox_due, notifications_due = (next(replies) for _ in range(4))
         yield GaugeMetricFamily("layby_interrupt_deadlines_overdue",
                                 "Open interrupts past their deadline the sweeper has not "
-                                "expired yet", value=c.zcount(k.deadlines, "-inf", now_ms))
+                                "expired yet", value=overdue)
         yield GaugeMetricFamily("layby_leases_lapsed",
                                 "Running runs past their lease the sweeper has not requeued",
-                                value=c.zcount(k.leases, "-inf", now_ms))
+                                value=lapsed)
 
         yield GaugeMetricFamily("layby_outbox_backlog",
                                 "Tasks in the outbox (written, not yet acked as published)",
-                                value=c.zcard(k.outbox))
+                                value=next(replies))
         yield GaugeMetricFamily("layby_outbox_due",
                                 "Outbox entries past their grace time: the sweeper's to publish",
-                                value=c.zcount(k.outbox, "-inf", now_ms))
+                                value=outbox_due)
         yield GaugeMetricFamily("layby_outbox_lag_seconds",
                                 "Sweeper lag: how long the oldest due outbox entry has waited",
-                                value=_age_of_oldest(c, k.outbox, now_ms, due_only=True))
+                                value=_age_of_oldest(oldest_outbox, now_ms, due_only=True))
         yield GaugeMetricFamily("layby_notifications_due",
                                 "Notifications due to be sent (first sends, retries, reminders)",
-                                value=c.zcount(k.notify_due, "-inf", now_ms))
+                                value=notifications_due)
         yield GaugeMetricFamily("layby_notifications_lag_seconds",
                                 "How long the oldest due notification has waited to be sent",
-                                value=_age_of_oldest(c, k.notify_due, now_ms, due_only=True))
+                                value=_age_of_oldest(oldest_notification, now_ms, due_only=True))
 
-        stats = c.hgetall(k.stats)
+        stats = next(replies)
         answers = CounterMetricFamily("layby_answers",
                                       "Answers recorded to interrupts, by channel "
                                       "(expiries count under theirs)", labels=["channel"])
