@@ -16,11 +16,12 @@ from broker_config.celery_app import (
     SWEEP_TASK,
     TURNS,
     app,
+    celery_argv,
     make_app,
     worker_queues,
 )
 from broker_config.settings import Settings, get_settings
 
 __all__ = ["DELIVER_TASK", "JOBS", "NOTIFY", "NOTIFY_TASK", "QUEUES", "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP",
-           "SWEEP_TASK", "TURNS", "Settings", "app", "get_settings", "make_app",
+           "SWEEP_TASK", "TURNS", "Settings", "app", "celery_argv", "get_settings", "make_app",
            "worker_queues"]

@@ -9,6 +9,7 @@ reads too, and the broker's keys carry no prefix unless LAYBY_BROKER_KEY_PREFIX 
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from celery import Celery, signals
@@ -37,6 +38,14 @@ def worker_queues(settings: Settings | None = None) -> list[str]:
     """What a worker reads by default: every layby queue but the sweeper's, and the intake."""
     settings = settings or get_settings()
     return [TURNS, JOBS, NOTIFY] + ([settings.intake_queue] if settings.intake_queue else [])
+
+
+def celery_argv(log_format: str | None = None) -> list[str]:
+    """`python -m celery -A broker_config`, the start of every worker, sweeper and Flower
+    command line; without banners when logs are JSON, so every line of their output parses."""
+    quiet = (log_format or get_settings().log_format) == "json"
+    return [sys.executable, "-m", "celery", "-A", "broker_config",
+            *(["--quiet"] if quiet else [])]
 
 
 def celery_config(settings: Settings) -> dict[str, object]:

@@ -1,7 +1,7 @@
 """Flower's configuration file for layby (`layby flower` passes it with --conf, so a stray
 flowerconfig.py in the working directory is not read). It sets no secrets and no address:
 those come from the environment (FLOWER_BASIC_AUTH, FLOWER_AUTH, FLOWER_OAUTH2_*) and the
-command line.
+command line. Its log lines take layby's format (text, or JSON lines).
 
 `format_task` keeps what people type out of Flower's pages: layby's own messages carry ids
 only, but another service's `send_task("layby.start_run", args=[agent, input])` carries the
@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import ast
 from typing import Any
+
+from broker_config import get_settings, logs
+
+# Flower logs like every layby process (LAYBY_LOG_FORMAT): this file is read after tornado
+# set up its own handler, which this replaces (tornado adds none when one is there).
+logs.configure(get_settings())
 
 _REDACTED = "…"
 

@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from broker_config import Settings, get_settings
+from broker_config.logs import about
 from control import commands, runtime
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import render as render_metrics
@@ -148,6 +149,24 @@ def _error(status: int, code: str, message: str, detail: Any = None) -> JSONResp
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
+_RUN_PATH = re.compile(r"^/v1/runs/(?P<run_id>[^/]+)(?:/interrupts/(?P<interrupt_id>[^/]+))?")
+
+
+class _LogIds:
+    """Lines logged while serving /v1/runs/{id}… carry its ids (uvicorn's access line too:
+    it is written from inside the request's context)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        found = _RUN_PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
+        if found is None:
+            return await self.app(scope, receive, send)
+        with about(**found.groupdict()):
+            await self.app(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -195,6 +214,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             except Unauthorized as exc:
                 return _error(401, "unauthorized", exc.message)
         return await call_next(request)
+
+    app.add_middleware(_LogIds)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

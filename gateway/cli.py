@@ -13,7 +13,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from broker_config import SWEEP, get_settings, logs, worker_queues
+from broker_config import SWEEP, celery_argv, get_settings, logs, worker_queues
 from generation.errors import LaybyError
 from generation.interrupts import CONFIRMATION, ResumeEntry
 from parking import InterruptView, RunView, Status
@@ -92,8 +92,6 @@ def worker(queues: Annotated[str | None, typer.Option(
            loglevel: str = "INFO", beat: Annotated[bool, typer.Option(
                help="also run the sweeper's clock (one per deployment)")] = False) -> None:
     """Run a Celery worker on layby's queues."""
-    from gateway.supervisor import celery_argv
-
     queues = queues or ",".join(worker_queues())
     argv = [*celery_argv()[1:], "worker", "-Q", queues, "-l", loglevel]
     argv += ["-c", str(concurrency)] if concurrency else []

@@ -39,8 +39,7 @@ def ensure_credentials(settings: Settings) -> str:
 
 def flower_argv(settings: Settings, host: str | None = None, port: int | None = None
                 ) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "broker_config", "flower",
-            f"--conf={CONFIG_FILE}", f"--address={host or settings.flower_host}",
+    return [*broker_config.celery_argv(settings.log_format), "flower", f"--conf={CONFIG_FILE}", f"--address={host or settings.flower_host}",
             f"--port={port or settings.flower_port}"]
 
 

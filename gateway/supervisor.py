@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker_config import SWEEP, Settings, get_settings, worker_queues
+from broker_config import SWEEP, Settings, celery_argv, worker_queues
 from gateway.embedded import EmbeddedRedis
 from gateway.flower import ensure_credentials, flower_argv, flower_env
 from notifier.tokens import new_keys
@@ -39,12 +39,6 @@ email = "you@localhost"
 [groups]
 everyone = ["you"]
 """
-
-
-def celery_argv(log_format: str | None = None) -> list[str]:
-    """`celery -A broker_config`, without its banner when logs are JSON (every line parses)."""
-    quiet = (log_format or get_settings().log_format) == "json"
-    return [sys.executable, "-m", "celery", "-A", "broker_config", *(["--quiet"] if quiet else [])]
 
 
 def worker_argv(queues: list[str], concurrency: int | None, loglevel: str,

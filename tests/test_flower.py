@@ -9,6 +9,7 @@ there; requests without (or with wrong) credentials are refused; the process lis
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -57,7 +58,7 @@ def flower(system: LaybySystem, tmp_path_factory: pytest.TempPathFactory) -> Ite
     port = free_port()
     logs = tmp_path_factory.mktemp("flower")
     env = {**system.env, "LAYBY_FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}",
-           "LAYBY_FLOWER_PORT": str(port)}
+           "LAYBY_FLOWER_PORT": str(port), "LAYBY_LOG_FORMAT": "json"}
     env.pop("LAYBY_FLOWER_HOST", None)
     proc = Proc("flower", [sys.executable, "-m", "gateway.cli", "flower"], logs / "flower.log")
     proc.start(env)
@@ -146,6 +147,26 @@ def test_a_task_is_listed_from_the_moment_it_is_sent(system: LaybySystem,
         with app.connection_for_write() as conn:
             conn.default_channel.client.delete(queue)
         app.close()
+
+
+def test_logs_json_lines_without_the_password(tmp_path: Path) -> None:
+    # LAYBY_LOG_FORMAT=json reaches Flower too: no banner, no tornado-format lines. A broker
+    # that is not there makes it log something.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LAYBY_LOG_FORMAT": "json",
+           "LAYBY_REDIS_URL": f"redis://:broker-pw-1@127.0.0.1:{free_port()}/0",
+           "LAYBY_FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}", "LAYBY_FLOWER_PORT": str(free_port())}
+    proc = Proc("flower", [sys.executable, "-m", "gateway.cli", "flower"], tmp_path / "f.log")
+    proc.start(env)
+    try:
+        wait_until(lambda: "flower.events" in proc.output(), 30, what="Flower's complaint")
+    finally:
+        proc.stop()
+    lines = [json.loads(line) for line in proc.output().splitlines()
+             if line.strip() and not line.startswith(("Exception ignored", "Traceback", " "))]
+    assert any(line["logger"] == "flower.events" and line["level"] == "ERROR"
+               for line in lines), lines
+    assert "Visit me at" not in proc.output()
+    assert PASSWORD not in proc.output() and "broker-pw-1" not in proc.output()
 
 
 def test_refused_without_credentials(flower: Flower) -> None:
