@@ -1,7 +1,12 @@
-# The layby app image: one image for the gateway, workers and the sweeper.
+# The layby image: one image for every layby service of docker-compose.yml (gateway,
+# workers, sweeper, Flower, reply listener), which differ only in their command. It holds
+# no secret: keys and passwords come from the environment when a container starts.
 FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LAYBY_DATA_DIR=/var/lib/layby
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    LAYBY_DATA_DIR=/var/lib/layby
 WORKDIR /app
+# Every package in pyproject.toml's packages.find (tests/test_compose.py checks they agree).
 COPY pyproject.toml README.md ./
 COPY generation generation
 COPY parking parking
@@ -12,8 +17,11 @@ COPY gateway gateway
 COPY notifier notifier
 COPY demo demo
 COPY bench bench
-RUN pip install --no-cache-dir . && useradd --system --home /var/lib/layby layby \
-    && mkdir -p /var/lib/layby && chown layby /var/lib/layby
-USER layby
+RUN pip install --no-cache-dir . \
+    && useradd --system --uid 10001 --user-group --home-dir /var/lib/layby --create-home layby
+# Numeric, so a runtime that refuses to start root containers can tell.
+USER 10001:10001
 EXPOSE 8000
-CMD ["layby", "gateway", "--host", "0.0.0.0", "--port", "8000"]
+# No image-wide HEALTHCHECK: a worker or the sweeper has no port to ask. Each service of
+# docker-compose.yml has a check of its own.
+CMD ["layby", "gateway", "--host", "0.0.0.0"]

@@ -13,7 +13,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from broker_config import SWEEP, celery_argv, get_settings, logs, worker_queues
+from broker_config import SWEEP, get_settings, logs, worker_queues
 from generation.errors import LaybyError
 from generation.interrupts import CONFIRMATION, ResumeEntry
 from parking import InterruptView, RunView, Status
@@ -92,9 +92,12 @@ def worker(queues: Annotated[str | None, typer.Option(
            loglevel: str = "INFO", beat: Annotated[bool, typer.Option(
                help="also run the sweeper's clock (one per deployment)")] = False) -> None:
     """Run a Celery worker on layby's queues."""
-    queues = queues or ",".join(worker_queues())
-    argv = [*celery_argv()[1:], "worker", "-Q", queues, "-l", loglevel]
-    argv += ["-c", str(concurrency)] if concurrency else []
+    from gateway.supervisor import worker_argv
+
+    # Named layby-<pid>@<host> as `layby up` names its worker: one worker per queue on the
+    # same machine must not share Celery's default node name.
+    argv = worker_argv(queues.split(",") if queues else worker_queues(), concurrency or None,
+                       loglevel)[1:]
     argv += ["-B", "--scheduler", "celery.beat:Scheduler"] if beat else []
     _exec(argv)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+from control import runtime
 from demo.agents import ask_question, compile_report
 from generation import Agent, Ask, Call, Reply, ScriptedModel, ToolContext, interrupt_tool, tool
 
@@ -75,3 +78,29 @@ mixed = Agent(name="test.mixed", tools=(compile_report, ask_question), model=Scr
                                                       "choices": ["pdf", "html"]})]),
         Reply(text="{compile_report[title]} as {ask_question}."),
     ]))
+
+
+# -- for tests/test_compose.py: a tool that holds its worker until the test lets it go --------
+
+HOLD_KEY = "layby-test:hold:{run_id}"
+
+
+@tool
+def hold(ctx: ToolContext) -> str:
+    """Marks itself as running, then waits for the test to push to its release list (at
+    most two minutes, so a failed test never leaves a worker held)."""
+    client = runtime.store().redis
+    key = HOLD_KEY.format(run_id=ctx.run_id)
+    client.set(f"{key}:held", "1")
+    deadline = time.monotonic() + 120
+    # Short blocking pops: one longer than the client's socket timeout would fail.
+    while time.monotonic() < deadline:
+        if client.blpop([f"{key}:release"], timeout=5):
+            return "released"
+    return "never released"
+
+
+held = Agent(name="test.hold", tools=(hold,), model=ScriptedModel(steps=[
+    Reply(calls=[Call(name="hold")]),
+    Reply(text="{hold}"),
+]))
