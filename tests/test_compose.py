@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import smtplib
 import subprocess
 import sys
 import sysconfig
@@ -27,10 +26,12 @@ import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from email.utils import parseaddr
 from pathlib import Path
 from typing import Any
 
+import celery
 import dockerfile
 import httpx
 import pytest
@@ -102,11 +103,10 @@ def write_dotenv(example: str, values: dict[str, str]) -> str:
     """.env.example with `values` filled in, as a user edits it."""
     lines, left = [], dict(values)
     for line in example.splitlines():
-        name = line.split("=", 1)[0].lstrip("# ")
-        if "=" in line and name in left and (not line.startswith("#") or " " not in name):
-            lines.append(f"{name}={left.pop(name)}")
-        else:
-            lines.append(line)
+        setting = re.match(r"#?\s*(\w+)=", line)  # commented out or not
+        if setting and setting[1] in left:
+            line = f"{setting[1]}={left.pop(setting[1])}"
+        lines.append(line)
     return "\n".join(lines + [f"{k}={v}" for k, v in left.items()]) + "\n"
 
 
@@ -261,7 +261,8 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     return Image(rootfs, venv, env, workdir, user)
 
 
-def test_the_dockerfile_lints_clean_and_holds_every_package(image: Image) -> None:
+def test_the_dockerfile_lints_clean_and_holds_every_package(image: Image,
+                                                           project: Project) -> None:
     lint = subprocess.run([str(BIN / "hadolint"), "--no-color", str(ROOT / "Dockerfile")],
                           capture_output=True, text=True, timeout=60)
     assert lint.returncode == 0, lint.stdout + lint.stderr
@@ -278,8 +279,9 @@ def test_the_dockerfile_lints_clean_and_holds_every_package(image: Image) -> Non
     assert packages <= {p.name for p in app.iterdir() if p.is_dir()}, packages
     # The installed package carries its data files (Lua scripts, mail templates).
     site = next(image.venv.glob("lib/python*/site-packages"))
-    for package, globs in pyproject["tool"]["setuptools"]["package-data"].items():
-        for pattern in globs if package != "*" else []:
+    data = pyproject["tool"]["setuptools"]["package-data"]
+    for package, patterns in ((p, g) for p, g in data.items() if p != "*"):
+        for pattern in patterns:
             wanted = sorted(p.name for p in (ROOT / package).glob(pattern))
             assert wanted and sorted(p.name for p in (site / package).glob(pattern)) == wanted
 
@@ -287,14 +289,15 @@ def test_the_dockerfile_lints_clean_and_holds_every_package(image: Image) -> Non
     assert {".env", ".git", ".venv", ".layby", "node_modules"} <= ignored, ignored
     assert not (app / ".env").exists() and not list(app.rglob("__pycache__"))
 
-    # Every command the compose file gives the image exists in it.
-    run = {"cwd": app, "capture_output": True, "text": True, "timeout": 60,
-           "env": {**_clean_env(), **image.env, "PATH": f"{image.bin}:{os.environ['PATH']}"}}
-    for argv in (["layby", "--help"], ["layby", "gateway", "--help"],
-                 ["layby", "worker", "--help"], ["layby", "sweeper", "--help"],
-                 ["layby", "flower", "--help"], ["layby", "reply-listener", "--help"]):
-        done = subprocess.run([str(image.bin / argv[0]), *argv[1:]], **run)
-        assert done.returncode == 0 and "Usage" in done.stdout, (argv, done.stderr)
+    # The image has `layby` and every subcommand the compose file runs.
+    commands = {tuple(spec["command"][:2]) for spec in project.resolved()["services"].values()
+                if (spec.get("command") or [""])[0] == "layby"}
+    assert len(commands) == 5, commands
+    env = {**_clean_env(), **image.env, "PATH": f"{image.bin}:{os.environ['PATH']}"}
+    for command in [("layby",), *sorted(commands)]:
+        done = subprocess.run([str(image.bin / command[0]), *command[1:], "--help"], cwd=app,
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "Usage" in done.stdout, (command, done.stderr)
 
 
 # -- the deployment: every service of the compose file as a process on loopback -----------
@@ -520,8 +523,6 @@ def test_the_email_flow_flower_and_the_healthchecks(deployment: Deployment) -> N
 
     # Another service starts a run knowing only the broker: the turns worker reads the
     # intake queue.
-    import celery
-
     foreign = celery.Celery("billing", broker=deployment.env("gateway")["LAYBY_REDIS_URL"])
     try:
         foreign.send_task("layby.start_run", args=["demo.trivia", "Quiz me"],
@@ -615,6 +616,4 @@ def test_turns_notifications_jobs_and_sweeps_never_wait_behind_each_other(
 
 
 def _epoch(stamp: str) -> float:
-    from datetime import datetime
-
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
