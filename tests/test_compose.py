@@ -327,6 +327,16 @@ class Deployment:
                     return self.port(name, port["target"])
         raise KeyError(host_port)
 
+    def _url_host(self, match: re.Match[str]) -> str:
+        """`//host:port` in a URL: a compose service, or a port published on the host (as
+        in LAYBY_PUBLIC_URL), becomes the loopback port standing for it."""
+        host, port = match[1], int(match[2])
+        if host in self.services:
+            return f"//127.0.0.1:{self.port(host, port)}"
+        if host == "127.0.0.1":
+            return f"//127.0.0.1:{self.published(port)}"
+        return match[0]
+
     def env(self, service: str) -> dict[str, str]:
         """The service's environment as Compose resolved it, on top of the image's, with
         the compose network and the container's paths mapped onto this machine."""
@@ -344,10 +354,7 @@ class Deployment:
                 env[name], env[port_name] = "127.0.0.1", str(
                     self.port(value, int(env[port_name])))
         for name, value in env.items():
-            value = re.sub(r"//([\w.-]+):(\d+)", lambda m: (
-                f"//127.0.0.1:{self.port(m[1], int(m[2]))}" if m[1] in self.services
-                else f"//127.0.0.1:{self.published(int(m[2]))}" if m[1] == "127.0.0.1"
-                else m[0]), value)
+            value = re.sub(r"//([\w.-]+):(\d+)", self._url_host, value)
             if value.startswith("/"):
                 mount = next((t for t in mounts if value.startswith(t)), None)
                 value = (mounts[mount] + value[len(mount):] if mount
@@ -492,7 +499,7 @@ def deployment(project: Project, image: Image,
         for service in APP_SERVICES:
             deployed.start(service)
         for service in APP_SERVICES:
-            if service != "sweeper":  # it logs warnings only; test 2 sees it work
+            if service != "sweeper":  # it logs warnings only; the queue test sees it sweep
                 deployed.wait_ready(service)
         yield deployed
     finally:
