@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Annotated, Any
 
-import redis.asyncio as aioredis
 import redis.exceptions
+import redis.sentinel
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -26,13 +26,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from broker_config import Settings, get_settings
-from control import commands, runtime
+from control import commands, connections, runtime
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import render as render_metrics
 from generation.errors import Invalid, LaybyError, TooLarge, Unauthorized
 from generation.interrupts import ResumeEntry
 from generation.messages import Message, Wire
-from parking import RunSummary, RunView, Status
+from parking import NotReplicated, RunSummary, RunView, Status
 from parking.store import event_of
 
 bearer = HTTPBearer(auto_error=False)
@@ -161,7 +161,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _redis_away(_: Request, exc: Exception) -> JSONResponse:
         # Redis restarting or failing over is transient: a 503 tells clients to try again,
         # where a bare 500 would read as a bug in the request or the server.
+        if isinstance(exc, redis.sentinel.MasterNotFoundError):
+            return _error(503, "redis_unavailable",
+                          "no Redis primary: the sentinels name none right now (a failover "
+                          "under way?); try again in a few seconds", str(exc))
         return _error(503, "redis_unavailable", f"Redis does not answer: {exc}")
+
+    @app.exception_handler(NotReplicated)
+    async def _not_replicated(_: Request, exc: NotReplicated) -> JSONResponse:
+        return _error(503, "redis_not_replicated", str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -298,10 +306,8 @@ async def _event_stream(run_id: str, after: str, follow: bool) -> AsyncIterator[
 
     An async client, so a waiting stream holds a socket, not one of the server's threads.
     """
-    settings = get_settings()
     key = runtime.store().keys.events(run_id)
-    client = aioredis.Redis.from_url(settings.resolved_redis_url() or "", decode_responses=True)
-    try:
+    async with connections.async_redis(get_settings()) as client:
         while True:
             reply = await client.xread({key: after}, count=500,
                                        block=15_000 if follow else None)
@@ -318,5 +324,3 @@ async def _event_stream(run_id: str, after: str, follow: bool) -> AsyncIterator[
                 yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n".encode()
                 if event.type in FINAL:
                     return
-    finally:
-        await client.aclose()
