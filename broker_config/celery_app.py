@@ -8,7 +8,9 @@ reads too, and the broker's keys carry no prefix unless LAYBY_BROKER_KEY_PREFIX 
 
 A `sentinel://…;sentinel://…` URL is kombu's Sentinel transport: the options below name the
 primary (`master_name`) and how to reach the sentinels (`sentinel_kwargs`, whose password
-Celery masks in `inspect conf` and Flower, as it masks the URL's).
+Celery masks in `inspect conf` and Flower, as it masks the URL's). Both schemes run on
+kombu's Redis transports with a fix that keeps a worker reconnecting after it loses the
+broker mid-task (`broker_config.transport`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
+from broker_config import transport
 from broker_config.settings import Settings, get_settings, is_sentinel_url
+
+transport.install()
 
 TURNS = "layby.turns"
 NOTIFY = "layby.notify"

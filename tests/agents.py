@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 from demo.agents import ask_question, compile_report
 from generation import Agent, Ask, Call, Reply, ScriptedModel, ToolContext, interrupt_tool, tool
 
@@ -75,3 +79,26 @@ mixed = Agent(name="test.mixed", tools=(compile_report, ask_question), model=Scr
                                                       "choices": ["pdf", "html"]})]),
         Reply(text="{compile_report[title]} as {ask_question}."),
     ]))
+
+
+# -- for failover tests: a run that stays *running* until the test lets it go -------------
+
+
+@tool
+def hold(ctx: ToolContext, gate: str) -> str:
+    """Marks `<LAYBY_TEST_GATE_DIR>/<gate>.started`, then waits until the test creates
+    `<gate>` (at most two minutes): the run is running, inside a tool, all that time."""
+    folder = Path(os.environ["LAYBY_TEST_GATE_DIR"])
+    (folder / f"{gate}.started").touch()
+    deadline = time.monotonic() + 120
+    while not (folder / gate).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        time.sleep(0.05)
+    return "released"
+
+
+held = Agent(name="test.held", tools=(hold,), model=ScriptedModel(steps=[
+    Reply(calls=[Call(name="hold", input={"gate": "{input}"})]),
+    Reply(text="Released: {hold}."),
+]))
