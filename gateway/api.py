@@ -138,6 +138,14 @@ class Answered(Wire):
     resumed: bool
 
 
+def _why_redis_is_away(exc: Exception) -> str:
+    if isinstance(exc, redis.sentinel.MasterNotFoundError):
+        # Its own text lists the settings of every sentinel client it tried.
+        return ("no Redis primary: the sentinels name none right now (a failover under "
+                "way?); try again in a few seconds")
+    return f"Redis does not answer: {exc}"
+
+
 def _error(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:
     body: dict[str, Any] = {"code": code, "message": message}
     if detail is not None:
@@ -161,11 +169,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _redis_away(_: Request, exc: Exception) -> JSONResponse:
         # Redis restarting or failing over is transient: a 503 tells clients to try again,
         # where a bare 500 would read as a bug in the request or the server.
-        if isinstance(exc, redis.sentinel.MasterNotFoundError):
-            return _error(503, "redis_unavailable",
-                          "no Redis primary: the sentinels name none right now (a failover "
-                          "under way?); try again in a few seconds", str(exc))
-        return _error(503, "redis_unavailable", f"Redis does not answer: {exc}")
+        return _error(503, "redis_unavailable", _why_redis_is_away(exc))
 
     @app.exception_handler(NotReplicated)
     async def _not_replicated(_: Request, exc: NotReplicated) -> JSONResponse:
@@ -201,7 +205,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             runtime.store().redis.ping()
         except Exception as exc:  # the gateway is up; what it depends on is not
-            return _error(503, "redis_unavailable", f"Redis does not answer: {exc}")
+            return _error(503, "redis_unavailable", _why_redis_is_away(exc))
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", include_in_schema=False)

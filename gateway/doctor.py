@@ -249,6 +249,10 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
                 except redis.ResponseError as exc:  # CONFIG renamed or refused by a host
                     checks.append(Check(check.__name__.removeprefix("check_"), False,
                                         f"cannot read it: {exc}; check it by hand"))
+        except redis.sentinel.MasterNotFoundError:
+            # Its text lists every sentinel client's settings; the checks above say why.
+            checks.append(Check("redis", False, "does not answer: the sentinels name no "
+                                f"primary for {settings.redis_sentinel_master!r}"))
         except redis.RedisError as exc:
             checks.append(Check("redis", False, f"does not answer: {exc}"))
     checks.extend(check_celery(conf, settings))
