@@ -73,7 +73,7 @@ def test_failover_keeps_parked_and_running_runs_going(sentinels: SentinelSetup,
                    what="the held run's tool to start")
         assert system.run(held["id"])["status"] == "running"
 
-        old_primary, new_primary = sentinels.nodes
+        old_primary = sentinels.primary()
         sentinels.wait_replicated()
         old_primary.kill()
 
@@ -85,8 +85,11 @@ def test_failover_keeps_parked_and_running_runs_going(sentinels: SentinelSetup,
         if during.status_code == 503:
             assert during.json()["error"]["code"] == "redis_unavailable"
 
-        wait_until(lambda: sentinels.primary_port() == new_primary.port, 60, every=0.2,
-                   what="the sentinels to promote the replica")
+        def promoted() -> int | None:
+            port = sentinels.primary_port()
+            return None if port == old_primary.port else port
+
+        new_port = wait_until(promoted, 60, every=0.2, what="the sentinels to promote the replica")
         (gates / "gate1").touch()
 
         for run in parked:
@@ -114,7 +117,7 @@ def test_failover_keeps_parked_and_running_runs_going(sentinels: SentinelSetup,
 
         doctor = _cli(system.env, "-m", "gateway.cli", "doctor")
         lines = doctor.stdout.splitlines()
-        assert f"OK      redis primary: 127.0.0.1:{new_primary.port}, named by 3 sentinel(s)" \
+        assert f"OK      redis primary: 127.0.0.1:{new_port}, named by 3 sentinel(s)" \
             in lines, doctor.stdout + doctor.stderr
         assert f"OK      redis sentinels: 3 of 3 answer for {MASTER!r}" in lines
         # The old primary is gone and nothing replaces it: no replica left to promote.
