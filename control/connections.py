@@ -74,13 +74,12 @@ def sentinel_group(url: str) -> SentinelGroup:
         if path and not path.isdigit():
             raise ConfigError(f"{_nth(i)} names database {path[:20]!r}: the path must be a "
                               "database number, as in sentinel://host:26379/0")
-        this = (unquote(found.username) if found.username else None,
-                unquote(found.password) if found.password else None,
-                int(path) if path else None)
+        login = (unquote(found.username) if found.username else None,
+                 unquote(found.password) if found.password else None)
+        db = int(path) if path else None
         if first is None:
-            first = (this[0], this[1], this[2] or 0)
-        elif (this[0], this[1]) not in ((None, None), first[:2]) or this[2] not in (None,
-                                                                                   first[2]):
+            first = (*login, db or 0)
+        elif login not in ((None, None), first[:2]) or db not in (None, first[2]):
             # kombu (the broker) reads them from the first address only: a different one
             # further on would mean the broker and the store use different ones.
             raise ConfigError(
@@ -132,7 +131,7 @@ def sentinel(settings: Settings, timeout_s: float | None = None
     if not is_sentinel_url(url):
         return None
     group = sentinel_group(url)
-    _master_name(settings)
+    _master_name(settings)  # refused before anything connects
     return redis.sentinel.Sentinel(group.sentinels,
                                    sentinel_kwargs=settings.sentinel_kwargs(timeout_s),
                                    **_node_kwargs(settings, group, timeout_s))
@@ -154,16 +153,15 @@ async def async_redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     No socket timeout on reads, which a blocked XREAD would trip: a server that dies closes
     the socket, and keepalive finds one that vanished."""
     url = redis_url(settings)
-    options = {**_node_kwargs(settings), "socket_timeout": None}
-    manager = None
-    if is_sentinel_url(url):
-        group = sentinel_group(url)
-        manager = redis.asyncio.sentinel.Sentinel(
-            group.sentinels, sentinel_kwargs=settings.sentinel_kwargs(),
-            **{**_node_kwargs(settings, group), "socket_timeout": None})
-        client = manager.master_for(_master_name(settings), redis_class=aioredis.Redis)
-    else:
+    group = sentinel_group(url) if is_sentinel_url(url) else None
+    options = {**_node_kwargs(settings, group), "socket_timeout": None}
+    manager: redis.asyncio.sentinel.Sentinel | None = None
+    if group is None:
         client = aioredis.Redis.from_url(url, **options)
+    else:
+        manager = redis.asyncio.sentinel.Sentinel(
+            group.sentinels, sentinel_kwargs=settings.sentinel_kwargs(), **options)
+        client = manager.master_for(_master_name(settings), redis_class=aioredis.Redis)
     try:
         yield client
     finally:

@@ -21,7 +21,8 @@ import httpx
 import pytest
 import redis
 
-from broker_config import Settings
+from broker_config import Settings, make_app
+from broker_config.celery_app import celery_config
 from control import connections
 from gateway.embedded import EmbeddedRedis
 from generation import text_message
@@ -136,6 +137,22 @@ def test_failover_keeps_parked_and_running_runs_going(sentinels: SentinelSetup,
             assert secret not in doctor.stdout + doctor.stderr
     finally:
         system.stop()
+
+
+def test_a_sentinel_url_configures_the_store_and_the_broker_alike() -> None:
+    settings = Settings(redis_url="sentinel://:p%40ss@10.0.0.1:26380/3;sentinel://10.0.0.2",
+                        redis_sentinel_master="main", redis_sentinel_password="s3cret")
+    group = connections.sentinel_group(settings.redis_url or "")
+    assert group.sentinels == [("10.0.0.1", 26380), ("10.0.0.2", 26379)]
+    assert group.password is not None and group.password.get_secret_value() == "p@ss"
+    assert group.db == 3
+    options = celery_config(settings)["broker_transport_options"]
+    assert options["master_name"] == "main"  # type: ignore[index]
+    assert options["sentinel_kwargs"]["password"] == "s3cret"  # type: ignore[index]
+    # What `celery inspect conf` and Flower show of it.
+    shown = repr(make_app(settings).conf.table(with_defaults=False))
+    for secret in ("s3cret", "p@ss", "p%40ss"):
+        assert secret not in shown
 
 
 @pytest.mark.parametrize("url,master,expected", [
