@@ -115,6 +115,9 @@ def test_failover_keeps_parked_and_running_runs_going(sentinels: SentinelSetup,
                              payload={"approved": True}).status_code == 200
         assert system.wait_status(fresh["id"], "completed", timeout=60)["result"] == \
             "Sent 7 to Cy."
+        with system.api() as api:  # the gateway's asyncio client, through the sentinels too
+            events = api.get(f"/v1/runs/{fresh['id']}/events")
+        assert events.status_code == 200 and "event: run.completed" in events.text
 
         doctor = _cli(system.env, "-m", "gateway.cli", "doctor")
         lines = doctor.stdout.splitlines()
