@@ -5,6 +5,12 @@ sweep or a notification never waits behind model calls. Task names are public an
 other services enqueue by name with `send_task`, knowing only the broker URL: such a
 message lands on Celery's default queue (`celery`, the intake), which the turns worker
 reads too, and the broker's keys carry no prefix unless LAYBY_BROKER_KEY_PREFIX says so.
+
+A `sentinel://…;sentinel://…` URL is kombu's Sentinel transport: the options below name the
+primary (`master_name`) and how to reach the sentinels (`sentinel_kwargs`, whose password
+Celery masks in `inspect conf` and Flower, as it masks the URL's). Both schemes run on
+kombu's Redis transports with a fix that keeps a worker reconnecting after it loses the
+broker mid-task (`broker_config.transport`).
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
-from broker_config import logs
-from broker_config.settings import Settings, get_settings
+from broker_config import logs, transport
+from broker_config.settings import Settings, get_settings, is_sentinel_url
+
+transport.install()
 
 TURNS = "layby.turns"
 NOTIFY = "layby.notify"
@@ -64,6 +72,9 @@ def celery_config(settings: Settings) -> dict[str, object]:
             "retry_on_timeout": True,
             **({"global_keyprefix": settings.broker_key_prefix}
                if settings.broker_key_prefix else {}),
+            **({"master_name": settings.redis_sentinel_master,
+                "sentinel_kwargs": settings.sentinel_kwargs()}
+               if is_sentinel_url(url) else {}),
         },
         "task_acks_late": True,
         "task_retry_on_worker_lost": True,

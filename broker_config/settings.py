@@ -2,19 +2,30 @@
 
 Where Redis is: `LAYBY_REDIS_URL`, or else the file `<LAYBY_DATA_DIR>/redis.url` that
 `layby up` writes for the embedded server it starts, so every other `layby` command on the
-same machine finds it.
+same machine finds it. The URL names one server, or a Sentinel group in kombu's form
+(`sentinel://[:password@]host:26379/0;sentinel://host2:26379;…`) whose primary is
+LAYBY_REDIS_SENTINEL_MASTER; `control.connections` builds the clients.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 CommaList = Annotated[list[str], NoDecode]
+
+SENTINEL_PORT = 26379
+# Sentinels answer at once: a short timeout and no retries let a client that finds one
+# away ask the next at once (redis-py's default retries cost seconds per sentinel away).
+SENTINEL_TIMEOUT_S = 3.0
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.strip().lower().startswith("sentinel://")
 
 
 class Settings(BaseSettings):
@@ -56,6 +67,17 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
     redis_health_check_interval_s: int = 25
+    # -- Redis Sentinel (LAYBY_REDIS_URL=sentinel://…;sentinel://…) ------------------------
+    redis_sentinel_master: str = "mymaster"  # the name the sentinels monitor the primary under
+    # For sentinels that require a password (`requirepass` in sentinel.conf); the data
+    # nodes' password is the one in LAYBY_REDIS_URL.
+    redis_sentinel_password: SecretStr | None = None
+    # Replication is asynchronous: a failover loses what the primary acknowledged but had
+    # not yet sent on. With n > 0, the transitions that answer someone (start, park, answer,
+    # expire, complete, fail, cancel) wait until n replicas have them (WAIT), and are
+    # refused as not durable (HTTP 503) when fewer confirm within the timeout.
+    redis_min_replicas_ack: int = Field(0, ge=0)
+    redis_replica_ack_timeout_s: float = Field(1.0, gt=0)
 
     # -- reviewers (notifier/) --------------------------------------------------------------
     reviewers_file: Path | None = Field(None, description="TOML or YAML reviewer directory")
@@ -144,6 +166,17 @@ class Settings(BaseSettings):
             return self.flower_auth_file.read_text().strip() or None
         except OSError:
             return None
+
+    def sentinel_kwargs(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """How to connect to the sentinels themselves (kombu's and redis-py's
+        `sentinel_kwargs`): without them, redis-py would log in to sentinels with no
+        password and retry a sentinel that is away."""
+        timeout = timeout_s or SENTINEL_TIMEOUT_S
+        options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+                                   "socket_keepalive": True, "retry": None}
+        if self.redis_sentinel_password:
+            options["password"] = self.redis_sentinel_password.get_secret_value()
+        return options
 
     def resolved_redis_url(self) -> str | None:
         if self.redis_url:

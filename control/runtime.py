@@ -1,5 +1,7 @@
 """One store and one publisher per process, built from settings, rebuilt after a fork.
 
+The store's client comes from `control.connections` (one server or a Sentinel group).
+
 Publishing sends outbox entries to the broker, then acks them in the store; if the broker
 is away the entries stay in the outbox and the sweeper publishes them later.
 """
@@ -18,8 +20,8 @@ import redis
 
 from broker_config import NOTIFY_TASK, app, get_settings
 from broker_config.settings import Settings
+from control.connections import redis_client
 from generation.agents import Agent, load_agents
-from generation.errors import ConfigError
 from parking import OutboxEntry, Store, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -32,19 +34,9 @@ def store_config(settings: Settings) -> StoreConfig:
     return StoreConfig(prefix=settings.key_prefix, retention_s=settings.retention_s,
                        idempotency_ttl_s=settings.idempotency_ttl_s,
                        lease_ms=int(settings.lease_s * 1000), events_max=settings.events_max,
-                       outbox_grace_ms=int(settings.outbox_grace_s * 1000))
-
-
-def redis_client(settings: Settings) -> redis.Redis:
-    url = settings.resolved_redis_url()
-    if not url:
-        raise ConfigError("no Redis server is configured: set LAYBY_REDIS_URL, or start "
-                          f"`layby up` (it writes {settings.url_file})")
-    return redis.Redis.from_url(url, decode_responses=True,
-                                socket_timeout=settings.redis_socket_timeout_s,
-                                socket_connect_timeout=10, socket_keepalive=True,
-                                health_check_interval=settings.redis_health_check_interval_s,
-                                retry_on_timeout=True)
+                       outbox_grace_ms=int(settings.outbox_grace_s * 1000),
+                       min_replicas_ack=settings.redis_min_replicas_ack,
+                       replica_ack_timeout_ms=int(settings.redis_replica_ack_timeout_s * 1000))
 
 
 def store() -> Store:

@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 from ag_ui.core import (
     AssistantMessage,
     BaseEvent,
@@ -54,7 +53,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from broker_config import get_settings
-from control import commands, runtime
+from control import commands, connections, runtime
 from gateway.api import bearer, require_key, sane_body
 from generation.errors import Conflict, Invalid, LaybyError, NotFound
 from generation.interrupts import BACKGROUND_JOB, ResumeEntry
@@ -332,9 +331,7 @@ def prepare(agent: str, body: RunAgentInput, caller: str) -> Plan:
 async def _follow(run_id: str, after: str) -> AsyncIterator[Event | None]:
     """The run's events after `after`, as they come; None every 15 s without one."""
     key = runtime.store().keys.events(run_id)
-    client = aioredis.Redis.from_url(get_settings().resolved_redis_url() or "",
-                                     decode_responses=True)
-    try:
+    async with connections.async_redis(get_settings()) as client:
         while True:
             reply = await client.xread({key: after}, count=500, block=15_000)
             batch = reply[0][1] if reply else []
@@ -343,8 +340,6 @@ async def _follow(run_id: str, after: str) -> AsyncIterator[Event | None]:
             for event_id, fields in batch:
                 after = event_id
                 yield event_of(event_id, fields)
-    finally:
-        await client.aclose()
 
 
 async def _stream(encoder: EventEncoder, cursor: Cursor, plan: Plan,

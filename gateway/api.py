@@ -16,8 +16,8 @@ from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Annotated, Any
 
-import redis.asyncio as aioredis
 import redis.exceptions
+import redis.sentinel
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -28,14 +28,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from broker_config import Settings, get_settings
 from broker_config.logs import about
-from control import commands, runtime
+from control import commands, connections, runtime
 from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import render as render_metrics
 from gateway.metrics import serve as serve_metrics
 from generation.errors import Invalid, LaybyError, TooLarge, Unauthorized
 from generation.interrupts import ResumeEntry
 from generation.messages import Message, Wire
-from parking import RunSummary, RunView, Status
+from parking import NotReplicated, RunSummary, RunView, Status
 from parking.store import event_of
 
 bearer = HTTPBearer(auto_error=False)
@@ -141,6 +141,14 @@ class Answered(Wire):
     resumed: bool
 
 
+def _why_redis_is_away(exc: Exception) -> str:
+    if isinstance(exc, redis.sentinel.MasterNotFoundError):
+        # Its own text lists the settings of every sentinel client it tried.
+        return ("no Redis primary: the sentinels name none right now (a failover under "
+                "way?); try again in a few seconds")
+    return f"Redis does not answer: {exc}"
+
+
 def _error(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:
     body: dict[str, Any] = {"code": code, "message": message}
     if detail is not None:
@@ -195,7 +203,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _redis_away(_: Request, exc: Exception) -> JSONResponse:
         # Redis restarting or failing over is transient: a 503 tells clients to try again,
         # where a bare 500 would read as a bug in the request or the server.
-        return _error(503, "redis_unavailable", f"Redis does not answer: {exc}")
+        return _error(503, "redis_unavailable", _why_redis_is_away(exc))
+
+    @app.exception_handler(NotReplicated)
+    async def _not_replicated(_: Request, exc: NotReplicated) -> JSONResponse:
+        return _error(503, "redis_not_replicated", str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -229,7 +241,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             runtime.store().redis.ping()
         except Exception as exc:  # the gateway is up; what it depends on is not
-            return _error(503, "redis_unavailable", f"Redis does not answer: {exc}")
+            return _error(503, "redis_unavailable", _why_redis_is_away(exc))
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", include_in_schema=False)
@@ -334,10 +346,8 @@ async def _event_stream(run_id: str, after: str, follow: bool) -> AsyncIterator[
 
     An async client, so a waiting stream holds a socket, not one of the server's threads.
     """
-    settings = get_settings()
     key = runtime.store().keys.events(run_id)
-    client = aioredis.Redis.from_url(settings.resolved_redis_url() or "", decode_responses=True)
-    try:
+    async with connections.async_redis(get_settings()) as client:
         while True:
             reply = await client.xread({key: after}, count=500,
                                        block=15_000 if follow else None)
@@ -354,5 +364,3 @@ async def _event_stream(run_id: str, after: str, follow: bool) -> AsyncIterator[
                 yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n".encode()
                 if event.type in FINAL:
                     return
-    finally:
-        await client.aclose()

@@ -187,16 +187,21 @@ def secret(kind: Annotated[str, typer.Argument(help="'tokens' or 'webhook'")]) -
 def doctor() -> None:
     """Check what guards parked work: Redis persistence and eviction, clocks, Celery's
     loss settings, SMTP, reviewers and token keys. Exits 1 if anything needs fixing."""
-    import redis as _redis
-
     from broker_config import app
+    from control import connections
     from gateway.doctor import run_checks
+    from generation.errors import ConfigError
 
     settings = get_settings()
-    url = settings.resolved_redis_url()
-    client = _redis.Redis.from_url(url, decode_responses=True, socket_timeout=10,
-                                   socket_connect_timeout=5) if url else None
-    checks = run_checks(settings, client, app.conf)
+    client = sentinel = None
+    error = None
+    try:
+        if settings.resolved_redis_url():
+            sentinel = connections.sentinel(settings, timeout_s=5)
+            client = connections.redis_client(settings, timeout_s=5)
+    except ConfigError as exc:
+        error = exc.message
+    checks = run_checks(settings, client, app.conf, sentinel=sentinel, redis_error=error)
     for check in checks:
         typer.secho(check.line(), fg=None if check.ok else "red")
     raise SystemExit(0 if all(c.ok for c in checks) else 1)

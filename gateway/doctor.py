@@ -10,10 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
+import redis.sentinel
 
 from broker_config.settings import Settings
 
 MAX_SKEW_S = 2.0
+# A failover needs a majority of the sentinels: with fewer than 3, losing the primary's
+# machine (and the sentinel on it) leaves too few to agree.
+MIN_SENTINELS = 3
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,85 @@ def check_clock(client: redis.Redis) -> Check:
     return Check("clock skew", False,
                  f"{text} (more than {MAX_SKEW_S:g} s): deadlines, leases and tokens are "
                  "timed on both; run NTP (chrony, systemd-timesyncd) on every machine")
+
+
+def _where(node: redis.Redis) -> str:
+    return "{host}:{port}".format_map(node.connection_pool.connection_kwargs)
+
+
+def _why(exc: redis.RedisError) -> str:
+    if isinstance(exc, redis.AuthenticationError):
+        return f"{exc} (check LAYBY_REDIS_SENTINEL_PASSWORD)"
+    if "no such master" in str(exc).lower():
+        return f"{exc} (check LAYBY_REDIS_SENTINEL_MASTER)"
+    return str(exc)
+
+
+def check_sentinels(group: redis.sentinel.Sentinel, master: str,
+                    min_replicas_ack: int = 0) -> list[Check]:
+    """Sentinels reachable, agreeing on the primary of `master`, and its replicas in sync."""
+    states: dict[str, dict] = {}
+    failures = []
+    for node in group.sentinels:
+        try:
+            states[_where(node)] = node.sentinel_master(master)
+        except redis.RedisError as exc:
+            failures.append(f"{_where(node)}: {_why(exc)}")
+    listed = len(group.sentinels)
+    known = min((int(s["num-other-sentinels"]) + 1 for s in states.values()), default=0)
+    problems = [*failures]
+    if listed < MIN_SENTINELS:
+        problems.append(f"LAYBY_REDIS_URL lists {listed}: a failover needs a majority of "
+                        f"the sentinels; run {MIN_SENTINELS} or more on separate machines "
+                        "and list them all")
+    elif states and known < MIN_SENTINELS:
+        problems.append(f"a sentinel knows only {known} sentinel(s) in all: they must reach "
+                        "each other (check their network, and `sentinel announce-ip` "
+                        "behind NAT)")
+    summary = f"{len(states)} of {listed} answer for {master!r}"
+    checks = [Check("redis sentinels", not problems,
+                    "; ".join([summary, *problems]) if problems else summary)]
+    primaries = {f"{s['ip']}:{s['port']}" for s in states.values()}
+    if not states:
+        return [*checks, Check("redis primary", False, "no sentinel answered")]
+    if len(primaries) > 1:
+        named = ", ".join(f"{w} says {s['ip']}:{s['port']}" for w, s in states.items())
+        checks.append(Check("redis primary", False, f"the sentinels disagree ({named}): a "
+                            "failover is under way, or they are split; run doctor again "
+                            "in a minute"))
+    elif any(s["is_sdown"] or s["is_odown"] for s in states.values()):
+        checks.append(Check("redis primary", False, f"{primaries.pop()} is down as the "
+                            "sentinels see it; a failover should follow"))
+    else:
+        checks.append(Check("redis primary", True, f"{primaries.pop()}, named by "
+                            f"{len(states)} sentinel(s)"))
+    checks.append(check_replicas(group, master, min_replicas_ack))
+    return checks
+
+
+def check_replicas(group: redis.sentinel.Sentinel, master: str,
+                   min_replicas_ack: int = 0) -> Check:
+    replicas = None
+    for node in group.sentinels:
+        try:
+            replicas = node.sentinel_slaves(master)
+            break
+        except redis.RedisError as exc:
+            why = _why(exc)
+    if replicas is None:
+        return Check("redis replicas", False, f"no sentinel lists them: {why}")
+    in_sync = [f"{r['ip']}:{r['port']}" for r in replicas
+               if not (r["is_sdown"] or r["is_odown"]) and r.get("master-link-status") == "ok"]
+    if not in_sync:
+        return Check("redis replicas", False,
+                     "none in sync with the primary: a failover has nothing to promote; "
+                     "run a replica (`replicaof <primary> <port>`) the sentinels can see")
+    if len(in_sync) < min_replicas_ack:
+        return Check("redis replicas", False,
+                     f"{len(in_sync)} in sync ({', '.join(in_sync)}) but "
+                     f"LAYBY_REDIS_MIN_REPLICAS_ACK={min_replicas_ack}: acknowledged "
+                     "transitions are refused until more replicas are in sync")
+    return Check("redis replicas", True, f"{len(in_sync)} in sync: {', '.join(in_sync)}")
 
 
 def check_celery(conf: object, settings: Settings) -> list[Check]:
@@ -143,10 +226,17 @@ def check_reviewers(settings: Settings) -> list[Check]:
     return checks
 
 
-def run_checks(settings: Settings, client: redis.Redis | None, conf: object) -> list[Check]:
+def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
+               sentinel: redis.sentinel.Sentinel | None = None,
+               redis_error: str | None = None) -> list[Check]:
+    """All checks; `redis_error` says why there is no `client` (a configuration error)."""
     checks: list[Check] = []
+    if sentinel is not None:
+        checks.extend(check_sentinels(sentinel, settings.redis_sentinel_master,
+                                      settings.redis_min_replicas_ack))
     if client is None:
-        checks.append(Check("redis", False, "no Redis server configured: set LAYBY_REDIS_URL"))
+        checks.append(Check("redis", False, redis_error
+                            or "no Redis server configured: set LAYBY_REDIS_URL"))
     else:
         try:
             client.ping()
@@ -159,6 +249,10 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object) -> 
                 except redis.ResponseError as exc:  # CONFIG renamed or refused by a host
                     checks.append(Check(check.__name__.removeprefix("check_"), False,
                                         f"cannot read it: {exc}; check it by hand"))
+        except redis.sentinel.MasterNotFoundError:
+            # Its text lists every sentinel client's settings; the checks above say why.
+            checks.append(Check("redis", False, "does not answer: the sentinels name no "
+                                f"primary for {settings.redis_sentinel_master!r}"))
         except redis.RedisError as exc:
             checks.append(Check("redis", False, f"does not answer: {exc}"))
     checks.extend(check_celery(conf, settings))

@@ -15,9 +15,9 @@ from parking.records import (
     RunView,
 )
 from parking.states import InterruptState, Status
-from parking.store import Result, RunRecord, Store, StoreConfig, iso
+from parking.store import NotReplicated, Result, RunRecord, Store, StoreConfig, iso
 
-__all__ = ["Answer", "Event", "InterruptState", "InterruptView", "Keys", "Notification",
-           "OutboxEntry",
+__all__ = ["Answer", "Event", "InterruptState", "InterruptView", "Keys", "NotReplicated",
+           "Notification", "OutboxEntry",
            "Result", "RunRecord", "RunSummary", "RunView", "Status", "Store", "StoreConfig",
            "iso"]

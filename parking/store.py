@@ -2,6 +2,9 @@
 
 Each transition method returns a small result; `entries` are outbox entries the caller must
 publish and then `ack_outbox`. The store never publishes: it knows Redis, not the broker.
+
+With `min_replicas_ack`, the transitions someone is told about (`ACKNOWLEDGED`) are
+followed by WAIT on the same connection, so what was acknowledged survives a failover.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from redis import Redis
+from redis import Redis, RedisError
 
 from generation.interrupts import Interrupt
 from generation.messages import Message, dump_messages, load_messages
@@ -44,6 +47,23 @@ class StoreConfig:
     notify_task: str = "layby.notify.interrupts"
     notify_queue: str = "layby.notify"
     max_attempts: int = 5
+    min_replicas_ack: int = 0  # WAIT for this many replicas after ACKNOWLEDGED transitions
+    replica_ack_timeout_ms: int = 1000
+
+
+# Transitions whose outcome is told to someone (a 202, an answer taken, a reviewer asked, a
+# result): lost at a failover, the caller would have been told something that is not so.
+# The others are redone by the sweeper or a redelivery if lost.
+ACKNOWLEDGED = frozenset({"create_run", "park_run", "answer_interrupts", "expire_interrupt",
+                          "complete_run", "fail_run", "cancel_run"})
+# First elements of the replies of scripts that wrote something.
+WROTE = frozenset({"created", "ok", "failed", "early"})
+
+
+class NotReplicated(RedisError):
+    """A transition was written on the primary, but fewer replicas than `min_replicas_ack`
+    confirmed it in time: a failover now could lose it. The write stands on the primary,
+    where a retry finds it (an answer already recorded, the run of an idempotency key)."""
 
 
 @dataclass
@@ -95,7 +115,22 @@ class Store:
 
     def _run(self, name: str, run_id: str, *argv: Any, extra_keys: tuple[str, ...] = ()) -> list:
         keys = [*self.keys.for_scripts(run_id), *extra_keys]
-        return self._scripts[name](keys=keys, args=[str(a) for a in argv])
+        args = [str(a) for a in argv]
+        wanted = self.config.min_replicas_ack
+        if not wanted or name not in ACKNOWLEDGED:
+            return self._scripts[name](keys=keys, args=args)
+        # WAIT counts the replicas that have this connection's writes: same pipeline.
+        pipe = self.redis.pipeline(transaction=False)
+        self._scripts[name](keys=keys, args=args, client=pipe)
+        pipe.wait(wanted, self.config.replica_ack_timeout_ms)
+        reply, acked = pipe.execute()
+        if acked < wanted and reply and reply[0] in WROTE:
+            raise NotReplicated(
+                f"{name} for run {run_id} is written on the primary, but {acked} of the "
+                f"{wanted} replica(s) asked for confirmed it within "
+                f"{self.config.replica_ack_timeout_ms} ms (LAYBY_REDIS_MIN_REPLICAS_ACK): a "
+                "failover now could lose it; check the replicas (`layby doctor`)")
+        return reply
 
     # -- transitions -------------------------------------------------------------------
 

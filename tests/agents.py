@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from control import runtime
 from demo.agents import ask_question, compile_report
@@ -103,4 +105,28 @@ def hold(ctx: ToolContext) -> str:
 held = Agent(name="test.hold", tools=(hold,), model=ScriptedModel(steps=[
     Reply(calls=[Call(name="hold")]),
     Reply(text="{hold}"),
+]))
+
+
+# -- for failover tests: a run that stays *running* until the test lets it go; a file, not
+# Redis (as test.hold uses), because Redis is what those tests kill ----------------------
+
+
+@tool
+def wait_for_gate(ctx: ToolContext, gate: str) -> str:
+    """Marks `<LAYBY_TEST_GATE_DIR>/<gate>.started`, then waits until the test creates
+    `<gate>` (at most two minutes): the run is running, inside a tool, all that time."""
+    folder = Path(os.environ["LAYBY_TEST_GATE_DIR"])
+    (folder / f"{gate}.started").touch()
+    deadline = time.monotonic() + 120
+    while not (folder / gate).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        time.sleep(0.05)
+    return "released"
+
+
+gated = Agent(name="test.gated", tools=(wait_for_gate,), model=ScriptedModel(steps=[
+    Reply(calls=[Call(name="wait_for_gate", input={"gate": "{input}"})]),
+    Reply(text="Released: {wait_for_gate}."),
 ]))
