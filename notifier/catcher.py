@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import email
 import email.policy
+import logging
 import time
 from dataclasses import dataclass
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 NAME_DIGITS = 20
 
@@ -54,8 +57,8 @@ class CatcherHandler:
         (self.folder / f"{name}.eml").write_bytes(envelope.original_content or envelope.content)
         caught = load(self.folder, name)
         subject = caught.subject if caught else "?"
-        print(f"mail to {', '.join(envelope.rcpt_tos)}: {subject}\n"
-              f"    read it at {self.public_url}/mail/{name}", flush=True)
+        log.info("mail to %s: %s; read it at %s/mail/%s", ", ".join(envelope.rcpt_tos),
+                 subject, self.public_url, name)
         return "250 2.0.0 caught"
 
 

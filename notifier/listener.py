@@ -88,8 +88,7 @@ def serve(host: str, port: int, handler: Any, what: str) -> None:
     controller = Controller(handler, hostname=host, port=port,
                             data_size_limit=MAX_MAIL_BYTES, server_hostname="layby")
     controller.start()
-    log.info("%s listening on %s:%d", what, host, port)
-    print(f"{what} listening on smtp://{host}:{port}", flush=True)
+    log.info("%s listening on smtp://%s:%d", what, host, port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
