@@ -13,11 +13,15 @@ from tests.harness import LaybySystem
 from tests.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewed_system
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
-    server = EmbeddedRedis(tmp_path_factory.mktemp("valkey")).start()
+def _valkey(factory: pytest.TempPathFactory, name: str) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(factory.mktemp(name)).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    yield from _valkey(tmp_path_factory, "valkey")
 
 
 @pytest.fixture(scope="session")
@@ -53,9 +57,7 @@ def isolated(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[callable]:
 @pytest.fixture(scope="session")
 def reviewer_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     """A Valkey server of the reviewer tests' own: `isolated` flushes databases 1-15."""
-    server = EmbeddedRedis(tmp_path_factory.mktemp("valkey-reviewers")).start()
-    yield server
-    server.stop()
+    yield from _valkey(tmp_path_factory, "valkey-reviewers")
 
 
 @pytest.fixture(scope="session")

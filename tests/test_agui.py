@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from ag_ui.core import RunFinishedEvent
 from gateway import agui
 from generation.messages import Message, Part, ToolRequest, ToolResponse, text_message
 from parking.records import Event
-from tests.harness import API_KEY, LaybySystem
+from tests.harness import API_KEY, LaybySystem, wait_until
 
 
 def _post(system: LaybySystem, agent: str, thread: str, *, text: str | None = None,
@@ -300,8 +301,9 @@ def test_expired_answer_is_an_error(system: LaybySystem) -> None:
     # The shared system runs with LAYBY_DEMO_EXPIRY_S=2 (tests.harness.BASE_ENV).
     thread = _thread()
     (intr,) = _interrupts(_post(system, "demo.expiring", thread, text="deploy"))
-    assert intr["expiresAt"]
-    time.sleep(2.5)
+    expires_at = datetime.fromisoformat(intr["expiresAt"].replace("Z", "+00:00"))
+    wait_until(lambda: datetime.now(UTC) > expires_at + timedelta(seconds=0.5), 30,
+               what="the interrupt to expire")
     late = _post(system, "demo.expiring", thread,
                  resume=[{"interruptId": intr["id"], "status": "resolved",
                           "payload": {"approved": True}}])

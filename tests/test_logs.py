@@ -46,9 +46,9 @@ def test_json_logs_carry_run_and_interrupt_ids(isolated) -> None:
 
     # The worker: its task lines (Celery's own "received"/"succeeded" included) name the
     # run and the task, every line parses, and the banner is gone.
-    worker = wait_until(lambda: about_the_run("worker"), what="worker lines about the run")
-    assert {"layby.run_turn", "layby.notify.interrupts", "layby.resume_run"} <= {
-        w.get("task_name") for w in worker}
+    tasks = {"layby.run_turn", "layby.notify.interrupts", "layby.resume_run"}
+    worker = wait_until(lambda: tasks <= {w.get("task_name") for w in about_the_run("worker")}
+                        and about_the_run("worker"), what="worker lines about the run's tasks")
     assert all(w.get("task_id") for w in worker)
     assert any(w["logger"].startswith("celery") for w in worker)
     # The gateway records who answered which interrupt.

@@ -71,14 +71,15 @@ def test_metrics_count_runs_by_state_and_answers(isolated) -> None:
     resumed = metrics["layby_resume_latency_seconds_bucket"]
     assert metrics["layby_resume_latency_seconds_count"][()] == 1
     assert resumed[(("le", "+Inf"),)] == resumed[(("le", "300.0"),)] == 1
-    assert resumed[(("le", "0.05"),)] <= resumed[(("le", "1.0"),)] <= 1  # cumulative
+    counts = [v for (label,), v in sorted(resumed.items(), key=lambda kv: float(kv[0][0][1]))]
+    assert counts == sorted(counts)  # cumulative: each bucket holds the ones below it
     assert 0 <= metrics["layby_resume_latency_seconds_sum"][()] < 300
     assert metrics["layby_notifications_failed_total"][()] == 0
     for name in ("layby_outbox_backlog", "layby_outbox_due", "layby_outbox_lag_seconds",
                  "layby_notifications_due", "layby_notifications_lag_seconds",
                  "layby_interrupt_deadlines", "layby_interrupt_deadlines_overdue",
                  "layby_leases_lapsed"):
-        assert metrics[name][()] >= 0, name
+        assert () in metrics.get(name, {}), f"{name} is not reported"
 
 
 def test_metrics_need_the_api_key(system: LaybySystem) -> None:
