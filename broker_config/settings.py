@@ -9,6 +9,7 @@ LAYBY_REDIS_SENTINEL_MASTER; `control.connections` builds the clients.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -185,6 +186,15 @@ class Settings(BaseSettings):
             return self.url_file.read_text().strip() or None
         except OSError:
             return None
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a secret of the data folder (API key, token keys, Flower's credentials),
+    created readable by its owner only: never readable by others, not even for a moment."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
 
 
 @lru_cache

@@ -15,8 +15,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from generation.answers import check_answer
-from generation.errors import Conflict, Invalid, NotFound
+from broker_config import get_settings
+from generation.answers import check_answer, check_storable
+from generation.errors import Conflict, Invalid, NotFound, TooLarge
 from generation.interrupts import Interrupt, ResumeEntry
 from generation.messages import Message, text_message
 from generation.tools import Tool
@@ -106,6 +107,7 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
     records = []
     request_id = uuid.uuid4().hex
     for entry in entries:
+        _check_storable(entry, get_settings().max_answer_bytes)
         spec = by_id.get(entry.interrupt_id)
         if spec is None:
             raise NotFound(f"run {run_id} has no interrupt {entry.interrupt_id!r}",
@@ -142,6 +144,18 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
                  extra={"run_id": run_id, "interrupt_id": rec.interrupt_id})
     runtime.publish(result.entries, store)
     return result
+
+
+def _check_storable(entry: ResumeEntry, max_bytes: int) -> None:
+    """Every channel's answers (pages, mail, callbacks, not only /v1's bodies) stored whole
+    or not at all: refused when Redis could not take them or they exceed
+    LAYBY_MAX_ANSWER_BYTES."""
+    what = f"the answer to interrupt {entry.interrupt_id}"
+    check_storable([entry.payload, entry.metadata], what)
+    size = len(json.dumps([entry.payload, entry.metadata]).encode())
+    if size > max_bytes:
+        raise TooLarge(f"{what} is {size} bytes; at most {max_bytes} are taken "
+                       "(LAYBY_MAX_ANSWER_BYTES)")
 
 
 def _tool(agent_name: str, tool_name: str) -> Tool | None:

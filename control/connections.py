@@ -100,6 +100,18 @@ def redis_url(settings: Settings) -> str:
     return url
 
 
+def _from_url(make: Any, url: str, **options: Any) -> Any:
+    """`make(url)`, with redis-py's complaint about the URL as a ConfigError (a 503 over
+    HTTP, a clear line from the CLI) that does not repeat the URL and its password."""
+    try:
+        return make(url, **options)
+    except ValueError as exc:
+        message = str(exc).replace(url, "LAYBY_REDIS_URL")
+        raise ConfigError(f"LAYBY_REDIS_URL is not usable ({message}): give "
+                          "redis://[:password@]host:6379/0, rediss://…, unix://… or "
+                          f"{SENTINEL_FORM}") from None
+
+
 def _master_name(settings: Settings) -> str:
     name = settings.redis_sentinel_master.strip()
     if not name:
@@ -141,8 +153,8 @@ def redis_client(settings: Settings, timeout_s: float | None = None) -> redis.Re
     """A blocking client of the primary; `timeout_s` replaces the socket timeouts."""
     group = sentinel(settings, timeout_s)
     if group is None:
-        return redis.Redis.from_url(redis_url(settings),
-                                    **_node_kwargs(settings, timeout_s=timeout_s))
+        return _from_url(redis.Redis.from_url, redis_url(settings),
+                         **_node_kwargs(settings, timeout_s=timeout_s))
     return group.master_for(_master_name(settings), redis_class=redis.Redis)
 
 
@@ -157,7 +169,7 @@ async def async_redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     options = {**_node_kwargs(settings, group), "socket_timeout": None}
     manager: redis.asyncio.sentinel.Sentinel | None = None
     if group is None:
-        client = aioredis.Redis.from_url(url, **options)
+        client = _from_url(aioredis.Redis.from_url, url, **options)
     else:
         manager = redis.asyncio.sentinel.Sentinel(
             group.sentinels, sentinel_kwargs=settings.sentinel_kwargs(), **options)

@@ -103,7 +103,7 @@ def overdue_outbox(store: Store, limit: int = 200) -> list[Finding]:
 def failed_notifications(store: Store, limit: int = 200) -> list[Finding]:
     """Failed notifications of parked runs: scans the newest `limit` interrupted runs."""
     found = []
-    for run_id in store.redis.zrevrange(store.keys.index(Status.INTERRUPTED), 0, limit - 1):
+    for run_id in interrupted_runs(store, limit=limit):
         for note in store.notifications(run_id):
             if note.state != "failed":
                 continue
@@ -138,8 +138,11 @@ def requeue_stuck(store: Store | None = None, *, limit: int = 200
     a worker took again since the listing is left alone ("busy"), not taken over."""
     store = store or runtime.store()
     done = []
-    for finding in [*lapsed(store, limit), *waiting(store, limit)]:
-        result = store.requeue(finding.run_id)
+    stuck = [*((run_id, LEASE_LAPSED) for run_id in store.lapsed_leases(limit)),
+             *((run_id, WAITING_TOO_LONG)
+               for run_id in store.waiting_too_long(store.config.lease_ms, limit))]
+    for run_id, why in stuck:
+        result = store.requeue(run_id)
         if result.ok:
             runtime.publish(result.entries, store)
             outcome = "requeued"
@@ -147,7 +150,7 @@ def requeue_stuck(store: Store | None = None, *, limit: int = 200
             outcome = f"skipped ({result.info[0] if result.info else '?'})"
         else:
             outcome = result.code
-        done.append(Requeued(finding.run_id, outcome, finding.kind))
+        done.append(Requeued(run_id, outcome, why))
     published = runtime.publish(store.claim_outbox(limit), store)
     return done, published
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from broker_config import NOTIFY_TASK, app, get_settings
+from broker_config import NOTIFY, NOTIFY_TASK, app, get_settings
 from broker_config.settings import Settings
 from control.connections import redis_client
 from generation.agents import Agent, load_agents
@@ -35,6 +35,7 @@ def store_config(settings: Settings) -> StoreConfig:
                        idempotency_ttl_s=settings.idempotency_ttl_s,
                        lease_ms=int(settings.lease_s * 1000), events_max=settings.events_max,
                        outbox_grace_ms=int(settings.outbox_grace_s * 1000),
+                       notify_task=NOTIFY_TASK, notify_queue=NOTIFY,
                        min_replicas_ack=settings.redis_min_replicas_ack,
                        replica_ack_timeout_ms=int(settings.redis_replica_ack_timeout_s * 1000))
 
@@ -67,7 +68,9 @@ def through_failover(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     for delay in (*FAILOVER_DELAYS_S, None):
         try:
             return call(*args, **kwargs)
-        except redis.RedisError:
+        except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
+            # A server away or a replica not yet promoted; other errors (a script's, a
+            # write not replicated but made) would come back the same after the wait.
             if delay is None:
                 raise
             log.warning("Redis error; trying %s again in %.1f s", call.__name__, delay)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import math
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +32,7 @@ from gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.metrics import render as render_metrics
 from gateway.metrics import serve as serve_metrics
 from generation.errors import Invalid, LaybyError, TooLarge, Unauthorized
+from generation.answers import check_storable
 from generation.interrupts import ResumeEntry
 from generation.messages import Message, Wire
 from parking import NotReplicated, RunSummary, RunView, Status
@@ -56,33 +56,8 @@ Caller = Annotated[str, Depends(require_key)]
 
 # Deeper JSON parses, but pydantic refuses to serialize it (near 1000 levels) after the
 # run or answer is already stored, which would leave a run nobody can read.
-MAX_JSON_DEPTH = 64
 # A stream entry id, as `Last-Event-ID` must give it; anything else breaks XREAD mid-stream.
 EVENT_ID = re.compile(r"^\d{1,20}(-\d{1,20})?$")
-
-
-def _check_json(value: Any) -> None:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise Invalid(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(item, str):
-            try:
-                item.encode()
-            except UnicodeEncodeError:
-                # `"\ud800"` is valid JSON but not valid Unicode: Redis cannot store it.
-                raise Invalid("the request body holds a lone UTF-16 surrogate "
-                              "(such as \\ud800); send valid Unicode text") from None
-        elif isinstance(item, float) and not math.isfinite(item):
-            # Python's parser takes NaN and Infinity; JSON has neither, so no reply could
-            # carry them back.
-            raise Invalid("the request body holds NaN or Infinity, which JSON does not allow")
-        elif isinstance(item, dict):
-            stack.extend((k, depth) for k in item)
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
 
 
 async def sane_body(request: Request) -> None:
@@ -99,7 +74,7 @@ async def sane_body(request: Request) -> None:
         value = await request.json()
     except Exception:  # noqa: BLE001  (FastAPI itself refuses what does not parse)
         return
-    _check_json(value)
+    check_storable(value, "the request body")
 
 
 SaneBody = Depends(sane_body)

@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Annotated, Any, NoReturn
 
+import redis
 import typer
 
 from broker_config import SWEEP, get_settings, logs, worker_queues
@@ -18,8 +19,10 @@ from generation.errors import LaybyError
 from generation.interrupts import CONFIRMATION, ResumeEntry
 from parking import InterruptView, RunView, Status
 
+# No locals in tracebacks: they would print settings and keys.
 cli = typer.Typer(help="layby: durable interrupts for agent runs on Celery and Redis.",
-                  no_args_is_help=True, add_completion=False)
+                  no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_show_locals=False)
 runs = typer.Typer(help="List, inspect, answer, cancel and requeue runs.", no_args_is_help=True)
 cli.add_typer(runs, name="runs")
 ops = typer.Typer(help="On-call work: stuck runs, failed notifications, purging.",
@@ -35,6 +38,9 @@ def main() -> None:
         errors = exc.detail.get("errors", []) if isinstance(exc.detail, dict) else []
         _fail("".join([exc.message, *(f"\n  {e.get('path') or '/'}: {e.get('message')}"
                                       for e in errors)]))
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        _fail(f"Redis does not answer ({exc}): start it (`layby up`), or check "
+              "LAYBY_REDIS_URL; `layby doctor` says more")
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -333,7 +339,7 @@ def _user() -> str:
 
 @runs.command("ls")
 def runs_ls(status: Annotated[Status | None, typer.Option(help="only runs in this state")] = None,
-            limit: int = 50) -> None:
+            limit: Annotated[int, typer.Option(min=1)] = 50) -> None:
     """List runs, newest first."""
     from control import runtime
 
@@ -473,7 +479,7 @@ def runs_events(run_id: str, follow: bool = False,
 @ops.command("stuck")
 def ops_stuck(as_json: Annotated[bool, typer.Option("--json")] = False,
               limit: Annotated[int, typer.Option(
-                  help="at most this many of each kind (and parked runs scanned)")] = 200
+                  min=1, help="at most this many of each kind (and parked runs scanned)")] = 200
               ) -> None:
     """List what is stuck: runs whose lease lapsed, runs queued or resuming longer than the
     lease (message lost), overdue outbox entries, parked runs with failed notifications.
@@ -491,7 +497,7 @@ def ops_stuck(as_json: Annotated[bool, typer.Option("--json")] = False,
 
 
 @ops.command("requeue-stuck")
-def ops_requeue_stuck(limit: int = 200) -> None:
+def ops_requeue_stuck(limit: Annotated[int, typer.Option(min=1)] = 200) -> None:
     """Requeue runs whose lease lapsed or whose message looks lost, and publish overdue
     outbox entries."""
     from control import oncall
@@ -509,7 +515,7 @@ def ops_retry_notifications(run_id: Annotated[str | None, typer.Argument(
                             all_runs: Annotated[bool, typer.Option(
                                 "--all", help="every parked run's failed notifications")
                             ] = False,
-                            limit: int = 200) -> None:
+                            limit: Annotated[int, typer.Option(min=1)] = 200) -> None:
     """Send a parked run's failed notifications again, with their attempts reset."""
     from control import commands, oncall
 

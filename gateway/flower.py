@@ -15,6 +15,7 @@ from pathlib import Path
 
 import broker_config
 from broker_config import Settings
+from broker_config.settings import write_private
 
 CONFIG_FILE = Path(broker_config.__file__).resolve().parent / "flowerconfig.py"
 
@@ -29,18 +30,14 @@ def ensure_credentials(settings: Settings) -> str:
     if existing:
         return existing
     credentials = "layby:" + secrets.token_urlsafe(18)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    # Created private: never readable by others, not even for a moment.
-    fd = os.open(settings.flower_auth_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(credentials + "\n")
+    write_private(settings.flower_auth_file, credentials + "\n")
     return credentials
 
 
 def flower_argv(settings: Settings, host: str | None = None, port: int | None = None
                 ) -> list[str]:
-    return [*broker_config.celery_argv(settings.log_format), "flower", f"--conf={CONFIG_FILE}", f"--address={host or settings.flower_host}",
-            f"--port={port or settings.flower_port}"]
+    return [*broker_config.celery_argv(settings.log_format), "flower", f"--conf={CONFIG_FILE}",
+            f"--address={host or settings.flower_host}", f"--port={port or settings.flower_port}"]
 
 
 def flower_env(settings: Settings, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -308,7 +308,7 @@ def _form_recipients(envelope: Any, recipient: Any) -> list[str]:
         try:
             to = json.loads(envelope).get("to") or []
             found += [to] if isinstance(to, str) else [str(t) for t in to]
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, TypeError):
             raise Invalid("`envelope` must be JSON like {\"to\": [\"reply+…@…\"]}") from None
     if isinstance(recipient, str) and recipient:
         found += [r.strip() for r in recipient.split(",")]

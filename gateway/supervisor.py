@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker_config import SWEEP, Settings, celery_argv, worker_queues
+from broker_config.settings import write_private
 from gateway.embedded import EmbeddedRedis
 from gateway.flower import ensure_credentials, flower_argv, flower_env
 from notifier.tokens import new_keys
@@ -91,8 +92,7 @@ class System:
         if key_file.exists():
             return key_file.read_text().strip()
         key = "lby_" + secrets.token_urlsafe(24)
-        key_file.write_text(key + "\n")
-        key_file.chmod(0o600)
+        write_private(key_file, key + "\n")
         return key
 
     def start(self) -> dict[str, str]:
@@ -148,10 +148,7 @@ class System:
         env: dict[str, str] = {}
         settings = self.settings
         if not settings.resolved_token_keys():
-            # Created private: never readable by others, not even for a moment.
-            fd = os.open(data_dir / "token.keys", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as keys:
-                keys.write(new_keys() + "\n")
+            write_private(settings.token_keys_file, new_keys() + "\n")
         if settings.reviewers_file:
             env["LAYBY_REVIEWERS_FILE"] = str(settings.reviewers_file)
         else:

@@ -8,16 +8,46 @@ parked turn onto Genkit's `respond` / `restart` and layby's `decline`.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
+from generation.errors import Invalid
 from generation.interrupts import Interrupt, ResumeEntry, ResumeMode
 from generation.messages import Part, ToolRequest, ToolResponse
 from generation.tools import Tool
 from generation.turn import Resume
+
+MAX_JSON_DEPTH = 64
+
+
+def check_storable(value: Any, what: str) -> None:
+    """Refuse JSON data that parses but could not be stored or sent back: nested too deep,
+    text that is not Unicode, NaN or Infinity. `what` names it in the error."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise Invalid(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                # `"\ud800"` is valid JSON but not valid Unicode: Redis cannot store it.
+                raise Invalid(f"{what} holds a lone UTF-16 surrogate (such as \\ud800); "
+                              "send valid Unicode text") from None
+        elif isinstance(item, float) and not math.isfinite(item):
+            # Python's parser takes NaN and Infinity; JSON has neither, so no reply could
+            # carry them back.
+            raise Invalid(f"{what} holds NaN or Infinity, which JSON does not allow")
+        elif isinstance(item, dict):
+            stack.extend((k, depth) for k in item)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
 
 
 def schema_errors(schema: dict[str, Any] | None, value: Any) -> list[dict[str, Any]]:
@@ -33,11 +63,11 @@ def schema_errors(schema: dict[str, Any] | None, value: Any) -> list[dict[str, A
             for e in found]
 
 
-def _pydantic_errors(check: Any, value: Any, prefix: str) -> list[dict[str, Any]]:
+def _pydantic_errors(check: Any, value: Any) -> list[dict[str, Any]]:
     try:
         check(value)
     except ValidationError as exc:
-        return [{"path": prefix + "".join(f"/{p}" for p in e["loc"]), "message": e["msg"]}
+        return [{"path": "".join(f"/{p}" for p in e["loc"]), "message": e["msg"]}
                 for e in exc.errors(include_url=False)]
     return []
 
@@ -54,7 +84,7 @@ def check_answer(interrupt: Interrupt, entry: ResumeEntry,
     errors = schema_errors(interrupt.response_schema, entry.payload)
     if not errors and tool is not None and tool.is_interrupt \
             and interrupt.mode is ResumeMode.RESPOND:
-        errors = _pydantic_errors(tool.output.validate_python, entry.payload, "")
+        errors = _pydantic_errors(tool.output.validate_python, entry.payload)
     replace = (entry.metadata or {}).get("replaceInput")
     if replace is not None:
         if interrupt.mode is not ResumeMode.RESTART:
@@ -65,7 +95,7 @@ def check_answer(interrupt: Interrupt, entry: ResumeEntry,
         else:
             found = schema_errors(interrupt.input_schema, replace)
             if not found and tool is not None:
-                found = _pydantic_errors(tool.parse_input, replace, "")
+                found = _pydantic_errors(tool.parse_input, replace)
             errors += [{"path": "/metadata/replaceInput" + e["path"].rstrip("/"),
                         "message": e["message"]} for e in found]
     return errors

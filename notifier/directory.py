@@ -127,5 +127,11 @@ def load_directory(path: Path | None) -> Directory:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
                              for e in exc.errors(include_input=False, include_url=False))
         raise ConfigError(f"the reviewer directory {path} is invalid: {problems}") from None
+    except yaml.MarkedYAMLError as exc:
+        # PyYAML's own text quotes the broken line, which may hold a secret: where and what.
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"the reviewer directory {path} is not valid YAML{where}: "
+                          f"{exc.problem or exc.context}") from None
     except (tomllib.TOMLDecodeError, yaml.YAMLError, ValueError) as exc:
-        raise ConfigError(f"the reviewer directory {path} is invalid: {exc}") from exc
+        raise ConfigError(f"the reviewer directory {path} is invalid: {exc}") from None

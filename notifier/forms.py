@@ -261,6 +261,8 @@ def _convert(field: Field, raw: str) -> Any:
                     return raw
                 raise ValueError(f"not valid JSON ({exc.msg} at line {exc.lineno}, "
                                  f"column {exc.colno})") from None
+            except RecursionError:
+                raise ValueError("not valid JSON (nested too deeply)") from None
 
 
 def _float(raw: str, what: str) -> float:

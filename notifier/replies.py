@@ -14,6 +14,7 @@ from __future__ import annotations
 import email
 import email.policy
 import json
+import math
 import re
 from dataclasses import dataclass
 from email.message import Message
@@ -280,6 +281,7 @@ def token_from_address(address: str) -> str | None:
 _QUOTE_HEADER = re.compile(
     r"(On|Le|Am|El|Il|Op|Em)\s.*\d.*\b(wrote|écrit|schrieb|escribió|scritto|schreef|escreveu)"
     r"\b.*:", re.IGNORECASE)
+MAX_HEADER_LINE = 300
 _ORIGINAL_MESSAGE = re.compile(r"-{2,}\s*(Original Message|Forwarded message)\s*-{2,}",
                                re.IGNORECASE)
 _OUTLOOK_FROM = re.compile(r"\*?From:\*?\s+\S")
@@ -314,7 +316,9 @@ def _history_start(lines: list[str]) -> int:
         if _OUTLOOK_FROM.match(stripped) and any(
                 _OUTLOOK_SENT.match(nxt.strip()) for nxt in lines[i + 1:i + 5]):
             return i
-        if _QUOTE_HEADER.match(stripped):
+        # A quote header is a short line; on a long one the pattern's backtracking would
+        # take time in the square of its length.
+        if len(stripped) <= MAX_HEADER_LINE and _QUOTE_HEADER.match(stripped):
             # Gmail wraps a long header over two lines, sometimes three.
             for end in range(i + 1, min(i + 3, len(lines)) + 1):
                 joined = " ".join(part.strip() for part in lines[i:end])
@@ -339,7 +343,8 @@ _TRUE, _FALSE = _APPROVE | {"true"}, _DECLINE | {"false"}  # a yes/no question, 
 _WORD_PUNCTUATION = "!.,:;?\"'()[]*_“”‘’"
 _REASON_LEAD = ":-,–— \t\n"
 _NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
-_CHOICE_NUMBER = re.compile(r"(\d+)\s*[.)]?(\s+(?P<rest>.*))?")
+# At most six digits: a longer run is no choice number (and int() refuses thousands).
+_CHOICE_NUMBER = re.compile(r"(\d{1,6})\s*[.)]?(\s+(?P<rest>.*))?")
 
 
 def read_answer(interrupt: Interrupt, text: str) -> ResumeEntry:
@@ -493,6 +498,8 @@ def _read_number(interrupt: Interrupt, text: str, whole: bool) -> int | float:
         raise _unreadable(interrupt, f'your first line, "{_clip(line)}", does not start with '
                                      'a number.')
     value = float(found.group(0))
+    if not math.isfinite(value):  # hundreds of digits come out as infinity
+        raise _unreadable(interrupt, f"{_clip(found.group(0))} is too large a number.")
     if value.is_integer() and ("." not in found.group(0) or whole):
         return int(value)
     if whole:
@@ -507,6 +514,8 @@ def _read_json(interrupt: Interrupt, schema: dict[str, Any] | None, text: str) -
         return json.loads(text)
     except json.JSONDecodeError as exc:
         whole_error = exc
+    except RecursionError:
+        raise _unreadable(interrupt, "your reply's JSON is nested too deeply.") from None
     kind = (schema or {}).get("type")
     opener = {"object": "{", "array": "["}.get(kind, "{[")
     block_error: json.JSONDecodeError | None = None
@@ -517,6 +526,8 @@ def _read_json(interrupt: Interrupt, schema: dict[str, Any] | None, text: str) -
                 return decoder.raw_decode(text, i)[0]
             except json.JSONDecodeError as exc:
                 block_error = block_error or exc  # says more than the error on the prose
+            except RecursionError:
+                raise _unreadable(interrupt, "your reply's JSON is nested too deeply.") from None
     error = block_error or whole_error
     what = {"object": "JSON object", "array": "JSON array"}.get(kind, "JSON value")
     raise _unreadable(interrupt, f"your reply holds no {what} I could read ({error.msg} at "

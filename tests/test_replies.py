@@ -462,6 +462,15 @@ def test_enum_choice_number_out_of_range() -> None:
     assert problem == "7 is not a choice number: the choices go from 1 to 4."
 
 
+def test_a_long_run_of_digits_is_no_choice_number() -> None:
+    assert unreadable(trivia(), "1" * 5000).startswith('"1111')
+
+
+def test_json_nested_too_deeply_is_unreadable() -> None:
+    assert unreadable(interrupt({"type": "array"}), "[" * 50000) == (
+        "your reply's JSON is nested too deeply.")
+
+
 @pytest.mark.parametrize("text", ["Titanic", "2. Jaws", "Jaws or Alien"])
 def test_enum_wrong_choice_lists_the_choices(text: str) -> None:
     intr = trivia()
@@ -506,6 +515,7 @@ def test_numbers_from_the_first_line(schema: dict[str, Any], text: str, value: A
     ({"type": "integer"}, "about twelve", 'your first line, "about twelve", does not start '
                                           "with a number."),
     ({"type": "integer"}, "12.5", "12.5 is not a whole number."),
+    ({"type": "number"}, "1" * 400, f"{'1' * 59}… is too large a number."),
     ({"type": "integer", "minimum": 1}, "0", "your answer does not fit what was asked:\n"
                                              "  - 0 is less than the minimum of 1"),
 ])

@@ -904,6 +904,24 @@ def test_a_callback_refused_for_its_payload_is_not_taken_for_a_replay(
     assert_untouched(reviewed, run_id)
 
 
+def test_a_callback_payload_redis_could_not_store_is_refused(reviewed: ReviewedSystem) -> None:
+    """What parses but JSON has no room for (NaN) or is too large: refused with what is
+    wrong, as /v1 refuses it, and nothing half-written."""
+    run_id = start(reviewed, "demo.transfer", "Send 250 to Bob")
+    (interrupt_id,) = open_ids(reviewed, run_id)
+    nan = callback_body(run_id, interrupt_id, {"approved": True, "score": float("nan")})
+    huge = callback_body(run_id, interrupt_id, {"approved": True, "note": "x" * 300_000})
+
+    refused = post_callback(reviewed, nan, signature_headers(nan))
+    too_large = post_callback(reviewed, huge, signature_headers(huge))
+
+    assert refused.status_code == 422, refused.text
+    assert "NaN or Infinity" in refused.json()["error"]["message"]
+    assert too_large.status_code == 413, too_large.text
+    assert "262144" in too_large.json()["error"]["message"]  # the limit, said
+    assert_untouched(reviewed, run_id)
+
+
 def test_a_broken_reviewer_directory_defers_replies_instead_of_bouncing_them(
         reviewed: ReviewedSystem) -> None:
     """The operator saves a broken reviewers.toml (it is re-read on change) just as a reply

@@ -106,6 +106,19 @@ end
 -- Counters read by /metrics (parking.keys documents the fields).
 local function stat(field, by) redis.call('HINCRBY', KEYS[20], field, by or 1) end
 
+-- A notification out of attempts, for good: on its record and the run's events, and
+-- counted for /metrics. The run stays parked (answers still come through other channels).
+local function fail_notification(nid, rec, member, err, v, now)
+  rec.state = 'failed'
+  rec.lastError = err
+  redis.call('HSET', KEYS[18], nid, cjson.encode(rec))
+  redis.call('ZREM', KEYS[19], member)
+  stat('notifications_failed')
+  event('notification.failed', v, cjson.encode({id = nid, interruptId = rec.interruptId,
+        reviewer = rec.reviewer, channel = rec.channel, kind = rec.kind,
+        attempts = rec.attempts, error = err}), now)
+end
+
 -- A latency for a Prometheus histogram: its sum and count, and one count in the first
 -- bucket (upper bounds in seconds) that holds it; /metrics makes the buckets cumulative.
 local LATENCY_BUCKETS_S = __LATENCY_BUCKETS_S__  -- parking.scripts.LATENCY_BUCKETS_S

@@ -29,13 +29,8 @@ elseif ARGV[2] == 'retry' then
   data.error = ARGV[3]
   event('notification.retrying', v, cjson.encode(data), now)
 else
-  rec.state = 'failed'
-  rec.lastError = ARGV[3]
-  redis.call('ZREM', KEYS[19], member)
-  redis.call('HINCRBY', KEYS[1], 'notifications_failed', 1)
-  stat('notifications_failed')
-  data.error = ARGV[3]
-  event('notification.failed', v, cjson.encode(data), now)
+  fail_notification(nid, rec, member, ARGV[3], v, now)
+  return {'ok'}
 end
 redis.call('HSET', KEYS[18], nid, cjson.encode(rec))
 return {'ok'}

@@ -25,16 +25,9 @@ if redis.call('SISMEMBER', KEYS[4], rec.interruptId) == 0 then
 end
 if tonumber(rec.due) > now then return {'later'} end
 if tonumber(rec.attempts) >= tonumber(ARGV[3]) then
-  rec.state = 'failed'
-  rec.lastError = 'gave up after ' .. rec.attempts .. ' attempts; the last never finished ('
-                  .. (rec.lastError or 'the sender stopped') .. ')'
-  redis.call('HSET', KEYS[18], nid, cjson.encode(rec))
-  redis.call('ZREM', KEYS[19], member)
-  redis.call('HINCRBY', KEYS[1], 'notifications_failed', 1)
-  stat('notifications_failed')
-  event('notification.failed', v, cjson.encode({id = nid, interruptId = rec.interruptId,
-        reviewer = rec.reviewer, channel = rec.channel, kind = rec.kind,
-        attempts = rec.attempts, error = rec.lastError}), now)
+  fail_notification(nid, rec, member, 'gave up after ' .. rec.attempts .. ' attempts; the '
+                    .. 'last never finished (' .. (rec.lastError or 'the sender stopped') .. ')',
+                    v, now)
   return {'failed'}
 end
 rec.state = 'sending'
