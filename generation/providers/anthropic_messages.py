@@ -33,6 +33,7 @@ from generation.providers.common import (
     ProviderModel,
     dumps,
     request_params,
+    stable_ref,
     safe_url,
     tool_schema,
 )
@@ -173,10 +174,6 @@ def to_anthropic_messages(messages: list[Message]) -> tuple[list[str], list[dict
     return systems, out
 
 
-def _ref_for(m_index: int, p_index: int) -> str:
-    return f"call_m{m_index}_p{p_index}"
-
-
 def _assistant_blocks(message: Message, m_index: int,
                       unpaired: dict[str, list[str]]) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
@@ -188,7 +185,7 @@ def _assistant_blocks(message: Message, m_index: int,
         elif req is not None:
             ref = req.ref
             if not ref:
-                ref = _ref_for(m_index, p_index)
+                ref = stable_ref(m_index, p_index)
                 unpaired.setdefault(req.name, []).append(ref)
             blocks.append({"type": "tool_use", "id": safe_id(ref), "name": req.name,
                            "input": req.input if req.input is not None else {}})
@@ -205,7 +202,7 @@ def _user_blocks(message: Message, m_index: int,
         resp = part.tool_response
         if resp is not None:
             ref = resp.ref or (unpaired.get(resp.name) or [None]).pop(0) \
-                or _ref_for(m_index, p_index)
+                or stable_ref(m_index, p_index)
             results.append({"type": "tool_result", "tool_use_id": safe_id(ref),
                             "content": dumps(resp.output)})
         elif part.text:

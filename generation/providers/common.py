@@ -230,3 +230,9 @@ class ProviderModel(BaseModel):
         return map_error(exc, self._sdk(), provider=self.PROVIDER, label=self.LABEL,
                          where=where, model=self.model, env=self.ENV, key=self._key(),
                          retries=self.max_retries, timeout_s=self.timeout_s)
+
+
+def stable_ref(message_index: int, part_index: int) -> str:
+    """The id of a tool request stored without a ref (one written by the scripted model or
+    a client's history): the same every time the history is sent, in every adapter."""
+    return f"call_m{message_index}_p{part_index}"

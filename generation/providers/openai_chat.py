@@ -32,6 +32,7 @@ from generation.providers.common import (
     dumps,
     redact,
     request_params,
+    stable_ref,
     safe_url,
     tool_schema,
 )
@@ -162,11 +163,6 @@ def to_chat_messages(messages: list[Message], system: str | None = None) -> list
             if texts or (message.role == "user" and not answered):
                 out.append({"role": "user", "content": "".join(texts)})
     return out
-
-
-def stable_ref(message_index: int, part_index: int) -> str:
-    """The id of a request stored without a ref: the same every time the history is sent."""
-    return f"call_m{message_index}_p{part_index}"
 
 
 def _assistant(message: Message, m_index: int, unpaired: dict[str, list[str]]) -> dict[str, Any]:

@@ -77,14 +77,15 @@ local function close_open_interrupts()
   redis.call('DEL', KEYS[4])
 end
 
--- Notifications not sent yet of a closed interrupt (or, with nil, of every interrupt) are
--- skipped now, not when their time comes, so operators never see them as pending.
-local function skip_notifications(iid)
+-- Notifications not sent yet of closed interrupts (`closed`: a set of their ids; nil for
+-- every interrupt) are skipped now, not when their time comes, so operators never see them
+-- as pending. One pass over the run's notifications, however many interrupts closed.
+local function skip_notifications(closed)
   local raw = redis.call('HGETALL', KEYS[18])
   for i = 1, #raw, 2 do
     local rec = cjson.decode(raw[i + 1])
     if (rec.state == 'pending' or rec.state == 'retrying')
-        and (iid == nil or rec.interruptId == iid) then
+        and (closed == nil or closed[rec.interruptId]) then
       rec.state = 'skipped'
       redis.call('HSET', KEYS[18], raw[i], cjson.encode(rec))
       redis.call('ZREM', KEYS[19], run_id() .. ' ' .. raw[i])
@@ -144,6 +145,7 @@ local function apply_answers(answers, resume_task, queue, now)
   if redis.call('HGET', KEYS[1], 'status') == 'interrupted' then
     parked_at = tonumber(redis.call('HGET', KEYS[1], 'updated_at'))
   end
+  local closed = {}
   for _, pair in ipairs(answers) do
     local ok, decoded = pcall(cjson.decode, pair[2])
     local channel = (ok and type(decoded) == 'table' and type(decoded.channel) == 'string'
@@ -153,9 +155,10 @@ local function apply_answers(answers, resume_task, queue, now)
     redis.call('SREM', KEYS[4], pair[1])
     redis.call('HSET', KEYS[3], pair[1], pair[2])
     redis.call('ZREM', KEYS[10], id .. ' ' .. pair[1])
-    skip_notifications(pair[1])
+    closed[pair[1]] = true
     event('interrupt.answered', redis.call('HGET', KEYS[1], 'version'), pair[2], now)
   end
+  skip_notifications(closed)
   if redis.call('SCARD', KEYS[4]) == 0
       and redis.call('HGET', KEYS[1], 'status') == 'interrupted' then
     local v = bump(now)
