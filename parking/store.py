@@ -283,10 +283,7 @@ class Store:
         return [str(x) for x in reply]
 
     def notifications(self, run_id: str) -> list[Notification]:
-        found = [_notification(v) for v in
-                 self.redis.hvals(self.keys.notifications(run_id))]
-        return sorted(found, key=lambda n: (n.created_at or "", n.interrupt_id, n.reviewer,
-                                            n.channel, n.kind))
+        return _notifications(self.redis.hvals(self.keys.notifications(run_id)))
 
     def notification(self, run_id: str, notification_id: str) -> Notification | None:
         raw = self.redis.hget(self.keys.notifications(run_id), notification_id)
@@ -341,30 +338,34 @@ class Store:
 
     def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
         pipe = self.redis.pipeline(transaction=True)
+        self._read_interrupts(pipe, run_id)
+        return _interrupts(*pipe.execute())
+
+    def _read_interrupts(self, pipe: Any, run_id: str) -> None:
         pipe.hgetall(self.keys.interrupts(run_id))
         pipe.hgetall(self.keys.answers(run_id))
         pipe.smembers(self.keys.open(run_id))
-        specs, answers, open_ids = pipe.execute()
-        found = sorted((Interrupt.model_validate_json(v) for v in specs.values()),
-                       key=lambda i: (i.created_at or "", i.id))
-        return (found, {k: Answer.model_validate_json(v) for k, v in answers.items()},
-                set(open_ids))
 
     def interrupt(self, run_id: str, interrupt_id: str) -> Interrupt | None:
         raw = self.redis.hget(self.keys.interrupts(run_id), interrupt_id)
         return Interrupt.model_validate_json(raw) if raw else None
 
     def view(self, run_id: str) -> RunView | None:
-        raw = self.redis.hgetall(self.keys.run(run_id))
+        # One round trip, and one moment: the run, its interrupts and its notifications.
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(self.keys.run(run_id))
+        self._read_interrupts(pipe, run_id)
+        pipe.hvals(self.keys.notifications(run_id))
+        raw, *interrupts, notifications = pipe.execute()
         if not raw:
             return None
-        specs, answers, open_ids = self.interrupts(run_id)
+        specs, answers, open_ids = _interrupts(*interrupts)
         return RunView(
             id=raw["id"], agent=raw["agent"], status=Status(raw["status"]),
             version=int(raw["version"]), input=json.loads(raw.get("input") or "null"),
             messages=load_messages(json.loads(raw["messages"])),
             interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids) for s in specs],
-            notifications=self.notifications(run_id),
+            notifications=_notifications(notifications),
             result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
             metadata=json.loads(raw.get("metadata") or "{}"), created_at=iso(raw["created_at"]),
             updated_at=iso(raw["updated_at"]))
@@ -434,6 +435,20 @@ def _stored(note: Notification) -> dict[str, Any]:
     """A notification as stored: its wire form (no nulls: Lua reads them as truthy values)
     and its token, which the wire form leaves out."""
     return {**note.wire(), "token": note.token}
+
+
+def _interrupts(specs: dict[str, str], answers: dict[str, str], open_ids: set[str]
+                ) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
+    found = sorted((Interrupt.model_validate_json(v) for v in specs.values()),
+                   key=lambda i: (i.created_at or "", i.id))
+    return (found, {k: Answer.model_validate_json(v) for k, v in answers.items()},
+            set(open_ids))
+
+
+def _notifications(raw: list[str]) -> list[Notification]:
+    return sorted((_notification(v) for v in raw),
+                  key=lambda n: (n.created_at or "", n.interrupt_id, n.reviewer, n.channel,
+                                 n.kind))
 
 
 def _notification(raw: str) -> Notification:
