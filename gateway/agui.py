@@ -52,9 +52,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from broker_config import get_settings
-from control import commands, connections, runtime
-from gateway.api import bearer, require_key, sane_body
+from control import commands, runtime
+from gateway.api import bearer, require_key, run_events, sane_body
 from generation.errors import Conflict, Invalid, LaybyError, NotFound
 from generation.interrupts import BACKGROUND_JOB, ResumeEntry
 from generation.messages import Message, load_messages
@@ -328,25 +327,11 @@ def prepare(agent: str, body: RunAgentInput, caller: str) -> Plan:
 # -- the endpoint --------------------------------------------------------------------------
 
 
-async def _follow(run_id: str, after: str) -> AsyncIterator[Event | None]:
-    """The run's events after `after`, as they come; None every 15 s without one."""
-    key = runtime.store().keys.events(run_id)
-    async with connections.async_redis(get_settings()) as client:
-        while True:
-            reply = await client.xread({key: after}, count=500, block=15_000)
-            batch = reply[0][1] if reply else []
-            if not batch:
-                yield None
-            for event_id, fields in batch:
-                after = event_id
-                yield event_of(event_id, fields)
-
-
 async def _stream(encoder: EventEncoder, cursor: Cursor, plan: Plan,
                   state: Any) -> AsyncIterator[str]:
     yield encoder.encode(RunStartedEvent(thread_id=cursor.thread_id,
                                          run_id=cursor.agui_run_id))
-    async for event in _follow(plan.run_id, plan.after):
+    async for event in run_events(plan.run_id, plan.after):
         if event is None:
             yield ": keep-alive\n\n"
             continue

@@ -35,7 +35,7 @@ from generation.errors import Invalid, LaybyError, TooLarge, Unauthorized
 from generation.answers import check_storable
 from generation.interrupts import ResumeEntry
 from generation.messages import Message, Wire
-from parking import NotReplicated, RunSummary, RunView, Status
+from parking import Event, NotReplicated, RunSummary, RunView, Status
 from parking.store import event_of
 
 bearer = HTTPBearer(auto_error=False)
@@ -316,11 +316,11 @@ def _answer(run_id: str, entries: list[ResumeEntry], caller: str, *,
 FINAL = {"run.completed", "run.failed", "run.cancelled"}
 
 
-async def _event_stream(run_id: str, after: str, follow: bool) -> AsyncIterator[bytes]:
-    """Server-sent events from the run's stream: replay, then follow until the run ends.
-
-    An async client, so a waiting stream holds a socket, not one of the server's threads.
-    """
+async def run_events(run_id: str, after: str, follow: bool = True
+                     ) -> AsyncIterator[Event | None]:
+    """The run's events after `after` (a stream id): what is there, then, with `follow`,
+    each as it comes and None every 15 s without one (for a keep-alive). An async client,
+    so a waiting stream holds a socket, not one of the server's threads."""
     key = runtime.store().keys.events(run_id)
     async with connections.async_redis(get_settings()) as client:
         while True:
@@ -330,12 +330,19 @@ async def _event_stream(run_id: str, after: str, follow: bool) -> AsyncIterator[
             if not batch:
                 if not follow:
                     return
-                yield b": keep-alive\n\n"
-                continue
+                yield None
             for event_id, fields in batch:
                 after = event_id
-                event = event_of(event_id, fields)
-                data = json.dumps(event.wire(), separators=(",", ":"))
-                yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n".encode()
-                if event.type in FINAL:
-                    return
+                yield event_of(event_id, fields)
+
+
+async def _event_stream(run_id: str, after: str, follow: bool) -> AsyncIterator[bytes]:
+    """Server-sent events from the run's stream: replay, then follow until the run ends."""
+    async for event in run_events(run_id, after, follow):
+        if event is None:
+            yield b": keep-alive\n\n"
+            continue
+        data = json.dumps(event.wire(), separators=(",", ":"))
+        yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n".encode()
+        if event.type in FINAL:
+            return
