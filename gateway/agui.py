@@ -56,7 +56,7 @@ from control import commands, runtime
 from gateway.api import bearer, require_key, run_events, sane_body
 from generation.errors import Conflict, Invalid, LaybyError, NotFound
 from generation.interrupts import BACKGROUND_JOB, ResumeEntry
-from generation.messages import Message, load_messages
+from generation.messages import Message, Part, load_messages
 from parking import InterruptState
 from parking.records import Event
 from parking.store import Store, event_of
@@ -79,6 +79,18 @@ def thread_run_id(thread_id: str) -> str:
 def message_id(run_id: str, index: int) -> str:
     """A history message's AG-UI id: stable, so a resume that rewrites it keeps its id."""
     return f"{run_id}.m{index}"
+
+
+def call_id(run_id: str, index: int, part: Part) -> str:
+    """A tool call's AG-UI id, the same on its request and on its result: the call's ref,
+    or (a history stored without refs) one made from the model message that asked for it,
+    which the tool message holding the result follows directly."""
+    if part.tool_request is not None:
+        call, asked_at = part.tool_request, index
+    else:
+        assert part.tool_response is not None
+        call, asked_at = part.tool_response, index - 1
+    return call.ref or f"{message_id(run_id, asked_at)}.{call.name}"
 
 
 def _content(output: Any) -> str:
@@ -125,19 +137,18 @@ def message_events(run_id: str, index: int, message: Message) -> list[BaseEvent]
         for part in message.tool_requests:
             req = part.tool_request
             assert req is not None
-            call_id = req.ref or f"{mid}.{req.name}"
-            out += [ToolCallStartEvent(tool_call_id=call_id, tool_call_name=req.name,
+            cid = call_id(run_id, index, part)
+            out += [ToolCallStartEvent(tool_call_id=cid, tool_call_name=req.name,
                                        parent_message_id=mid),
-                    ToolCallArgsEvent(tool_call_id=call_id, delta=json.dumps(req.input)),
-                    ToolCallEndEvent(tool_call_id=call_id)]
+                    ToolCallArgsEvent(tool_call_id=cid, delta=json.dumps(req.input)),
+                    ToolCallEndEvent(tool_call_id=cid)]
     elif message.role == "tool":
         for part in message.content:
             res = part.tool_response
             if res is not None:
-                call_id = res.ref or f"{mid}.{res.name}"
-                out.append(ToolCallResultEvent(message_id=f"{mid}.{call_id}",
-                                               tool_call_id=call_id, role="tool",
-                                               content=_content(res.output)))
+                cid = call_id(run_id, index, part)
+                out.append(ToolCallResultEvent(message_id=f"{mid}.{cid}", tool_call_id=cid,
+                                               role="tool", content=_content(res.output)))
     return out
 
 
@@ -197,7 +208,7 @@ def agui_messages(run_id: str, history: list[Message],
         elif message.role == "system":
             out.append(SystemMessage(id=mid, content=message.text))
         elif message.role == "model":
-            calls = [ToolCall(id=p.tool_request.ref or f"{mid}.{p.tool_request.name}",
+            calls = [ToolCall(id=call_id(run_id, index, p),
                               function=FunctionCall(name=p.tool_request.name,
                                                     arguments=json.dumps(p.tool_request.input)))
                      for p in message.tool_requests if p.tool_request is not None]
@@ -207,8 +218,8 @@ def agui_messages(run_id: str, history: list[Message],
             for part in message.content:
                 res = part.tool_response
                 if res is not None:
-                    call_id = res.ref or f"{mid}.{res.name}"
-                    out.append(ToolMessage(id=f"{mid}.{call_id}", tool_call_id=call_id,
+                    cid = call_id(run_id, index, part)
+                    out.append(ToolMessage(id=f"{mid}.{cid}", tool_call_id=cid,
                                            content=_content(res.output)))
     return out
 

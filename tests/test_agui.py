@@ -521,3 +521,21 @@ def test_real_agui_client(system: LaybySystem, folder: Path) -> None:
     assert schemas["paused"][0] == "RUN_STARTED" and schemas["paused"][-1] == "RUN_FINISHED"
     assert schemas["finished"][-1] == "RUN_FINISHED"
     assert "TOOL_CALL_RESULT" in schemas["finished"]
+
+
+def test_a_call_stored_without_a_ref_keeps_one_id_from_request_to_result() -> None:
+    # A history written without refs (a client's, or the scripted model's): the request's
+    # TOOL_CALL_* events, its result, and the MESSAGES_SNAPSHOT must name the same call.
+    from gateway.agui import agui_messages, message_events
+    from generation.messages import Message, Part, ToolRequest, ToolResponse
+
+    history = [Message(role="user", content=[Part(text="hi")]),
+               Message(role="model", content=[Part(tool_request=ToolRequest(name="lookup"))]),
+               Message(role="tool", content=[Part(tool_response=ToolResponse(
+                   name="lookup", output="found"))])]
+    asked = {e.tool_call_id for e in message_events("run_x", 1, history[1])}
+    answered = {e.tool_call_id for e in message_events("run_x", 2, history[2])}
+    snapshot = agui_messages("run_x", history)
+    assert len(asked) == 1 and asked == answered
+    assert [c.id for c in snapshot[1].tool_calls] == [*asked]
+    assert snapshot[2].tool_call_id in asked
