@@ -154,10 +154,10 @@ def _answer_page(token: str, values: dict[str, str]) -> HTMLResponse:
         return _show(opened, "open", 422, errors=errors or [{"path": "", "message":
                                                               exc.message}], values=values)
     except LaybyError as exc:  # refused as it was recorded: a rival answered first, …
-        fresh = answers.open_token(token)
+        fresh = answers.reopen(opened)
         return _show(fresh, _closed_state(fresh) or "open", getattr(exc, "status_code", 409),
                      message=exc.message)
-    return _show(answers.open_token(token), "done")
+    return _show(answers.reopen(opened), "done")
 
 
 def _answered(opened: answers.Opened, resumed: bool) -> dict[str, Any]:

@@ -4,7 +4,7 @@ other way in, recorded with the reviewer, the channel and the time."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from control import commands, runtime
 from generation.errors import Invalid, NotFound
@@ -63,6 +63,15 @@ def open_for(reviewer: Reviewer, run_id: str, interrupt_id: str) -> Opened:
     run = commands.get_run(run_id)
     grant = Grant(run_id, interrupt_id, reviewer.id, run.version, 0)
     return _opened(grant, reviewer, run)
+
+
+def reopen(opened: Opened) -> Opened:
+    """The same request read again, after an answer was given or refused: the token and the
+    reviewer were checked when it was opened (a link that expires or a reviewer removed in
+    between must not turn the reply to their own answer into a refusal)."""
+    run = commands.get_run(opened.run.id)
+    interrupt = next(i for i in run.interrupts if i.id == opened.interrupt.id)
+    return replace(opened, run=run, interrupt=interrupt)
 
 
 def _opened(grant: Grant, reviewer: Reviewer, run: RunView | None = None) -> Opened:

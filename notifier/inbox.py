@@ -88,19 +88,20 @@ def receive(raw: bytes, envelope_recipients: list[str] | None = None) -> Receive
 def _mail_back(message: Mail, reason: str) -> None:
     """Tell the sender why their reply was not taken, once per reply: mail providers POST
     a refused reply again and again, and each must not mail the reviewer again. Marked only
-    once sent, so a send that failed is tried again with the provider's next attempt."""
+    as sent, so a send that failed is tried again with the provider's next attempt."""
     settings = get_settings()
     store = runtime.store()
     mark = f"mailed-back:{message.message_id or message.sender + message.subject}"
-    if store.seen(mark):
+    # Taken before sending (one round trip, and two retries arriving together send one),
+    # given back if the send fails.
+    if not store.first_sight(mark, 3 * 24 * 3600):
         return
     try:
         mail.send(settings, mail.unreadable_reply(settings, message.sender, message.subject,
                                                   message.message_id, reason))
     except Exception:  # noqa: BLE001  (the refusal stands whether or not the mail goes out)
         log.exception("could not tell %s that their reply was unreadable", message.sender)
-        return
-    store.first_sight(mark, 3 * 24 * 3600)
+        store.forget_sight(mark)
 
 
 __all__ = ["AutomaticReply", "MalformedMail", "Received", "Unreadable", "WrongSender", "receive"]

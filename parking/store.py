@@ -296,9 +296,6 @@ class Store:
         """True the first time `what` is seen within `ttl_s` (a webhook-id, a mail)."""
         return bool(self.redis.set(self.keys.seen(what), "1", nx=True, ex=ttl_s))
 
-    def seen(self, what: str) -> bool:
-        return bool(self.redis.exists(self.keys.seen(what)))
-
     def forget_sight(self, what: str) -> None:
         self.redis.delete(self.keys.seen(what))
 
