@@ -15,7 +15,6 @@ from tests.harness import LaybySystem, wait_until
 from tests.reviewers import SmtpServer, WebhookReceiver, reviewed_system
 from tests.test_cli import layby
 
-LEASE_S = 6  # LAYBY_LEASE_S of the test systems
 
 
 def _stuck(system: LaybySystem) -> list[dict]:
@@ -26,7 +25,9 @@ def _stuck(system: LaybySystem) -> list[dict]:
 
 def test_a_run_whose_message_was_lost_is_listed_then_requeued(
         isolated: Callable[..., LaybySystem]) -> None:
-    system = isolated().start()
+    # A lease long enough that the "not yet" checks below run within it on a busy machine.
+    lease_s = 15
+    system = isolated(LAYBY_LEASE_S=str(lease_s)).start()
     # No worker and no sweeper: nothing takes the message, nothing requeues it by itself.
     system.procs["worker"].stop()
     system.procs["sweeper"].stop()
@@ -37,7 +38,7 @@ def test_a_run_whose_message_was_lost_is_listed_then_requeued(
     assert all(f["runId"] != run_id for f in _stuck(system))  # not yet: within the lease
 
     findings = wait_until(lambda: [f for f in _stuck(system) if f["runId"] == run_id],
-                          LEASE_S + 10, every=0.5, what="the run listed as stuck")
+                          lease_s + 10, every=0.5, what="the run listed as stuck")
     (finding,) = findings
     assert finding["kind"] == "waiting_too_long", finding
     assert finding["detail"]["status"] == "queued"
