@@ -11,17 +11,19 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import redis
 from aiosmtpd.controller import Controller
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from gateway.embedded import free_port
+from gateway.embedded import EmbeddedRedis, free_port
 from tests.harness import LaybySystem, wait_until
 
 TOKEN_KEYS = "t2:test-token-key-two-0123456789,t1:test-token-key-one-0123456789"
@@ -231,3 +233,21 @@ def wait_gone(check: Callable[[], bool], seconds: float) -> None:
     while time.monotonic() < end:
         assert not check()
         time.sleep(0.1)
+
+
+@contextmanager
+def own_reviewed(server: EmbeddedRedis, tmp: Path, db: int, smtp: SmtpServer,
+                 hooks: WebhookReceiver, **env: str) -> Iterator[ReviewedSystem]:
+    """A reviewed system of its own on database `db`, stopped (with its SMTP server and
+    webhook receiver) and flushed afterwards."""
+    store = redis.Redis(port=server.port, db=db)
+    store.flushdb()
+    system = LaybySystem(f"redis://127.0.0.1:{server.port}/{db}", tmp / f"db{db}")
+    try:
+        yield reviewed_system(system, tmp / f"db{db}", smtp, hooks, **env)
+    finally:
+        system.stop()
+        smtp.stop()
+        hooks.stop()
+        store.flushdb()
+        store.close()

@@ -13,7 +13,6 @@ import base64
 import json
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from email.message import EmailMessage
 from pathlib import Path
@@ -22,14 +21,13 @@ from typing import Any
 import celery
 import httpx
 import pytest
-import redis
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from demo.agents import TRIVIA_CHOICES
 from gateway.embedded import EmbeddedRedis
 from notifier.tokens import TOKEN
 from tests import sse
-from tests.harness import LaybySystem, wait_until
+from tests.harness import wait_until
 from tests.reviewers import (
     HOOK_SECRET,
     INBOUND_DOMAIN,
@@ -38,7 +36,7 @@ from tests.reviewers import (
     SmtpServer,
     WebhookReceiver,
     link_in,
-    reviewed_system,
+    own_reviewed,
     wait_gone,
 )
 
@@ -126,24 +124,6 @@ def logs(rs: ReviewedSystem) -> str:
 def parked_transfer(rs: ReviewedSystem, text: str = "Send 250 to Bob") -> dict[str, Any]:
     run = rs.start_run("demo.transfer", text)
     return rs.parked(run["id"])
-
-
-@contextmanager
-def own_reviewed(server: EmbeddedRedis, tmp: Path, db: int, smtp: SmtpServer,
-                 hooks: WebhookReceiver, **env: str) -> Iterator[ReviewedSystem]:
-    """A reviewed system of its own on database `db`, stopped (with its SMTP server and
-    webhook receiver) and flushed afterwards."""
-    store = redis.Redis(port=server.port, db=db)
-    store.flushdb()
-    system = LaybySystem(f"redis://127.0.0.1:{server.port}/{db}", tmp / f"db{db}")
-    try:
-        yield reviewed_system(system, tmp / f"db{db}", smtp, hooks, **env)
-    finally:
-        system.stop()
-        smtp.stop()
-        hooks.stop()
-        store.flushdb()
-        store.close()
 
 
 @pytest.fixture

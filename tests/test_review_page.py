@@ -16,18 +16,17 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 from playwright.sync_api import Browser, Page, Response, sync_playwright
 
 from gateway.embedded import EmbeddedRedis
 from tests.agents import MARKUP_QUESTION
-from tests.harness import LaybySystem, wait_until
+from tests.harness import wait_until
 from tests.reviewers import (
     ReviewedSystem,
     SmtpServer,
     WebhookReceiver,
     link_in,
-    reviewed_system,
+    own_reviewed,
 )
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -464,16 +463,9 @@ def test_an_answered_request_says_so_and_a_stale_form_changes_nothing(
 def quick_expiry(reviewer_redis: EmbeddedRedis, tmp_path: Path) -> Iterator[ReviewedSystem]:
     """A reviewed system of its own whose demo requests expire after 10 seconds (time
     enough to open the page before, on a loaded machine)."""
-    smtp, hooks = SmtpServer().start(), WebhookReceiver().start()
-    system = LaybySystem(f"redis://127.0.0.1:{reviewer_redis.port}/7", tmp_path / "system",
-                         env_overrides={"LAYBY_DEMO_EXPIRY_S": "10"})
-    try:
-        yield reviewed_system(system, tmp_path / "reviewers", smtp, hooks)
-    finally:
-        system.stop()
-        smtp.stop()
-        hooks.stop()
-        redis.Redis(port=reviewer_redis.port, db=7).flushdb()
+    with own_reviewed(reviewer_redis, tmp_path, 7, SmtpServer().start(),
+                      WebhookReceiver().start(), LAYBY_DEMO_EXPIRY_S="10") as rs:
+        yield rs
 
 
 def test_an_expired_request_says_it_expired(quick_expiry: ReviewedSystem,

@@ -24,11 +24,10 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 from standardwebhooks import Webhook
 
 from gateway.embedded import EmbeddedRedis
-from tests.harness import LaybySystem, wait_until
+from tests.harness import wait_until
 from tests.reviewers import (
     HOOK_SECRET,
     INBOUND_DOMAIN,
@@ -36,7 +35,7 @@ from tests.reviewers import (
     SmtpServer,
     WebhookReceiver,
     link_in,
-    reviewed_system,
+    own_reviewed,
     wait_gone,
 )
 from tests.sse import history
@@ -643,11 +642,8 @@ def test_a_reply_after_expiry_is_refused_and_the_expiry_policy_applies(
     """With approvals expiring after 4 s, Alice replies "approve" once the request has
     expired: the reply is refused as expired, nothing is deployed, and the interrupt ends
     by its expiry policy."""
-    smtp, hooks = SmtpServer().start(), WebhookReceiver().start()
-    system = LaybySystem(f"redis://127.0.0.1:{reviewer_redis.port}/{EXPIRY_DB}",
-                         tmp_path / "expiring", env_overrides={"LAYBY_DEMO_EXPIRY_S": "4"})
-    try:
-        own = reviewed_system(system, tmp_path / "expiring", smtp, hooks)
+    with own_reviewed(reviewer_redis, tmp_path, EXPIRY_DB, SmtpServer().start(),
+                      WebhookReceiver().start(), LAYBY_DEMO_EXPIRY_S="4") as own:
         run_id = start(own, "demo.expiring")
         mail = notification(own, run_id)
         expires_at = expiry_of(own, run_id)
@@ -665,11 +661,6 @@ def test_a_reply_after_expiry_is_refused_and_the_expiry_policy_applies(
         assert intr["state"] == "expired"
         assert intr["answer"]["channel"] != "email"
         assert [e["channel"] for e in answered_events(own, run_id)] != ["email"]
-    finally:
-        system.stop()
-        smtp.stop()
-        hooks.stop()
-        redis.Redis(port=reviewer_redis.port, db=EXPIRY_DB).flushdb()
 
 
 def test_a_token_answers_once_page_then_reply(reviewed: ReviewedSystem) -> None:
