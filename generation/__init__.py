@@ -5,7 +5,13 @@ here; `tests/test_public_api.py` checks the list is complete.
 """
 
 from generation.agents import Agent, load_agents
-from generation.answers import check_answer, schema_errors, to_resume
+from generation.answers import (
+    MAX_JSON_DEPTH,
+    check_answer,
+    check_storable,
+    schema_errors,
+    to_resume,
+)
 from generation.errors import (
     ConfigError,
     Conflict,
@@ -51,13 +57,14 @@ from generation.turn import (
 )
 
 __all__ = [
-    "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "TOOL_CALL",
+    "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "MAX_JSON_DEPTH", "TOOL_CALL",
     "Agent", "Ask", "Call", "Case", "Choose", "ConfigError", "Conflict", "Continue", "EndRun",
     "ExpiryAction", "Fail", "Finish", "Forbidden", "Interrupt", "Invalid", "InvalidAnswer", "JobRequest",
     "LaybyError", "Message", "Model", "ModelRequest", "ModelResponse", "NotFound", "OnExpire",
     "Outcome", "Park", "Part", "Reply", "RequestError", "Resume", "ResumeEntry", "ResumeError",
     "ResumeMode", "RunFailed", "ScriptedModel",
     "Step", "TooLarge", "Tool", "ToolContext", "ToolInterrupt", "ToolRequest", "ToolResponse",
-    "Unauthorized", "Unavailable", "UnknownToolCall", "UnresolvedToolCall", "check_answer", "interrupt_tool", "load_agents",
+    "Unauthorized", "Unavailable", "UnknownToolCall", "UnresolvedToolCall", "check_answer",
+    "check_storable", "interrupt_tool", "load_agents",
     "model_turn", "resume_turn", "schema_errors", "text_message", "to_resume", "tool",
 ]
