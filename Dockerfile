@@ -5,20 +5,20 @@ FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     LAYBY_DATA_DIR=/var/lib/layby
-WORKDIR /app
-# Every package in pyproject.toml's packages.find (tests/test_compose.py checks they agree).
+# Built from /src, which is removed after: the services run in /app, where no `layby` source
+# folder can shadow the installed package.
+WORKDIR /src
+# The one package, `layby`, from its four folders (pyproject.toml's package-dir; tests/
+# test_compose.py checks they agree).
 COPY pyproject.toml README.md ./
-COPY generation generation
-COPY parking parking
-COPY broker_config broker_config
+COPY layby layby
 COPY tasks tasks
-COPY control control
-COPY gateway gateway
+COPY broker_config broker_config
 COPY notifier notifier
-COPY demo demo
-COPY bench bench
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir /src \
+    && rm -rf /src \
     && useradd --system --uid 10001 --user-group --home-dir /var/lib/layby --create-home layby
+WORKDIR /app
 # Numeric, so a runtime that refuses to start root containers can tell.
 USER 10001:10001
 EXPOSE 8000

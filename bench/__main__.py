@@ -89,7 +89,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     # Before any layby import: the Celery app and the store read these once.
     os.environ.update(env)
     from bench import measure, report
-    from control import runtime
+    from layby.control import runtime
 
     load_before = report.load_average()
     store = runtime.store()

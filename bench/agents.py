@@ -7,7 +7,7 @@ worker through LAYBY_AGENT_MODULES=bench.agents.
 
 from __future__ import annotations
 
-from generation import Agent, Ask, Call, Reply, ScriptedModel, interrupt_tool
+from layby.generation import Agent, Ask, Call, Reply, ScriptedModel, interrupt_tool
 
 AGENT = "bench.approval"
 

@@ -26,10 +26,10 @@ from celery import chain
 from bench import BenchError
 from bench.agents import AGENT
 from bench.tasks import hop
-from broker_config import JOBS, NOTIFY, TURNS
-from control import commands
-from generation.interrupts import ResumeEntry
-from parking import Store
+from layby.broker_config import JOBS, NOTIFY, TURNS
+from layby.control import commands
+from layby.generation.interrupts import ResumeEntry
+from layby.parking import Store
 
 # The queues of a layby worker (all but the sweep queue, as `layby up` runs it). Layby's
 # steps and the baseline's hops both go to layby.turns.

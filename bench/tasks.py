@@ -8,8 +8,8 @@ chain is done (the app keeps no results).
 
 from __future__ import annotations
 
-from broker_config import app
-from control import runtime
+from layby.broker_config import app
+from layby.control import runtime
 
 HOP = "bench.hop"
 

@@ -3,7 +3,7 @@
 `celery -A broker_config worker|beat|flower` finds the app here.
 """
 
-from broker_config.celery_app import (
+from layby.broker_config.celery_app import (
     DELIVER_TASK,
     JOBS,
     NOTIFY,
@@ -20,7 +20,7 @@ from broker_config.celery_app import (
     make_app,
     worker_queues,
 )
-from broker_config.settings import Settings, get_settings
+from layby.broker_config.settings import Settings, get_settings
 
 __all__ = ["DELIVER_TASK", "JOBS", "NOTIFY", "NOTIFY_TASK", "QUEUES", "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP",
            "SWEEP_TASK", "TURNS", "Settings", "app", "celery_argv", "get_settings", "make_app",

@@ -21,8 +21,8 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
-from broker_config import logs, transport
-from broker_config.settings import Settings, get_settings, is_sentinel_url
+from layby.broker_config import logs, transport
+from layby.broker_config.settings import Settings, get_settings, is_sentinel_url
 
 transport.install()
 
@@ -52,7 +52,7 @@ def celery_argv(log_format: str | None = None) -> list[str]:
     """`python -m celery -A broker_config`, the start of every worker, sweeper and Flower
     command line; without banners when logs are JSON, so every line of their output parses."""
     quiet = (log_format or get_settings().log_format) == "json"
-    return [sys.executable, "-m", "celery", "-A", "broker_config",
+    return [sys.executable, "-m", "celery", "-A", "layby.broker_config",
             *(["--quiet"] if quiet else [])]
 
 
@@ -122,7 +122,7 @@ def _configure_logs_early(options: dict[str, Any] | None = None, **_: Any) -> No
 
 def make_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
-    app = Celery("layby", include=["tasks", *settings.task_modules])
+    app = Celery("layby", include=["layby.tasks", *settings.task_modules])
     app.conf.update(celery_config(settings))
     return app
 

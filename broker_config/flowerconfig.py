@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from broker_config import get_settings, logs
+from layby.broker_config import get_settings, logs
 
 # Flower logs like every layby process (LAYBY_LOG_FORMAT): this file is read after tornado
 # set up its own handler, which this replaces (tornado adds none when one is there).

@@ -19,7 +19,7 @@ from typing import TextIO
 
 from pythonjsonlogger.json import JsonFormatter
 
-from broker_config.settings import Settings
+from layby.broker_config.settings import Settings
 
 # The fields a line may carry, in the order text lines show them.
 IDS = ("run_id", "interrupt_id", "notification_id", "task_id", "task_name")

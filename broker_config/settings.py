@@ -35,8 +35,8 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(None, description="Redis/Valkey for broker and store")
     data_dir: Path = Field(Path(".layby"), description="embedded server's data and state")
     api_keys: CommaList = Field(default_factory=list, description="bearer keys for /v1")
-    agent_modules: CommaList = Field(default_factory=lambda: ["demo.agents"])
-    task_modules: CommaList = Field(default_factory=lambda: ["demo.jobs"],
+    agent_modules: CommaList = Field(default_factory=lambda: ["layby.demo.agents"])
+    task_modules: CommaList = Field(default_factory=lambda: ["layby.demo.jobs"],
                                     description="modules with Celery tasks to run as jobs")
     key_prefix: str = "layby"
     # Empty by default: another service reaches layby with nothing but the broker URL.

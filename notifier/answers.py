@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from control import commands, runtime
-from generation.errors import Invalid, NotFound
-from generation.interrupts import ResumeEntry
-from notifier import config, tokens
-from notifier.directory import Reviewer
-from notifier.planning import reviewers_for
-from notifier.tokens import BadToken, Grant
-from parking import InterruptState, InterruptView, Result, RunView
+from layby.control import commands, runtime
+from layby.generation.errors import Invalid, NotFound
+from layby.generation.interrupts import ResumeEntry
+from layby.notifier import config, tokens
+from layby.notifier.directory import Reviewer
+from layby.notifier.planning import reviewers_for
+from layby.notifier.tokens import BadToken, Grant
+from layby.parking import InterruptState, InterruptView, Result, RunView
 
 
 class NotAllowed(BadToken):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from broker_config import get_settings
-from generation.errors import ConfigError
-from notifier.directory import Directory, load_directory
-from notifier.tokens import parse_keys
+from layby.broker_config import get_settings
+from layby.generation.errors import ConfigError
+from layby.notifier.directory import Directory, load_directory
+from layby.notifier.tokens import parse_keys
 
 _lock = threading.Lock()
 _cache: dict[str, tuple[object, object]] = {}

@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 import random
 
-from broker_config import DELIVER_TASK, NOTIFY, app, get_settings
-from control import runtime
-from notifier import config, mail, webhooks
-from notifier.mail import PermanentFailure
-from parking import Notification, RunView, Store
+from layby.broker_config import DELIVER_TASK, NOTIFY, app, get_settings
+from layby.control import runtime
+from layby.notifier import config, mail, webhooks
+from layby.notifier.mail import PermanentFailure
+from layby.parking import Notification, RunView, Store
 
 log = logging.getLogger(__name__)
 

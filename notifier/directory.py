@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from generation.errors import ConfigError
+from layby.generation.errors import ConfigError
 
 
 class Webhook(BaseModel):

@@ -19,9 +19,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from generation.answers import check_answer
-from generation.errors import Invalid
-from generation.interrupts import CONFIRMATION, Interrupt, ResumeEntry
+from layby.generation.answers import check_answer
+from layby.generation.errors import Invalid
+from layby.generation.interrupts import CONFIRMATION, Interrupt, ResumeEntry
 
 FieldKind = Literal["text", "textarea", "number", "integer", "checkbox", "radio", "json"]
 

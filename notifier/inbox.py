@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from broker_config import get_settings
-from control import runtime
-from generation.errors import Invalid, LaybyError
-from notifier import answers, mail
-from notifier.replies import (
+from layby.broker_config import get_settings
+from layby.control import runtime
+from layby.generation.errors import Invalid, LaybyError
+from layby.notifier import answers, mail
+from layby.notifier.replies import (
     Mail,
     MalformedMail,
     Unreadable,
@@ -22,7 +22,7 @@ from notifier.replies import (
     reply_text,
     token_from_address,
 )
-from notifier.tokens import BadToken
+from layby.notifier.tokens import BadToken
 
 log = logging.getLogger(__name__)
 

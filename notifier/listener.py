@@ -15,9 +15,9 @@ from typing import Any
 import redis
 from aiosmtpd.controller import Controller
 
-from generation.errors import ConfigError, Conflict, LaybyError, NotFound
-from notifier import inbox
-from notifier.replies import MalformedMail, Unreadable, token_from_address
+from layby.generation.errors import ConfigError, Conflict, LaybyError, NotFound
+from layby.notifier import inbox
+from layby.notifier.replies import MalformedMail, Unreadable, token_from_address
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from email.utils import formataddr, formatdate, make_msgid
 
 import jinja2
 
-from broker_config import Settings
-from generation.interrupts import Interrupt
-from notifier.directory import Reviewer
-from notifier.forms import is_confirmation
-from parking import Notification, RunView
+from layby.broker_config import Settings
+from layby.generation.interrupts import Interrupt
+from layby.notifier.directory import Reviewer
+from layby.notifier.forms import is_confirmation
+from layby.parking import Notification, RunView
 
-_templates = jinja2.Environment(loader=jinja2.PackageLoader("notifier", "templates"),
+_templates = jinja2.Environment(loader=jinja2.PackageLoader("layby.notifier", "templates"),
                                 autoescape=jinja2.select_autoescape(["html"]),
                                 keep_trailing_newline=True)
 
@@ -44,7 +44,7 @@ def _shorten(text: str, limit: int) -> str:
 
 def notification_mail(settings: Settings, run: RunView, interrupt: Interrupt,
                       reviewer: Reviewer, note: Notification) -> EmailMessage:
-    from notifier.replies import how_to_answer
+    from layby.notifier.replies import how_to_answer
 
     assert note.token is not None
     confirmation = is_confirmation(interrupt)

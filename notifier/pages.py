@@ -23,9 +23,9 @@ from typing import Any
 
 import jinja2
 
-from generation.interrupts import Interrupt
-from notifier.forms import DECISIONS, PAYLOAD, Form, is_confirmation
-from parking.records import InterruptView
+from layby.generation.interrupts import Interrupt
+from layby.notifier.forms import DECISIONS, PAYLOAD, Form, is_confirmation
+from layby.parking.records import InterruptView
 
 STATES = frozenset({"open", "answered", "expired", "cancelled", "done", "refused"})
 

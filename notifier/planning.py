@@ -9,12 +9,12 @@ import logging
 import time
 from datetime import datetime
 
-from broker_config import get_settings
-from control import runtime
-from generation.interrupts import BACKGROUND_JOB, Interrupt
-from notifier import config, tokens
-from notifier.directory import Reviewer
-from parking import InterruptState, Notification, Status, Store
+from layby.broker_config import get_settings
+from layby.control import runtime
+from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
+from layby.notifier import config, tokens
+from layby.notifier.directory import Reviewer
+from layby.parking import InterruptState, Notification, Status, Store
 
 log = logging.getLogger(__name__)
 

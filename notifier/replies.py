@@ -24,10 +24,10 @@ from typing import Any
 
 from email_reply_parser import EmailReplyParser
 
-from generation.answers import check_answer
-from generation.errors import LaybyError
-from generation.interrupts import Interrupt, ResumeEntry
-from notifier.forms import is_confirmation
+from layby.generation.answers import check_answer
+from layby.generation.errors import LaybyError
+from layby.generation.interrupts import Interrupt, ResumeEntry
+from layby.notifier.forms import is_confirmation
 
 
 class MalformedMail(LaybyError):

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from generation.errors import LaybyError
+from layby.generation.errors import LaybyError
 
 KID = re.compile(r"^[a-z0-9]{1,8}$")
 TOKEN = re.compile(r"^([a-z0-9]{1,8})-([a-z2-7]{16})-([a-z2-7]{16})$")

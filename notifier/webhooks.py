@@ -17,12 +17,12 @@ from typing import Any
 import httpx
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from broker_config import Settings
-from generation.errors import LaybyError
-from generation.interrupts import Interrupt
-from notifier.directory import Reviewer
-from notifier.mail import PermanentFailure, page_url
-from parking import Notification, RunView
+from layby.broker_config import Settings
+from layby.generation.errors import LaybyError
+from layby.generation.interrupts import Interrupt
+from layby.notifier.directory import Reviewer
+from layby.notifier.mail import PermanentFailure, page_url
+from layby.parking import Notification, RunView
 
 # The specification's tolerance: a timestamp further than this from now is refused.
 TOLERANCE_S = 300

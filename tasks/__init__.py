@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker_config import (
+from layby.broker_config import (
     DELIVER_TASK,
     NOTIFY_TASK,
     RESUME_RUN,
@@ -27,12 +27,12 @@ from broker_config import (
     SWEEP_TASK,
     app,
 )
-from control import commands, runtime
-from notifier import delivery, planning
-from tasks import context as _context  # noqa: F401  (log lines carry the run's ids)
-from tasks import jobs as _jobs  # noqa: F401  (connects the job signal handlers)
-from tasks.steps import advance
-from tasks.sweeper import sweep as _sweep
+from layby.control import commands, runtime
+from layby.notifier import delivery, planning
+from layby.tasks import context as _context  # noqa: F401  (log lines carry the run's ids)
+from layby.tasks import jobs as _jobs  # noqa: F401  (connects the job signal handlers)
+from layby.tasks.steps import advance
+from layby.tasks.sweeper import sweep as _sweep
 
 
 @app.task(name=START_RUN, bind=True)

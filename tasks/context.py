@@ -13,8 +13,8 @@ from typing import Any
 from celery import Task
 from celery.signals import task_postrun, task_prerun
 
-from broker_config.logs import IDS, set_about
-from tasks.jobs import job_of
+from layby.broker_config.logs import IDS, set_about
+from layby.tasks.jobs import job_of
 
 
 def _ids_in(task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -18,9 +18,9 @@ import redis
 from celery import Task
 from celery.signals import task_failure, task_success
 
-from broker_config import app
-from control import commands, runtime
-from generation.tools import JobRequest
+from layby.broker_config import app
+from layby.control import commands, runtime
+from layby.generation.tools import JobRequest
 
 log = logging.getLogger(__name__)
 HEADER = "layby_job"

@@ -17,17 +17,17 @@ from typing import Any
 
 import redis
 
-from broker_config import get_settings
-from control import runtime
-from generation.agents import Agent
-from generation.answers import to_resume
-from generation.errors import ConfigError, ResumeError
-from generation.interrupts import BACKGROUND_JOB
-from generation.messages import Message, dump_messages
-from generation.providers.common import ProviderError
-from generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
-from parking import Store
-from tasks.jobs import start_job
+from layby.broker_config import get_settings
+from layby.control import runtime
+from layby.generation.agents import Agent
+from layby.generation.answers import to_resume
+from layby.generation.errors import ConfigError, ResumeError
+from layby.generation.interrupts import BACKGROUND_JOB
+from layby.generation.messages import Message, dump_messages
+from layby.generation.providers.common import ProviderError
+from layby.generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
+from layby.parking import Store
+from layby.tasks.jobs import start_job
 
 log = logging.getLogger(__name__)
 

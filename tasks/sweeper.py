@@ -9,11 +9,11 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from broker_config.logs import about
-from control import runtime
-from generation.interrupts import ExpiryAction
-from notifier import delivery
-from parking import Answer, InterruptState, Store
+from layby.broker_config.logs import about
+from layby.control import runtime
+from layby.generation.interrupts import ExpiryAction
+from layby.notifier import delivery
+from layby.parking import Answer, InterruptState, Store
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import os
 import time
 from pathlib import Path
 
-from control import runtime
-from demo.agents import ask_question, compile_report
-from generation import Agent, Ask, Call, Reply, ScriptedModel, ToolContext, interrupt_tool, tool
+from layby.control import runtime
+from layby.demo.agents import ask_question, compile_report
+from layby.generation import Agent, Ask, Call, Reply, ScriptedModel, ToolContext, interrupt_tool, tool
 
 
 @tool

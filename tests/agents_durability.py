@@ -1,7 +1,7 @@
 """Agents, tools and a background job for tests/test_durability.py.
 
 Systems load them with `LAYBY_AGENT_MODULES=…,tests.agents_durability` (the agents) and
-`LAYBY_TASK_MODULES=demo.jobs,tests.agents_durability` (the job task, so workers know it).
+`LAYBY_TASK_MODULES=layby.demo.jobs,tests.agents_durability` (the job task, so workers know it).
 Delays and expiries come from environment variables the tests set, read when a tool runs.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import time
 
-from broker_config import app
-from control import runtime
-from demo import ledger
-from generation import (
+from layby.broker_config import app
+from layby.control import runtime
+from layby.demo import ledger
+from layby.generation import (
     BACKGROUND_JOB,
     CONFIRMATION,
     Agent,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.embedded import EmbeddedRedis
+from layby.gateway.embedded import EmbeddedRedis
 from tests.harness import LaybySystem
 from tests.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewed_system
 

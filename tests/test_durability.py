@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 import redis
 
-from broker_config import RESUME_RUN, RUN_TURN, Settings, make_app
-from control.runtime import store_config
-from gateway.embedded import EmbeddedRedis
-from generation import text_message
-from parking import Answer, InterruptState, Store
+from layby.broker_config import RESUME_RUN, RUN_TURN, Settings, make_app
+from layby.control.runtime import store_config
+from layby.gateway.embedded import EmbeddedRedis
+from layby.generation import text_message
+from layby.parking import Answer, InterruptState, Store
 from tests.harness import BASE_ENV, LaybySystem, wait_until
 
 DURABLE_ENV = {
-    "LAYBY_AGENT_MODULES": "demo.agents,tests.agents,tests.agents_durability",
-    "LAYBY_TASK_MODULES": "demo.jobs,tests.agents_durability",
+    "LAYBY_AGENT_MODULES": "layby.demo.agents,tests.agents,tests.agents_durability",
+    "LAYBY_TASK_MODULES": "layby.demo.jobs,tests.agents_durability",
     "LAYBY_TEST_EXPIRY_S": "2",
 }
 OUTBOX_GRACE_S = float(BASE_ENV["LAYBY_OUTBOX_GRACE_S"])

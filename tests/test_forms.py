@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from demo.agents import TRIVIA_CHOICES, Approval
-from generation.errors import Invalid
-from generation.interrupts import Interrupt, OnExpire
-from notifier.forms import Field, Form, entry_from_form, form_for, is_confirmation
-from notifier.pages import render_review
-from parking.records import Answer, InterruptView
+from layby.demo.agents import TRIVIA_CHOICES, Approval
+from layby.generation.errors import Invalid
+from layby.generation.interrupts import Interrupt, OnExpire
+from layby.notifier.forms import Field, Form, entry_from_form, form_for, is_confirmation
+from layby.notifier.pages import render_review
+from layby.parking.records import Answer, InterruptView
 
 APPROVAL = Approval.model_json_schema()
 # tests/agents.py's two_approvals: a bare object, then a sign-off that must be `true`.

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-import generation
-from generation import (
+from layby import generation
+from layby.generation import (
     CONFIRMATION,
     INPUT_REQUIRED,
     Agent,
@@ -50,8 +50,8 @@ from generation import (
     to_resume,
     tool,
 )
-from generation.interrupts import interrupt_id
-from generation.messages import dump_messages, load_messages
+from layby.generation.interrupts import interrupt_id
+from layby.generation.messages import dump_messages, load_messages
 
 RUN = "run-1"
 
@@ -863,7 +863,7 @@ def test_all_lists_each_public_name_once_and_each_is_importable():
     names = generation.__all__
     assert len(names) == len(set(names))
     namespace: dict[str, Any] = {}
-    exec("from generation import *", namespace)  # noqa: S102
+    exec("from layby.generation import *", namespace)  # noqa: S102
     assert set(names) <= set(namespace)
     for name in names:
         assert getattr(generation, name) is namespace[name]
@@ -872,7 +872,7 @@ def test_all_lists_each_public_name_once_and_each_is_importable():
 def test_all_covers_every_public_name_the_modules_define():
     missing = []
     for short in MODULES:
-        module = importlib.import_module(f"generation.{short}")
+        module = importlib.import_module(f"layby.generation.{short}")
         for name in _top_level_names(inspect.getsource(module)):
             if not name.startswith("_") and name not in INTERNAL \
                     and name not in generation.__all__:

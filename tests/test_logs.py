@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker_config import Settings, logs
-from gateway.embedded import free_port
+from layby.broker_config import Settings, logs
+from layby.gateway.embedded import free_port
 from tests.harness import API_KEY, LaybySystem, wait_until
 
 

@@ -23,9 +23,9 @@ import httpx
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from demo.agents import TRIVIA_CHOICES
-from gateway.embedded import EmbeddedRedis
-from notifier.tokens import TOKEN
+from layby.demo.agents import TRIVIA_CHOICES
+from layby.gateway.embedded import EmbeddedRedis
+from layby.notifier.tokens import TOKEN
 from tests import sse
 from tests.harness import wait_until
 from tests.reviewers import (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import redis
 
-from broker_config import TURNS
+from layby.broker_config import TURNS
 from tests.harness import LaybySystem, wait_until
 from tests.reviewers import SmtpServer, WebhookReceiver, reviewed_system
 from tests.test_cli import layby

@@ -23,9 +23,9 @@ from typing import Annotated, Any
 import pytest
 from pydantic import Field
 
-from demo import providers as demo_providers
-from demo.agents import ask_question
-from generation import (
+from layby.demo import providers as demo_providers
+from layby.demo.agents import ask_question
+from layby.generation import (
     CONFIRMATION,
     Agent,
     ConfigError,
@@ -48,8 +48,8 @@ from generation import (
     to_resume,
     tool,
 )
-from generation.messages import dump_messages, load_messages
-from generation.providers import (
+from layby.generation.messages import dump_messages, load_messages
+from layby.generation.providers import (
     AnthropicModel,
     AnthropicSettings,
     OpenAIChatModel,
@@ -57,8 +57,8 @@ from generation.providers import (
     ProviderError,
     ProviderSettings,
 )
-from generation.providers.anthropic_messages import safe_id, to_anthropic_messages
-from generation.providers.openai_chat import to_chat_messages
+from layby.generation.providers.anthropic_messages import safe_id, to_anthropic_messages
+from layby.generation.providers.openai_chat import to_chat_messages
 from tests.harness import LaybySystem
 
 RUN = "run-p"
@@ -606,20 +606,18 @@ def test_settings_come_from_the_environment(monkeypatch):
 
 
 def test_demo_assistant_without_settings_imports_and_says_what_to_set():
-    import demo.providers
-
-    agents = load_agents(["demo.providers"])
+    agents = load_agents(["layby.demo.providers"])
     assert set(agents) == {"demo.assistant", "demo.assistant_anthropic"}
-    unset = demo.providers.build_assistant(OpenAISettings())
+    unset = demo_providers.build_assistant(OpenAISettings())
     with pytest.raises(ConfigError, match="set LAYBY_OPENAI_MODEL"):
         unset.model.generate(ModelRequest(messages=[text_message("user", "hi")]))
-    unset = demo.providers.build_anthropic_assistant(AnthropicSettings())
+    unset = demo_providers.build_anthropic_assistant(AnthropicSettings())
     with pytest.raises(ConfigError, match="set LAYBY_ANTHROPIC_MODEL"):
         unset.model.generate(ModelRequest(messages=[text_message("user", "hi")]))
 
 
 def test_demo_assistant_on_an_openai_compatible_server(server, monkeypatch):
-    from demo.providers import build_assistant
+    from layby.demo.providers import build_assistant
 
     monkeypatch.setenv("LAYBY_OPENAI_MODEL", "llama3.2")
     monkeypatch.setenv("LAYBY_OPENAI_BASE_URL", f"{server.url}/v1")
@@ -664,7 +662,7 @@ def real(redis_server: Any, fake: FakeProvider, tmp_path_factory: pytest.TempPat
     redis_client.Redis(port=redis_server.port, db=REAL_DB).flushdb()
     system = LaybySystem(f"redis://127.0.0.1:{redis_server.port}/{REAL_DB}",
                          tmp_path_factory.mktemp("providers"), env_overrides={
-                             "LAYBY_AGENT_MODULES": "demo.agents,demo.providers,tests.agents",
+                             "LAYBY_AGENT_MODULES": "layby.demo.agents,layby.demo.providers,tests.agents",
                              "LAYBY_OPENAI_MODEL": "gpt-test",
                              "LAYBY_OPENAI_BASE_URL": f"{fake.url}/v1",
                              "LAYBY_OPENAI_API_KEY": KEY,

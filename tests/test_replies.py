@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from demo.agents import TRIVIA_CHOICES, Approval
-from generation.answers import check_answer
-from generation.interrupts import Interrupt, ResumeEntry
-from notifier.replies import (
+from layby.demo.agents import TRIVIA_CHOICES, Approval
+from layby.generation.answers import check_answer
+from layby.generation.interrupts import Interrupt, ResumeEntry
+from layby.notifier.replies import (
     MalformedMail,
     Unreadable,
     how_to_answer,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from generation.errors import ConfigError
-from notifier.directory import load_directory
-from notifier.tokens import BadToken, Grant, issue, new_keys, parse_keys, verify
+from layby.generation.errors import ConfigError
+from layby.notifier.directory import load_directory
+from layby.notifier.tokens import BadToken, Grant, issue, new_keys, parse_keys, verify
 
 KEYS = parse_keys("k2:new-secret-0123456789,k1:old-secret-0123456789")
 
@@ -122,8 +122,8 @@ def test_an_invalid_directory_is_refused_without_showing_its_secrets(tmp_path: P
 
 
 def test_no_smtp_password_in_clear_text_to_another_machine() -> None:
-    from broker_config import Settings
-    from notifier.mail import PermanentFailure, send
+    from layby.broker_config import Settings
+    from layby.notifier.mail import PermanentFailure, send
 
     settings = Settings(smtp_host="smtp.example.com", smtp_username="layby",
                         smtp_password="hunter2-hunter2", smtp_security="none")

@@ -1,0 +1,1 @@
+"""layby: durable interrupts for LLM agent runs on Celery and Redis/Valkey."""

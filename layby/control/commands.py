@@ -1,0 +1,219 @@
+"""What every way in can do to a run: start it, answer it, resume it, cancel it, requeue it.
+
+The HTTP API, the `layby` command, the notifier's channels and Celery's `layby.start_run`
+all come through here: each command checks its input, commits one transition through
+`parking`, then publishes what the transition put in the outbox. Errors are
+`generation.errors.RequestError`s that say what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from layby.broker_config import get_settings
+from layby.generation.answers import check_answer, check_storable
+from layby.generation.errors import Conflict, Invalid, NotFound, TooLarge
+from layby.generation.interrupts import Interrupt, ResumeEntry
+from layby.generation.messages import Message, text_message
+from layby.generation.tools import Tool
+from layby.parking import Answer, InterruptState, Result, RunView, Store
+from layby.control import runtime
+
+log = logging.getLogger(__name__)
+
+
+# Run ids go inside Redis hash tags and space-separated deadline entries.
+RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_run_id() -> str:
+    return f"run_{uuid.uuid4().hex}"
+
+
+def start_run(agent: str, *, input: Any = None, messages: list[Message] | None = None,
+              metadata: dict[str, Any] | None = None, idempotency_key: str | None = None,
+              run_id: str | None = None, store: Store | None = None,
+              known_agents: set[str] | None = None) -> tuple[RunView, bool]:
+    """Create a run and queue its first turn. Returns the run and whether it is new."""
+    if run_id is not None and not RUN_ID.match(run_id):
+        raise Invalid(f"run id {run_id[:80]!r} is not usable: use 1 to 128 letters, digits, "
+                      "'_', '-' or '.'")
+    store = store or runtime.store()
+    names = known_agents if known_agents is not None else set(runtime.agents())
+    if agent not in names:
+        raise NotFound(f"no agent named {agent!r}; known agents: {sorted(names)}",
+                       detail={"agents": sorted(names)})
+    if (input is None) == (messages is None):
+        raise Invalid("give either `input` (the user's request) or `messages` (a history), "
+                      "not both and not neither")
+    if messages is None:
+        text = input if isinstance(input, str) else json.dumps(input)
+        messages = [text_message("user", text)]
+    elif not messages:
+        raise Invalid("`messages` is empty: give at least one user message")
+    run_id = run_id or new_run_id()
+    result = store.create_run(run_id, agent, input=input, messages=messages,
+                              metadata=metadata or {}, idempotency_key=idempotency_key)
+    if result.code == "exists":
+        existing = store.view(result.info[0])
+        if existing is None:
+            raise Conflict(f"run {result.info[0]} for this idempotency key has expired")
+        if idempotency_key is None or existing.agent != agent:
+            raise Conflict(f"run id {run_id!r} is already taken",
+                           run_id=run_id, detail={"runId": result.info[0]})
+        return existing, False
+    runtime.publish(result.entries, store)
+    view = store.view(run_id)
+    assert view is not None
+    return view, True
+
+
+def get_run(run_id: str, store: Store | None = None) -> RunView:
+    view = (store or runtime.store()).view(run_id)
+    if view is None:
+        raise NotFound(f"no run {run_id!r} (unknown, or finished and past retention)",
+                       run_id=run_id)
+    return view
+
+
+def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
+           require_all: bool = False, store: Store | None = None) -> Result:
+    """Record answers; the one that closes the last open interrupt queues the resume.
+
+    Refuses, without storing anything: unknown ids (NotFound), answers to what is not open
+    or has expired (Conflict, naming who answered first), payloads outside their schema
+    (Invalid, listing the errors), and with `require_all`, a set that leaves one open.
+    """
+    store = store or runtime.store()
+    record = store.record(run_id)
+    if record is None:
+        raise NotFound(f"no run {run_id!r}", run_id=run_id)
+    if not entries:
+        raise Invalid("no answers given: `resume` needs one entry per open interrupt")
+    ids = [e.interrupt_id for e in entries]
+    if len(set(ids)) != len(ids):
+        raise Invalid(f"an interrupt is answered twice in one request: {ids}")
+    specs, answers, open_ids = store.interrupts(run_id)
+    by_id = {s.id: s for s in specs}
+    records = []
+    request_id = uuid.uuid4().hex
+    for entry in entries:
+        _check_storable(entry, get_settings().max_answer_bytes)
+        spec = by_id.get(entry.interrupt_id)
+        if spec is None:
+            raise NotFound(f"run {run_id} has no interrupt {entry.interrupt_id!r}",
+                           run_id=run_id, detail={"interruptId": entry.interrupt_id})
+        if entry.interrupt_id not in open_ids:  # the status says why: cancelled, failed…
+            raise not_open(run_id, spec, answers.get(spec.id), status=record.status.value)
+        _check_expiry(run_id, spec)
+        errors = check_answer(spec, entry, _tool(record.agent, spec.tool_name))
+        if errors:
+            raise Invalid(f"the answer to interrupt {spec.id} does not match what it asks for",
+                          run_id=run_id, detail={"interruptId": spec.id, "errors": errors})
+        records.append(Answer(interrupt_id=spec.id, status=entry.status, payload=entry.payload,
+                              metadata=entry.metadata, state=InterruptState(entry.status),
+                              answered_by=by, channel=channel, answered_at=now_iso(),
+                              answer_id=request_id))
+    result = store.answer(run_id, records, require_all=require_all)
+    if result.code == "conflict":
+        first = Answer.model_validate_json(result.info[1]) if result.info[1] else None
+        if first is not None and first in records:
+            # Our own answer, recorded by a first attempt whose reply was lost and replayed
+            # by the client's retry: it stands; the outbox publishes what it queued.
+            return Result("ok", result.version)
+        raise not_open(run_id, by_id[result.info[0]], first, status=result.info[2])
+    if result.code == "incomplete":
+        missing = sorted(set(result.info) - set(ids))
+        raise Invalid("a resume must answer every open interrupt; still open: "
+                      f"{missing}", run_id=run_id, detail={"open": sorted(result.info)})
+    if not result.ok:
+        raise NotFound(f"run {run_id} or one of its interrupts is gone ({result.code})",
+                       run_id=run_id)
+    for rec in records:
+        log.info("interrupt %s of run %s %s by %s via %s", rec.interrupt_id, run_id,
+                 rec.state.value, by, channel,
+                 extra={"run_id": run_id, "interrupt_id": rec.interrupt_id})
+    runtime.publish(result.entries, store)
+    return result
+
+
+def _check_storable(entry: ResumeEntry, max_bytes: int) -> None:
+    """Every channel's answers (pages, mail, callbacks, not only /v1's bodies) stored whole
+    or not at all: refused when Redis could not take them or they exceed
+    LAYBY_MAX_ANSWER_BYTES."""
+    what = f"the answer to interrupt {entry.interrupt_id}"
+    check_storable([entry.payload, entry.metadata], what)
+    size = len(json.dumps([entry.payload, entry.metadata]).encode())
+    if size > max_bytes:
+        raise TooLarge(f"{what} is {size} bytes; at most {max_bytes} are taken "
+                       "(LAYBY_MAX_ANSWER_BYTES)")
+
+
+def _tool(agent_name: str, tool_name: str) -> Tool | None:
+    """The tool itself where this process loads the agent (the gateway and workers do)."""
+    agent = runtime.agents().get(agent_name)
+    return agent.tool(tool_name) if agent else None
+
+
+def _check_expiry(run_id: str, spec: Interrupt) -> None:
+    if spec.expires_at and spec.expires_at < now_iso():
+        raise Conflict(f"interrupt {spec.id} expired at {spec.expires_at}; its expiry policy "
+                       f"({spec.on_expire.action.value}) applies", run_id=run_id,
+                       detail={"interruptId": spec.id, "expiresAt": spec.expires_at})
+
+
+def not_open(run_id: str, spec: Interrupt, first: Answer | None,
+             status: str | None = None) -> Conflict:
+    if first is None:
+        return Conflict(f"interrupt {spec.id} is not open: the run is {status or 'over'}",
+                        run_id=run_id, detail={"interruptId": spec.id, "runStatus": status})
+    return Conflict(f"interrupt {spec.id} was already {first.state.value} by "
+                    f"{first.answered_by} via {first.channel} at {first.answered_at}",
+                    run_id=run_id, detail={"interruptId": spec.id, "answer": first.wire()})
+
+
+def answer_job(run_id: str, interrupt_id: str, *, task: str, result: Any = None,
+               error: str | None = None, store: Store | None = None) -> str:
+    """A background job finished: its result (or failure) answers its interrupt, even when
+    the job beat the park (the answer waits in the store and the park applies it)."""
+    store = store or runtime.store()
+    payload = {"status": "failed", "error": error} if error is not None else result
+    record = Answer(interrupt_id=interrupt_id, status="resolved", payload=payload,
+                    state=InterruptState.RESOLVED, answered_by=f"job:{task}", channel="job",
+                    answered_at=now_iso())
+    outcome = store.answer(run_id, [record], allow_early=True)
+    runtime.publish(outcome.entries, store)
+    return outcome.code
+
+
+def cancel(run_id: str, *, by: str, reason: str | None = None,
+           store: Store | None = None) -> RunView:
+    store = store or runtime.store()
+    result = store.cancel(run_id, by, reason)
+    if result.code == "missing":
+        raise NotFound(f"no run {run_id!r}", run_id=run_id)
+    if result.code == "finished":
+        raise Conflict(f"run {run_id} is already {result.info[0]}", run_id=run_id,
+                       detail={"status": result.info[0]})
+    return get_run(run_id, store)
+
+
+def requeue(run_id: str, *, store: Store | None = None) -> Result:
+    """Queue a run's pending step again (for a step whose message was lost)."""
+    store = store or runtime.store()
+    result = store.requeue(run_id, owner="*")
+    if result.code == "missing":
+        raise NotFound(f"no run {run_id!r}", run_id=run_id)
+    if result.code == "skipped":
+        raise Conflict(f"run {run_id} is {result.info[0]}: nothing to requeue", run_id=run_id)
+    runtime.publish(result.entries, store)
+    return result

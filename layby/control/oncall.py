@@ -1,0 +1,187 @@
+"""On-call work on parked and stuck runs: find what is stuck, and fix it.
+
+What `layby ops` does, as plain functions on a `Store`: list runs whose worker died (lapsed
+lease), runs waiting longer than a lease for a message that may be lost, outbox entries not
+published in time, and parked runs whose notifications failed; requeue the stuck runs,
+send failed notifications again, prune finished runs past retention. Every change is one of
+the store's transition scripts, which re-checks its condition, so running these next to
+the sweeper is safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from layby.parking import Status, Store
+from layby.control import runtime
+
+LEASE_LAPSED = "lease_lapsed"
+WAITING_TOO_LONG = "waiting_too_long"
+OUTBOX_OVERDUE = "outbox_overdue"
+NOTIFICATION_FAILED = "notification_failed"
+
+
+@dataclass
+class Finding:
+    """One thing wrong: what, with which run, and the command that fixes it."""
+
+    kind: str
+    run_id: str
+    problem: str
+    fix: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return f"{self.run_id}  {self.kind:19}  {self.problem}\n    fix: {self.fix}"
+
+    def wire(self) -> dict[str, Any]:
+        return {"kind": self.kind, "runId": self.run_id, "problem": self.problem,
+                "fix": self.fix, "detail": self.detail}
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:.1f} s"
+
+
+def _now_ms(store: Store) -> int:
+    return int(store.redis.time()[0]) * 1000
+
+
+def stuck(store: Store | None = None, *, limit: int = 200) -> list[Finding]:
+    """Everything that looks stuck, at most `limit` of each kind (and of the parked runs
+    scanned for failed notifications)."""
+    store = store or runtime.store()
+    return [*lapsed(store, limit), *waiting(store, limit), *overdue_outbox(store, limit),
+            *failed_notifications(store, limit)]
+
+
+def lapsed(store: Store, limit: int = 200) -> list[Finding]:
+    now = _now_ms(store)
+    found = []
+    for run_id in store.lapsed_leases(limit):
+        owner, until = store.redis.hmget(store.keys.run(run_id), "lease_owner", "lease_until")
+        late = now - int(until or now)
+        found.append(Finding(
+            LEASE_LAPSED, run_id,
+            f"claimed by {owner or 'a worker'} whose lease lapsed {_seconds(late)} ago "
+            "(the worker died or hangs)",
+            f"layby runs requeue {run_id}   (or: layby ops requeue-stuck)",
+            {"owner": owner, "lapsedMs": late}))
+    return found
+
+
+def waiting(store: Store, limit: int = 200) -> list[Finding]:
+    now = _now_ms(store)
+    found = []
+    for run_id in store.waiting_too_long(store.config.lease_ms, limit):
+        status, updated = store.redis.hmget(store.keys.run(run_id), "status", "updated_at")
+        since = now - int(updated or now)
+        found.append(Finding(
+            WAITING_TOO_LONG, run_id,
+            f"{status} for {_seconds(since)}, longer than the lease "
+            f"({_seconds(store.config.lease_ms)}): its task message may be lost",
+            f"layby runs requeue {run_id}   (or: layby ops requeue-stuck)",
+            {"status": status, "waitingMs": since}))
+    return found
+
+
+def overdue_outbox(store: Store, limit: int = 200) -> list[Finding]:
+    found = []
+    for entry_id, late in store.overdue_outbox(store.config.outbox_grace_ms, limit):
+        run_id = entry_id.split(":", 1)[0]
+        found.append(Finding(
+            OUTBOX_OVERDUE, run_id,
+            f"outbox entry {entry_id} is {_seconds(late)} overdue: not published "
+            "(is the sweeper running? is the broker reachable?)",
+            "layby ops requeue-stuck   (publishes overdue outbox entries; check `layby "
+            "sweeper` is running)",
+            {"entryId": entry_id, "lateMs": late}))
+    return found
+
+
+def failed_notifications(store: Store, limit: int = 200) -> list[Finding]:
+    """Failed notifications of parked runs: scans the newest `limit` interrupted runs."""
+    found = []
+    for run_id in interrupted_runs(store, limit=limit):
+        for note in store.notifications(run_id):
+            if note.state != "failed":
+                continue
+            found.append(Finding(
+                NOTIFICATION_FAILED, run_id,
+                f"notification {note.id} ({note.kind} of {note.interrupt_id} to "
+                f"{note.reviewer} by {note.channel}) failed after {note.attempts} "
+                f"attempt(s): {note.last_error or 'no error recorded'}",
+                f"layby ops retry-notifications {run_id}",
+                {"notificationId": note.id, "interruptId": note.interrupt_id,
+                 "reviewer": note.reviewer, "channel": note.channel,
+                 "attempts": note.attempts, "error": note.last_error}))
+    return found
+
+
+@dataclass
+class Requeued:
+    run_id: str
+    outcome: str  # requeued | busy (its lease was taken again) | skipped (<status>) | missing
+    why: str
+
+    def wire(self) -> dict[str, Any]:
+        return {"runId": self.run_id, "outcome": self.outcome, "why": self.why}
+
+
+def requeue_stuck(store: Store | None = None, *, limit: int = 200
+                  ) -> tuple[list[Requeued], int]:
+    """Requeue runs with a lapsed lease or waiting too long, and publish overdue outbox
+    entries. Returns what came of each run, and how many outbox entries were published.
+
+    Runs are requeued as the sweeper does (`Store.requeue` without an owner): a lease that
+    a worker took again since the listing is left alone ("busy"), not taken over."""
+    store = store or runtime.store()
+    done = []
+    stuck = [*((run_id, LEASE_LAPSED) for run_id in store.lapsed_leases(limit)),
+             *((run_id, WAITING_TOO_LONG)
+               for run_id in store.waiting_too_long(store.config.lease_ms, limit))]
+    for run_id, why in stuck:
+        result = store.requeue(run_id)
+        if result.ok:
+            runtime.publish(result.entries, store)
+            outcome = "requeued"
+        elif result.code == "skipped":
+            outcome = f"skipped ({result.info[0] if result.info else '?'})"
+        else:
+            outcome = result.code
+        done.append(Requeued(run_id, outcome, why))
+    published = runtime.publish(store.claim_outbox(limit), store)
+    return done, published
+
+
+def retry_notifications(run_ids: list[str], store: Store | None = None
+                        ) -> dict[str, list[str]]:
+    """Failed notifications of these runs back to pending, and their deliveries queued.
+    Returns run id → the notification ids sent again."""
+    from layby.notifier import delivery
+
+    store = store or runtime.store()
+    retried = {run_id: store.retry_notifications(run_id) for run_id in run_ids}
+    pairs = [(run_id, nid) for run_id, ids in retried.items() for nid in ids]
+    if pairs:
+        delivery.dispatch(pairs)  # one not queued now is due in the store: the sweeper's
+    return retried
+
+
+def interrupted_runs(store: Store | None = None, *, limit: int = 200) -> list[str]:
+    store = store or runtime.store()
+    return list(store.redis.zrevrange(store.keys.index(Status.INTERRUPTED), 0, limit - 1))
+
+
+def purge(store: Store | None = None, *, dry_run: bool = False) -> dict[str, int]:
+    """Drop index entries of finished runs past retention; counts by status. With
+    `dry_run`, count only."""
+    store = store or runtime.store()
+    cutoff = _now_ms(store) - store.config.retention_s * 1000
+    counts = {s.value: int(store.redis.zcount(store.keys.index(s), "-inf", cutoff))
+              for s in (Status.COMPLETED, Status.FAILED, Status.CANCELLED)}
+    if not dry_run:
+        counts["pruned"] = store.prune_finished()
+    return counts
+

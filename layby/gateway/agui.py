@@ -1,0 +1,388 @@
+"""The AG-UI endpoint: `POST /agui/{agent}` takes AG-UI's `RunAgentInput` and streams the
+layby run behind the thread as AG-UI events over server-sent events.
+
+The thread IS the layby run: run id `agui_<threadId>` when that is a valid run id (see
+`control.commands.RUN_ID`), else `agui.<sha256(threadId)[:40]>`. The first POST on a thread
+starts the run with the text of its last user message; a POST with `resume` answers every
+open interrupt at once (channel "agui") and follows the run until it pauses again or ends.
+A POST without `resume` on a thread that has open interrupts gets RUN_ERROR; on a thread
+whose interrupts were answered elsewhere it reconnects: it replays the run's events since
+its last pause and follows them. A resume whose entries are all recorded already (a
+replayed request) is not refused: it follows the stream too.
+
+Translation of layby events into AG-UI events is in pure functions (`translate`,
+`pause_events`, `agui_messages`, `agui_interrupt`); the endpoint only prepares the run
+and feeds them the run's event stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ag_ui.core import (
+    AssistantMessage,
+    BaseEvent,
+    FunctionCall,
+    Interrupt as AguiInterrupt,
+    MessagesSnapshotEvent,
+    RunAgentInput,
+    RunErrorEvent,
+    RunFinishedEvent,
+    RunFinishedInterruptOutcome,
+    RunStartedEvent,
+    StateSnapshotEvent,
+    SystemMessage,
+    TextMessageContentEvent,
+    TextMessageEndEvent,
+    TextMessageStartEvent,
+    ToolCall,
+    ToolCallArgsEvent,
+    ToolCallEndEvent,
+    ToolCallResultEvent,
+    ToolCallStartEvent,
+    ToolMessage,
+    UserMessage,
+)
+from ag_ui.encoder import EventEncoder
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from layby.control import commands, runtime
+from layby.gateway.api import bearer, require_key, run_events, sane_body
+from layby.generation.errors import Conflict, Invalid, LaybyError, NotFound
+from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
+from layby.generation.messages import Message, Part, load_messages
+from layby.parking import InterruptState
+from layby.parking.records import Event
+from layby.parking.store import Store, event_of
+
+router = APIRouter(tags=["ag-ui"])
+
+CHANNEL = "agui"
+AGUI_FIELDS = ("id", "reason", "message", "toolCallId", "responseSchema", "expiresAt",
+               "metadata")
+
+
+def thread_run_id(thread_id: str) -> str:
+    """The layby run id of an AG-UI thread (one rule, no table to keep)."""
+    plain = f"agui_{thread_id}"
+    if commands.RUN_ID.match(plain):
+        return plain
+    return "agui." + hashlib.sha256(thread_id.encode()).hexdigest()[:40]
+
+
+def message_id(run_id: str, index: int) -> str:
+    """A history message's AG-UI id: stable, so a resume that rewrites it keeps its id."""
+    return f"{run_id}.m{index}"
+
+
+def call_id(run_id: str, index: int, part: Part) -> str:
+    """A tool call's AG-UI id, the same on its request and on its result: the call's ref,
+    or (a history stored without refs) one made from the model message that asked for it,
+    which the tool message holding the result follows directly."""
+    if part.tool_request is not None:
+        call, asked_at = part.tool_request, index
+    else:
+        assert part.tool_response is not None
+        call, asked_at = part.tool_response, index - 1
+    return call.ref or f"{message_id(run_id, asked_at)}.{call.name}"
+
+
+def _content(output: Any) -> str:
+    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+
+
+def last_user_text(messages: Iterable[Any]) -> tuple[str, str]:
+    """(id, text) of the last user message of a RunAgentInput; Invalid when there is none."""
+    for message in reversed(list(messages)):
+        if isinstance(message, UserMessage):
+            content = message.content
+            text = content if isinstance(content, str) else "".join(
+                getattr(p, "text", "") or "" for p in content)
+            if text.strip():
+                return message.id, text
+    raise Invalid("the first request on a thread needs a user message with text: it becomes "
+                  "the run's input")
+
+
+# -- translation: layby → AG-UI (pure) -------------------------------------------------
+
+
+@dataclass
+class Cursor:
+    """What this stream has told its client: which thread and AG-UI run it speaks for, and
+    how many messages of the run's history the client already has."""
+
+    thread_id: str
+    agui_run_id: str
+    run_id: str
+    seen: int = 0
+
+
+def message_events(run_id: str, index: int, message: Message) -> list[BaseEvent]:
+    """A new history message as AG-UI streams it: model text as TEXT_MESSAGE_*, tool
+    requests as TOOL_CALL_START/ARGS/END, tool responses as TOOL_CALL_RESULT."""
+    mid = message_id(run_id, index)
+    out: list[BaseEvent] = []
+    if message.role == "model":
+        if message.text:
+            out += [TextMessageStartEvent(message_id=mid, role="assistant"),
+                    TextMessageContentEvent(message_id=mid, delta=message.text),
+                    TextMessageEndEvent(message_id=mid)]
+        for part in message.tool_requests:
+            req = part.tool_request
+            assert req is not None
+            cid = call_id(run_id, index, part)
+            out += [ToolCallStartEvent(tool_call_id=cid, tool_call_name=req.name,
+                                       parent_message_id=mid),
+                    ToolCallArgsEvent(tool_call_id=cid, delta=json.dumps(req.input)),
+                    ToolCallEndEvent(tool_call_id=cid)]
+    elif message.role == "tool":
+        for part in message.content:
+            res = part.tool_response
+            if res is not None:
+                cid = call_id(run_id, index, part)
+                out.append(ToolCallResultEvent(message_id=f"{mid}.{cid}", tool_call_id=cid,
+                                               role="tool", content=_content(res.output)))
+    return out
+
+
+def added_events(cursor: Cursor, start: int, messages: list[Message]) -> list[BaseEvent]:
+    """Events for the messages a step wrote at `start`: a message the client already has
+    (the parked model message a resume rewrites) is not sent again."""
+    out: list[BaseEvent] = []
+    for offset, message in enumerate(messages):
+        index = start + offset
+        if index >= cursor.seen:
+            out += message_events(cursor.run_id, index, message)
+    cursor.seen = max(cursor.seen, start + len(messages))
+    return out
+
+
+def agui_interrupt(spec: dict[str, Any]) -> AguiInterrupt:
+    """AG-UI's Interrupt from a layby interrupt (wire form): AG-UI's fields only."""
+    return AguiInterrupt.model_validate({k: spec[k] for k in AGUI_FIELDS
+                                         if spec.get(k) is not None})
+
+
+def waits_on_people(interrupts: list[dict[str, Any]]) -> bool:
+    """A park on background jobs only answers itself: the stream keeps following it."""
+    return any(i.get("reason") != BACKGROUND_JOB for i in interrupts)
+
+
+def translate(cursor: Cursor, event: Event) -> tuple[list[BaseEvent], str | None]:
+    """AG-UI events for one layby event, and whether the stream ends there:
+    "pause" (follow with `pause_events`), "end" (the run finished or failed) or None."""
+    data = event.data if isinstance(event.data, dict) else {}
+    out: list[BaseEvent] = []
+    if "messages" in data and "from" in data:
+        out += added_events(cursor, int(data["from"]), load_messages(data["messages"]))
+    if event.type == "run.interrupted":
+        return out, "pause" if waits_on_people(data.get("interrupts", [])) else None
+    if event.type == "run.completed":
+        out.append(RunFinishedEvent(thread_id=cursor.thread_id, run_id=cursor.agui_run_id,
+                                    result=data.get("result")))
+        return out, "end"
+    if event.type in ("run.failed", "run.cancelled"):
+        out.append(RunErrorEvent(message=str(data.get("message") or event.type),
+                                 code=str(data.get("code") or event.type)))
+        return out, "end"
+    return out, None
+
+
+def agui_messages(run_id: str, history: list[Message],
+                  user_message_id: str | None = None) -> list[Any]:
+    """The run's history as AG-UI messages (ids as the stream gave them; the first user
+    message keeps the id the client gave it)."""
+    out: list[Any] = []
+    for index, message in enumerate(history):
+        mid = message_id(run_id, index)
+        if message.role == "user":
+            uid = user_message_id if index == 0 and user_message_id else mid
+            out.append(UserMessage(id=uid, content=message.text))
+        elif message.role == "system":
+            out.append(SystemMessage(id=mid, content=message.text))
+        elif message.role == "model":
+            calls = [ToolCall(id=call_id(run_id, index, p),
+                              function=FunctionCall(name=p.tool_request.name,
+                                                    arguments=json.dumps(p.tool_request.input)))
+                     for p in message.tool_requests if p.tool_request is not None]
+            out.append(AssistantMessage(id=mid, content=message.text or None,
+                                        tool_calls=calls or None))
+        else:
+            for part in message.content:
+                res = part.tool_response
+                if res is not None:
+                    cid = call_id(run_id, index, part)
+                    out.append(ToolMessage(id=f"{mid}.{cid}", tool_call_id=cid,
+                                           content=_content(res.output)))
+    return out
+
+
+def pause_events(cursor: Cursor, history: list[Message], interrupts: list[dict[str, Any]],
+                 state: Any = None, user_message_id: str | None = None) -> list[BaseEvent]:
+    """STATE_SNAPSHOT, MESSAGES_SNAPSHOT, then RUN_FINISHED with the interrupt outcome."""
+    layby = {"runId": cursor.run_id, "status": "interrupted",
+             "interrupts": [i["id"] for i in interrupts]}
+    snapshot = {**state, "layby": layby} if isinstance(state, dict) else {"layby": layby}
+    # A background job answers itself: the client is asked only what people must answer.
+    outcome = RunFinishedInterruptOutcome(interrupts=[
+        agui_interrupt(i) for i in interrupts if i.get("reason") != BACKGROUND_JOB])
+    return [StateSnapshotEvent(snapshot=snapshot),
+            MessagesSnapshotEvent(messages=agui_messages(cursor.run_id, history,
+                                                         user_message_id)),
+            RunFinishedEvent(thread_id=cursor.thread_id, run_id=cursor.agui_run_id,
+                             outcome=outcome)]
+
+
+def error_events(exc: LaybyError) -> list[BaseEvent]:
+    meta = {"layby": exc.detail} if exc.detail is not None else None
+    return [RunErrorEvent(message=exc.message, code=type(exc).__name__.lower(),
+                          metadata=meta)]
+
+
+# -- preparing a request: start, answer or reconnect -------------------------------------
+
+
+@dataclass
+class Plan:
+    """Where to follow the run's events from, and what the client has of its history."""
+
+    run_id: str
+    after: str = "0-0"
+    seen: int = 0
+    user_message_id: str | None = None
+
+
+def _park_event(store: Store, run_id: str, interrupt_ids: set[str] | None) -> Event | None:
+    """The newest `run.interrupted` event (that parked on one of `interrupt_ids`)."""
+    key = store.keys.events(run_id)
+    upper = "+"
+    while True:
+        batch = store.redis.xrevrange(key, max=upper, min="-", count=200)
+        for event_id, fields in batch:
+            if fields.get("type") == "run.interrupted":
+                event = event_of(event_id, fields)
+                ids = {i["id"] for i in event.data.get("interrupts", [])}
+                if interrupt_ids is None or ids & interrupt_ids:
+                    return event
+        if len(batch) < 200:
+            return None
+        upper = f"({batch[-1][0]}"
+
+
+def _after(park: Event | None, plan: Plan) -> Plan:
+    if park is not None:
+        plan.after = park.id
+        plan.seen = int(park.data["from"]) + len(park.data["messages"])
+    return plan
+
+
+def prepare(agent: str, body: RunAgentInput, caller: str) -> Plan:
+    """Start, resume or reconnect to the thread's run; raises what RUN_ERROR reports."""
+    store = runtime.store()
+    run_id = thread_run_id(body.thread_id)
+    view = store.view(run_id)
+    if view is not None and view.agent != agent:
+        raise Conflict(f"thread {body.thread_id!r} runs agent {view.agent!r}, not {agent!r}",
+                       run_id=run_id)
+    user_id = ((view.metadata or {}).get("agui", {}).get("userMessageId")
+               if view is not None else None)
+    if body.resume:
+        # The resume entries are the answers; `messages` is not read. CopilotKit also sends
+        # a tool message for a `tool_call` interrupt it resumes: applying it too would
+        # answer the call twice (tests: test_copilotkit_duplicate_tool_message_...).
+        if view is None:
+            raise NotFound(f"thread {body.thread_id!r} has no run to resume", run_id=run_id)
+        entries = [ResumeEntry(interrupt_id=e.interrupt_id, status=e.status,
+                               payload=e.payload, metadata=e.metadata) for e in body.resume]
+        park = _park_event(store, run_id, {e.interrupt_id for e in entries})
+        if park is None:
+            raise NotFound(f"thread {body.thread_id!r} has no interrupt "
+                           f"{[e.interrupt_id for e in entries]}", run_id=run_id)
+        specs, answers, open_ids = store.interrupts(run_id)
+        fresh = [e for e in entries if e.interrupt_id in open_ids
+                 or e.interrupt_id not in answers or answers[e.interrupt_id].entry() != e]
+        # Every open interrupt but background jobs, which answer themselves.
+        waiting = {s.id for s in specs if s.id in open_ids and s.reason != BACKGROUND_JOB}
+        missing = sorted(waiting - {e.interrupt_id for e in entries})
+        if fresh and missing:
+            raise Invalid("a resume must answer every open interrupt; still open: "
+                          f"{missing}", run_id=run_id, detail={"open": missing})
+        if fresh:  # entries all recorded already: a replay, nothing to answer
+            commands.answer(run_id, fresh, by=caller, channel=CHANNEL)
+        return _after(park, Plan(run_id, user_message_id=user_id))
+    if view is None:
+        uid, text = last_user_text(body.messages)
+        commands.start_run(agent, input=text, run_id=run_id, idempotency_key=f"agui:{run_id}",
+                           metadata={"agui": {"threadId": body.thread_id,
+                                              "userMessageId": uid}})
+        return Plan(run_id, user_message_id=uid)
+    park = _park_event(store, run_id, None)  # before the status: a newer park shows there
+    view = store.view(run_id) or view
+    # A run waiting on background jobs only is followed, not refused: they answer themselves.
+    waiting = [i.id for i in view.interrupts
+               if i.state == InterruptState.OPEN and i.reason != BACKGROUND_JOB]
+    if waiting:
+        raise Conflict(f"thread {body.thread_id!r} waits on interrupts {waiting}: send a "
+                       "`resume` entry for each of them", run_id=run_id,
+                       detail={"open": waiting})
+    return _after(park, Plan(run_id, user_message_id=user_id))
+
+
+# -- the endpoint --------------------------------------------------------------------------
+
+
+async def _stream(encoder: EventEncoder, cursor: Cursor, plan: Plan,
+                  state: Any) -> AsyncIterator[str]:
+    yield encoder.encode(RunStartedEvent(thread_id=cursor.thread_id,
+                                         run_id=cursor.agui_run_id))
+    async for event in run_events(plan.run_id, plan.after):
+        if event is None:
+            yield ": keep-alive\n\n"
+            continue
+        out, ending = translate(cursor, event)
+        if ending == "pause":
+            view = await run_in_threadpool(commands.get_run, plan.run_id)
+            history = view.messages[:int(event.data["from"])] + load_messages(
+                event.data["messages"])
+            out += pause_events(cursor, history, event.data["interrupts"], state,
+                                plan.user_message_id)
+        for item in out:
+            yield encoder.encode(item)
+        if ending is not None:
+            return
+
+
+async def _refused(encoder: EventEncoder, cursor: Cursor,
+                   exc: LaybyError) -> AsyncIterator[str]:
+    yield encoder.encode(RunStartedEvent(thread_id=cursor.thread_id,
+                                         run_id=cursor.agui_run_id))
+    for item in error_events(exc):
+        yield encoder.encode(item)
+
+
+@router.post("/agui/{agent}", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
+async def run_agent(agent: str, body: RunAgentInput, request: Request) -> StreamingResponse:
+    """Run (or resume) the thread's layby run and stream it as AG-UI events."""
+    caller = require_key(await bearer(request))
+    await sane_body(request)
+    if agent not in runtime.agents():  # a wrong URL, not a run that went wrong
+        raise NotFound(f"no agent named {agent!r}", detail={"agents": sorted(runtime.agents())})
+    encoder = EventEncoder(accept=request.headers.get("accept"))
+    cursor = Cursor(body.thread_id, body.run_id, thread_run_id(body.thread_id))
+    try:
+        plan = await run_in_threadpool(prepare, agent, body, caller)
+    except LaybyError as exc:
+        stream: AsyncIterator[str] = _refused(encoder, cursor, exc)
+    else:
+        cursor.seen = plan.seen
+        stream = _stream(encoder, cursor, plan, body.state)
+    return StreamingResponse(stream, media_type=encoder.get_content_type(),
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,557 @@
+"""The `layby` command: start everything, run the parts, enqueue and follow runs, answer them.
+
+It talks to Redis directly (the same `control.commands` the HTTP API uses), so it needs
+`LAYBY_REDIS_URL`, or a `layby up` running on this machine with the same `LAYBY_DATA_DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Annotated, Any, NoReturn
+
+import redis
+import typer
+
+from layby.broker_config import SWEEP, get_settings, logs, worker_queues
+from layby.generation.errors import LaybyError
+from layby.generation.interrupts import CONFIRMATION, ResumeEntry
+from layby.parking import InterruptView, RunView, Status
+
+# No locals in tracebacks: they would print settings and keys.
+cli = typer.Typer(help="layby: durable interrupts for agent runs on Celery and Redis.",
+                  no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_show_locals=False)
+runs = typer.Typer(help="List, inspect, answer, cancel and requeue runs.", no_args_is_help=True)
+cli.add_typer(runs, name="runs")
+ops = typer.Typer(help="On-call work: stuck runs, failed notifications, purging.",
+                  no_args_is_help=True)
+cli.add_typer(ops, name="ops")
+
+
+def main() -> None:
+    try:
+        cli()
+    except LaybyError as exc:
+        # A refused answer's message alone does not say what was wrong with it.
+        errors = exc.detail.get("errors", []) if isinstance(exc.detail, dict) else []
+        _fail("".join([exc.message, *(f"\n  {e.get('path') or '/'}: {e.get('message')}"
+                                      for e in errors)]))
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        _fail(f"Redis does not answer ({exc}): start it (`layby up`), or check "
+              "LAYBY_REDIS_URL; `layby doctor` says more")
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    typer.secho(f"error: {message}", fg="red", err=True)
+    raise SystemExit(code)
+
+
+def _exec(argv: list[str]) -> NoReturn:
+    os.execv(sys.executable, [sys.executable, *argv])
+
+
+@cli.command()
+def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
+       concurrency: Annotated[int, typer.Option(help="worker processes (default: cores)")] = 0,
+       flower: Annotated[bool, typer.Option(help="start Flower too")] = True) -> None:
+    """Start Redis (embedded unless LAYBY_REDIS_URL is set), a worker, the sweeper, the
+    HTTP gateway and Flower; print where everything is; stop it all on Ctrl-C."""
+    from layby.gateway.supervisor import System
+
+    settings = get_settings()
+    system = System(settings, port or settings.port, concurrency or None, flower)
+    try:
+        where = system.start()
+        typer.echo(
+            f"layby is up\n"
+            f"  gateway   {where['gateway']}   (API docs at {where['gateway']}/docs)\n"
+            f"  api key   {where['api_key']}\n"
+            f"  redis     {where['redis']}"
+            f"{'   (embedded, append-only)' if system.redis else ''}\n"
+            f"  data      {where['data_dir']}\n"
+            f"  queues    {', '.join(worker_queues(settings))} (worker); {SWEEP} (sweeper)\n"
+            f"  reviewers {where['reviewers']}\n"
+            f"  replies   {where['replies']}   (the reply listener)\n"
+            + (f"  flower    {where['flower']}   (basic auth {where['flower_auth']})\n"
+               if where["flower"] else "")
+            + (f"  mail      {where['gateway']}/mail   (the mail catcher keeps every "
+               f"notification in {where['mail']})\n" if where["mail"] else "") +
+            f"try:  layby run demo.trivia 'Ask me a movie question'   "
+            f"(./dev run … in a checkout)\n"
+            f"      curl -H 'Authorization: Bearer {where['api_key']}' "
+            f"{where['gateway']}/v1/runs\n"
+            f"Ctrl-C stops everything.")
+        code = system.wait()
+    finally:
+        typer.echo("layby: stopping…")
+        system.stop()
+    raise SystemExit(code)
+
+
+@cli.command()
+def worker(queues: Annotated[str | None, typer.Option(
+               help="comma-separated queues (default: all but the sweeper's, and the intake)")
+           ] = None,
+           concurrency: Annotated[int, typer.Option(help="processes")] = 0,
+           loglevel: str = "INFO", beat: Annotated[bool, typer.Option(
+               help="also run the sweeper's clock (one per deployment)")] = False) -> None:
+    """Run a Celery worker on layby's queues."""
+    from layby.gateway.supervisor import worker_argv
+
+    # Named layby-<pid>@<host> as `layby up` names its worker: one worker per queue on the
+    # same machine must not share Celery's default node name.
+    argv = worker_argv(queues.split(",") if queues else worker_queues(), concurrency or None,
+                       loglevel)[1:]
+    argv += ["-B", "--scheduler", "celery.beat:Scheduler"] if beat else []
+    _exec(argv)
+
+
+@cli.command()
+def sweeper() -> None:
+    """Run the sweeper: its clock (Celery beat, `layby.sweep` every LAYBY_SWEEP_INTERVAL_S)
+    and a one-process worker on the sweep queue. Run one per deployment."""
+    from layby.gateway.supervisor import sweeper_argv
+
+    _exec(sweeper_argv()[1:])
+
+
+@cli.command()
+def gateway(host: Annotated[str | None, typer.Option()] = None,
+            port: Annotated[int | None, typer.Option()] = None) -> None:
+    """Run the HTTP gateway."""
+    settings = get_settings()
+    _exec(["-m", "uvicorn", "layby.gateway.app:app", "--host", host or settings.host,
+           "--port", str(port or settings.port)])
+
+
+@cli.command()
+def flower(host: Annotated[str | None, typer.Option(
+               help="address to bind (default LAYBY_FLOWER_HOST, 127.0.0.1)")] = None,
+           port: Annotated[int | None, typer.Option(
+               help="port (default LAYBY_FLOWER_PORT, 5555)")] = None) -> None:
+    """Run Flower on layby's Celery app with authentication on: basic auth from
+    LAYBY_FLOWER_BASIC_AUTH or <data dir>/flower.auth (passed in Flower's environment,
+    never on the command line), or Flower's OAuth (FLOWER_AUTH, FLOWER_OAUTH2_*)."""
+    from layby.gateway.flower import FlowerAuthMissing, flower_argv, flower_env
+
+    settings = get_settings()
+    try:
+        env = flower_env(settings)
+    except FlowerAuthMissing as exc:
+        _fail(str(exc), 2)
+    argv = flower_argv(settings, host, port)
+    os.execve(sys.executable, argv, env)
+
+
+@cli.command("reply-listener")
+def reply_listener(host: Annotated[str | None, typer.Option()] = None,
+                   port: Annotated[int | None, typer.Option()] = None) -> None:
+    """Run the SMTP listener that takes reviewers' email replies (reply+<token>@…). Point
+    the MX of LAYBY_INBOUND_DOMAIN (or your mail provider's forwarding) at it."""
+    from layby.notifier.listener import ReplyHandler, serve
+
+    settings = get_settings()
+    logs.configure(settings)
+    serve(host or settings.reply_listener_host, port or settings.reply_listener_port,
+          ReplyHandler(), "layby reply listener")
+
+
+@cli.command("mail-catcher")
+def mail_catcher(port: Annotated[int | None, typer.Option()] = None) -> None:
+    """Run a local SMTP server that keeps every mail (for trying layby on one machine;
+    `layby up` starts it). Read them at <gateway>/mail."""
+    from layby.notifier.catcher import CatcherHandler
+    from layby.notifier.listener import serve
+
+    settings = get_settings()
+    logs.configure(settings)
+    folder = settings.mail_catcher_dir or settings.data_dir / "mail"
+    serve("127.0.0.1", port or settings.mail_catcher_port,
+          CatcherHandler(folder, settings.public_url), "layby mail catcher")
+
+
+@cli.command()
+def secret(kind: Annotated[str, typer.Argument(help="'tokens' or 'webhook'")]) -> None:
+    """Print a new secret: a token key for LAYBY_TOKEN_KEYS (put it first to rotate), or a
+    Standard Webhooks secret for a reviewer's webhook."""
+    import base64
+    import secrets as _secrets
+
+    from layby.notifier.tokens import new_keys
+
+    if kind == "tokens":
+        typer.echo(new_keys())
+    elif kind == "webhook":
+        typer.echo("whsec_" + base64.b64encode(_secrets.token_bytes(32)).decode())
+    else:
+        _fail(f"unknown kind {kind!r}: use 'tokens' or 'webhook'", 2)
+
+
+@cli.command()
+def doctor() -> None:
+    """Check what guards parked work: Redis persistence and eviction, clocks, Celery's
+    loss settings, SMTP, reviewers and token keys. Exits 1 if anything needs fixing."""
+    from layby.broker_config import app
+    from layby.control import connections
+    from layby.gateway.doctor import run_checks
+    from layby.generation.errors import ConfigError
+
+    settings = get_settings()
+    client = sentinel = None
+    error = None
+    try:
+        if settings.resolved_redis_url():
+            sentinel = connections.sentinel(settings, timeout_s=5)
+            client = connections.redis_client(settings, timeout_s=5)
+    except ConfigError as exc:
+        error = exc.message
+    checks = run_checks(settings, client, app.conf, sentinel=sentinel, redis_error=error)
+    for check in checks:
+        typer.secho(check.line(), fg=None if check.ok else "red")
+    raise SystemExit(0 if all(c.ok for c in checks) else 1)
+
+
+@cli.command()
+def agents() -> None:
+    """List the agents this machine loads (LAYBY_AGENT_MODULES)."""
+    from layby.control import runtime
+
+    for agent in runtime.agents().values():
+        typer.echo(f"{agent.name:18} {agent.description}")
+
+
+@cli.command("run")
+def run_agent(agent: str, text: str,
+              follow: Annotated[bool, typer.Option(help="follow until it ends or waits")] = True,
+              idempotency_key: Annotated[str | None, typer.Option()] = None) -> None:
+    """Enqueue a run of AGENT with TEXT as the user's request, and follow it. At a terminal,
+    interrupts are asked on the spot; elsewhere the command says how to answer them."""
+    from layby.control import commands
+
+    view, _ = commands.start_run(agent, input=text, idempotency_key=idempotency_key)
+    typer.echo(f"run {view.id} ({agent}) queued")
+    if follow:
+        raise SystemExit(_follow(view.id))
+
+
+def _follow(run_id: str) -> int:
+    from layby.control import commands, runtime
+
+    store = runtime.store()
+    after = "0-0"
+    while True:
+        for event in store.events(run_id, after, block_ms=2000):
+            after = event.id
+            _print_event(event.type, event.data)
+            if event.type == "run.completed":
+                typer.echo(commands.get_run(run_id).result or "")
+                return 0
+            if event.type in ("run.failed", "run.cancelled"):
+                return 1
+            if event.type == "run.interrupted":
+                view = commands.get_run(run_id)
+                if view.status is not Status.INTERRUPTED:
+                    continue
+                if not sys.stdin.isatty():
+                    _print_open(view)
+                    return 0
+                _ask(view)
+
+
+def _print_event(kind: str, data: Any) -> None:
+    if kind == "turn.committed":
+        for message in data.get("messages", []):
+            for part in message.get("content", []):
+                if part.get("text"):
+                    typer.echo(f"  {message['role']}: {part['text']}")
+                elif part.get("toolRequest") and "interrupt" not in (part.get("metadata") or {}):
+                    req = part["toolRequest"]
+                    typer.echo(f"  model → {req['name']}({json.dumps(req.get('input'))})")
+                elif part.get("toolResponse"):
+                    resp = part["toolResponse"]
+                    typer.echo(f"  {resp['name']} → {json.dumps(resp.get('output'))}")
+    elif kind == "interrupt.answered":
+        typer.echo(f"  answered {data.get('interruptId')}: {data.get('status')} by "
+                   f"{data.get('answeredBy')} via {data.get('channel')}")
+    elif kind in ("run.failed", "run.cancelled"):
+        typer.secho(f"  {kind}: {data.get('message')}", fg="red")
+    elif kind in ("run.interrupted", "run.resuming", "run.requeued"):
+        typer.echo(f"  {kind}")
+
+
+def _open(view: RunView) -> list[InterruptView]:
+    return [i for i in view.interrupts if i.state.value == "open"]
+
+
+def _print_open(view: RunView) -> None:
+    for intr in _open(view):
+        typer.echo(f"  waiting: {intr.id} [{intr.reason}] {intr.message or ''}")
+        if intr.response_schema:
+            typer.echo(f"    answer schema: {json.dumps(intr.response_schema)}")
+    typer.echo(f"answer with: layby runs answer {view.id} <interrupt id> "
+               "--approve | --decline | --text TEXT | --payload JSON")
+
+
+def _ask(view: RunView) -> None:
+    from layby.control import commands
+
+    for intr in _open(view):
+        typer.echo(f"? {intr.message or intr.reason}")
+        entry = _prompt_answer(intr)
+        try:
+            commands.answer(view.id, [entry], by=f"cli:{_user()}", channel="cli")
+        except LaybyError as exc:
+            typer.secho(f"  refused: {exc.message}", fg="red")
+            return _ask(commands.get_run(view.id))
+
+
+def _prompt_answer(intr: InterruptView) -> ResumeEntry:
+    schema = intr.response_schema or {}
+    if intr.reason == CONFIRMATION:
+        yes = typer.confirm("  approve?", default=False)
+        return ResumeEntry(interrupt_id=intr.id, status="resolved" if yes else "cancelled",
+                           payload={"approved": True} if yes else None,
+                           metadata=None if yes else {"reason": "declined at the terminal"})
+    choices = schema.get("enum")
+    if choices:
+        for n, choice in enumerate(choices, 1):
+            typer.echo(f"  {n}. {choice}")
+        picked = typer.prompt("  choice", type=typer.IntRange(1, len(choices)))
+        return ResumeEntry(interrupt_id=intr.id, status="resolved", payload=choices[picked - 1])
+    raw = typer.prompt("  answer")
+    return ResumeEntry(interrupt_id=intr.id, status="resolved", payload=_json_or_text(raw, schema))
+
+
+def _json_or_text(raw: str, schema: dict[str, Any]) -> Any:
+    if schema.get("type") == "string":
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _user() -> str:
+    return os.environ.get("USER") or "unknown"
+
+
+@runs.command("ls")
+def runs_ls(status: Annotated[Status | None, typer.Option(help="only runs in this state")] = None,
+            limit: Annotated[int, typer.Option(min=1)] = 50) -> None:
+    """List runs, newest first."""
+    from layby.control import runtime
+
+    for r in runtime.store().list_runs(status, limit=limit):
+        waiting = f"  {r.open_interrupts} open" if r.open_interrupts else ""
+        typer.echo(f"{r.id}  {r.status.value:11}  {r.agent:16} {r.updated_at}{waiting}")
+
+
+@runs.command("show")
+def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show a run: its state, history, interrupts and who answered them."""
+    from layby.control import commands
+
+    view = commands.get_run(run_id)
+    if as_json:
+        typer.echo(json.dumps(view.wire(), indent=2))
+        return
+    typer.echo(f"{view.id}  {view.agent}  {view.status.value}  v{view.version}")
+    for message in view.messages:
+        for part in message.content:
+            if part.text:
+                typer.echo(f"  {message.role}: {part.text}")
+            elif part.tool_request:
+                typer.echo(f"  {message.role} → {part.tool_request.name}"
+                           f"({json.dumps(part.tool_request.input)})")
+            elif part.tool_response:
+                typer.echo(f"  {part.tool_response.name} → "
+                           f"{json.dumps(part.tool_response.output)}")
+    for intr in view.interrupts:
+        who = (f" by {intr.answer.answered_by} via {intr.answer.channel} at "
+               f"{intr.answer.answered_at}" if intr.answer else "")
+        typer.echo(f"  interrupt {intr.id} [{intr.reason}] {intr.state.value}{who}: "
+                   f"{intr.message or ''}")
+    if view.result:
+        typer.echo(f"result: {view.result}")
+    if view.error:
+        typer.echo(f"error: {view.error.get('message')}")
+
+
+@runs.command("answer")
+def runs_answer(run_id: str, interrupt_id: Annotated[str | None, typer.Argument(
+                    help="which interrupt (optional when only one is open)")] = None,
+                approve: bool = False, decline: bool = False,
+                text: Annotated[str | None, typer.Option(help="a text answer")] = None,
+                payload: Annotated[str | None, typer.Option(help="a JSON answer")] = None,
+                reason: Annotated[str | None, typer.Option(help="why (with --decline)")] = None,
+                replace_input: Annotated[str | None, typer.Option(
+                    help="JSON: new arguments for the tool (with --approve)")] = None) -> None:
+    """Answer one interrupt of a run."""
+    from layby.control import commands
+
+    chosen = [x for x in (approve, decline, text is not None, payload is not None) if x]
+    if len(chosen) != 1:
+        _fail("give exactly one of --approve, --decline, --text, --payload", 2)
+    view = commands.get_run(run_id)
+    if interrupt_id is None:
+        waiting = _open(view)
+        if not waiting:  # "name one: []" would send people looking for an id that is not there
+            _fail(f"run {run_id} is {view.status.value}: no interrupt is waiting for an "
+                  "answer")
+        if len(waiting) != 1:
+            _fail(f"run {run_id} has {len(waiting)} open interrupts; name one: "
+                  f"{[i.id for i in waiting]}", 2)
+        interrupt_id = waiting[0].id
+    metadata: dict[str, Any] = {}
+    if reason:
+        metadata["reason"] = reason
+    if replace_input:
+        metadata["replaceInput"] = _load_json(replace_input, "--replace-input")
+    if decline:
+        entry = ResumeEntry(interrupt_id=interrupt_id, status="cancelled",
+                            metadata=metadata or None)
+    else:
+        value: Any = {"approved": True} if approve else text
+        if payload is not None:
+            value = _load_json(payload, "--payload")
+        entry = ResumeEntry(interrupt_id=interrupt_id, status="resolved", payload=value,
+                            metadata=metadata or None)
+    result = commands.answer(run_id, [entry], by=f"cli:{_user()}", channel="cli")
+    typer.echo(f"answered {interrupt_id}" + ("; the run resumes" if result.entries else
+                                             "; other interrupts are still open"))
+
+
+def _load_json(raw: str, flag: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        _fail(f"{flag} is not valid JSON: {exc}", 2)
+
+
+@runs.command("cancel")
+def runs_cancel(run_id: str, reason: str | None = None) -> None:
+    """Cancel a run that has not finished."""
+    from layby.control import commands
+
+    view = commands.cancel(run_id, by=f"cli:{_user()}", reason=reason)
+    typer.echo(f"run {view.id} is {view.status.value}")
+
+
+@runs.command("requeue")
+def runs_requeue(run_id: str) -> None:
+    """Queue a run's pending step again (when its task message was lost)."""
+    from layby.control import commands
+
+    commands.requeue(run_id)
+    typer.echo(f"run {run_id}: pending step queued again")
+
+
+@runs.command("events")
+def runs_events(run_id: str, follow: bool = False,
+                as_json: Annotated[bool, typer.Option(
+                    "--json", help="JSON lines (the default; kept for scripts)")] = False,
+                text: Annotated[bool, typer.Option(
+                    "--text", help="one readable line per event")] = False) -> None:
+    """Print a run's full event history, oldest first: every event's id, time, type,
+    version and data, as JSON lines (or readable lines with --text)."""
+    from layby.control import commands, runtime
+
+    if as_json and text:
+        _fail("give --json or --text, not both", 2)
+    commands.get_run(run_id)
+    store = runtime.store()
+    after = "0-0"
+    while True:
+        batch = store.events(run_id, after, block_ms=5000 if follow else None)
+        for event in batch:
+            after = event.id
+            if text:
+                typer.echo(f"{event.at}  {event.type:24} v{event.version}  "
+                           f"{json.dumps(event.data, ensure_ascii=False)}")
+            else:
+                typer.echo(json.dumps(event.wire()))
+        if not follow and not batch:
+            return
+
+
+@ops.command("stuck")
+def ops_stuck(as_json: Annotated[bool, typer.Option("--json")] = False,
+              limit: Annotated[int, typer.Option(
+                  min=1, help="at most this many of each kind (and parked runs scanned)")] = 200
+              ) -> None:
+    """List what is stuck: runs whose lease lapsed, runs queued or resuming longer than the
+    lease (message lost), overdue outbox entries, parked runs with failed notifications.
+    Each says what is wrong and the command that fixes it."""
+    from layby.control import oncall
+
+    findings = oncall.stuck(limit=limit)
+    if as_json:
+        typer.echo(json.dumps([f.wire() for f in findings], indent=2))
+        return
+    for finding in findings:
+        typer.echo(finding.line())
+    if not findings:
+        typer.echo("nothing is stuck")
+
+
+@ops.command("requeue-stuck")
+def ops_requeue_stuck(limit: Annotated[int, typer.Option(min=1)] = 200) -> None:
+    """Requeue runs whose lease lapsed or whose message looks lost, and publish overdue
+    outbox entries."""
+    from layby.control import oncall
+
+    done, published = oncall.requeue_stuck(limit=limit)
+    for item in done:
+        typer.echo(f"{item.run_id}  {item.outcome}  ({item.why})")
+    typer.echo(f"{sum(i.outcome == 'requeued' for i in done)} run(s) requeued, "
+               f"{published} outbox entr{'y' if published == 1 else 'ies'} published")
+
+
+@ops.command("retry-notifications")
+def ops_retry_notifications(run_id: Annotated[str | None, typer.Argument(
+                                help="the run (or --all)")] = None,
+                            all_runs: Annotated[bool, typer.Option(
+                                "--all", help="every parked run's failed notifications")
+                            ] = False,
+                            limit: Annotated[int, typer.Option(min=1)] = 200) -> None:
+    """Send a parked run's failed notifications again, with their attempts reset."""
+    from layby.control import commands, oncall
+
+    if (run_id is None) == (not all_runs):
+        _fail("give a RUN_ID or --all", 2)
+    if run_id is not None:
+        view = commands.get_run(run_id)
+        if view.status is not Status.INTERRUPTED:
+            _fail(f"run {run_id} is {view.status.value}: only a parked run's notifications "
+                  "are sent again")
+        run_ids = [run_id]
+    else:
+        run_ids = oncall.interrupted_runs(limit=limit)
+    retried = oncall.retry_notifications(run_ids)
+    for rid, ids in retried.items():
+        for nid in ids:
+            typer.echo(f"{rid}  {nid}  sent again")
+    count = sum(len(ids) for ids in retried.values())
+    typer.echo(f"{count} failed notification(s) queued again" if count else
+               "no failed notification to retry (only those of open interrupts are sent)")
+
+
+@ops.command("purge")
+def ops_purge(dry_run: Annotated[bool, typer.Option(
+                  help="count only")] = False) -> None:
+    """Drop finished runs past retention (LAYBY_RETENTION_S) from the indexes."""
+    from layby.control import oncall
+
+    counts = oncall.purge(dry_run=dry_run)
+    found = ", ".join(f"{counts[s]} {s}" for s in ("completed", "failed", "cancelled"))
+    if dry_run:
+        typer.echo(f"would purge: {found}")
+    else:
+        typer.echo(f"purged {counts['pruned']} index entr"
+                   f"{'y' if counts['pruned'] == 1 else 'ies'} ({found})")
+
+
+if __name__ == "__main__":
+    main()

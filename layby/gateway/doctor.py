@@ -1,0 +1,261 @@
+"""`layby doctor`: checks of the deployment that would lose or stall parked work, each a
+plain function returning what it found and, when it is a problem, what to fix."""
+
+from __future__ import annotations
+
+import smtplib
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+import redis.sentinel
+
+from layby.broker_config.settings import Settings
+
+MAX_SKEW_S = 2.0
+# A failover needs a majority of the sentinels: with fewer than 3, losing the primary's
+# machine (and the sentinel on it) leaves too few to agree.
+MIN_SENTINELS = 3
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    message: str
+
+    def line(self) -> str:
+        return f"{'OK' if self.ok else 'PROBLEM':7} {self.name}: {self.message}"
+
+
+def _config(client: redis.Redis, name: str) -> str | None:
+    return client.config_get(name).get(name)
+
+
+def check_appendonly(client: redis.Redis) -> Check:
+    value = _config(client, "appendonly")
+    if value == "yes":
+        return Check("redis appendonly", True, "yes")
+    return Check("redis appendonly", False,
+                 f"{value!r}: a restart loses what changed since the last snapshot; set "
+                 "`appendonly yes` in the server's configuration (CONFIG SET appendonly yes, "
+                 "then CONFIG REWRITE)")
+
+
+def check_appendfsync(client: redis.Redis) -> Check:
+    value = _config(client, "appendfsync")
+    if value in ("everysec", "always"):
+        return Check("redis appendfsync", True, value)
+    return Check("redis appendfsync", False,
+                 f"{value!r}: the OS decides when writes reach disk; set `appendfsync everysec`")
+
+
+def check_eviction(client: redis.Redis) -> Check:
+    value = _config(client, "maxmemory-policy")
+    if value == "noeviction":
+        return Check("redis maxmemory-policy", True, value)
+    return Check("redis maxmemory-policy", False,
+                 f"{value!r}: under memory pressure the server deletes keys, parked runs "
+                 "included; set `maxmemory-policy noeviction`")
+
+
+def check_clock(client: redis.Redis) -> Check:
+    before = time.time()
+    seconds, micros = client.time()
+    after = time.time()
+    skew = seconds + micros / 1e6 - (before + after) / 2
+    text = f"this machine's clock is {abs(skew):.3f} s {'behind' if skew > 0 else 'ahead of'} " \
+           "the Redis server's"
+    if abs(skew) <= MAX_SKEW_S:
+        return Check("clock skew", True, text)
+    return Check("clock skew", False,
+                 f"{text} (more than {MAX_SKEW_S:g} s): deadlines, leases and tokens are "
+                 "timed on both; run NTP (chrony, systemd-timesyncd) on every machine")
+
+
+def _where(node: redis.Redis) -> str:
+    return "{host}:{port}".format_map(node.connection_pool.connection_kwargs)
+
+
+def _why(exc: redis.RedisError) -> str:
+    if isinstance(exc, redis.AuthenticationError):
+        return f"{exc} (check LAYBY_REDIS_SENTINEL_PASSWORD)"
+    if "no such master" in str(exc).lower():
+        return f"{exc} (check LAYBY_REDIS_SENTINEL_MASTER)"
+    return str(exc)
+
+
+def check_sentinels(group: redis.sentinel.Sentinel, master: str,
+                    min_replicas_ack: int = 0) -> list[Check]:
+    """Sentinels reachable, agreeing on the primary of `master`, and its replicas in sync."""
+    states: dict[str, dict] = {}
+    failures = []
+    for node in group.sentinels:
+        try:
+            states[_where(node)] = node.sentinel_master(master)
+        except redis.RedisError as exc:
+            failures.append(f"{_where(node)}: {_why(exc)}")
+    listed = len(group.sentinels)
+    known = min((int(s["num-other-sentinels"]) + 1 for s in states.values()), default=0)
+    problems = [*failures]
+    if listed < MIN_SENTINELS:
+        problems.append(f"LAYBY_REDIS_URL lists {listed}: a failover needs a majority of "
+                        f"the sentinels; run {MIN_SENTINELS} or more on separate machines "
+                        "and list them all")
+    elif states and known < MIN_SENTINELS:
+        problems.append(f"a sentinel knows only {known} sentinel(s) in all: they must reach "
+                        "each other (check their network, and `sentinel announce-ip` "
+                        "behind NAT)")
+    summary = f"{len(states)} of {listed} answer for {master!r}"
+    checks = [Check("redis sentinels", not problems,
+                    "; ".join([summary, *problems]) if problems else summary)]
+    primaries = {f"{s['ip']}:{s['port']}" for s in states.values()}
+    if not states:
+        return [*checks, Check("redis primary", False, "no sentinel answered")]
+    if len(primaries) > 1:
+        named = ", ".join(f"{w} says {s['ip']}:{s['port']}" for w, s in states.items())
+        checks.append(Check("redis primary", False, f"the sentinels disagree ({named}): a "
+                            "failover is under way, or they are split; run doctor again "
+                            "in a minute"))
+    elif any(s["is_sdown"] or s["is_odown"] for s in states.values()):
+        checks.append(Check("redis primary", False, f"{primaries.pop()} is down as the "
+                            "sentinels see it; a failover should follow"))
+    else:
+        checks.append(Check("redis primary", True, f"{primaries.pop()}, named by "
+                            f"{len(states)} sentinel(s)"))
+    checks.append(check_replicas(group, master, min_replicas_ack))
+    return checks
+
+
+def check_replicas(group: redis.sentinel.Sentinel, master: str,
+                   min_replicas_ack: int = 0) -> Check:
+    replicas = None
+    for node in group.sentinels:
+        try:
+            replicas = node.sentinel_slaves(master)
+            break
+        except redis.RedisError as exc:
+            why = _why(exc)
+    if replicas is None:
+        return Check("redis replicas", False, f"no sentinel lists them: {why}")
+    in_sync = [f"{r['ip']}:{r['port']}" for r in replicas
+               if not (r["is_sdown"] or r["is_odown"]) and r.get("master-link-status") == "ok"]
+    if not in_sync:
+        return Check("redis replicas", False,
+                     "none in sync with the primary: a failover has nothing to promote; "
+                     "run a replica (`replicaof <primary> <port>`) the sentinels can see")
+    if len(in_sync) < min_replicas_ack:
+        return Check("redis replicas", False,
+                     f"{len(in_sync)} in sync ({', '.join(in_sync)}) but "
+                     f"LAYBY_REDIS_MIN_REPLICAS_ACK={min_replicas_ack}: acknowledged "
+                     "transitions are refused until more replicas are in sync")
+    return Check("redis replicas", True, f"{len(in_sync)} in sync: {', '.join(in_sync)}")
+
+
+def check_celery(conf: object, settings: Settings) -> list[Check]:
+    get = conf.get  # type: ignore[attr-defined]
+    checks = []
+    for name, want in (("task_acks_late", True), ("task_reject_on_worker_lost", True),
+                       ("worker_prefetch_multiplier", 1)):
+        value = get(name)
+        checks.append(Check(f"celery {name}", value == want, f"{value!r}" if value == want
+                            else f"{value!r}, should be {want!r}: a worker that dies loses "
+                                 "or holds back the tasks it took"))
+    visibility = (get("broker_transport_options") or {}).get("visibility_timeout")
+    if visibility is not None and visibility > settings.lease_s:
+        checks.append(Check("celery visibility_timeout", True,
+                            f"{visibility} s > lease {settings.lease_s:g} s"))
+    else:
+        checks.append(Check("celery visibility_timeout", False,
+                            f"{visibility!r} s is not above the lease ({settings.lease_s:g} s): "
+                            "the broker redelivers turns still running; raise "
+                            "LAYBY_VISIBILITY_TIMEOUT_S above LAYBY_LEASE_S"))
+    return checks
+
+
+def check_smtp(settings: Settings) -> Check:
+    if not settings.smtp_host:
+        return Check("smtp", True, "not configured (LAYBY_SMTP_HOST unset): no email")
+    where = f"{settings.smtp_host}:{settings.smtp_port}"
+    timeout = min(settings.smtp_timeout_s, 10.0)
+    try:
+        if settings.smtp_security == "tls":
+            conn: smtplib.SMTP = smtplib.SMTP_SSL(settings.smtp_host, settings.smtp_port,
+                                                  timeout=timeout,
+                                                  context=ssl.create_default_context())
+        else:
+            conn = smtplib.SMTP(settings.smtp_host, settings.smtp_port, timeout=timeout)
+        with conn:
+            code, _ = conn.ehlo()
+            if code != 250:
+                return Check("smtp", False, f"{where} answered EHLO with {code}")
+    except (OSError, smtplib.SMTPException) as exc:
+        return Check("smtp", False, f"cannot reach {where}: {exc}; check LAYBY_SMTP_HOST, "
+                                    "LAYBY_SMTP_PORT and the network")
+    return Check("smtp", True, f"{where} answers EHLO")
+
+
+def check_reviewers(settings: Settings) -> list[Check]:
+    from layby.notifier.directory import load_directory
+    from layby.notifier.tokens import parse_keys
+
+    checks = []
+    try:
+        directory = load_directory(settings.reviewers_file)
+        count = len(getattr(directory, "reviewers", []) or [])
+        checks.append(Check("reviewer directory", True,
+                            f"{settings.reviewers_file}: {count} reviewer(s)"
+                            if settings.reviewers_file else "none configured"))
+    except Exception as exc:  # noqa: BLE001  (any failure to load is the finding)
+        checks.append(Check("reviewer directory", False,
+                            f"{settings.reviewers_file} does not load: {exc}"))
+    spec = settings.resolved_token_keys()
+    if not spec:
+        needed = settings.reviewers_file is not None
+        checks.append(Check("token keys", not needed,
+                            "none: reviewer links cannot be signed; set LAYBY_TOKEN_KEYS "
+                            "(`layby secret tokens`)" if needed
+                            else "none (not needed without reviewers)"))
+    else:
+        try:
+            checks.append(Check("token keys", True, f"{len(parse_keys(spec))} key(s)"))
+        except ValueError as exc:
+            checks.append(Check("token keys", False, f"LAYBY_TOKEN_KEYS is invalid: {exc}"))
+    return checks
+
+
+def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
+               sentinel: redis.sentinel.Sentinel | None = None,
+               redis_error: str | None = None) -> list[Check]:
+    """All checks; `redis_error` says why there is no `client` (a configuration error)."""
+    checks: list[Check] = []
+    if sentinel is not None:
+        checks.extend(check_sentinels(sentinel, settings.redis_sentinel_master,
+                                      settings.redis_min_replicas_ack))
+    if client is None:
+        checks.append(Check("redis", False, redis_error
+                            or "no Redis server configured: set LAYBY_REDIS_URL"))
+    else:
+        try:
+            client.ping()
+            checks.append(Check("redis", True, "answers"))
+            redis_checks: list[Callable[[redis.Redis], Check]] = [
+                check_appendonly, check_appendfsync, check_eviction, check_clock]
+            for check in redis_checks:
+                try:
+                    checks.append(check(client))
+                except redis.ResponseError as exc:  # CONFIG renamed or refused by a host
+                    checks.append(Check(check.__name__.removeprefix("check_"), False,
+                                        f"cannot read it: {exc}; check it by hand"))
+        except redis.sentinel.MasterNotFoundError:
+            # Its text lists every sentinel client's settings; the checks above say why.
+            checks.append(Check("redis", False, "does not answer: the sentinels name no "
+                                f"primary for {settings.redis_sentinel_master!r}"))
+        except redis.RedisError as exc:
+            checks.append(Check("redis", False, f"does not answer: {exc}"))
+    checks.extend(check_celery(conf, settings))
+    checks.append(check_smtp(settings))
+    checks.extend(check_reviewers(settings))
+    return checks

@@ -1,0 +1,315 @@
+"""The reviewer side of the gateway: the signed answer page (`/review/{token}`), webhook
+callbacks (`/callbacks/answers`) and the inbound-mail webhook (`/inbound/email`).
+
+None of these take API keys: a reviewer proves who they are with a token (a link, a reply
+address), a Standard Webhooks signature made with their secret, or, for the inbound-mail
+webhook, the reply token inside the mail (and the provider's shared secret when one is
+configured). Every answer goes through `notifier.answers`, recorded with who, how, when.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from layby.broker_config import get_settings
+from layby.control import commands, runtime
+from layby.control.commands import now_iso
+from layby.generation.errors import (
+    ConfigError,
+    Invalid,
+    LaybyError,
+    NotFound,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
+from layby.generation.interrupts import ResumeEntry
+from layby.generation.messages import Wire
+from layby.notifier import answers, config, inbox, webhooks
+from layby.notifier.directory import Reviewer
+from layby.notifier.forms import DECISIONS, entry_from_form, form_for
+from layby.notifier.pages import render_review
+from layby.notifier.listener import MAX_MAIL_BYTES
+from layby.notifier.tokens import BadToken, ExpiredToken
+from layby.parking import InterruptState
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(include_in_schema=True, tags=["reviewers"])
+
+
+
+class Callback(Wire):
+    """An answer POSTed by a reviewer's system."""
+
+    run_id: str
+    interrupt_id: str
+    status: str = Field(pattern="^(resolved|cancelled)$")
+    payload: Any = None
+    metadata: dict[str, Any] | None = None
+    reviewer: str | None = Field(None, description="the signing reviewer's id")
+    token: str | None = Field(None, description="the token from the notification, instead "
+                                                "of a signature")
+
+
+# -- the answer page --------------------------------------------------------------------
+
+
+def _page(html: str, status: int = 200) -> HTMLResponse:
+    # The token is in the URL: keep it out of caches and of other sites' Referer headers.
+    return HTMLResponse(html, status_code=status, headers={
+        "Cache-Control": "no-store", "Referrer-Policy": "no-referrer",
+        "X-Frame-Options": "DENY", "Content-Security-Policy":
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+            "frame-ancestors 'none'"})
+
+
+def _refused(reason: str, status: int) -> HTMLResponse:
+    return _page(render_review(agent="", interrupt=None, reviewer_label=None, state="refused",
+                               form=None, message=reason), status)
+
+
+def _expired(exc: ExpiredToken, status: int) -> HTMLResponse:
+    """An expired link still says where its request stands: expired, or answered before."""
+    opened = answers.open_expired(exc.grant)
+    if opened is None:
+        return _refused(exc.message, exc.status_code)
+    if opened.is_open and _closed_state(opened) is None:
+        # The link outlived LAYBY_TOKEN_TTL_S; the request itself still waits.
+        return _refused("this link has expired, though the request is still open: ask the "
+                        "run's owner to answer it or to send the request again", 403)
+    return _show(opened, _closed_state(opened) or "expired", status)
+
+
+def _closed_state(opened: answers.Opened) -> str | None:
+    """Why the page shows no form, or None when it should."""
+    intr = opened.interrupt
+    if intr.state is InterruptState.OPEN:
+        if intr.expires_at and intr.expires_at < now_iso():
+            return "expired"  # past its time; the sweeper applies the policy any moment
+        return None
+    if intr.state is InterruptState.EXPIRED:
+        return "expired"
+    return "answered" if intr.answer is not None else "cancelled"
+
+
+def _show(opened: answers.Opened, state: str, status: int = 200, **extra: Any) -> HTMLResponse:
+    form = form_for(opened.interrupt, extra.pop("decision", None)) if state == "open" else None
+    return _page(render_review(agent=opened.run.agent, interrupt=opened.interrupt,
+                               reviewer_label=opened.reviewer.label, state=state, form=form,
+                               **extra), status)
+
+
+# `:path` so that a mangled link (cut short after "/review/", or with a "/" in it) still gets
+# the page saying the link is bad, not the API's JSON 404.
+def _open(token: str, status: int) -> answers.Opened | HTMLResponse:
+    """What the link opens, or the page saying why it opens nothing (`status` for a link
+    to a closed request)."""
+    try:
+        opened = answers.open_token(token)
+    except ExpiredToken as exc:
+        return _expired(exc, status)
+    except (BadToken, NotFound) as exc:
+        return _refused(exc.message, exc.status_code)
+    state = _closed_state(opened)
+    return _show(opened, state, status) if state else opened
+
+
+@router.get("/review/{token:path}", response_class=HTMLResponse)
+def review_page(token: str, decision: str | None = None) -> HTMLResponse:
+    """The request and its form. Never records anything: mail scanners open links."""
+    opened = _open(token, 200)
+    if isinstance(opened, HTMLResponse):
+        return opened
+    return _show(opened, "open", decision=decision if decision in DECISIONS else None)
+
+
+@router.post("/review/{token:path}", response_class=HTMLResponse)
+async def review_answer(token: str, request: Request) -> HTMLResponse:
+    await _body(request, get_settings().max_answer_bytes)
+    form = await request.form()
+    values = {k: v for k, v in form.items() if isinstance(v, str)}
+    return await run_in_threadpool(_answer_page, token, values)
+
+
+def _answer_page(token: str, values: dict[str, str]) -> HTMLResponse:
+    opened = _open(token, 409)
+    if isinstance(opened, HTMLResponse):
+        return opened
+    try:
+        entry = entry_from_form(opened.interrupt, values)
+        answers.answer(opened, entry, channel="page")
+    except Invalid as exc:
+        errors = (exc.detail or {}).get("errors") if isinstance(exc.detail, dict) else None
+        return _show(opened, "open", 422, errors=errors or [{"path": "", "message":
+                                                              exc.message}], values=values)
+    except LaybyError as exc:  # refused as it was recorded: a rival answered first, …
+        fresh = answers.reopen(opened)
+        return _show(fresh, _closed_state(fresh) or "open", getattr(exc, "status_code", 409),
+                     message=exc.message)
+    return _show(answers.reopen(opened), "done")
+
+
+def _answered(opened: answers.Opened, resumed: bool) -> dict[str, Any]:
+    """What a reviewer's system learns: its own answer as recorded, not the run's history
+    or anyone else's answers."""
+    run = commands.get_run(opened.run.id)
+    mine = next(i for i in run.interrupts if i.id == opened.interrupt.id)
+    return {"runId": run.id, "interruptId": mine.id, "state": mine.state.value,
+            "answer": mine.answer.wire() if mine.answer else None, "resumed": resumed}
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """The body, refused past `limit` bytes without holding more than that: these routes
+    take no API key, so anyone can send them anything."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the request body is {declared} bytes; the limit is {limit}")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise TooLarge(f"the request body is over the limit of {limit} bytes")
+    # Where Starlette's own body() keeps it, so that form() parses these bytes.
+    request._body = bytes(raw)
+    return request._body
+
+
+@router.post("/callbacks/answers")
+async def callback(request: Request) -> JSONResponse:
+    """A reviewer's system answers: signed per Standard Webhooks with the reviewer's secret
+    (and `reviewer` naming them), or carrying the notification's `token`."""
+    raw = await _body(request, get_settings().max_answer_bytes)
+    try:
+        body = Callback.model_validate_json(raw)
+    except ValidationError as exc:
+        raise Invalid("the callback body is not a valid answer", detail=[
+            {"path": "/" + "/".join(str(p) for p in e["loc"]), "message": e["msg"]}
+            for e in exc.errors(include_url=False)]) from None
+    headers = {k.lower(): v for k, v in request.headers.items()}
+
+    entry = ResumeEntry(interrupt_id=body.interrupt_id,
+                        status=body.status,  # type: ignore[arg-type]
+                        payload=body.payload, metadata=body.metadata)
+
+    def work() -> dict[str, Any]:
+        if "webhook-signature" in headers:
+            reviewer, seen = _signed(body, raw, headers)
+            try:
+                opened = answers.open_for(reviewer, body.run_id, body.interrupt_id)
+                result = answers.answer(opened, entry, channel="webhook")
+            except BaseException:
+                # Not taken: a retry of this callback (same webhook-id) must get the real
+                # reason again, not "already received", which would say it was taken.
+                runtime.store().forget_sight(seen)
+                raise
+            return _answered(opened, bool(result.entries))
+        if body.token:
+            opened = answers.open_token(body.token)
+            if (opened.run.id, opened.interrupt.id) != (body.run_id, body.interrupt_id):
+                raise BadToken("this token was issued for another interrupt "
+                               f"({opened.interrupt.id} of run {opened.run.id})")
+        else:
+            raise Unauthorized("sign the callback per Standard Webhooks with your webhook "
+                               "secret (and set \"reviewer\"), or include the notification's "
+                               "\"token\"")
+        result = answers.answer(opened, entry, channel="webhook")
+        return _answered(opened, bool(result.entries))
+
+    return JSONResponse(await run_in_threadpool(work))
+
+
+def _signed(body: Callback, raw: bytes, headers: dict[str, str]
+            ) -> tuple[Reviewer, str]:
+    """The reviewer whose signature the callback carries, and the key remembering its
+    webhook-id (to forget if the callback is not taken)."""
+    if not body.reviewer:
+        raise Invalid("a signed callback names its reviewer: set \"reviewer\" to your id in "
+                      "the reviewer directory")
+    reviewer = config.directory().reviewers.get(body.reviewer)
+    if reviewer is None or reviewer.webhook is None:
+        # The same words as a wrong signature: callers learn nothing of the directory.
+        raise webhooks.BadSignature("the webhook signature does not verify for reviewer "
+                                    f"{body.reviewer[:80]!r}: sign the exact body with your "
+                                    "webhook secret, per Standard Webhooks")
+    webhooks.verify(reviewer.webhook.secret, raw, headers)
+    webhook_id = headers.get("webhook-id", "")
+    store = runtime.store()
+    sight = f"webhook:{reviewer.id}:{webhook_id}"
+    # Remembered for twice the tolerance: an older replay fails on its timestamp anyway.
+    if not store.first_sight(sight, 2 * webhooks.TOLERANCE_S):
+        raise webhooks.Replayed(f"webhook-id {webhook_id[:80]!r} was already received; a "
+                                "replayed callback is refused (send a new id for a new answer)")
+    return reviewer, sight
+
+
+@router.post("/inbound/email")
+async def inbound_email(request: Request) -> JSONResponse:
+    """Replies POSTed by a mail provider: raw MIME (`message/rfc822`, recipients in `?to=`),
+    or a form with the raw mail in `email` (SendGrid) or `body-mime` (Mailgun) and the
+    recipients in `envelope` or `recipient`."""
+    _check_provider(request)
+    raw = await _body(request, MAX_MAIL_BYTES)
+    recipients = list(request.query_params.getlist("to"))
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        form = await request.form(max_part_size=MAX_MAIL_BYTES)
+        mime = form.get("email") or form.get("body-mime")
+        if not isinstance(mime, str) or not mime:
+            raise Invalid("the form holds no raw mail: send it in `email` (SendGrid, "
+                          "\"POST the raw, full MIME message\") or `body-mime` (Mailgun)")
+        raw = mime.encode()
+        recipients += _form_recipients(form.get("envelope"), form.get("recipient"))
+    try:
+        got = await run_in_threadpool(inbox.receive, raw, recipients)
+    except inbox.AutomaticReply as exc:
+        return JSONResponse({"ignored": True, "reason": exc.message})
+    except ConfigError as exc:
+        log.error("inbound reply not taken now: %s", exc.message)
+        # layby's own configuration is broken (maybe for a moment, while an operator edits
+        # the reviewer directory): 503, so the provider delivers the reply again later.
+        raise Unavailable("layby cannot take replies right now (a configuration problem on "
+                          "its side); try again later") from exc
+    return JSONResponse({"runId": got.run_id, "interruptId": got.interrupt_id,
+                         "reviewer": got.reviewer, "resumed": got.resumed})
+
+
+def _check_provider(request: Request) -> None:
+    secret = get_settings().inbound_mail_secret
+    if secret is None:
+        return
+    given = request.headers.get("authorization", "")
+    scheme, _, value = given.partition(" ")
+    if scheme.lower() == "basic":
+        try:
+            value = base64.b64decode(value).decode().partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            value = ""
+    elif scheme.lower() != "bearer":
+        value = ""
+    if not hmac.compare_digest(value.encode(), secret.get_secret_value().encode()):
+        raise Unauthorized("the inbound-mail webhook needs LAYBY_INBOUND_MAIL_SECRET as a "
+                           "bearer token or as the basic-auth password")
+
+
+def _form_recipients(envelope: Any, recipient: Any) -> list[str]:
+    found: list[str] = []
+    if isinstance(envelope, str) and envelope:
+        try:
+            to = json.loads(envelope).get("to") or []
+            found += [to] if isinstance(to, str) else [str(t) for t in to]
+        except (ValueError, AttributeError, TypeError):
+            raise Invalid("`envelope` must be JSON like {\"to\": [\"reply+…@…\"]}") from None
+    if isinstance(recipient, str) and recipient:
+        found += [r.strip() for r in recipient.split(",")]
+    return found

@@ -1,0 +1,70 @@
+"""generation: messages, tools, interrupts, agents, models and one turn of the loop.
+
+Pure: no Celery, no Redis, no HTTP. Everything a user needs to declare agents is exported
+here; `tests/test_public_api.py` checks the list is complete.
+"""
+
+from layby.generation.agents import Agent, load_agents
+from layby.generation.answers import (
+    MAX_JSON_DEPTH,
+    check_answer,
+    check_storable,
+    schema_errors,
+    to_resume,
+)
+from layby.generation.errors import (
+    ConfigError,
+    Conflict,
+    Forbidden,
+    Invalid,
+    InvalidAnswer,
+    LaybyError,
+    NotFound,
+    RequestError,
+    ResumeError,
+    RunFailed,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    UnknownToolCall,
+    UnresolvedToolCall,
+)
+from layby.generation.interrupts import (
+    BACKGROUND_JOB,
+    CONFIRMATION,
+    INPUT_REQUIRED,
+    TOOL_CALL,
+    ExpiryAction,
+    Interrupt,
+    OnExpire,
+    ResumeEntry,
+    ResumeMode,
+)
+from layby.generation.messages import Message, Part, ToolRequest, ToolResponse, text_message
+from layby.generation.models import Model, ModelRequest, ModelResponse
+from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
+from layby.generation.tools import Ask, EndRun, JobRequest, Tool, ToolContext, ToolInterrupt, interrupt_tool, tool
+from layby.generation.turn import (
+    Continue,
+    Fail,
+    Finish,
+    Outcome,
+    Park,
+    Resume,
+    Step,
+    model_turn,
+    resume_turn,
+)
+
+__all__ = [
+    "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "MAX_JSON_DEPTH", "TOOL_CALL",
+    "Agent", "Ask", "Call", "Case", "Choose", "ConfigError", "Conflict", "Continue", "EndRun",
+    "ExpiryAction", "Fail", "Finish", "Forbidden", "Interrupt", "Invalid", "InvalidAnswer", "JobRequest",
+    "LaybyError", "Message", "Model", "ModelRequest", "ModelResponse", "NotFound", "OnExpire",
+    "Outcome", "Park", "Part", "Reply", "RequestError", "Resume", "ResumeEntry", "ResumeError",
+    "ResumeMode", "RunFailed", "ScriptedModel",
+    "Step", "TooLarge", "Tool", "ToolContext", "ToolInterrupt", "ToolRequest", "ToolResponse",
+    "Unauthorized", "Unavailable", "UnknownToolCall", "UnresolvedToolCall", "check_answer",
+    "check_storable", "interrupt_tool", "load_agents",
+    "model_turn", "resume_turn", "schema_errors", "text_message", "to_resume", "tool",
+]

@@ -1,0 +1,228 @@
+"""Tools: typed functions the model may call, and the context through which they interrupt.
+
+`@tool` turns a typed function into a `Tool` (its input schema from the parameters, its
+output schema from the return annotation). Inside, a tool may call
+`ctx.interrupt(...)` to ask a person and be run again with the answer in `ctx.resumed`
+(Genkit's *restart*), `ctx.start_job(...)` to hand work to a background job whose result
+answers the interrupt, or `ctx.end_run(...)` to finish the whole run.
+`@interrupt_tool` declares a tool whose only body is the question: the answer is its output
+(Genkit's *respond*).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, NoReturn, get_type_hints
+
+from pydantic import BaseModel, TypeAdapter, create_model
+
+from layby.generation.errors import ConfigError
+from layby.generation.interrupts import (
+    BACKGROUND_JOB,
+    CONFIRMATION,
+    INPUT_REQUIRED,
+    OnExpire,
+    check_reason,
+    interrupt_id,
+)
+
+
+def schema_of(spec: Any) -> dict[str, Any] | None:
+    """A JSON schema from a dict (taken as is), a type or a pydantic model."""
+    if spec is None or isinstance(spec, dict):
+        return spec
+    return TypeAdapter(spec).json_schema()
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What an interrupt asks; raised by `ctx.interrupt`, returned by interrupt tools."""
+
+    message: str | None = None
+    reason: str | None = None  # interrupt tools default to their declared reason
+    response_schema: Any = None
+    metadata: dict[str, Any] | None = None
+    expires_in: float | None = None  # seconds
+    expires_at: datetime | None = None
+    on_expire: OnExpire | None = None
+    reviewers: list[str] | None = None
+
+
+class ToolInterrupt(Exception):
+    """Raised (through `ctx.interrupt`) to pause the run on this tool call."""
+
+    def __init__(self, ask: Ask) -> None:
+        super().__init__(ask.message or ask.reason)
+        self.ask = ask
+
+
+class EndRun(Exception):
+    """Raised (through `ctx.end_run`) to finish the run with `result` as its final text."""
+
+    def __init__(self, result: str) -> None:
+        super().__init__(result)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A background job to start: any task known to the broker, by name."""
+
+    task: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    run_id: str
+    interrupt_id: str
+    job_id: str
+
+
+JobStarter = Callable[[JobRequest], None]
+
+
+@dataclass
+class ToolContext:
+    run_id: str
+    version: int
+    ref: str
+    tool_name: str
+    run_metadata: dict[str, Any] = field(default_factory=dict)
+    restarted: bool = False
+    resumed: Any = None
+    jobs: JobStarter | None = None
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable across redeliveries of this turn: hand it to the outside world."""
+        return f"{self.run_id}:{self.ref}:{self.version}"
+
+    @property
+    def interrupt_id(self) -> str:
+        return interrupt_id(self.run_id, self.version, self.ref)
+
+    def interrupt(self, message: str | None = None, *, reason: str = CONFIRMATION,
+                  response_schema: Any = None, metadata: dict[str, Any] | None = None,
+                  expires_in: float | None = None, expires_at: datetime | None = None,
+                  on_expire: OnExpire | None = None,
+                  reviewers: list[str] | None = None) -> NoReturn:
+        raise ToolInterrupt(Ask(message, check_reason(reason), response_schema, metadata,
+                                expires_in, expires_at, on_expire, reviewers))
+
+    def start_job(self, task: str, *args: Any, message: str | None = None,
+                  expires_in: float | None = None, on_expire: OnExpire | None = None,
+                  **kwargs: Any) -> NoReturn:
+        """Start `task` as a background job and wait for it: its result answers this call."""
+        if self.jobs is None:
+            raise ConfigError("background jobs need a job starter; none was given",
+                              run_id=self.run_id, ref=self.ref)
+        job_id = f"job-{self.interrupt_id}"
+        self.jobs(JobRequest(task, args, kwargs, self.run_id, self.interrupt_id, job_id))
+        raise ToolInterrupt(Ask(message or f"waiting for background job {task}",
+                                BACKGROUND_JOB, None, {"jobId": job_id, "task": task},
+                                expires_in, None, on_expire, None))
+
+    def end_run(self, result: str) -> NoReturn:
+        raise EndRun(result)
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    input_model: type[BaseModel]
+    output: TypeAdapter[Any]
+    takes_model: bool  # the function takes the input model itself, not its fields
+    ctx_param: str | None
+    interrupt_reason: str | None = None  # set for interrupt tools (Genkit's defineInterrupt)
+
+    @property
+    def is_interrupt(self) -> bool:
+        return self.interrupt_reason is not None
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        return self.input_model.model_json_schema()
+
+    @property
+    def output_schema(self) -> dict[str, Any]:
+        return self.output.json_schema()
+
+    def definition(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description,
+                "inputSchema": self.input_schema, "outputSchema": self.output_schema}
+
+    def parse_input(self, raw: Any) -> BaseModel:
+        return self.input_model.model_validate(raw if raw is not None else {})
+
+    def call(self, ctx: ToolContext, raw_input: Any) -> Any:
+        """Run the tool; returns its output as JSON data. Interrupts propagate."""
+        parsed = self.parse_input(raw_input)
+        args: dict[str, Any] = {} if self.takes_model else dict(parsed)
+        if self.ctx_param:
+            args[self.ctx_param] = ctx
+        result = self.fn(parsed, **args) if self.takes_model else self.fn(**args)
+        if inspect.isawaitable(result):
+            result = asyncio.run(_await(result))
+        if self.is_interrupt:
+            ask = result if isinstance(result, Ask) else Ask()
+            raise ToolInterrupt(_interrupt_ask(self, ask, parsed))
+        return self.output.dump_python(self.output.validate_python(result), mode="json")
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+def _interrupt_ask(tool: Tool, ask: Ask, parsed: BaseModel) -> Ask:
+    message = ask.message or next((v for v in dict(parsed).values() if isinstance(v, str)), None)
+    return Ask(message, check_reason(ask.reason or tool.interrupt_reason or CONFIRMATION),
+               ask.response_schema or tool.output_schema, ask.metadata,
+               ask.expires_in, ask.expires_at, ask.on_expire, ask.reviewers)
+
+
+def _build(fn: Callable[..., Any], name: str | None, description: str | None,
+           output: Any, interrupt_reason: str | None) -> Tool:
+    hints = get_type_hints(fn, include_extras=True)  # keep Annotated constraints
+    params = list(inspect.signature(fn).parameters.values())
+    ctx_param = next((p.name for p in params if hints.get(p.name) is ToolContext), None)
+    data_params = [p for p in params if p.name != ctx_param]
+    first = hints.get(data_params[0].name) if data_params else None
+    takes_model = (len(data_params) == 1 and isinstance(first, type)
+                   and issubclass(first, BaseModel))
+    tool_name = name or fn.__name__
+    if takes_model:
+        input_model = first
+    else:
+        fields: dict[str, Any] = {}
+        for p in data_params:
+            if p.name not in hints:
+                raise ConfigError(f"tool {tool_name!r}: parameter {p.name!r} needs a type")
+            default = ... if p.default is inspect.Parameter.empty else p.default
+            fields[p.name] = (hints[p.name], default)
+        input_model = create_model(f"{tool_name}_input", **fields)  # type: ignore[call-overload]
+    out_type = output if output is not None else hints.get("return", Any)
+    return Tool(tool_name, description or inspect.getdoc(fn) or "", fn, input_model,
+                TypeAdapter(out_type), takes_model, ctx_param, interrupt_reason)
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
+         description: str | None = None) -> Any:
+    """Declare a tool from a typed function (`@tool` or `@tool(name=...)`)."""
+    if fn is not None:
+        return _build(fn, name, description, None, None)
+    return lambda f: _build(f, name, description, None, None)
+
+
+def interrupt_tool(*, output: Any, reason: str = INPUT_REQUIRED, name: str | None = None,
+                   description: str | None = None) -> Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool whose answer, given by a person, is its output of type `output`.
+
+    The function receives the tool's input and may return an `Ask` to shape the question
+    (message, a narrower `response_schema`, expiry, reviewers); it never produces the output.
+    """
+    check_reason(reason)
+    return lambda f: _build(f, name, description, output, reason)

@@ -1,0 +1,414 @@
+"""One step of an agent loop, as a pure function of the history.
+
+`model_turn` calls the model once and runs every tool it asked for (in parallel); `resume_turn`
+applies answers to a parked turn the way Genkit does (`respond`, `restart`, pending outputs).
+Both return an `Outcome`: go on, park on interrupts, finish, or fail. Nothing here talks to
+Redis or Celery: durability comes in through `Checkpoints` (so a step run twice does not
+call the model or a finished tool twice) and background jobs through a `JobStarter`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from layby.generation.agents import Agent
+from layby.generation.errors import InvalidAnswer, UnknownToolCall, UnresolvedToolCall
+from layby.generation.interrupts import Interrupt, OnExpire, ResumeMode
+from layby.generation.messages import Message, Part, ToolRequest, ToolResponse
+from layby.generation.models import ModelRequest
+from layby.generation.tools import (
+    Ask,
+    EndRun,
+    JobStarter,
+    Tool,
+    ToolContext,
+    ToolInterrupt,
+    schema_of,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Checkpoints(Protocol):
+    """Results saved within one version of a run, read back when a step runs again."""
+
+    def get(self, key: str) -> Any | None: ...
+
+    def put(self, key: str, value: Any) -> None: ...
+
+
+class NoCheckpoints:
+    def get(self, key: str) -> Any | None:
+        return None
+
+    def put(self, key: str, value: Any) -> None:
+        pass
+
+
+@dataclass
+class Step:
+    """Where a run stands when a step begins."""
+
+    run_id: str
+    version: int
+    history: list[Message]
+    run_metadata: dict[str, Any] = field(default_factory=dict)
+    checkpoints: Checkpoints = field(default_factory=NoCheckpoints)
+    jobs: JobStarter | None = None
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+
+    @property
+    def turns_taken(self) -> int:
+        return sum(1 for m in self.history if m.role == "model")
+
+
+@dataclass
+class Continue:
+    messages: list[Message]
+
+
+@dataclass
+class Park:
+    messages: list[Message]
+    interrupts: list[Interrupt]
+
+
+@dataclass
+class Finish:
+    messages: list[Message]
+    result: str
+
+
+@dataclass
+class Fail:
+    messages: list[Message]
+    code: str
+    message: str
+
+
+Outcome = Continue | Park | Finish | Fail
+
+
+# What one tool call came to; stored as a checkpoint under "tool:<ref>".
+@dataclass
+class CallResult:
+    kind: str  # "output" | "interrupt" | "end"
+    output: Any = None
+    interrupt: Interrupt | None = None
+    result: str | None = None
+
+    def dump(self) -> dict[str, Any]:
+        return {"kind": self.kind, "output": self.output, "result": self.result,
+                "interrupt": self.interrupt.wire() if self.interrupt else None}
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> CallResult:
+        intr = data.get("interrupt")
+        return cls(data["kind"], data.get("output"),
+                   Interrupt.model_validate(intr) if intr else None, data.get("result"))
+
+
+def model_turn(agent: Agent, step: Step) -> Outcome:
+    """Call the model once, then run the tools it asked for."""
+    if step.turns_taken >= agent.max_turns:
+        return Fail(step.history, "max_turns",
+                    f"agent {agent.name!r} reached its limit of {agent.max_turns} model turns "
+                    "without finishing; raise max_turns or change the prompt")
+    saved = step.checkpoints.get("model")
+    if saved is not None:
+        message = Message.model_validate(saved)
+    else:
+        request = ModelRequest(messages=step.history, system=agent.system,
+                               tools=[t.definition() for t in agent.tools], config=agent.config)
+        message = _with_refs(agent.model.generate(request).message, step.turns_taken)
+        step.checkpoints.put("model", message.wire())
+    calls = message.tool_requests
+    if not calls:
+        return Finish([*step.history, message], message.text)
+    results = _run_calls(agent, step, [(p.tool_request, None) for p in calls])  # type: ignore[misc]
+    return _settle(step, message, calls, results, resumed=False)
+
+
+def _with_refs(message: Message, turn: int) -> Message:
+    """Give every tool request a ref unique in its message (models may omit or repeat them)."""
+    seen: set[str] = set()
+    content = []
+    for i, part in enumerate(message.content):
+        req = part.tool_request
+        if req is not None and (not req.ref or req.ref in seen):
+            req = req.model_copy(update={"ref": f"call_{turn}_{i}"})
+            part = part.model_copy(update={"tool_request": req})
+        if req is not None:
+            seen.add(req.ref or "")
+        content.append(part)
+    return message.model_copy(update={"role": "model", "content": content})
+
+
+@dataclass
+class _Call:
+    request: ToolRequest
+    restart: Part | None  # the restart entry, when the tool runs again with an answer
+
+
+def _run_calls(agent: Agent, step: Step,
+               calls: list[tuple[ToolRequest, Part | None]]) -> dict[str, CallResult]:
+    def one(call: tuple[ToolRequest, Part | None]) -> tuple[str, CallResult]:
+        request, restart = call
+        ref = request.ref or ""
+        key = f"tool:{ref}"
+        saved = step.checkpoints.get(key)
+        if saved is not None:
+            return ref, CallResult.load(saved)
+        result = _run_one(agent, step, request, restart)
+        step.checkpoints.put(key, result.dump())
+        return ref, result
+
+    if len(calls) == 1:
+        return dict([one(calls[0])])
+    with ThreadPoolExecutor(max_workers=min(8, len(calls))) as pool:
+        return dict(pool.map(one, calls))
+
+
+def _run_one(agent: Agent, step: Step, request: ToolRequest, restart: Part | None) -> CallResult:
+    tool = agent.tool(request.name)
+    if tool is None:
+        return CallResult("output", {"error": f"unknown tool {request.name!r}; available: "
+                                              f"{[t.name for t in agent.tools]}"})
+    ctx = ToolContext(step.run_id, step.version, request.ref or "", tool.name,
+                      step.run_metadata, restarted=restart is not None,
+                      resumed=restart.meta("resumed") if restart else None, jobs=step.jobs)
+    try:
+        return CallResult("output", tool.call(ctx, request.input))
+    except ToolInterrupt as signal:
+        return CallResult("interrupt", interrupt=_interrupt(step, tool, ctx, request, signal.ask))
+    except EndRun as end:
+        return CallResult("end", result=end.result)
+    except ValidationError as exc:
+        return CallResult("output", {"error": f"invalid input for {tool.name}: "
+                                              f"{exc.errors(include_url=False)}"})
+    except Exception as exc:  # a tool's failure is news for the model, not the end of the run
+        log.warning("tool %s failed in run %s: %r", tool.name, step.run_id, exc)
+        return CallResult("output", {"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _interrupt(step: Step, tool: Tool, ctx: ToolContext, request: ToolRequest,
+               ask: Ask) -> Interrupt:
+    now = step.now()
+    expires = ask.expires_at or (now + timedelta(seconds=ask.expires_in)
+                                 if ask.expires_in is not None else None)
+    mode = ResumeMode.RESPOND if tool.is_interrupt or ask.reason == "layby:background_job" \
+        else ResumeMode.RESTART
+    return Interrupt(
+        id=ctx.interrupt_id, reason=ask.reason or "confirmation", message=ask.message,
+        tool_call_id=request.ref or "", response_schema=schema_of(ask.response_schema),
+        expires_at=_iso(expires) if expires else None, metadata=ask.metadata,
+        tool_name=tool.name, tool_input=_normalized(tool, request.input),
+        input_schema=tool.input_schema if mode is ResumeMode.RESTART else None,
+        mode=mode, on_expire=ask.on_expire or OnExpire(), reviewers=ask.reviewers,
+        # a restart runs while the parked model message is already in the history: it
+        # belongs to that turn, not to the next one
+        created_at=_iso(now), turn=step.turns_taken - (1 if ctx.restarted else 0))
+
+
+def _normalized(tool: Tool, raw: Any) -> Any:
+    """The input as the tool saw it (validated and coerced), for reviewers to read."""
+    try:
+        return tool.parse_input(raw).model_dump(mode="json")
+    except ValidationError:
+        return raw
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _settle(step: Step, message: Message, calls: list[Part], results: dict[str, CallResult],
+            *, resumed: bool, responses: dict[str, Part] | None = None) -> Outcome:
+    """Turn the results of a turn's tool calls into its outcome.
+
+    `responses` holds answers already known (respond, decline, pending); `results` what ran.
+    """
+    known = dict(responses or {})
+    for part in calls:
+        req = part.tool_request
+        assert req is not None
+        result = results.get(req.ref or "")
+        if result is not None and result.kind == "output":
+            known[req.ref or ""] = _response(req, result.output, None)
+    ended = next((r for r in results.values() if r.kind == "end"), None)
+    interrupts = [r.interrupt for r in results.values() if r.kind == "interrupt" and r.interrupt]
+    base = step.history[:-1] if resumed else step.history
+    if interrupts and not ended:
+        return Park([*base, _mark(message, calls, results, known)], interrupts)
+    refs = [p.tool_request.ref or "" for p in calls if p.tool_request is not None]
+    tool_message = Message(role="tool", content=[known[r] for r in refs if r in known],
+                           metadata={"resumed": True} if resumed else None)
+    model_message = _resolve_marks(message) if resumed else message
+    messages = [*base, model_message, tool_message]
+    if ended:
+        return Finish(messages, ended.result or "")
+    return Continue(messages)
+
+
+def _response(req: ToolRequest, output: Any, metadata: dict[str, Any] | None) -> Part:
+    return Part(tool_response=ToolResponse(name=req.name, ref=req.ref, output=output),
+                metadata=metadata)
+
+
+def _mark(message: Message, calls: list[Part], results: dict[str, CallResult],
+          known: dict[str, Part]) -> Message:
+    """Genkit's markers: `interrupt` on waiting requests, `pendingOutput` on finished ones."""
+    content = []
+    for part in message.content:
+        req = part.tool_request
+        if req is None:
+            content.append(part)
+            continue
+        ref = req.ref or ""
+        meta = {k: v for k, v in (part.metadata or {}).items()
+                if k not in ("interrupt", "pendingOutput", "resolvedInterrupt")}
+        result = results.get(ref)
+        if result is not None and result.kind == "interrupt" and result.interrupt:
+            intr = result.interrupt
+            # the tool's metadata must not replace the id that answers are matched by
+            meta["interrupt"] = {**(intr.metadata or {}), "id": intr.id, "reason": intr.reason}
+        elif ref in known:
+            meta["pendingOutput"] = known[ref].tool_response.output  # type: ignore[union-attr]
+            if known[ref].meta("cancelled"):  # a decline must survive the turn parking again
+                meta["cancelled"] = True
+        content.append(part.model_copy(update={"metadata": meta or None}))
+    return message.model_copy(update={"content": content})
+
+
+def _resolve_marks(message: Message) -> Message:
+    content = []
+    for part in message.content:
+        meta = dict(part.metadata or {})
+        if "interrupt" in meta:
+            meta["resolvedInterrupt"] = meta.pop("interrupt")
+        meta.pop("pendingOutput", None)
+        content.append(part.model_copy(update={"metadata": meta or None}))
+    return message.model_copy(update={"content": content})
+
+
+@dataclass
+class Resume:
+    """Answers to a parked turn, in Genkit's shapes.
+
+    `respond`: toolResponse parts, the output of an interrupt. `restart`: toolRequest parts
+    whose `metadata.resumed` the tool sees (with `metadata.replaceInput` when the input was
+    edited). `decline`: refs whose request a reviewer cancelled, with the reason.
+    """
+
+    respond: list[Part] = field(default_factory=list)
+    restart: list[Part] = field(default_factory=list)
+    decline: dict[str, str | None] = field(default_factory=dict)
+
+
+DECLINED = "declined"
+
+
+def resume_turn(agent: Agent, step: Step, resume: Resume) -> Outcome:
+    """Apply `resume` to the last (parked) model message, Genkit's way."""
+    message = step.history[-1] if step.history else None
+    if message is None or message.role != "model":
+        raise UnresolvedToolCall("there is no parked model turn to resume", run_id=step.run_id)
+    calls = message.tool_requests
+    by_ref = {p.tool_request.ref: p for p in calls}  # type: ignore[union-attr]
+    for entry in [*resume.respond, *resume.restart]:
+        target = entry.tool_response or entry.tool_request
+        assert target is not None
+        waiting = by_ref.get(target.ref)
+        if waiting is None or waiting.tool_request.name != target.name \
+                or "interrupt" not in (waiting.metadata or {}):  # type: ignore[union-attr]
+            raise UnknownToolCall(f"no interrupted tool call {target.name!r} with ref "
+                                  f"{target.ref!r} is waiting in this run",
+                                  run_id=step.run_id, ref=target.ref)
+    for ref in resume.decline:
+        # a finished call has nothing to decline: its pending output would win silently
+        declined = by_ref.get(ref)
+        if declined is None or "interrupt" not in (declined.metadata or {}):
+            raise UnknownToolCall(f"no interrupted tool call with ref {ref!r} is waiting",
+                                  ref=ref, run_id=step.run_id)
+    responds = {p.tool_response.ref: p for p in resume.respond}  # type: ignore[union-attr]
+    restarts = {p.tool_request.ref: p for p in resume.restart}  # type: ignore[union-attr]
+    known: dict[str, Part] = {}
+    to_run: list[tuple[ToolRequest, Part | None]] = []
+    for part in calls:
+        req = part.tool_request
+        assert req is not None
+        ref = req.ref or ""
+        meta = part.metadata or {}
+        if "pendingOutput" in meta:  # present even when the output is falsy
+            known[ref] = _response(req, meta["pendingOutput"], {"source": "pending", **(
+                {"cancelled": True} if meta.get("cancelled") else {})})
+        elif ref in responds:
+            known[ref] = _checked_response(agent, step, req, responds[ref])
+        elif ref in resume.decline:
+            known[ref] = _response(req, {"status": DECLINED, "reason": resume.decline[ref]},
+                                   {"interruptResponse": True, "cancelled": True})
+        elif ref in restarts:
+            to_run.append((_restart_request(agent, step, req, restarts[ref]), restarts[ref]))
+        else:
+            raise UnresolvedToolCall(f"tool call {req.name!r} (ref {ref!r}) is interrupted "
+                                     "and the resume gives it no answer",
+                                     run_id=step.run_id, ref=ref)
+    results = _run_calls(agent, step, to_run) if to_run else {}
+    message = _replace_inputs(message, {r.ref or "": r for r, _ in to_run})
+    return _settle(step, message, message.tool_requests, results, resumed=True,
+                   responses=known)
+
+
+def _replace_inputs(message: Message, requests: dict[str, ToolRequest]) -> Message:
+    """Genkit's history after `replaceInput`: the new input, the original kept beside it."""
+    content = []
+    for part in message.content:
+        req = part.tool_request
+        new = requests.get(req.ref or "") if req is not None else None
+        if req is not None and new is not None and new.input != req.input:
+            part = part.model_copy(update={
+                "tool_request": new,
+                "metadata": {**(part.metadata or {}), "replacedInput": req.input}})
+        content.append(part)
+    return message.model_copy(update={"content": content})
+
+
+def _checked_response(agent: Agent, step: Step, req: ToolRequest, answer: Part) -> Part:
+    output = answer.tool_response.output  # type: ignore[union-attr]
+    tool = agent.tool(req.name)
+    if tool is not None and tool.is_interrupt:
+        try:
+            output = tool.output.dump_python(tool.output.validate_python(output), mode="json")
+        except ValidationError as exc:
+            raise InvalidAnswer(f"the answer to {req.name!r} does not match its output schema",
+                                run_id=step.run_id, ref=req.ref,
+                                detail=exc.errors(include_url=False)) from exc
+    return _response(req, output, {"interruptResponse": True})
+
+
+def _restart_request(agent: Agent, step: Step, req: ToolRequest, entry: Part) -> ToolRequest:
+    given = entry.tool_request
+    assert given is not None
+    replace = entry.meta("replaceInput")
+    if replace is None:
+        if given.input is not None and given.input != req.input:
+            raise InvalidAnswer(f"restart of {req.name!r} (ref {req.ref!r}) changes its input "
+                                "without replaceInput; send the new input as replaceInput",
+                                run_id=step.run_id, ref=req.ref)
+        return req
+    tool = agent.tool(req.name)
+    if tool is not None:
+        try:
+            replace = tool.parse_input(replace).model_dump(mode="json")
+        except ValidationError as exc:
+            raise InvalidAnswer(f"replaceInput for {req.name!r} does not match its input schema",
+                                run_id=step.run_id, ref=req.ref,
+                                detail=exc.errors(include_url=False)) from exc
+    return req.model_copy(update={"input": replace})

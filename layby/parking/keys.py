@@ -1,0 +1,123 @@
+"""Every Redis key layby uses, its type and its lifetime. The prefix is a setting.
+
+Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:…`):
+
+| key          | type   | holds                                                   | lifetime          |
+|--------------|--------|---------------------------------------------------------|-------------------|
+| run          | hash   | id, agent, status, version, messages (JSON), input,     | until retention   |
+|              |        | metadata, result, error, lease_owner, lease_until, …    | after the end     |
+| interrupts   | hash   | interrupt id → Interrupt JSON (immutable once written)  | same              |
+| answers      | hash   | interrupt id → answer JSON (first answer only)          | same              |
+| open         | set    | ids of interrupts still waiting for an answer           | same              |
+| checkpoints  | hash   | "model", "tool:<ref>" → results within the current      | cleared at every  |
+|              |        | version (field "v" holds that version)                  | commit            |
+| events       | stream | type, version, at (ms), data (JSON); capped             | same as run       |
+| notifications| hash   | notification id → Notification JSON (with its token)    | same as run       |
+
+Global:
+
+| key                  | type | holds                                             |
+|----------------------|------|---------------------------------------------------|
+| index:<status>       | zset | run ids in that state, scored by last change (ms) |
+| deadlines            | zset | "<run_id> <interrupt_id>" scored by expiry (ms)   |
+| leases               | zset | running run ids scored by lease end (ms)          |
+| outbox               | zset | outbox entry ids scored by when to (re)publish    |
+| outbox:entries       | hash | entry id → {"task", "queue", "args"} JSON         |
+| idem:<key>           | str  | run id for an idempotency key; expires (24 h)     |
+| notify:due           | zset | "<run_id> <notification id>" scored by when to    |
+|                      |      | (re)send: now, a retry's backoff, a reminder      |
+| grant:<ref>          | str  | a reviewer token's grant (JSON); expires with it  |
+| seen:<what>          | str  | something taken once: a callback's webhook-id     |
+|                      |      | (past the replay tolerance), a reply mail that    |
+|                      |      | was mailed back (a provider's retries are not)    |
+| stats                | hash | counters since the data began, for /metrics:      |
+|                      |      | answers:<channel> (answers recorded, by channel;  |
+|                      |      | expiries count as their answer's channel),        |
+|                      |      | <what>_latency_ms_sum, <what>_latency_count and   |
+|                      |      | <what>_latency_le:<bound> (one bucket, not        |
+|                      |      | cumulative) for answer (park → answer, parked     |
+|                      |      | runs only) and resume (last answer → claimed),    |
+|                      |      | notifications_failed (sends out of attempts)      |
+
+Parked runs never expire. Finished runs expire `retention` seconds after they end; their
+index entries are pruned by the sweeper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layby.parking.states import Status
+
+RUN_PARTS = ("run", "interrupts", "answers", "open", "checkpoints", "events")
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "layby"
+
+    def of_run(self, run_id: str) -> list[str]:
+        return [f"{self.prefix}:{{{run_id}}}:{part}" for part in RUN_PARTS]
+
+    def run(self, run_id: str) -> str:
+        return f"{self.prefix}:{{{run_id}}}:run"
+
+    def interrupts(self, run_id: str) -> str:
+        return f"{self.prefix}:{{{run_id}}}:interrupts"
+
+    def answers(self, run_id: str) -> str:
+        return f"{self.prefix}:{{{run_id}}}:answers"
+
+    def open(self, run_id: str) -> str:
+        return f"{self.prefix}:{{{run_id}}}:open"
+
+    def checkpoints(self, run_id: str) -> str:
+        return f"{self.prefix}:{{{run_id}}}:checkpoints"
+
+    def events(self, run_id: str) -> str:
+        return f"{self.prefix}:{{{run_id}}}:events"
+
+    def notifications(self, run_id: str) -> str:
+        return f"{self.prefix}:{{{run_id}}}:notifications"
+
+    def index(self, status: Status) -> str:
+        return f"{self.prefix}:index:{status.value}"
+
+    @property
+    def deadlines(self) -> str:
+        return f"{self.prefix}:deadlines"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.prefix}:leases"
+
+    @property
+    def outbox(self) -> str:
+        return f"{self.prefix}:outbox"
+
+    @property
+    def outbox_entries(self) -> str:
+        return f"{self.prefix}:outbox:entries"
+
+    def idempotency(self, key: str) -> str:
+        return f"{self.prefix}:idem:{key}"
+
+    @property
+    def notify_due(self) -> str:
+        return f"{self.prefix}:notify:due"
+
+    def grant(self, ref: str) -> str:
+        return f"{self.prefix}:grant:{ref}"
+
+    def seen(self, what: str) -> str:
+        return f"{self.prefix}:seen:{what}"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.prefix}:stats"
+
+    def for_scripts(self, run_id: str) -> list[str]:
+        """The KEYS every transition script receives, in the order of `lua/_prelude.lua`."""
+        return [*self.of_run(run_id), self.outbox, self.outbox_entries, self.leases,
+                self.deadlines, *(self.index(s) for s in Status), self.notifications(run_id),
+                self.notify_due, self.stats]

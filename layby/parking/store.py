@@ -1,0 +1,464 @@
+"""The Redis store of runs: every state change is one Lua script (see `lua/`), reads are plain.
+
+Each transition method returns a small result; `entries` are outbox entries the caller must
+publish and then `ack_outbox`. The store never publishes: it knows Redis, not the broker.
+
+With `min_replicas_ack`, the transitions someone is told about (`ACKNOWLEDGED`) are
+followed by WAIT on the same connection, so what was acknowledged survives a failover.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from redis import Redis, RedisError
+
+from layby.generation.interrupts import Interrupt
+from layby.generation.messages import Message, dump_messages, load_messages
+from layby.parking import scripts
+from layby.parking.keys import Keys
+from layby.parking.records import (
+    Answer,
+    Event,
+    InterruptView,
+    Notification,
+    OutboxEntry,
+    RunSummary,
+    RunView,
+)
+from layby.parking.states import Status
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    prefix: str = "layby"
+    retention_s: int = 7 * 24 * 3600
+    idempotency_ttl_s: int = 24 * 3600
+    lease_ms: int = 300_000
+    events_max: int = 2000
+    outbox_grace_ms: int = 10_000
+    turn_task: str = "layby.run_turn"
+    resume_task: str = "layby.resume_run"
+    turn_queue: str = "layby.turns"
+    notify_task: str = "layby.notify.interrupts"
+    notify_queue: str = "layby.notify"
+    max_attempts: int = 5
+    min_replicas_ack: int = 0  # WAIT for this many replicas after ACKNOWLEDGED transitions
+    replica_ack_timeout_ms: int = 1000
+
+
+# Transitions whose outcome is told to someone (a 202, an answer taken, a reviewer asked, a
+# result): lost at a failover, the caller would have been told something that is not so.
+# The others are redone by the sweeper or a redelivery if lost.
+ACKNOWLEDGED = frozenset({"create_run", "park_run", "answer_interrupts", "expire_interrupt",
+                          "complete_run", "fail_run", "cancel_run"})
+# First elements of the replies of scripts that wrote something.
+WROTE = frozenset({"created", "ok", "failed", "early"})
+
+
+class NotReplicated(RedisError):
+    """A transition was written on the primary, but fewer replicas than `min_replicas_ack`
+    confirmed it in time: a failover now could lose it. The write stands on the primary,
+    where a retry finds it (an answer already recorded, the run of an idempotency key)."""
+
+
+@dataclass
+class Result:
+    """The reply of a transition script: `code` is 'ok' or why not; `info` the rest."""
+
+    code: str
+    version: int | None = None
+    entries: list[OutboxEntry] = field(default_factory=list)
+    info: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.code == "ok"
+
+
+def iso(ms: int | str | None) -> str:
+    moment = datetime.fromtimestamp(int(ms or 0) / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _entries(raw: Iterable[str]) -> list[OutboxEntry]:
+    return [OutboxEntry.model_validate_json(e) for e in raw if e]
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass
+class RunRecord:
+    """A run as a worker needs it to take a step."""
+
+    id: str
+    agent: str
+    status: Status
+    version: int
+    messages: list[Message]
+    metadata: dict[str, Any]
+
+
+class Store:
+    def __init__(self, client: Redis, config: StoreConfig | None = None) -> None:
+        self.redis = client
+        self.config = config or StoreConfig()
+        self.keys = Keys(self.config.prefix)
+        self._scripts = scripts.register(client, events_max=self.config.events_max,
+                                         outbox_grace_ms=self.config.outbox_grace_ms)
+
+    def _run(self, name: str, run_id: str, *argv: Any, extra_keys: tuple[str, ...] = ()) -> list:
+        keys = [*self.keys.for_scripts(run_id), *extra_keys]
+        args = [str(a) for a in argv]
+        wanted = self.config.min_replicas_ack
+        if not wanted or name not in ACKNOWLEDGED:
+            return self._scripts[name](keys=keys, args=args)
+        # WAIT counts the replicas that have this connection's writes: same pipeline.
+        pipe = self.redis.pipeline(transaction=False)
+        self._scripts[name](keys=keys, args=args, client=pipe)
+        pipe.wait(wanted, self.config.replica_ack_timeout_ms)
+        reply, acked = pipe.execute()
+        if acked < wanted and reply and reply[0] in WROTE:
+            raise NotReplicated(
+                f"{name} for run {run_id} is written on the primary, but {acked} of the "
+                f"{wanted} replica(s) asked for confirmed it within "
+                f"{self.config.replica_ack_timeout_ms} ms (LAYBY_REDIS_MIN_REPLICAS_ACK): a "
+                "failover now could lose it; check the replicas (`layby doctor`)")
+        return reply
+
+    # -- transitions -------------------------------------------------------------------
+
+    def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
+                   metadata: dict[str, Any], idempotency_key: str | None) -> Result:
+        idem = self.keys.idempotency(idempotency_key) if idempotency_key else ""
+        reply = self._run("create_run", run_id, run_id, agent, _dumps(input),
+                          _dumps(dump_messages(messages)), _dumps(metadata),
+                          self.config.idempotency_ttl_s, self.config.turn_task,
+                          self.config.turn_queue, extra_keys=(idem,))
+        if reply[0] == "exists":
+            return Result("exists", info=[reply[1]])
+        return Result("ok", 1, _entries(reply[1:]), [run_id])
+
+    def claim(self, run_id: str, version: int, owner: str) -> Result:
+        reply = self._run("claim_run", run_id, version, owner, self.config.lease_ms,
+                          self.config.max_attempts)
+        return Result(reply[0], version, info=[str(x) for x in reply[1:]])
+
+    def save_checkpoint(self, run_id: str, version: int, owner: str, name: str,
+                        value: Any) -> bool:
+        reply = self._run("save_checkpoint", run_id, version, owner, name, _dumps(value),
+                          self.config.lease_ms)
+        return bool(reply[0] == "ok")
+
+    def checkpoints(self, run_id: str, version: int) -> dict[str, Any]:
+        raw = self.redis.hgetall(self.keys.checkpoints(run_id))
+        if raw.get("v") != str(version):
+            return {}
+        return {k: json.loads(v) for k, v in raw.items() if k != "v"}
+
+    def advance(self, run_id: str, version: int, owner: str, messages: list[Message],
+                event: dict[str, Any], *, inline: bool) -> Result:
+        reply = self._run("advance_turn", run_id, version, owner,
+                          _dumps(dump_messages(messages)), _dumps(event), "1" if inline else "0",
+                          self.config.lease_ms, self.config.turn_task, self.config.turn_queue)
+        return self._transition(reply)
+
+    def park(self, run_id: str, version: int, owner: str, messages: list[Message],
+             interrupts: list[Interrupt], event: dict[str, Any], *,
+             announce: bool = True) -> Result:
+        """Park the run on `interrupts`; with `announce`, queue their notification."""
+        triples: list[Any] = []
+        for intr in interrupts:
+            expiry = ""
+            if intr.expires_at:
+                moment = datetime.fromisoformat(intr.expires_at.replace("Z", "+00:00"))
+                expiry = str(int(moment.timestamp() * 1000))
+            triples += [intr.id, _dumps(intr.wire()), expiry]
+        reply = self._run("park_run", run_id, version, owner, _dumps(dump_messages(messages)),
+                          _dumps(event), self.config.resume_task, self.config.turn_queue,
+                          self.config.notify_task if announce else "",
+                          self.config.notify_queue, len(interrupts), *triples)
+        return self._transition(reply)
+
+    def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
+                 result: str, event: dict[str, Any]) -> Result:
+        reply = self._run("complete_run", run_id, version, owner,
+                          _dumps(dump_messages(messages)), result, _dumps(event),
+                          self.config.retention_s)
+        return self._transition(reply)
+
+    def fail(self, run_id: str, error: dict[str, Any], *, version: int | None = None,
+             owner: str | None = None, messages: list[Message] | None = None) -> Result:
+        reply = self._run("fail_run", run_id, "" if version is None else version, owner or "",
+                          _dumps(error),
+                          "" if messages is None else _dumps(dump_messages(messages)),
+                          self.config.retention_s)
+        return self._transition(reply)
+
+    def cancel(self, run_id: str, by: str, reason: str | None) -> Result:
+        data = {"code": "cancelled", "message": reason or "cancelled", "by": by}
+        reply = self._run("cancel_run", run_id, _dumps(data), self.config.retention_s)
+        return self._transition(reply)
+
+    def answer(self, run_id: str, answers: list[Answer], *, require_all: bool = False,
+               allow_early: bool = False) -> Result:
+        pairs: list[Any] = []
+        for a in answers:
+            pairs += [a.interrupt_id, _dumps(a.wire())]
+        reply = self._run("answer_interrupts", run_id, "1" if require_all else "0",
+                          "1" if allow_early else "0", self.config.resume_task,
+                          self.config.turn_queue, len(answers), *pairs)
+        return self._transition(reply)
+
+    def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None) -> Result:
+        reply = self._run("expire_interrupt", run_id, answer.interrupt_id, _dumps(answer.wire()),
+                          _dumps(fail_error) if fail_error else "", self.config.resume_task,
+                          self.config.turn_queue, self.config.retention_s, run_id)
+        return self._transition(reply)
+
+    def requeue(self, run_id: str, *, owner: str = "") -> Result:
+        """Queue the run's pending step again. `owner`: '' once its lease lapsed, '*' now."""
+        reply = self._run("requeue_run", run_id, self.config.turn_task,
+                          self.config.resume_task, self.config.turn_queue, run_id, owner)
+        if reply[0] == "ok":
+            return Result("ok", entries=_entries(reply[1:]))
+        return Result(reply[0], info=[str(x) for x in reply[1:]])
+
+    @staticmethod
+    def _transition(reply: list) -> Result:
+        if reply[0] in ("ok", "failed"):
+            entries = _entries(reply[2:]) if len(reply) > 2 else []
+            return Result(reply[0], int(reply[1]), entries)
+        return Result(reply[0], info=[str(x) for x in reply[1:]])
+
+    # -- notifications -------------------------------------------------------------------
+
+    def plan_notifications(self, run_id: str, planned: list[tuple[Notification, int | None]],
+                           grants: list[tuple[str, str, int]]) -> list[str]:
+        """Record notifications (each with when to send it in epoch ms, None for now) and
+        the grants of their new tokens (ref, grant JSON, lifetime in ms; opaque here).
+        Returns the ids that were not planned before."""
+        argv: list[Any] = [len(planned), len(grants)]
+        for note, at in planned:
+            argv += [note.id, _dumps(_stored(note)), "" if at is None else at]
+        for _, grant, ttl_ms in grants:
+            argv += [grant, max(1000, ttl_ms)]
+        reply = self._run("plan_notifications", run_id, *argv,
+                          extra_keys=tuple(self.keys.grant(ref) for ref, _, _ in grants))
+        return [str(x) for x in reply]
+
+    def claim_due_notifications(self, limit: int = 100,
+                                retry_ms: int = 10_000) -> list[tuple[str, str]]:
+        """(run id, notification id) of notifications due to be sent."""
+        raw = self._scripts["claim_due_notifications"](keys=[self.keys.notify_due],
+                                                       args=[limit, retry_ms])
+        return [tuple(m.split(" ", 1)) for m in raw]  # type: ignore[misc]
+
+    def start_delivery(self, run_id: str, notification_id: str, *, deadline_ms: int,
+                       max_attempts: int) -> tuple[str, Notification | None]:
+        reply = self._run("start_delivery", run_id, notification_id, deadline_ms,
+                          max_attempts, run_id)
+        if reply[0] == "ok":
+            return "ok", _notification(reply[1])
+        return str(reply[0]), None
+
+    def finish_delivery(self, run_id: str, note: Notification, outcome: str, *,
+                        error: str = "", retry_in_ms: int = 0) -> str:
+        """Record a send's outcome: "sent", "retry" (in `retry_in_ms`) or "failed"."""
+        reply = self._run("finish_delivery", run_id, note.id, outcome, error[:2000],
+                          retry_in_ms, run_id, note.attempts)
+        return str(reply[0])
+
+    def retry_notifications(self, run_id: str, notification_ids: list[str] | None = None
+                            ) -> list[str]:
+        """Failed notifications of a parked run (those named, or all) back to pending with
+        their attempts reset, due now. Returns the ids to dispatch."""
+        reply = self._run("retry_notifications", run_id, run_id, *(notification_ids or []))
+        return [str(x) for x in reply]
+
+    def notifications(self, run_id: str) -> list[Notification]:
+        return _notifications(self.redis.hvals(self.keys.notifications(run_id)))
+
+    def notification(self, run_id: str, notification_id: str) -> Notification | None:
+        raw = self.redis.hget(self.keys.notifications(run_id), notification_id)
+        return _notification(raw) if raw else None
+
+    def grant(self, ref: str) -> str | None:
+        return self.redis.get(self.keys.grant(ref))
+
+    def first_sight(self, what: str, ttl_s: int) -> bool:
+        """True the first time `what` is seen within `ttl_s` (a webhook-id, a mail)."""
+        return bool(self.redis.set(self.keys.seen(what), "1", nx=True, ex=ttl_s))
+
+    def forget_sight(self, what: str) -> None:
+        self.redis.delete(self.keys.seen(what))
+
+    # -- outbox --------------------------------------------------------------------------
+
+    def claim_outbox(self, limit: int = 100, retry_ms: int = 10_000) -> list[OutboxEntry]:
+        raw = self._scripts["claim_outbox"](keys=[self.keys.outbox, self.keys.outbox_entries],
+                                            args=[limit, retry_ms])
+        return _entries(raw)
+
+    def ack_outbox(self, entry_ids: list[str]) -> None:
+        if entry_ids:
+            self._scripts["ack_outbox"](keys=[self.keys.outbox, self.keys.outbox_entries],
+                                        args=entry_ids)
+
+    def outbox_backlog(self) -> int:
+        return int(self.redis.zcard(self.keys.outbox))
+
+    def overdue_outbox(self, older_than_ms: int = 0, limit: int = 200
+                       ) -> list[tuple[str, int]]:
+        """(entry id, ms overdue) of outbox entries due to be published more than
+        `older_than_ms` ago, most overdue first. A read: nothing is claimed."""
+        now_ms = int(self.redis.time()[0]) * 1000
+        found = self.redis.zrangebyscore(self.keys.outbox, "-inf", now_ms - older_than_ms,
+                                         0, limit, withscores=True)
+        return [(entry_id, now_ms - int(score)) for entry_id, score in found]
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def record(self, run_id: str) -> RunRecord | None:
+        raw = self.redis.hmget(self.keys.run(run_id), "id", "agent", "status", "version",
+                               "messages", "metadata")
+        if raw[0] is None:
+            return None
+        return RunRecord(raw[0], raw[1], Status(raw[2]), int(raw[3]),
+                         load_messages(json.loads(raw[4])), json.loads(raw[5] or "{}"))
+
+    def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
+        pipe = self.redis.pipeline(transaction=True)
+        self._read_interrupts(pipe, run_id)
+        return _interrupts(*pipe.execute())
+
+    def _read_interrupts(self, pipe: Any, run_id: str) -> None:
+        pipe.hgetall(self.keys.interrupts(run_id))
+        pipe.hgetall(self.keys.answers(run_id))
+        pipe.smembers(self.keys.open(run_id))
+
+    def interrupt(self, run_id: str, interrupt_id: str) -> Interrupt | None:
+        raw = self.redis.hget(self.keys.interrupts(run_id), interrupt_id)
+        return Interrupt.model_validate_json(raw) if raw else None
+
+    def view(self, run_id: str) -> RunView | None:
+        # One round trip, and one moment: the run, its interrupts and its notifications.
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(self.keys.run(run_id))
+        self._read_interrupts(pipe, run_id)
+        pipe.hvals(self.keys.notifications(run_id))
+        raw, *interrupts, notifications = pipe.execute()
+        if not raw:
+            return None
+        specs, answers, open_ids = _interrupts(*interrupts)
+        return RunView(
+            id=raw["id"], agent=raw["agent"], status=Status(raw["status"]),
+            version=int(raw["version"]), input=json.loads(raw.get("input") or "null"),
+            messages=load_messages(json.loads(raw["messages"])),
+            interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids) for s in specs],
+            notifications=_notifications(notifications),
+            result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
+            metadata=json.loads(raw.get("metadata") or "{}"), created_at=iso(raw["created_at"]),
+            updated_at=iso(raw["updated_at"]))
+
+    def list_runs(self, status: Status | None = None, *, limit: int = 50,
+                  offset: int = 0) -> list[RunSummary]:
+        """Newest first; all states when `status` is None."""
+        statuses = [status] if status else list(Status)
+        pipe = self.redis.pipeline(transaction=False)
+        for s in statuses:
+            pipe.zrevrange(self.keys.index(s), 0, offset + limit - 1, withscores=True)
+        scored = sorted((pair for found in pipe.execute() for pair in found),
+                        key=lambda p: -p[1])[offset:offset + limit]
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id, _ in scored:
+            pipe.hmget(self.keys.run(run_id), "id", "agent", "status", "version",
+                       "created_at", "updated_at")
+            pipe.scard(self.keys.open(run_id))
+        replies = pipe.execute()
+        out = []
+        for raw, open_count in zip(replies[::2], replies[1::2], strict=True):
+            if raw[0] is not None:  # expired after retention; the sweeper prunes the index
+                out.append(RunSummary(id=raw[0], agent=raw[1], status=Status(raw[2]),
+                                      version=int(raw[3]), open_interrupts=open_count,
+                                      created_at=iso(raw[4]), updated_at=iso(raw[5])))
+        return out
+
+    def events(self, run_id: str, after: str = "0-0", *, block_ms: int | None = None,
+               count: int = 500) -> list[Event]:
+        key = self.keys.events(run_id)
+        if block_ms is None:
+            found = self.redis.xrange(key, f"({after}" if after != "0-0" else "-", "+", count)
+        else:
+            reply = self.redis.xread({key: after}, count=count, block=block_ms)
+            found = reply[0][1] if reply else []
+        return [event_of(eid, fields) for eid, fields in found]
+
+    def due_deadlines(self, limit: int = 200) -> list[tuple[str, str]]:
+        now_ms = int(self.redis.time()[0]) * 1000
+        members = self.redis.zrangebyscore(self.keys.deadlines, "-inf", now_ms, 0, limit)
+        return [tuple(m.rsplit(" ", 1)) for m in members]  # type: ignore[misc]
+
+    def lapsed_leases(self, limit: int = 200) -> list[str]:
+        now_ms = int(self.redis.time()[0]) * 1000
+        return list(self.redis.zrangebyscore(self.keys.leases, "-inf", now_ms, 0, limit))
+
+    def waiting_too_long(self, older_than_ms: int, limit: int = 200) -> list[str]:
+        """Runs queued or resuming since before `older_than_ms` ago: their message may be
+        lost (a broker that lost its last second, a task that failed before its claim)."""
+        cutoff = int(self.redis.time()[0]) * 1000 - older_than_ms
+        pipe = self.redis.pipeline(transaction=False)
+        for s in (Status.QUEUED, Status.RESUMING):
+            pipe.zrangebyscore(self.keys.index(s), "-inf", cutoff, 0, limit)
+        return [run_id for found in pipe.execute() for run_id in found]
+
+    def prune_finished(self) -> int:
+        """Drop index entries of finished runs whose keys have expired."""
+        now_ms = int(self.redis.time()[0]) * 1000
+        cutoff = now_ms - self.config.retention_s * 1000
+        pipe = self.redis.pipeline(transaction=False)
+        for s in (Status.COMPLETED, Status.FAILED, Status.CANCELLED):
+            pipe.zremrangebyscore(self.keys.index(s), "-inf", cutoff)
+        return sum(pipe.execute())
+
+
+def _stored(note: Notification) -> dict[str, Any]:
+    """A notification as stored: its wire form (no nulls: Lua reads them as truthy values)
+    and its token, which the wire form leaves out."""
+    return {**note.wire(), "token": note.token}
+
+
+def _interrupts(specs: dict[str, str], answers: dict[str, str], open_ids: set[str]
+                ) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
+    found = sorted((Interrupt.model_validate_json(v) for v in specs.values()),
+                   key=lambda i: (i.created_at or "", i.id))
+    return (found, {k: Answer.model_validate_json(v) for k, v in answers.items()},
+            set(open_ids))
+
+
+def _notifications(raw: list[str]) -> list[Notification]:
+    return sorted((_notification(v) for v in raw),
+                  key=lambda n: (n.created_at or "", n.interrupt_id, n.reviewer, n.channel,
+                                 n.kind))
+
+
+def _notification(raw: str) -> Notification:
+    data = json.loads(raw)
+    due = data.pop("due", None)  # the record's own schedule, shown while one is pending
+    if due is not None and data.get("state") in ("pending", "retrying"):
+        data["nextAttemptAt"] = iso(due)
+    for field_name in ("createdAt", "sentAt"):
+        if isinstance(data.get(field_name), int):
+            data[field_name] = iso(data[field_name])
+    return Notification.model_validate(data)
+
+
+def event_of(event_id: str, fields: dict[str, str]) -> Event:
+    return Event(id=event_id, type=fields["type"], version=int(fields["version"]),
+                 at=iso(fields["at"]), data=json.loads(fields.get("data") or "null"))
