@@ -82,7 +82,7 @@ class Parts:
         try:
             if self.redis_url is None:
                 # gateway.embedded imports no settings: safe before the environment is set
-                from layby.gateway.embedded import EmbeddedRedis
+                from layby.ops.embedded import EmbeddedRedis
 
                 self.server = EmbeddedRedis(self.folder / "valkey").start()
                 self.redis_url = self.server.url  # type: ignore[attr-defined]
@@ -93,7 +93,7 @@ class Parts:
         return self
 
     def start_worker(self, queues: list[str], concurrency: int, env: dict[str, str]) -> Worker:
-        from layby.gateway.supervisor import worker_argv
+        from layby.ops.supervisor import worker_argv
 
         assert self.folder is not None
         argv = worker_argv(queues, concurrency, "WARNING")

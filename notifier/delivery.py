@@ -9,7 +9,8 @@ import random
 
 from layby.broker_config import DELIVER_TASK, NOTIFY, app, get_settings
 from layby.control import runtime
-from layby.notifier import config, mail, webhooks
+from layby.notifier import mail, webhooks
+from layby.reviewers import config
 from layby.notifier.mail import PermanentFailure
 from layby.parking import Notification, RunView, Store
 

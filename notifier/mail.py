@@ -13,8 +13,8 @@ import jinja2
 
 from layby.broker_config import Settings
 from layby.generation.interrupts import Interrupt
-from layby.notifier.directory import Reviewer
-from layby.notifier.forms import is_confirmation
+from layby.reviewers.directory import Reviewer
+from layby.inbox.forms import is_confirmation
 from layby.parking import Notification, RunView
 
 _templates = jinja2.Environment(loader=jinja2.PackageLoader("layby.notifier", "templates"),
@@ -44,7 +44,7 @@ def _shorten(text: str, limit: int) -> str:
 
 def notification_mail(settings: Settings, run: RunView, interrupt: Interrupt,
                       reviewer: Reviewer, note: Notification) -> EmailMessage:
-    from layby.notifier.replies import how_to_answer
+    from layby.inbox.replies import how_to_answer
 
     assert note.token is not None
     confirmation = is_confirmation(interrupt)

@@ -12,8 +12,8 @@ from datetime import datetime
 from layby.broker_config import get_settings
 from layby.control import runtime
 from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
-from layby.notifier import config, tokens
-from layby.notifier.directory import Reviewer
+from layby.reviewers import config, tokens
+from layby.reviewers.directory import Reviewer
 from layby.parking import InterruptState, Notification, Status, Store
 
 log = logging.getLogger(__name__)

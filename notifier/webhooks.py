@@ -20,7 +20,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from layby.broker_config import Settings
 from layby.generation.errors import LaybyError
 from layby.generation.interrupts import Interrupt
-from layby.notifier.directory import Reviewer
+from layby.reviewers.directory import Reviewer
 from layby.notifier.mail import PermanentFailure, page_url
 from layby.parking import Notification, RunView
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from layby.gateway.embedded import EmbeddedRedis
+from layby.ops.embedded import EmbeddedRedis
 from tests.harness import LaybySystem
 from tests.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewed_system
 

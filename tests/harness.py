@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 
 from layby.broker_config import JOBS, NOTIFY, TURNS
-from layby.gateway.embedded import free_port
-from layby.gateway.supervisor import sweeper_argv, worker_argv
+from layby.ops.embedded import free_port
+from layby.ops.supervisor import sweeper_argv, worker_argv
 
 API_KEY = "test-key-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +107,7 @@ class LaybySystem:
         self.port = self.port or free_port()
         self.start_worker()
         self._start("sweeper", sweeper_argv(self.env.get("LAYBY_LOG_FORMAT")))
-        self._start("gateway", [sys.executable, "-m", "uvicorn", "layby.gateway.app:app", "--host",
+        self._start("gateway", [sys.executable, "-m", "uvicorn", "layby.http.app:app", "--host",
                                 "127.0.0.1", "--port", str(self.port), "--log-level",
                                 "warning"])
         wait_until(self._gateway_up, 30, what="the gateway")

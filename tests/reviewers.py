@@ -23,7 +23,7 @@ import redis
 from aiosmtpd.controller import Controller
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from layby.gateway.embedded import EmbeddedRedis, free_port
+from layby.ops.embedded import EmbeddedRedis, free_port
 from tests.harness import LaybySystem, wait_until
 
 TOKEN_KEYS = "t2:test-token-key-two-0123456789,t1:test-token-key-one-0123456789"
@@ -212,7 +212,7 @@ def reviewed_system(system: LaybySystem, tmp: Path, smtp: SmtpServer,
         **env,
     })
     system.start()
-    listener = system._start("replies", [sys.executable, "-m", "layby.gateway.cli",
+    listener = system._start("replies", [sys.executable, "-m", "layby.ops.cli",
                                          "reply-listener"])
     wait_until(lambda: "listening" in listener.output(), 30, what="the reply listener")
     return ReviewedSystem(system, smtp, hooks, reply_port)

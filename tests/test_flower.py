@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from layby.broker_config import QUEUES
-from layby.gateway.embedded import free_port
+from layby.ops.embedded import free_port
 from tests.harness import ROOT, LaybySystem, Proc, wait_until
 
 USER = "ops"
@@ -60,7 +60,7 @@ def flower(system: LaybySystem, tmp_path_factory: pytest.TempPathFactory) -> Ite
     env = {**system.env, "LAYBY_FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}",
            "LAYBY_FLOWER_PORT": str(port), "LAYBY_LOG_FORMAT": "json"}
     env.pop("LAYBY_FLOWER_HOST", None)
-    proc = Proc("flower", [sys.executable, "-m", "layby.gateway.cli", "flower"], logs / "flower.log")
+    proc = Proc("flower", [sys.executable, "-m", "layby.ops.cli", "flower"], logs / "flower.log")
     proc.start(env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -155,7 +155,7 @@ def test_logs_json_lines_without_the_password(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LAYBY_LOG_FORMAT": "json",
            "LAYBY_REDIS_URL": f"redis://:broker-pw-1@127.0.0.1:{free_port()}/0",
            "LAYBY_FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}", "LAYBY_FLOWER_PORT": str(free_port())}
-    proc = Proc("flower", [sys.executable, "-m", "layby.gateway.cli", "flower"], tmp_path / "f.log")
+    proc = Proc("flower", [sys.executable, "-m", "layby.ops.cli", "flower"], tmp_path / "f.log")
     proc.start(env)
     try:
         wait_until(lambda: "flower.events" in proc.output(), 30, what="Flower's complaint")
@@ -197,7 +197,7 @@ def test_refuses_to_start_without_credentials(system: LaybySystem, tmp_path: Pat
     env = {k: v for k, v in system.env.items()
            if not k.startswith(("FLOWER_", "LAYBY_FLOWER_"))}
     env.update({"LAYBY_DATA_DIR": str(tmp_path), "LAYBY_FLOWER_PORT": str(free_port())})
-    done = subprocess.run([sys.executable, "-m", "layby.gateway.cli", "flower"], env=env, cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "layby.ops.cli", "flower"], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "LAYBY_FLOWER_BASIC_AUTH" in done.stderr
@@ -205,7 +205,7 @@ def test_refuses_to_start_without_credentials(system: LaybySystem, tmp_path: Pat
 
 def test_layby_up_credentials_file_is_private(tmp_path: Path) -> None:
     from layby.broker_config import Settings
-    from layby.gateway.flower import ensure_credentials, flower_argv, flower_env
+    from layby.ops.flower import ensure_credentials, flower_argv, flower_env
 
     settings = Settings(data_dir=tmp_path / "data")
     made = ensure_credentials(settings)

@@ -11,8 +11,8 @@ import pytest
 from layby.demo.agents import TRIVIA_CHOICES, Approval
 from layby.generation.errors import Invalid
 from layby.generation.interrupts import Interrupt, OnExpire
-from layby.notifier.forms import Field, Form, entry_from_form, form_for, is_confirmation
-from layby.notifier.pages import render_review
+from layby.inbox.forms import Field, Form, entry_from_form, form_for, is_confirmation
+from layby.inbox.pages import render_review
 from layby.parking.records import Answer, InterruptView
 
 APPROVAL = Approval.model_json_schema()

@@ -13,7 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from layby.broker_config import Settings, logs
-from layby.gateway.embedded import free_port
+from layby.ops.embedded import free_port
 from tests.harness import API_KEY, LaybySystem, wait_until
 
 

@@ -11,7 +11,7 @@ import httpx
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from layby.gateway.embedded import EmbeddedRedis
+from layby.ops.embedded import EmbeddedRedis
 from tests.harness import ROOT, LaybySystem
 
 
@@ -90,7 +90,7 @@ def test_metrics_need_the_api_key(system: LaybySystem) -> None:
 
 
 def _doctor(system_env: dict[str, str], redis_url: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "layby.gateway.cli", "doctor"], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "layby.ops.cli", "doctor"], cwd=ROOT,
                           env={**system_env, "LAYBY_REDIS_URL": redis_url,
                                "LAYBY_DATA_DIR": str(cwd)},
                           capture_output=True, text=True, timeout=60)
@@ -141,7 +141,7 @@ def test_idempotency_key_still_works_with_the_stats_key(system: LaybySystem) -> 
 def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem) -> None:
     # Straight on the store, under a prefix of its own: grants moved to KEYS[21…], and a
     # notification out of attempts counts in `stats`, read by the collector.
-    from layby.gateway.metrics import render
+    from layby.http.metrics import render
     from layby.parking import Notification, Store, StoreConfig
 
     client = redis.Redis.from_url(system.redis_url, decode_responses=True)

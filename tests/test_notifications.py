@@ -24,8 +24,8 @@ import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from layby.demo.agents import TRIVIA_CHOICES
-from layby.gateway.embedded import EmbeddedRedis
-from layby.notifier.tokens import TOKEN
+from layby.ops.embedded import EmbeddedRedis
+from layby.reviewers.tokens import TOKEN
 from tests import sse
 from tests.harness import wait_until
 from tests.reviewers import (

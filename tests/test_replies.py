@@ -13,7 +13,7 @@ import pytest
 from layby.demo.agents import TRIVIA_CHOICES, Approval
 from layby.generation.answers import check_answer
 from layby.generation.interrupts import Interrupt, ResumeEntry
-from layby.notifier.replies import (
+from layby.inbox.replies import (
     MalformedMail,
     Unreadable,
     how_to_answer,

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Response, sync_playwright
 
-from layby.gateway.embedded import EmbeddedRedis
+from layby.ops.embedded import EmbeddedRedis
 from tests.agents import MARKUP_QUESTION
 from tests.harness import wait_until
 from tests.reviewers import (

@@ -26,7 +26,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from layby.gateway.embedded import EmbeddedRedis
+from layby.ops.embedded import EmbeddedRedis
 from tests.harness import wait_until
 from tests.reviewers import (
     HOOK_SECRET,

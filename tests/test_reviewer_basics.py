@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from layby.generation.errors import ConfigError
-from layby.notifier.directory import load_directory
-from layby.notifier.tokens import BadToken, Grant, issue, new_keys, parse_keys, verify
+from layby.reviewers.directory import load_directory
+from layby.reviewers.tokens import BadToken, Grant, issue, new_keys, parse_keys, verify
 
 KEYS = parse_keys("k2:new-secret-0123456789,k1:old-secret-0123456789")
 

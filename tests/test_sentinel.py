@@ -24,7 +24,7 @@ import redis
 from layby.broker_config import Settings, make_app
 from layby.broker_config.celery_app import celery_config
 from layby.control import connections
-from layby.gateway.embedded import EmbeddedRedis
+from layby.ops.embedded import EmbeddedRedis
 from layby.generation import text_message
 from layby.generation.errors import ConfigError
 from layby.parking import NotReplicated, Store, StoreConfig
@@ -119,7 +119,7 @@ def test_failover_keeps_parked_and_running_runs_going(sentinels: SentinelSetup,
             events = api.get(f"/v1/runs/{fresh['id']}/events")
         assert events.status_code == 200 and "event: run.completed" in events.text
 
-        doctor = _cli(system.env, "-m", "layby.gateway.cli", "doctor")
+        doctor = _cli(system.env, "-m", "layby.ops.cli", "doctor")
         lines = doctor.stdout.splitlines()
         assert f"OK      redis primary: 127.0.0.1:{new_port}, named by 3 sentinel(s)" \
             in lines, doctor.stdout + doctor.stderr
@@ -183,7 +183,7 @@ def test_a_bad_sentinel_url_stops_the_layby_command_with_the_message(tmp_path: P
                                                                      ) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "LAYBY_DATA_DIR": str(tmp_path),
            "LAYBY_REDIS_URL": "sentinel://:s3cret@h1:26379;sentinel://:0therPw@h2:26379"}
-    done = _cli(env, "-m", "layby.gateway.cli", "runs", "ls")
+    done = _cli(env, "-m", "layby.ops.cli", "runs", "ls")
     assert done.returncode == 1
     assert "error: address 2 of LAYBY_REDIS_URL gives a user, password or database" \
         in done.stderr, done.stderr

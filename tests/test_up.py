@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from layby.gateway.embedded import free_port
+from layby.ops.embedded import free_port
 from tests.harness import ROOT, wait_until
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def _up(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
                 "LAYBY_REPLY_LISTENER_PORT": str(free_port()),
                 "LAYBY_FLOWER_PORT": str(free_port())})
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "layby.gateway.cli", "up", "--port", str(port),
+        return subprocess.Popen([sys.executable, "-m", "layby.ops.cli", "up", "--port", str(port),
                                  "--concurrency", "1"], env=env, cwd=ROOT, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 

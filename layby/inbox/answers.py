@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 from layby.control import commands, runtime
 from layby.generation.errors import Invalid, NotFound
 from layby.generation.interrupts import ResumeEntry
-from layby.notifier import config, tokens
-from layby.notifier.directory import Reviewer
+from layby.reviewers import config, tokens
+from layby.reviewers.directory import Reviewer
 from layby.notifier.planning import reviewers_for
-from layby.notifier.tokens import BadToken, Grant
+from layby.reviewers.tokens import BadToken, Grant
 from layby.parking import InterruptState, InterruptView, Result, RunView
 
 

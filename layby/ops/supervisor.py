@@ -24,9 +24,9 @@ from pathlib import Path
 
 from layby.broker_config import SWEEP, Settings, celery_argv, worker_queues
 from layby.broker_config.settings import write_private
-from layby.gateway.embedded import EmbeddedRedis
-from layby.gateway.flower import ensure_credentials, flower_argv, flower_env
-from layby.notifier.tokens import new_keys
+from layby.ops.embedded import EmbeddedRedis
+from layby.ops.flower import ensure_credentials, flower_argv, flower_env
+from layby.reviewers.tokens import new_keys
 
 DEMO_REVIEWERS = """\
 # The reviewer directory `layby up` made (LAYBY_REVIEWERS_FILE points elsewhere to use
@@ -113,13 +113,13 @@ class System:
             Child("worker", worker_argv(worker_queues(self.settings), self.concurrency,
                                         "INFO")),
             Child("sweeper", sweeper_argv()),
-            Child("gateway", [sys.executable, "-m", "uvicorn", "layby.gateway.app:app", "--host",
+            Child("gateway", [sys.executable, "-m", "uvicorn", "layby.http.app:app", "--host",
                               self.settings.host, "--port", str(self.port),
                               "--log-level", "warning"]),
-            Child("replies", [sys.executable, "-m", "layby.gateway.cli", "reply-listener"]),
+            Child("replies", [sys.executable, "-m", "layby.ops.cli", "reply-listener"]),
         ]
         if "LAYBY_MAIL_CATCHER_DIR" in env:
-            self.children.append(Child("mail", [sys.executable, "-m", "layby.gateway.cli",
+            self.children.append(Child("mail", [sys.executable, "-m", "layby.ops.cli",
                                                 "mail-catcher"]))
         flower_url, flower_auth = "", ""
         if self.flower:

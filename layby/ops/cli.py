@@ -58,7 +58,7 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
        flower: Annotated[bool, typer.Option(help="start Flower too")] = True) -> None:
     """Start Redis (embedded unless LAYBY_REDIS_URL is set), a worker, the sweeper, the
     HTTP gateway and Flower; print where everything is; stop it all on Ctrl-C."""
-    from layby.gateway.supervisor import System
+    from layby.ops.supervisor import System
 
     settings = get_settings()
     system = System(settings, port or settings.port, concurrency or None, flower)
@@ -98,7 +98,7 @@ def worker(queues: Annotated[str | None, typer.Option(
            loglevel: str = "INFO", beat: Annotated[bool, typer.Option(
                help="also run the sweeper's clock (one per deployment)")] = False) -> None:
     """Run a Celery worker on layby's queues."""
-    from layby.gateway.supervisor import worker_argv
+    from layby.ops.supervisor import worker_argv
 
     # Named layby-<pid>@<host> as `layby up` names its worker: one worker per queue on the
     # same machine must not share Celery's default node name.
@@ -112,7 +112,7 @@ def worker(queues: Annotated[str | None, typer.Option(
 def sweeper() -> None:
     """Run the sweeper: its clock (Celery beat, `layby.sweep` every LAYBY_SWEEP_INTERVAL_S)
     and a one-process worker on the sweep queue. Run one per deployment."""
-    from layby.gateway.supervisor import sweeper_argv
+    from layby.ops.supervisor import sweeper_argv
 
     _exec(sweeper_argv()[1:])
 
@@ -122,7 +122,7 @@ def gateway(host: Annotated[str | None, typer.Option()] = None,
             port: Annotated[int | None, typer.Option()] = None) -> None:
     """Run the HTTP gateway."""
     settings = get_settings()
-    _exec(["-m", "uvicorn", "layby.gateway.app:app", "--host", host or settings.host,
+    _exec(["-m", "uvicorn", "layby.http.app:app", "--host", host or settings.host,
            "--port", str(port or settings.port)])
 
 
@@ -134,7 +134,7 @@ def flower(host: Annotated[str | None, typer.Option(
     """Run Flower on layby's Celery app with authentication on: basic auth from
     LAYBY_FLOWER_BASIC_AUTH or <data dir>/flower.auth (passed in Flower's environment,
     never on the command line), or Flower's OAuth (FLOWER_AUTH, FLOWER_OAUTH2_*)."""
-    from layby.gateway.flower import FlowerAuthMissing, flower_argv, flower_env
+    from layby.ops.flower import FlowerAuthMissing, flower_argv, flower_env
 
     settings = get_settings()
     try:
@@ -150,7 +150,7 @@ def reply_listener(host: Annotated[str | None, typer.Option()] = None,
                    port: Annotated[int | None, typer.Option()] = None) -> None:
     """Run the SMTP listener that takes reviewers' email replies (reply+<token>@…). Point
     the MX of LAYBY_INBOUND_DOMAIN (or your mail provider's forwarding) at it."""
-    from layby.notifier.listener import ReplyHandler, serve
+    from layby.inbox.listener import ReplyHandler, serve
 
     settings = get_settings()
     logs.configure(settings)
@@ -162,8 +162,8 @@ def reply_listener(host: Annotated[str | None, typer.Option()] = None,
 def mail_catcher(port: Annotated[int | None, typer.Option()] = None) -> None:
     """Run a local SMTP server that keeps every mail (for trying layby on one machine;
     `layby up` starts it). Read them at <gateway>/mail."""
-    from layby.notifier.catcher import CatcherHandler
-    from layby.notifier.listener import serve
+    from layby.inbox.catcher import CatcherHandler
+    from layby.inbox.listener import serve
 
     settings = get_settings()
     logs.configure(settings)
@@ -179,7 +179,7 @@ def secret(kind: Annotated[str, typer.Argument(help="'tokens' or 'webhook'")]) -
     import base64
     import secrets as _secrets
 
-    from layby.notifier.tokens import new_keys
+    from layby.reviewers.tokens import new_keys
 
     if kind == "tokens":
         typer.echo(new_keys())
@@ -195,7 +195,7 @@ def doctor() -> None:
     loss settings, SMTP, reviewers and token keys. Exits 1 if anything needs fixing."""
     from layby.broker_config import app
     from layby.control import connections
-    from layby.gateway.doctor import run_checks
+    from layby.ops.doctor import run_checks
     from layby.generation.errors import ConfigError
 
     settings = get_settings()

@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 
 from layby.generation.interrupts import Interrupt
-from layby.notifier.forms import DECISIONS, PAYLOAD, Form, is_confirmation
+from layby.inbox.forms import DECISIONS, PAYLOAD, Form, is_confirmation
 from layby.parking.records import InterruptView
 
 STATES = frozenset({"open", "answered", "expired", "cancelled", "done", "refused"})

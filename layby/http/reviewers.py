@@ -35,12 +35,15 @@ from layby.generation.errors import (
 )
 from layby.generation.interrupts import ResumeEntry
 from layby.generation.messages import Wire
-from layby.notifier import answers, config, inbox, webhooks
-from layby.notifier.directory import Reviewer
-from layby.notifier.forms import DECISIONS, entry_from_form, form_for
-from layby.notifier.pages import render_review
-from layby.notifier.listener import MAX_MAIL_BYTES
-from layby.notifier.tokens import BadToken, ExpiredToken
+from layby.inbox import answers
+from layby.inbox import replies_in as inbox
+from layby.notifier import webhooks
+from layby.reviewers import config
+from layby.reviewers.directory import Reviewer
+from layby.inbox.forms import DECISIONS, entry_from_form, form_for
+from layby.inbox.pages import render_review
+from layby.inbox.listener import MAX_MAIL_BYTES
+from layby.reviewers.tokens import BadToken, ExpiredToken
 from layby.parking import InterruptState
 
 log = logging.getLogger(__name__)

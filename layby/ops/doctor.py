@@ -198,8 +198,8 @@ def check_smtp(settings: Settings) -> Check:
 
 
 def check_reviewers(settings: Settings) -> list[Check]:
-    from layby.notifier.directory import load_directory
-    from layby.notifier.tokens import parse_keys
+    from layby.reviewers.directory import load_directory
+    from layby.reviewers.tokens import parse_keys
 
     checks = []
     try:

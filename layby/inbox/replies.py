@@ -27,7 +27,7 @@ from email_reply_parser import EmailReplyParser
 from layby.generation.answers import check_answer
 from layby.generation.errors import LaybyError
 from layby.generation.interrupts import Interrupt, ResumeEntry
-from layby.notifier.forms import is_confirmation
+from layby.inbox.forms import is_confirmation
 
 
 class MalformedMail(LaybyError):

@@ -53,7 +53,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from layby.control import commands, runtime
-from layby.gateway.api import bearer, require_key, run_events, sane_body
+from layby.http.api import bearer, require_key, run_events, sane_body
 from layby.generation.errors import Conflict, Invalid, LaybyError, NotFound
 from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
 from layby.generation.messages import Message, Part, load_messages

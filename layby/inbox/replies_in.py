@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from layby.broker_config import get_settings
 from layby.control import runtime
 from layby.generation.errors import Invalid, LaybyError
-from layby.notifier import answers, mail
-from layby.notifier.replies import (
+from layby.inbox import answers
+from layby.notifier import mail
+from layby.inbox.replies import (
     Mail,
     MalformedMail,
     Unreadable,
@@ -22,7 +23,7 @@ from layby.notifier.replies import (
     reply_text,
     token_from_address,
 )
-from layby.notifier.tokens import BadToken
+from layby.reviewers.tokens import BadToken
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import redis
 from aiosmtpd.controller import Controller
 
 from layby.generation.errors import ConfigError, Conflict, LaybyError, NotFound
-from layby.notifier import inbox
-from layby.notifier.replies import MalformedMail, Unreadable, token_from_address
+from layby.inbox import replies_in as inbox
+from layby.inbox.replies import MalformedMail, Unreadable, token_from_address
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from layby.broker_config import get_settings
 from layby.generation.errors import Forbidden, NotFound
-from layby.notifier import catcher
+from layby.inbox import catcher
 from layby.notifier.mail import LOOPBACK
-from layby.notifier.pages import render_mailbox
+from layby.inbox.pages import render_mailbox
 
 router = APIRouter(include_in_schema=False)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from layby.broker_config import get_settings
 from layby.generation.errors import ConfigError
-from layby.notifier.directory import Directory, load_directory
-from layby.notifier.tokens import parse_keys
+from layby.reviewers.directory import Directory, load_directory
+from layby.reviewers.tokens import parse_keys
 
 _lock = threading.Lock()
 _cache: dict[str, tuple[object, object]] = {}

@@ -28,9 +28,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from layby.broker_config import Settings, get_settings
 from layby.broker_config.logs import about
 from layby.control import commands, connections, runtime
-from layby.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from layby.gateway.metrics import render as render_metrics
-from layby.gateway.metrics import serve as serve_metrics
+from layby.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from layby.http.metrics import render as render_metrics
+from layby.http.metrics import serve as serve_metrics
 from layby.generation.errors import Invalid, LaybyError, TooLarge, Unauthorized
 from layby.generation.answers import check_storable
 from layby.generation.interrupts import ResumeEntry
@@ -291,7 +291,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                             "tools": [t.name for t in a.tools]}
                            for a in runtime.agents().values()]}
 
-    from layby.gateway import agui, mailbox, reviewers
+    from layby.http import agui, mailbox, reviewers
 
     app.include_router(agui.router)
     app.include_router(reviewers.router)

@@ -4,7 +4,7 @@ import logging
 import re
 
 from layby.broker_config import get_settings, logs
-from layby.gateway.api import create_app
+from layby.http.api import create_app
 
 # Reviewer tokens travel in URLs (/review/<token>); access logs must not keep them.
 _TOKEN_IN_PATH = re.compile(r"(/review/)[^/?\s]+")

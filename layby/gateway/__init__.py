@@ -1,1 +1,0 @@
-"""gateway: the HTTP API (`/v1`), the demo ledger page, and the `layby` command."""
