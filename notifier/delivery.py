@@ -12,7 +12,8 @@ from layby.control import runtime
 from layby.notifier import mail, webhooks
 from layby.reviewers import config
 from layby.notifier.mail import PermanentFailure
-from layby.parking import Notification, RunView, Store
+from layby.parking import Store
+from layby.wire import Notification, RunView
 
 log = logging.getLogger(__name__)
 

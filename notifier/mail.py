@@ -15,7 +15,7 @@ from layby.broker_config import Settings
 from layby.generation.interrupts import Interrupt
 from layby.reviewers.directory import Reviewer
 from layby.inbox.forms import is_confirmation
-from layby.parking import Notification, RunView
+from layby.wire import Notification, RunView
 
 _templates = jinja2.Environment(loader=jinja2.PackageLoader("layby.notifier", "templates"),
                                 autoescape=jinja2.select_autoescape(["html"]),

@@ -14,7 +14,8 @@ from layby.control import runtime
 from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
 from layby.reviewers import config, tokens
 from layby.reviewers.directory import Reviewer
-from layby.parking import InterruptState, Notification, Status, Store
+from layby.parking import Store
+from layby.wire import InterruptState, Notification, Status
 
 log = logging.getLogger(__name__)
 

@@ -18,23 +18,23 @@ import httpx
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from layby.broker_config import Settings
-from layby.generation.errors import LaybyError
+from layby.errors import Conflict, Unauthorized
 from layby.generation.interrupts import Interrupt
 from layby.reviewers.directory import Reviewer
 from layby.notifier.mail import PermanentFailure, page_url
-from layby.parking import Notification, RunView
+from layby.wire import Notification, RunView
 
 # The specification's tolerance: a timestamp further than this from now is refused.
 TOLERANCE_S = 300
 USER_AGENT = "layby-webhooks/0.1"
 
 
-class BadSignature(LaybyError):
-    status_code = 401
+class BadSignature(Unauthorized):
+    """A callback's Standard Webhooks signature does not verify."""
 
 
-class Replayed(LaybyError):
-    status_code = 409
+class Replayed(Conflict):
+    """A callback's webhook-id was seen before."""
 
 
 def callback_url(settings: Settings) -> str:

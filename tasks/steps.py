@@ -21,7 +21,7 @@ from layby.broker_config import get_settings
 from layby.control import runtime
 from layby.generation.agents import Agent
 from layby.generation.answers import to_resume
-from layby.generation.errors import ConfigError, ResumeError
+from layby.errors import ConfigError, ResumeError
 from layby.generation.interrupts import BACKGROUND_JOB
 from layby.generation.messages import Message, dump_messages
 from layby.generation.providers.common import ProviderError

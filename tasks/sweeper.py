@@ -13,7 +13,8 @@ from layby.broker_config.logs import about
 from layby.control import runtime
 from layby.generation.interrupts import ExpiryAction
 from layby.notifier import delivery
-from layby.parking import Answer, InterruptState, Store
+from layby.parking import Store
+from layby.wire import Answer, InterruptState
 
 log = logging.getLogger(__name__)
 

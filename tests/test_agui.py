@@ -20,7 +20,7 @@ from ag_ui.core import RunFinishedEvent
 
 from layby.http import agui
 from layby.generation.messages import Message, Part, ToolRequest, ToolResponse, text_message
-from layby.parking.records import Event
+from layby.wire import Event
 from tests.harness import API_KEY, LaybySystem, wait_until
 
 

@@ -23,7 +23,8 @@ from layby.broker_config import RESUME_RUN, RUN_TURN, Settings, make_app
 from layby.control.runtime import store_config
 from layby.ops.embedded import EmbeddedRedis
 from layby.generation import text_message
-from layby.parking import Answer, InterruptState, Store
+from layby.parking import Store
+from layby.wire import Answer, InterruptState
 from tests.harness import BASE_ENV, LaybySystem, wait_until
 
 DURABLE_ENV = {

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
+from layby.http.errors import status_of
 from layby.demo.agents import TRIVIA_CHOICES, Approval
-from layby.generation.errors import Invalid
+from layby.errors import Invalid
 from layby.generation.interrupts import Interrupt, OnExpire
 from layby.inbox.forms import Field, Form, entry_from_form, form_for, is_confirmation
 from layby.inbox.pages import render_review
-from layby.parking.records import Answer, InterruptView
+from layby.wire import Answer, InterruptView
 
 APPROVAL = Approval.model_json_schema()
 # tests/agents.py's two_approvals: a bare object, then a sign-off that must be `true`.
@@ -247,7 +248,7 @@ def test_values_that_do_not_convert_are_refused_naming_the_field() -> None:
         entry_from_form(interrupt(ORDER), {
             "name": "Ada", "guests": "abc", "budget": "nan", "grill": "propane",
             "menu": "{main: ribs}", "checked": "true"})
-    assert exc.value.status_code == 422
+    assert status_of(exc.value) == 422
     errors = errors_of(exc)
     assert set(errors) == {"/guests", "/budget", "/grill", "/menu"}
     assert errors["/guests"] == "Guests: 'abc' is not a whole number"

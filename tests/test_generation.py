@@ -855,7 +855,7 @@ INTERNAL = {
     "NoCheckpoints", "CallResult", "DECLINED", "log",
     "Step",  # scripted.Step, the type of a script step; generation.Step is turn.Step
 }
-MODULES = ["agents", "answers", "errors", "interrupts", "messages", "models", "scripted",
+MODULES = ["agents", "answers", "interrupts", "messages", "models", "scripted",
            "tools", "turn"]
 
 

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from layby.broker_config import Settings, logs
 from layby.ops.embedded import free_port
-from tests.harness import API_KEY, LaybySystem, wait_until
+from tests.harness import API_KEY, wait_until
 
 
 def _json_lines(text: str, where: str) -> list[dict[str, Any]]:

@@ -142,7 +142,8 @@ def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem)
     # Straight on the store, under a prefix of its own: grants moved to KEYS[21…], and a
     # notification out of attempts counts in `stats`, read by the collector.
     from layby.http.metrics import render
-    from layby.parking import Notification, Store, StoreConfig
+    from layby.parking import Store, StoreConfig
+    from layby.wire import Notification
 
     client = redis.Redis.from_url(system.redis_url, decode_responses=True)
     store = Store(client, StoreConfig(prefix="metrics-test"))

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from layby.http.errors import status_of
 from layby.demo.agents import TRIVIA_CHOICES, Approval
 from layby.generation.answers import check_answer
 from layby.generation.interrupts import Interrupt, ResumeEntry
@@ -47,7 +48,7 @@ def trivia() -> Interrupt:
 def unreadable(intr: Interrupt, text: str) -> str:
     with pytest.raises(Unreadable) as caught:
         read_answer(intr, text)
-    assert caught.value.status_code == 422
+    assert status_of(caught.value) == 422
     message = caught.value.message
     problem, _, howto = message.partition("\n\n")
     assert howto.startswith(how_to_answer(intr)), message  # every bounce says how to answer
@@ -314,7 +315,7 @@ def test_malformed_mail_says_what_is_wrong(raw: bytes, says: str) -> None:
     with pytest.raises(MalformedMail) as caught:
         parse_mail(raw)
     assert says in caught.value.message
-    assert caught.value.status_code == 400
+    assert status_of(caught.value) == 400
 
 
 # --- token_from_address ---------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from layby.generation.errors import ConfigError
+from layby.errors import ConfigError
 from layby.reviewers.directory import load_directory
 from layby.reviewers.tokens import BadToken, Grant, issue, new_keys, parse_keys, verify
 

@@ -26,7 +26,7 @@ from layby.broker_config.celery_app import celery_config
 from layby.control import connections
 from layby.ops.embedded import EmbeddedRedis
 from layby.generation import text_message
-from layby.generation.errors import ConfigError
+from layby.errors import ConfigError
 from layby.parking import NotReplicated, Store, StoreConfig
 from tests.harness import ROOT, LaybySystem, wait_until
 from tests.sentinels import DATA_PASSWORD, MASTER, SENTINEL_PASSWORD, SentinelSetup

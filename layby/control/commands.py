@@ -3,7 +3,7 @@
 The HTTP API, the `layby` command, the notifier's channels and Celery's `layby.start_run`
 all come through here: each command checks its input, commits one transition through
 `parking`, then publishes what the transition put in the outbox. Errors are
-`generation.errors.RequestError`s that say what is wrong and what to do.
+`layby.errors.RequestError`s that say what is wrong and what to do.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any
 
 from layby.broker_config import get_settings
 from layby.generation.answers import check_answer, check_storable
-from layby.generation.errors import Conflict, Invalid, NotFound, TooLarge
+from layby.errors import Conflict, Invalid, NotFound, TooLarge
 from layby.generation.interrupts import Interrupt, ResumeEntry
 from layby.generation.messages import Message, text_message
 from layby.generation.tools import Tool
-from layby.parking import Answer, InterruptState, Result, RunView, Store
+from layby.parking import Result, Store
+from layby.wire import Answer, InterruptState, RunView
 from layby.control import runtime
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import redis.sentinel
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from layby.broker_config.settings import SENTINEL_PORT, Settings, is_sentinel_url
-from layby.generation.errors import ConfigError
+from layby.errors import ConfigError
 
 SENTINEL_FORM = "sentinel://[:password@]host:26379/0;sentinel://host2:26379;…"
 

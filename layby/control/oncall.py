@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from layby.parking import Status, Store
+from layby.parking import Store
+from layby.wire import Status
 from layby.control import runtime
 
 LEASE_LAPSED = "lease_lapsed"

@@ -12,7 +12,7 @@ from layby.generation.answers import (
     schema_errors,
     to_resume,
 )
-from layby.generation.errors import (
+from layby.errors import (
     ConfigError,
     Conflict,
     Forbidden,

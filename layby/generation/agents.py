@@ -10,7 +10,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from layby.generation.errors import ConfigError
+from layby.errors import ConfigError
 from layby.generation.models import Model
 from layby.generation.tools import Tool
 

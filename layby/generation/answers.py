@@ -15,7 +15,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
-from layby.generation.errors import Invalid
+from layby.errors import Invalid
 from layby.generation.interrupts import Interrupt, ResumeEntry, ResumeMode
 from layby.generation.messages import Part, ToolRequest, ToolResponse
 from layby.generation.tools import Tool

@@ -20,7 +20,7 @@ from typing import Any, NoReturn, get_type_hints
 
 from pydantic import BaseModel, TypeAdapter, create_model
 
-from layby.generation.errors import ConfigError
+from layby.errors import ConfigError
 from layby.generation.interrupts import (
     BACKGROUND_JOB,
     CONFIRMATION,

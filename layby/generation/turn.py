@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from layby.generation.agents import Agent
-from layby.generation.errors import InvalidAnswer, UnknownToolCall, UnresolvedToolCall
+from layby.errors import InvalidAnswer, UnknownToolCall, UnresolvedToolCall
 from layby.generation.interrupts import Interrupt, OnExpire, ResumeMode
 from layby.generation.messages import Message, Part, ToolRequest, ToolResponse
 from layby.generation.models import ModelRequest

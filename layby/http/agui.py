@@ -54,11 +54,10 @@ from starlette.concurrency import run_in_threadpool
 
 from layby.control import commands, runtime
 from layby.http.api import bearer, require_key, run_events, sane_body
-from layby.generation.errors import Conflict, Invalid, LaybyError, NotFound
+from layby.errors import Conflict, Invalid, LaybyError, NotFound
 from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
 from layby.generation.messages import Message, Part, load_messages
-from layby.parking import InterruptState
-from layby.parking.records import Event
+from layby.wire import Event, InterruptState
 from layby.parking.store import Store, event_of
 
 router = APIRouter(tags=["ag-ui"])

@@ -16,26 +16,35 @@ from http import HTTPStatus
 from typing import Annotated, Any
 
 import redis.exceptions
-import redis.sentinel
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import Field, model_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from layby.broker_config import Settings, get_settings
 from layby.broker_config.logs import about
 from layby.control import commands, connections, runtime
+from layby.http.errors import error_response, refusal, why_redis_is_away
 from layby.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from layby.http.metrics import render as render_metrics
 from layby.http.metrics import serve as serve_metrics
-from layby.generation.errors import Invalid, LaybyError, TooLarge, Unauthorized
+from layby.errors import Invalid, LaybyError, TooLarge, Unauthorized
 from layby.generation.answers import check_storable
 from layby.generation.interrupts import ResumeEntry
-from layby.generation.messages import Message, Wire
-from layby.parking import Event, NotReplicated, RunSummary, RunView, Status
+from layby.parking import NotReplicated
+from layby.wire import (
+    Answered,
+    AnswerBody,
+    CancelBody,
+    Event,
+    ResumeBody,
+    RunList,
+    RunView,
+    StartRun,
+    Status,
+)
 from layby.parking.store import event_of
 
 bearer = HTTPBearer(auto_error=False)
@@ -80,58 +89,6 @@ async def sane_body(request: Request) -> None:
 SaneBody = Depends(sane_body)
 
 
-class StartRun(Wire):
-    agent: str
-    input: Any = None
-    messages: list[Message] | None = None
-    metadata: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _one_of(self) -> StartRun:
-        if (self.input is None) == (self.messages is None):
-            raise ValueError("give either `input` or `messages`")
-        return self
-
-
-class AnswerBody(Wire):
-    status: str = Field(pattern="^(resolved|cancelled)$")
-    payload: Any = None
-    metadata: dict[str, Any] | None = None
-
-
-class ResumeBody(Wire):
-    resume: list[ResumeEntry] = Field(min_length=1)
-
-
-class CancelBody(Wire):
-    reason: str | None = Field(None, max_length=2000)
-
-
-class RunList(Wire):
-    runs: list[RunSummary]
-
-
-class Answered(Wire):
-    run: RunView
-    resumed: bool
-
-
-def _why_redis_is_away(exc: Exception) -> str:
-    if isinstance(exc, redis.sentinel.MasterNotFoundError):
-        # Its own text lists the settings of every sentinel client it tried.
-        return ("no Redis primary: the sentinels name none right now (a failover under "
-                "way?); try again in a few seconds")
-    return f"Redis does not answer: {exc}"
-
-
-def _error(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:
-    body: dict[str, Any] = {"code": code, "message": message}
-    if detail is not None:
-        body["detail"] = detail
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
-
-
 _RUN_PATH = re.compile(r"^/v1/runs/(?P<run_id>[^/]+)(?:/interrupts/(?P<interrupt_id>[^/]+))?")
 
 
@@ -169,27 +126,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "interrupts, follow their events.")
 
     @app.exception_handler(LaybyError)
-    async def _layby_error(_: Request, exc: LaybyError) -> JSONResponse:
-        status = getattr(exc, "status_code", 400)
-        return _error(status, type(exc).__name__.lower(), exc.message, exc.detail)
+    async def _laybyerror_response(_: Request, exc: LaybyError) -> JSONResponse:
+        return refusal(exc)
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
     async def _redis_away(_: Request, exc: Exception) -> JSONResponse:
         # Redis restarting or failing over is transient: a 503 tells clients to try again,
         # where a bare 500 would read as a bug in the request or the server.
-        return _error(503, "redis_unavailable", _why_redis_is_away(exc))
+        return error_response(503, "redis_unavailable", why_redis_is_away(exc))
 
     @app.exception_handler(NotReplicated)
     async def _not_replicated(_: Request, exc: NotReplicated) -> JSONResponse:
-        return _error(503, "redis_not_replicated", str(exc))
+        return error_response(503, "redis_not_replicated", str(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _httperror_response(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Unknown routes, wrong methods and bodies the parser gives up on (nesting past
         # Python's recursion limit) get the same JSON error shape as every other refusal.
         phrase = HTTPStatus(exc.status_code).phrase
-        return _error(exc.status_code, phrase.lower().replace(" ", "_"), str(exc.detail))
+        return error_response(exc.status_code, phrase.lower().replace(" ", "_"), str(exc.detail))
 
     @app.middleware("http")
     async def _key_first(request: Request, call_next: Any) -> Any:
@@ -199,7 +155,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             try:
                 require_key(await bearer(request))
             except Unauthorized as exc:
-                return _error(401, "unauthorized", exc.message)
+                return error_response(401, "unauthorized", exc.message)
         return await call_next(request)
 
     app.add_middleware(_LogIds)
@@ -208,7 +164,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [{"path": "/" + "/".join(str(p) for p in e["loc"][1:]), "message": e["msg"]}
                   for e in exc.errors()]
-        return _error(422, "invalid_request", "the request body or parameters are invalid",
+        return error_response(422, "invalid_request", "the request body or parameters are invalid",
                       errors)
 
     @app.get("/healthz", include_in_schema=False)
@@ -216,7 +172,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             runtime.store().redis.ping()
         except Exception as exc:  # the gateway is up; what it depends on is not
-            return _error(503, "redis_unavailable", _why_redis_is_away(exc))
+            return error_response(503, "redis_unavailable", why_redis_is_away(exc))
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", include_in_schema=False)

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from layby.broker_config import get_settings
-from layby.generation.errors import Forbidden, NotFound
+from layby.errors import Forbidden, NotFound
 from layby.inbox import catcher
 from layby.notifier.mail import LOOPBACK
 from layby.inbox.pages import render_mailbox

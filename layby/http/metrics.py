@@ -17,8 +17,9 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from layby.generation.errors import ConfigError
-from layby.parking import Keys, Status, Store
+from layby.errors import ConfigError
+from layby.parking import Keys, Store
+from layby.wire import Status
 from layby.parking.scripts import LATENCY_BUCKETS_S
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from layby.broker_config import get_settings
 from layby.control import commands, runtime
 from layby.control.commands import now_iso
-from layby.generation.errors import (
+from layby.errors import (
     ConfigError,
     Invalid,
     LaybyError,
@@ -35,6 +35,7 @@ from layby.generation.errors import (
 )
 from layby.generation.interrupts import ResumeEntry
 from layby.generation.messages import Wire
+from layby.http.errors import status_of
 from layby.inbox import answers
 from layby.inbox import replies_in as inbox
 from layby.notifier import webhooks
@@ -44,7 +45,7 @@ from layby.inbox.forms import DECISIONS, entry_from_form, form_for
 from layby.inbox.pages import render_review
 from layby.inbox.listener import MAX_MAIL_BYTES
 from layby.reviewers.tokens import BadToken, ExpiredToken
-from layby.parking import InterruptState
+from layby.wire import InterruptState
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def _expired(exc: ExpiredToken, status: int) -> HTMLResponse:
     """An expired link still says where its request stands: expired, or answered before."""
     opened = answers.open_expired(exc.grant)
     if opened is None:
-        return _refused(exc.message, exc.status_code)
+        return _refused(exc.message, status_of(exc))
     if opened.is_open and _closed_state(opened) is None:
         # The link outlived LAYBY_TOKEN_TTL_S; the request itself still waits.
         return _refused("this link has expired, though the request is still open: ask the "
@@ -123,7 +124,7 @@ def _open(token: str, status: int) -> answers.Opened | HTMLResponse:
     except ExpiredToken as exc:
         return _expired(exc, status)
     except (BadToken, NotFound) as exc:
-        return _refused(exc.message, exc.status_code)
+        return _refused(exc.message, status_of(exc))
     state = _closed_state(opened)
     return _show(opened, state, status) if state else opened
 
@@ -158,7 +159,7 @@ def _answer_page(token: str, values: dict[str, str]) -> HTMLResponse:
                                                               exc.message}], values=values)
     except LaybyError as exc:  # refused as it was recorded: a rival answered first, …
         fresh = answers.reopen(opened)
-        return _show(fresh, _closed_state(fresh) or "open", getattr(exc, "status_code", 409),
+        return _show(fresh, _closed_state(fresh) or "open", status_of(exc),
                      message=exc.message)
     return _show(answers.reopen(opened), "done")
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from layby.control import commands, runtime
-from layby.generation.errors import Invalid, NotFound
+from layby.errors import Invalid, NotFound
 from layby.generation.interrupts import ResumeEntry
 from layby.reviewers import config, tokens
 from layby.reviewers.directory import Reviewer
 from layby.notifier.planning import reviewers_for
 from layby.reviewers.tokens import BadToken, Grant
-from layby.parking import InterruptState, InterruptView, Result, RunView
+from layby.parking import Result
+from layby.wire import InterruptState, InterruptView, RunView
 
 
 class NotAllowed(BadToken):

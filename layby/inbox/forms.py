@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from layby.generation.answers import check_answer
-from layby.generation.errors import Invalid
+from layby.errors import Invalid
 from layby.generation.interrupts import CONFIRMATION, Interrupt, ResumeEntry
 
 FieldKind = Literal["text", "textarea", "number", "integer", "checkbox", "radio", "json"]

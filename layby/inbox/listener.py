@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from aiosmtpd.controller import Controller
 
-from layby.generation.errors import ConfigError, Conflict, LaybyError, NotFound
+from layby.errors import ConfigError, Conflict, LaybyError, NotFound
 from layby.inbox import replies_in as inbox
 from layby.inbox.replies import MalformedMail, Unreadable, token_from_address
 

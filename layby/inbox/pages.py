@@ -25,7 +25,7 @@ import jinja2
 
 from layby.generation.interrupts import Interrupt
 from layby.inbox.forms import DECISIONS, PAYLOAD, Form, is_confirmation
-from layby.parking.records import InterruptView
+from layby.wire import InterruptView
 
 STATES = frozenset({"open", "answered", "expired", "cancelled", "done", "refused"})
 

@@ -25,22 +25,18 @@ from typing import Any
 from email_reply_parser import EmailReplyParser
 
 from layby.generation.answers import check_answer
-from layby.generation.errors import LaybyError
+from layby.errors import Invalid
 from layby.generation.interrupts import Interrupt, ResumeEntry
 from layby.inbox.forms import is_confirmation
 
 
-class MalformedMail(LaybyError):
+class MalformedMail(Invalid):
     """The raw message cannot be read as an email: not MIME, no sender, no text to read."""
 
-    status_code = 400
 
-
-class Unreadable(LaybyError):
+class Unreadable(Invalid):
     """The reply was read but holds no answer that fits; the message tells the reviewer how to
     reply instead."""
-
-    status_code = 422
 
 
 @dataclass(frozen=True)

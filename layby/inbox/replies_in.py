@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from layby.broker_config import get_settings
 from layby.control import runtime
-from layby.generation.errors import Invalid, LaybyError
+from layby.errors import Invalid, LaybyError
 from layby.inbox import answers
 from layby.notifier import mail
 from layby.inbox.replies import (
@@ -30,8 +30,6 @@ log = logging.getLogger(__name__)
 
 class AutomaticReply(LaybyError):
     """A robot's reply: taken and dropped (refusing it would only make the robot retry)."""
-
-    status_code = 200
 
 
 class WrongSender(BadToken):

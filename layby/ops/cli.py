@@ -15,9 +15,9 @@ import redis
 import typer
 
 from layby.broker_config import SWEEP, get_settings, logs, worker_queues
-from layby.generation.errors import LaybyError
+from layby.errors import LaybyError
 from layby.generation.interrupts import CONFIRMATION, ResumeEntry
-from layby.parking import InterruptView, RunView, Status
+from layby.wire import InterruptView, RunView, Status
 
 # No locals in tracebacks: they would print settings and keys.
 cli = typer.Typer(help="layby: durable interrupts for agent runs on Celery and Redis.",
@@ -196,7 +196,7 @@ def doctor() -> None:
     from layby.broker_config import app
     from layby.control import connections
     from layby.ops.doctor import run_checks
-    from layby.generation.errors import ConfigError
+    from layby.errors import ConfigError
 
     settings = get_settings()
     client = sentinel = None

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from layby.parking.states import Status
+from layby.wire import Status
 
 RUN_PARTS = ("run", "interrupts", "answers", "open", "checkpoints", "events")
 

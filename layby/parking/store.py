@@ -21,16 +21,8 @@ from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
 from layby.parking import scripts
 from layby.parking.keys import Keys
-from layby.parking.records import (
-    Answer,
-    Event,
-    InterruptView,
-    Notification,
-    OutboxEntry,
-    RunSummary,
-    RunView,
-)
-from layby.parking.states import Status
+from layby.parking.records import OutboxEntry
+from layby.wire import Answer, Event, InterruptView, Notification, RunSummary, RunView, Status
 
 
 @dataclass(frozen=True)

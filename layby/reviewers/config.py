@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from layby.broker_config import get_settings
-from layby.generation.errors import ConfigError
+from layby.errors import ConfigError
 from layby.reviewers.directory import Directory, load_directory
 from layby.reviewers.tokens import parse_keys
 

@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from layby.generation.errors import ConfigError
+from layby.errors import ConfigError
 
 
 class Webhook(BaseModel):

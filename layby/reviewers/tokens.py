@@ -22,16 +22,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from layby.generation.errors import LaybyError
+from layby.errors import Forbidden
 
 KID = re.compile(r"^[a-z0-9]{1,8}$")
 TOKEN = re.compile(r"^([a-z0-9]{1,8})-([a-z2-7]{16})-([a-z2-7]{16})$")
 
 
-class BadToken(LaybyError):
+class BadToken(Forbidden):
     """The token is forged, damaged, unknown, expired or signed with a retired key."""
-
-    status_code = 403
 
 
 class ExpiredToken(BadToken):

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr
 
-from layby.generation.errors import RunFailed
+from layby.errors import RunFailed
 
 _DETAIL_CHARS = 300
 

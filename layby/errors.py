@@ -1,18 +1,25 @@
-"""layby's exceptions: one base, each carrying the ids a reader needs.
+"""layby's exceptions: one tree, each carrying the ids a reader needs.
 
     LaybyError
-    ├── ConfigError            an agent, tool or model is declared wrongly
+    ├── ConfigError            an agent, tool, model or setting is declared wrongly
     ├── ResumeError            a resume does not fit the parked history (Genkit's checks)
     │   ├── UnknownToolCall    an answer names a tool call that is not waiting
     │   ├── UnresolvedToolCall a waiting tool call got no answer
     │   └── InvalidAnswer      a payload or replaced input fails its schema
     ├── RunFailed              the run cannot go on (max turns, a model error)
-    └── RequestError           a request from outside cannot be applied (HTTP 4xx)
-        ├── NotFound           no such run, interrupt or agent            (404)
-        ├── Conflict           not open any more: answered, expired, over (409)
-        └── Invalid            a payload fails its schema; nothing stored (422)
+    └── RequestError           a request from outside cannot be applied
+        ├── Unauthorized       no valid credentials (API key, signature)
+        ├── Forbidden          valid credentials that may not do this (a reviewer's token)
+        ├── NotFound           no such run, interrupt or agent
+        ├── Conflict           not open any more: answered, expired, over; a replay
+        ├── Invalid            a payload fails its schema; nothing stored
+        ├── TooLarge           over a size limit
+        └── Unavailable        something on the server's side is away for now; try again
 
-Control flow signals raised by tools (`ToolInterrupt`, `EndRun`) live in `generation.tools`
+No HTTP status codes here: the HTTP edge maps these classes to statuses in one table
+(`layby.http.errors`), and `layby.Client` raises them again from the API's error bodies, so
+`except layby.Conflict` reads the same in a worker, a web handler and a client. Control
+flow signals raised by tools (`ToolInterrupt`, `EndRun`) live in `layby.generation.tools`
 and are not errors.
 """
 
@@ -32,10 +39,14 @@ class LaybyError(Exception):
         self.ref = ref
         self.detail = detail
 
+    @property
+    def code(self) -> str:
+        """The error's code in API bodies: the class name in lowercase."""
+        return type(self).__name__.lower()
+
 
 class ConfigError(LaybyError):
-    # Over HTTP: the server's configuration, not the request, is wrong; try again later.
-    status_code = 503
+    """The server's own configuration is wrong (not the request): fix it, then try again."""
 
 
 class ResumeError(LaybyError):
@@ -59,34 +70,32 @@ class RunFailed(LaybyError):
 
 
 class RequestError(LaybyError):
-    status_code = 400
+    pass
 
 
 class Unauthorized(RequestError):
-    status_code = 401
+    pass
 
 
 class Forbidden(RequestError):
-    status_code = 403
+    pass
 
 
 class NotFound(RequestError):
-    status_code = 404
+    pass
 
 
 class Conflict(RequestError):
-    status_code = 409
+    pass
 
 
 class Invalid(RequestError):
-    status_code = 422
+    pass
 
 
 class TooLarge(RequestError):
-    status_code = 413
+    pass
 
 
 class Unavailable(RequestError):
     """Something on the server's side is away for now; the caller should try again."""
-
-    status_code = 503

@@ -1,0 +1,66 @@
+"""The one table from layby's errors to HTTP statuses, and the error body every refusal has:
+`{"error": {"code", "message", "detail"}}`. Domain code raises `layby.errors`; only this
+module knows status codes (as Starlette and httpx keep them at the edge)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.sentinel
+from fastapi.responses import JSONResponse
+
+from layby.errors import (
+    ConfigError,
+    Conflict,
+    Forbidden,
+    Invalid,
+    LaybyError,
+    NotFound,
+    RequestError,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
+from layby.inbox.replies import MalformedMail
+
+# Looked up along the error's class hierarchy, most specific first.
+STATUS: dict[type[LaybyError], int] = {
+    MalformedMail: 400,  # not a mail at all, rather than a mail that says the wrong thing
+    RequestError: 400,
+    Unauthorized: 401,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    TooLarge: 413,
+    Invalid: 422,
+    Unavailable: 503,
+    # The server's configuration, not the request, is wrong: try again once it is fixed.
+    ConfigError: 503,
+}
+
+
+def status_of(exc: LaybyError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 400
+
+
+def error_response(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if detail is not None:
+        body["detail"] = detail
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def refusal(exc: LaybyError) -> JSONResponse:
+    return error_response(status_of(exc), exc.code, exc.message, exc.detail)
+
+
+def why_redis_is_away(exc: Exception) -> str:
+    if isinstance(exc, redis.sentinel.MasterNotFoundError):
+        # Its own text lists the settings of every sentinel client it tried.
+        return ("no Redis primary: the sentinels name none right now (a failover under "
+                "way?); try again in a few seconds")
+    return f"Redis does not answer: {exc}"

@@ -1,0 +1,196 @@
+"""The HTTP API's shapes, shared by the server and `layby.Client`: runs, interrupts and answers
+as readers see them, events, request bodies, and the error body. camelCase on the wire.
+
+Run and interrupt states are here too, since both sides read them:
+
+    queued → running → interrupted → resuming → running → … → completed | failed | cancelled
+
+Messages and interrupts themselves are `layby.generation`'s (Genkit's and AG-UI's shapes).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from layby.generation.interrupts import Interrupt, ResumeEntry
+from layby.generation.messages import Message, Wire
+
+
+class Status(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    INTERRUPTED = "interrupted"
+    RESUMING = "resuming"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in FINISHED
+
+
+FINISHED = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+
+
+class InterruptState(StrEnum):
+    OPEN = "open"
+    RESOLVED = "resolved"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+class Answer(Wire):
+    """An answer as recorded: the resume entry, and who gave it, how and when."""
+
+    interrupt_id: str
+    status: Literal["resolved", "cancelled"]
+    payload: Any = None
+    metadata: dict[str, Any] | None = None
+    state: InterruptState
+    answer_id: str | None = None  # unique per request: tells a replay from a rival
+    answered_by: str
+    channel: str
+    answered_at: str
+
+    def entry(self) -> ResumeEntry:
+        return ResumeEntry(interrupt_id=self.interrupt_id, status=self.status,
+                           payload=self.payload, metadata=self.metadata)
+
+
+class InterruptView(Interrupt):
+    """An interrupt as readers see it: AG-UI's fields and layby's, where it stands, and who
+    answered it, how and when."""
+
+    state: InterruptState
+    answer: Answer | None = None
+
+    @classmethod
+    def of(cls, spec: Interrupt, answer: Answer | None, is_open: bool) -> InterruptView:
+        if is_open:
+            state = InterruptState.OPEN
+        elif answer is None:  # closed unanswered: the run was cancelled while it waited
+            state = InterruptState.CANCELLED
+        else:
+            state = answer.state
+        return cls(**dict(spec), state=state, answer=answer)
+
+
+class Notification(Wire):
+    """One announcement of one interrupt to one reviewer on one channel, and how it went.
+
+    `kind` is "request" (when the run parks) or "reminder" (before the interrupt expires).
+    The token it carries is stored beside it, never shown.
+    """
+
+    id: str
+    interrupt_id: str
+    reviewer: str
+    channel: Literal["email", "webhook"]
+    kind: Literal["request", "reminder"] = "request"
+    state: Literal["pending", "sending", "retrying", "sent", "failed", "skipped"] = "pending"
+    attempts: int = 0
+    last_error: str | None = None
+    next_attempt_at: str | None = None
+    sent_at: str | None = None
+    created_at: str | None = None
+    token: str | None = Field(None, exclude=True, repr=False)
+
+
+class RunView(Wire):
+    """A run: where it stands, its history, its interrupts and how they were answered."""
+
+    id: str
+    agent: str
+    status: Status
+    version: int
+    input: Any = None
+    messages: list[Message]
+    interrupts: list[InterruptView]
+    notifications: list[Notification] = Field(default_factory=list)
+    result: str | None = None
+    error: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    created_at: str
+    updated_at: str
+
+    @property
+    def open_interrupts(self) -> list[InterruptView]:
+        """The interrupts still waiting for an answer."""
+        return [i for i in self.interrupts if i.state is InterruptState.OPEN]
+
+
+class RunSummary(Wire):
+    id: str
+    agent: str
+    status: Status
+    version: int
+    open_interrupts: int
+    created_at: str
+    updated_at: str
+
+
+class Event(Wire):
+    """One entry of a run's event stream (`run.interrupted`, `interrupt.answered`, …)."""
+
+    id: str
+    type: str
+    version: int
+    at: str
+    data: Any = None
+
+
+# -- request and reply bodies -------------------------------------------------------------
+
+
+class StartRun(Wire):
+    agent: str
+    input: Any = None
+    messages: list[Message] | None = None
+    metadata: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> StartRun:
+        if (self.input is None) == (self.messages is None):
+            raise ValueError("give either `input` or `messages`")
+        return self
+
+
+class AnswerBody(Wire):
+    status: Literal["resolved", "cancelled"]
+    payload: Any = None
+    metadata: dict[str, Any] | None = None
+
+
+class ResumeBody(Wire):
+    resume: list[ResumeEntry] = Field(min_length=1)
+
+
+class CancelBody(Wire):
+    reason: str | None = Field(None, max_length=2000)
+
+
+class RunList(Wire):
+    runs: list[RunSummary]
+
+
+class Answered(Wire):
+    """The reply to an answer: the run as it stands after it, and whether it resumed."""
+
+    run: RunView
+    resumed: bool
+
+
+class ErrorDetail(Wire):
+    code: str
+    message: str
+    detail: Any = None
+
+
+class ErrorBody(Wire):
+    """Every refusal's body: `{"error": {"code", "message", "detail"}}`."""
+
+    error: ErrorDetail
