@@ -86,13 +86,14 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
            "LAYBY_BROKER_KEY_PREFIX": f"{prefix}:broker:", "LAYBY_INTAKE_QUEUE": "",
            "LAYBY_AGENT_MODULES": "bench.agents", "LAYBY_TASK_MODULES": "bench.tasks",
            "LAYBY_DATA_DIR": str(parts.folder / "data")}
-    # Before any layby import: the Celery app and the store read these once.
+    # The runtime (built below) and the worker both read these.
     os.environ.update(env)
     from bench import measure, report
-    from layby.control import runtime
+    from layby.control import build
 
     load_before = report.load_average()
-    store = runtime.store()
+    rt = build()
+    store = rt.store
     try:
         store.redis.ping()
     except Exception as exc:
@@ -105,7 +106,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
               f"{'an embedded Valkey' if parts.embedded else parts.redis_url}", file=sys.stderr)
         measure.wait_for_worker(store, worker.alive)
 
-        warm = measure.layby_cycles(store, args.warmup, args.in_flight, args.timeout)
+        warm = measure.layby_cycles(rt, args.warmup, args.in_flight, args.timeout)
         hops = max(c.claims for c in warm.cycles)
         measure.celery_chains(store, args.warmup, hops, args.in_flight, args.timeout)
         print(f"bench: warmed up; a layby cycle takes {hops} task hops; measuring "
@@ -119,11 +120,11 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
             first_chains = len(rounds) % 2 == 0
             if first_chains:
                 chains = measure.celery_chains(store, n, hops, args.in_flight, args.timeout)
-            cycles = measure.layby_cycles(store, n, args.in_flight, args.timeout)
+            cycles = measure.layby_cycles(rt, n, args.in_flight, args.timeout)
             if not first_chains:
                 chains = measure.celery_chains(store, n, hops, args.in_flight, args.timeout)
             rounds.append((cycles, chains))
-        at_rest = measure.layby_cycles(store, args.runs, 1, args.timeout)
+        at_rest = measure.layby_cycles(rt, args.runs, 1, args.timeout)
 
         settings = {"runs": args.runs, "concurrency": args.concurrency,
                     "in_flight": args.in_flight, "rounds": len(rounds),

@@ -1,8 +1,7 @@
 """The measurements, against a running worker: layby interrupt cycles, bare Celery chains.
 
-Import this module only after the environment names the bench's Redis and key prefix
-(LAYBY_REDIS_URL, LAYBY_KEY_PREFIX, …): layby's Celery app and store read their settings
-when first imported.
+The runtime the measurements take is built from the bench's environment (its Redis, key
+prefix and agent modules); the worker runs with the same environment.
 
 Both measurements are closed loops with the same number of items in flight: a new run (or
 chain) starts as soon as one finishes, until N have finished; throughput is N over the wall
@@ -27,7 +26,7 @@ from bench import BenchError
 from bench.agents import AGENT
 from bench.tasks import hop
 from layby.broker_config import JOBS, NOTIFY, TURNS
-from layby.control import commands
+from layby.control import Runtime, commands
 from layby.generation.interrupts import ResumeEntry
 from layby.parking import Store
 
@@ -94,9 +93,10 @@ def _stream_items(reply: Any) -> list[tuple[str, list[tuple[str, dict[str, str]]
     return list(reply.items()) if isinstance(reply, dict) else list(reply)  # RESP3 or RESP2
 
 
-def layby_cycles(store: Store, runs: int, in_flight: int, timeout_s: float) -> LaybyOutcome:
+def layby_cycles(rt: Runtime, runs: int, in_flight: int, timeout_s: float) -> LaybyOutcome:
     """N runs of the bench agent; each is answered (in this process, through
     `control.commands.answer`, as the HTTP API would) as soon as it parks."""
+    store = rt.store
     streams: dict[str, str] = {}  # events key -> last id read
     active: dict[str, Cycle] = {}
     finished: list[Cycle] = []
@@ -106,8 +106,7 @@ def layby_cycles(store: Store, runs: int, in_flight: int, timeout_s: float) -> L
     while len(finished) < runs:
         while launched < runs and len(active) < in_flight:
             run_id = commands.new_run_id()
-            commands.start_run(AGENT, input=f"step {launched}", run_id=run_id, store=store,
-                               known_agents={AGENT})
+            commands.start_run(rt, AGENT, input=f"step {launched}", run_id=run_id)
             key = store.keys.events(run_id)
             streams[key] = "0-0"
             active[key] = Cycle(run_id)
@@ -125,14 +124,14 @@ def layby_cycles(store: Store, runs: int, in_flight: int, timeout_s: float) -> L
             done = False
             for event_id, fields in entries:
                 streams[key] = event_id
-                done = _on_event(store, cycle, fields) or done
+                done = _on_event(rt, cycle, fields) or done
             if done:
                 finished.append(active.pop(key))
                 del streams[key]
     return LaybyOutcome(runs, time.perf_counter() - started, finished)
 
 
-def _on_event(store: Store, cycle: Cycle, fields: dict[str, str]) -> bool:
+def _on_event(rt: Runtime, cycle: Cycle, fields: dict[str, str]) -> bool:
     """Note the event's time, answer an interrupt; True when the run is over."""
     kind, at = fields["type"], int(fields["at"])
     if kind == "run.created":
@@ -147,7 +146,7 @@ def _on_event(store: Store, cycle: Cycle, fields: dict[str, str]) -> bool:
         data = json.loads(fields["data"])
         entries = [ResumeEntry(interrupt_id=i["id"], status="resolved", payload=True)
                    for i in data.get("interrupts", [])]
-        commands.answer(cycle.run_id, entries, by="bench", channel="bench", store=store)
+        commands.answer(rt, cycle.run_id, entries, by="bench", channel="bench")
     elif kind == "run.resuming":
         cycle.resuming_at = at
     elif kind == "run.completed":

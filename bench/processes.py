@@ -93,10 +93,11 @@ class Parts:
         return self
 
     def start_worker(self, queues: list[str], concurrency: int, env: dict[str, str]) -> Worker:
+        from layby.broker_config import Settings
         from layby.ops.supervisor import worker_argv
 
         assert self.folder is not None
-        argv = worker_argv(queues, concurrency, "WARNING")
+        argv = worker_argv(Settings(), queues, concurrency, "WARNING")
         self.worker = Worker(argv, env, self.folder / "worker.log").start()
         return self.worker
 

@@ -1,4 +1,4 @@
-"""The baseline's Celery task: a no-op hop, registered on layby's own app.
+"""The baseline's Celery task: a no-op hop, registered (`@shared_task`) on layby's own app.
 
 The bench's worker loads it through LAYBY_TASK_MODULES=bench.tasks, so it runs with exactly
 the settings layby's tasks run with (acks_late, prefetch 1, events, same queues). The last
@@ -8,13 +8,23 @@ chain is done (the app keeps no results).
 
 from __future__ import annotations
 
-from layby.broker_config import app
-from layby.control import runtime
+from functools import cache
+
+from celery import shared_task
+from redis import Redis
+
+from layby.broker_config import Settings
+from layby.control.connections import redis_client
 
 HOP = "bench.hop"
 
 
-@app.task(name=HOP)
+@cache
+def _redis() -> Redis:
+    return redis_client(Settings())
+
+
+@shared_task(name=HOP)
 def hop(done_key: str | None = None, token: str | None = None) -> None:
     if done_key:
-        runtime.store().redis.rpush(done_key, token or "")
+        _redis().rpush(done_key, token or "")

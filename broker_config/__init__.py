@@ -1,9 +1,17 @@
-"""broker_config: the Celery app, kombu queues and routes, and layby's settings.
+"""layby.broker_config: layby's settings (`LAYBY_*`), and its Celery app, built by one function
+(`make_celery`), with its queues, routes and task names. Nothing at import.
 
-`celery -A broker_config worker|beat|flower` finds the app here.
+Workers, the sweeper and Flower find the built app with `celery -A layby.tasks.app`.
 """
 
 from layby.broker_config.celery_app import (
+    CELERY_ENTRY,
+    celery_argv,
+    celery_config,
+    make_celery,
+    worker_queues,
+)
+from layby.broker_config.names import (
     DELIVER_TASK,
     JOBS,
     NOTIFY,
@@ -15,13 +23,9 @@ from layby.broker_config.celery_app import (
     SWEEP,
     SWEEP_TASK,
     TURNS,
-    app,
-    celery_argv,
-    make_app,
-    worker_queues,
 )
-from layby.broker_config.settings import Settings, get_settings
+from layby.broker_config.settings import Settings
 
-__all__ = ["DELIVER_TASK", "JOBS", "NOTIFY", "NOTIFY_TASK", "QUEUES", "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP",
-           "SWEEP_TASK", "TURNS", "Settings", "app", "celery_argv", "get_settings", "make_app",
-           "worker_queues"]
+__all__ = ["CELERY_ENTRY", "DELIVER_TASK", "JOBS", "NOTIFY", "NOTIFY_TASK", "QUEUES",
+           "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP", "SWEEP_TASK", "TURNS", "Settings",
+           "celery_argv", "celery_config", "make_celery", "worker_queues"]

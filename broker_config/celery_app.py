@@ -11,6 +11,9 @@ primary (`master_name`) and how to reach the sentinels (`sentinel_kwargs`, whose
 Celery masks in `inspect conf` and Flower, as it masks the URL's). Both schemes run on
 kombu's Redis transports with a fix that keeps a worker reconnecting after it loses the
 broker mid-task (`broker_config.transport`).
+
+Nothing here runs at import: `make_celery(settings)` builds the app (`layby.control.runtime.
+build` calls it), and the Celery command line finds it in `layby.tasks.app`.
 """
 
 from __future__ import annotations
@@ -22,38 +25,34 @@ from celery import Celery, signals
 from kombu import Exchange, Queue
 
 from layby.broker_config import logs, transport
-from layby.broker_config.settings import Settings, get_settings, is_sentinel_url
-
-transport.install()
-
-TURNS = "layby.turns"
-NOTIFY = "layby.notify"
-SWEEP = "layby.sweep"
-JOBS = "layby.jobs"
-QUEUES = (TURNS, NOTIFY, SWEEP, JOBS)
-
-START_RUN = "layby.start_run"
-RUN_TURN = "layby.run_turn"
-RESUME_RUN = "layby.resume_run"
-SWEEP_TASK = "layby.sweep"
-NOTIFY_TASK = "layby.notify.interrupts"
-DELIVER_TASK = "layby.notify.deliver"
+from layby.broker_config.names import (
+    JOBS,
+    NOTIFY,
+    QUEUES,
+    RESUME_RUN,
+    RUN_TURN,
+    START_RUN,
+    SWEEP,
+    SWEEP_TASK,
+    TURNS,
+)
+from layby.broker_config.settings import Settings, is_sentinel_url
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# What `celery -A` loads in layby's worker, sweeper and Flower processes (it builds the app).
+CELERY_ENTRY = "layby.tasks.app"
 
 
-def worker_queues(settings: Settings | None = None) -> list[str]:
+def worker_queues(settings: Settings) -> list[str]:
     """What a worker reads by default: every layby queue but the sweeper's, and the intake."""
-    settings = settings or get_settings()
     return [TURNS, JOBS, NOTIFY] + ([settings.intake_queue] if settings.intake_queue else [])
 
 
-def celery_argv(log_format: str | None = None) -> list[str]:
-    """`python -m celery -A broker_config`, the start of every worker, sweeper and Flower
+def celery_argv(settings: Settings) -> list[str]:
+    """`python -m celery -A layby.tasks.app`, the start of every worker, sweeper and Flower
     command line; without banners when logs are JSON, so every line of their output parses."""
-    quiet = (log_format or get_settings().log_format) == "json"
-    return [sys.executable, "-m", "celery", "-A", "layby.broker_config",
-            *(["--quiet"] if quiet else [])]
+    quiet = settings.log_format == "json"
+    return [sys.executable, "-m", "celery", "-A", CELERY_ENTRY, *(["--quiet"] if quiet else [])]
 
 
 def celery_config(settings: Settings) -> dict[str, object]:
@@ -106,25 +105,28 @@ def celery_config(settings: Settings) -> dict[str, object]:
     }
 
 
-@signals.setup_logging.connect
-def _configure_logs(loglevel: Any = None, **_: Any) -> None:
-    # Connected, so Celery leaves logging to layby: workers, the sweeper and beat write
-    # the same format as the gateway (text or JSON, with ids), at `-l`'s level.
-    logs.configure(get_settings(), level=loglevel)
-
-
-@signals.celeryd_init.connect
-def _configure_logs_early(options: dict[str, Any] | None = None, **_: Any) -> None:
-    # Before the worker's first warnings (running as root, say), which come ahead of its
-    # logging setup and would otherwise be the one plain-text line in a JSON log.
-    logs.configure(get_settings(), level=(options or {}).get("loglevel"))
-
-
-def make_app(settings: Settings | None = None) -> Celery:
-    settings = settings or get_settings()
-    app = Celery("layby", include=["layby.tasks", *settings.task_modules])
+def make_celery(settings: Settings) -> Celery:
+    """layby's Celery app for `settings`: queues, routes, the loss guards, and the user's task
+    modules (LAYBY_TASK_MODULES), imported when a worker starts. Registers no task (see
+    `layby.tasks.register`)."""
+    transport.install()
+    _log_like_layby(settings)
+    app = Celery("layby", include=list(settings.task_modules))
     app.conf.update(celery_config(settings))
     return app
 
 
-app = make_app()
+def _log_like_layby(settings: Settings) -> None:
+    """Workers, the sweeper and beat write the same format as the gateway (text or JSON,
+    with ids), at `-l`'s level. Connected, Celery leaves logging to layby."""
+
+    def configure(loglevel: Any = None, **_: Any) -> None:
+        logs.configure(settings, level=loglevel)
+
+    def configure_early(options: dict[str, Any] | None = None, **_: Any) -> None:
+        # Before the worker's first warnings (running as root, say), which come ahead of
+        # its logging setup and would otherwise be the one plain-text line in a JSON log.
+        logs.configure(settings, level=(options or {}).get("loglevel"))
+
+    signals.setup_logging.connect(configure, weak=False, dispatch_uid="layby.logs")
+    signals.celeryd_init.connect(configure_early, weak=False, dispatch_uid="layby.logs.early")

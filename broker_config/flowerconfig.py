@@ -13,11 +13,11 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from layby.broker_config import get_settings, logs
+from layby.broker_config import Settings, logs
 
 # Flower logs like every layby process (LAYBY_LOG_FORMAT): this file is read after tornado
 # set up its own handler, which this replaces (tornado adds none when one is there).
-logs.configure(get_settings())
+logs.configure(Settings())
 
 _REDACTED = "…"
 

@@ -10,7 +10,6 @@ LAYBY_REDIS_SENTINEL_MASTER; `control.connections` builds the clients.
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -195,8 +194,3 @@ def write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(text)
-
-
-@lru_cache
-def get_settings() -> Settings:
-    return Settings()

@@ -29,20 +29,26 @@ from typing import Any
 
 
 class LaybyError(Exception):
-    """Base of every layby error. `detail` is plain JSON for APIs."""
+    """Base of every layby error. `detail` is plain JSON for APIs.
+
+    `code` is the error's code in API bodies (the class name in lowercase unless given);
+    `status_code` is None, except on errors `layby.Client` raises from a refused request,
+    where it is the response's HTTP status.
+    """
 
     def __init__(self, message: str, *, run_id: str | None = None, ref: str | None = None,
-                 detail: Any = None) -> None:
+                 detail: Any = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.run_id = run_id
         self.ref = ref
         self.detail = detail
+        self._code = code
+        self.status_code: int | None = None
 
     @property
     def code(self) -> str:
-        """The error's code in API bodies: the class name in lowercase."""
-        return type(self).__name__.lower()
+        return self._code or type(self).__name__.lower()
 
 
 class ConfigError(LaybyError):

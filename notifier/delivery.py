@@ -7,27 +7,28 @@ from __future__ import annotations
 import logging
 import random
 
-from layby.broker_config import DELIVER_TASK, NOTIFY, app, get_settings
-from layby.control import runtime
+from celery import Celery
+
+from layby.broker_config import DELIVER_TASK, NOTIFY, Settings
 from layby.notifier import mail, webhooks
-from layby.reviewers import config
 from layby.notifier.mail import PermanentFailure
 from layby.parking import Store
+from layby.parking.failover import through_failover
+from layby.reviewers.config import Reviewers
 from layby.wire import Notification, RunView
 
 log = logging.getLogger(__name__)
 
 
-def backoff_s(attempt: int) -> float:
+def backoff_s(settings: Settings, attempt: int) -> float:
     """Delay before attempt `attempt + 1`: doubling from the base, capped, with jitter so
     that many notifications failing together do not come back together."""
-    settings = get_settings()
     ceiling = min(settings.notify_backoff_max_s,
                   settings.notify_backoff_s * 2 ** max(0, attempt - 1))
     return random.uniform(ceiling / 2, ceiling)
 
 
-def dispatch(pairs: list[tuple[str, str]]) -> int:
+def dispatch(app: Celery, pairs: list[tuple[str, str]]) -> int:
     """Queue a delivery task per (run id, notification id). One that cannot be queued now is
     still due in the store, and the sweeper queues it later."""
     sent = 0
@@ -42,17 +43,16 @@ def dispatch(pairs: list[tuple[str, str]]) -> int:
     return sent
 
 
-def dispatch_due(store: Store) -> int:
+def dispatch_due(store: Store, app: Celery, settings: Settings) -> int:
     """The sweeper's part: queue deliveries that are due (retries, reminders, lost ones)."""
-    return dispatch(store.claim_due_notifications(
-        retry_ms=int(get_settings().outbox_grace_s * 1000)))
+    return dispatch(app, store.claim_due_notifications(
+        retry_ms=int(settings.outbox_grace_s * 1000)))
 
 
-def deliver(run_id: str, notification_id: str, store: Store | None = None) -> str:
+def deliver(store: Store, settings: Settings, reviewers: Reviewers, run_id: str,
+            notification_id: str) -> str:
     """Send one notification if it is due; returns what happened (sent, retry, failed, or
     why nothing was sent: later, done, skipped…)."""
-    store = store or runtime.store()
-    settings = get_settings()
     deadline_ms = int(settings.notify_send_timeout_s * 1000)
     code, note = store.start_delivery(run_id, notification_id, deadline_ms=deadline_ms,
                                       max_attempts=settings.notify_attempts)
@@ -62,7 +62,7 @@ def deliver(run_id: str, notification_id: str, store: Store | None = None) -> st
     try:
         if run is None:
             raise PermanentFailure(f"run {run_id} is gone")
-        _send(run, note)
+        _send(settings, reviewers, run, note)
     except PermanentFailure as exc:
         return _finish(store, run_id, note, "failed", str(exc))
     except Exception as exc:  # noqa: BLE001  (any trouble on the way out is worth a retry)
@@ -70,11 +70,11 @@ def deliver(run_id: str, notification_id: str, store: Store | None = None) -> st
         if note.attempts >= settings.notify_attempts:
             return _finish(store, run_id, note, "failed",
                            f"gave up after {note.attempts} attempts: {error}")
-        delay = backoff_s(note.attempts)
+        delay = backoff_s(settings, note.attempts)
         log.warning("notification %s of run %s (%s to %s) failed, attempt %d; next in %.0f s: "
                     "%s", note.id, run_id, note.channel, note.reviewer, note.attempts, delay,
                     error)
-        runtime.through_failover(store.finish_delivery, run_id, note, "retry", error=error,
+        through_failover(store.finish_delivery, run_id, note, "retry", error=error,
                                  retry_in_ms=int(delay * 1000))
         return "retry"
     return _finish(store, run_id, note, "sent")
@@ -89,14 +89,13 @@ def _finish(store: Store, run_id: str, note: Notification, outcome: str,
         log.info("notification %s of run %s sent (%s to %s)", note.id, run_id, note.channel,
                  note.reviewer)
     # Sent is sent: recorded through a failover, or the notification would go out again.
-    runtime.through_failover(store.finish_delivery, run_id, note, outcome, error=error)
+    through_failover(store.finish_delivery, run_id, note, outcome, error=error)
     return outcome
 
 
-def _send(run: RunView, note: Notification) -> None:
-    settings = get_settings()
+def _send(settings: Settings, reviewers: Reviewers, run: RunView, note: Notification) -> None:
     interrupt = next((i for i in run.interrupts if i.id == note.interrupt_id), None)
-    reviewer = config.directory().reviewers.get(note.reviewer)
+    reviewer = reviewers.get(note.reviewer)
     if interrupt is None:
         raise PermanentFailure(f"interrupt {note.interrupt_id} is not in run {run.id}")
     if reviewer is None:

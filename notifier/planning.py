@@ -9,10 +9,10 @@ import logging
 import time
 from datetime import datetime
 
-from layby.broker_config import get_settings
-from layby.control import runtime
-from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
-from layby.reviewers import config, tokens
+from layby.broker_config import Settings
+from layby.generation.interrupts import BACKGROUND_JOB
+from layby.reviewers import tokens
+from layby.reviewers.config import Reviewers
 from layby.reviewers.directory import Reviewer
 from layby.parking import Store
 from layby.wire import InterruptState, Notification, Status
@@ -33,23 +33,16 @@ def channels_of(reviewer: Reviewer) -> list[str]:
     return [c for c in CHANNELS if getattr(reviewer, c)]
 
 
-def reviewers_for(interrupt: Interrupt) -> list[Reviewer]:
-    """Who may answer `interrupt` through the reviewer channels."""
-    return config.directory().resolve(interrupt.reviewers)
-
-
 def epoch(moment: str | None) -> float | None:
     return datetime.fromisoformat(moment.replace("Z", "+00:00")).timestamp() if moment else None
 
 
-def plan(run_id: str, store: Store | None = None) -> list[str]:
+def plan(store: Store, settings: Settings, reviewers: Reviewers, run_id: str) -> list[str]:
     """Record the notifications of the run's open interrupts; returns the ids of requests
     to send now (reminders wait in the store for their time)."""
-    store = store or runtime.store()
     view = store.view(run_id)
     if view is None or view.status is not Status.INTERRUPTED:
         return []
-    settings = get_settings()
     issued = {(n.interrupt_id, n.reviewer): n.token for n in view.notifications}
     planned: list[tuple[Notification, int | None]] = []
     grants: list[tuple[str, str, int]] = []
@@ -57,7 +50,7 @@ def plan(run_id: str, store: Store | None = None) -> list[str]:
     for intr in view.interrupts:
         if intr.state is not InterruptState.OPEN or intr.reason == BACKGROUND_JOB:
             continue
-        people = [r for r in reviewers_for(intr) if channels_of(r)]
+        people = [r for r in reviewers.asked_for(intr) if channels_of(r)]
         if not people:
             log.warning("run %s: interrupt %s has no reviewer with an email or webhook; it "
                         "can be answered through /v1", run_id, intr.id,
@@ -68,7 +61,7 @@ def plan(run_id: str, store: Store | None = None) -> list[str]:
             if token is None:
                 grant = tokens.Grant(run_id, intr.id, reviewer.id, view.version,
                                      int(expires or now + settings.token_ttl_s))
-                ref, token = tokens.issue(config.token_keys(), grant)
+                ref, token = tokens.issue(reviewers.token_keys(), grant)
                 # Stored past the token's own expiry, so that an expired link still opens
                 # a page saying the request expired (verify refuses it as an answer).
                 keep_s = grant.expires - now + settings.retention_s

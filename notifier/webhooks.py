@@ -1,10 +1,9 @@
-"""Webhooks per the Standard Webhooks specification: the notification layby POSTs to a
-reviewer's system, and the check of the answers that system POSTs back.
+"""Webhooks out, per the Standard Webhooks specification: the notification layby POSTs to a
+reviewer's system (answers coming back are `layby.inbox.callbacks`').
 
 Each notification is sent with its notification id as `webhook-id` (the same on every
 retry, so the receiver can drop duplicates), the send time as `webhook-timestamp`, and
-`webhook-signature` made with the reviewer's secret. A callback is accepted once: its
-`webhook-id` is remembered past the timestamp tolerance, so a replay is refused.
+`webhook-signature` made with the reviewer's secret.
 """
 
 from __future__ import annotations
@@ -15,26 +14,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-from standardwebhooks import Webhook, WebhookVerificationError
+from standardwebhooks import Webhook
 
 from layby.broker_config import Settings
-from layby.errors import Conflict, Unauthorized
 from layby.generation.interrupts import Interrupt
 from layby.reviewers.directory import Reviewer
 from layby.notifier.mail import PermanentFailure, page_url
 from layby.wire import Notification, RunView
 
-# The specification's tolerance: a timestamp further than this from now is refused.
-TOLERANCE_S = 300
 USER_AGENT = "layby-webhooks/0.1"
-
-
-class BadSignature(Unauthorized):
-    """A callback's Standard Webhooks signature does not verify."""
-
-
-class Replayed(Conflict):
-    """A callback's webhook-id was seen before."""
 
 
 def callback_url(settings: Settings) -> str:
@@ -103,21 +91,3 @@ def send(settings: Settings, reviewer: Reviewer, note: Notification,
     if not 200 <= reply.status_code < 300:
         raise ConnectionError(f"{where(reviewer.webhook.url)} answered {reply.status_code}: "
                               f"{reply.text[:200]}")
-
-
-def verify(secret: str, body: bytes, headers: dict[str, str]) -> None:
-    """Refuse a callback whose signature does not match or whose timestamp is outside the
-    tolerance. The caller still refuses a replayed `webhook-id`."""
-    try:
-        Webhook(secret).verify(body, headers, json_parse=False)
-    except WebhookVerificationError as exc:
-        reason = str(exc)
-        if "too old" in reason or "too new" in reason:
-            raise BadSignature(f"the webhook-timestamp is more than {TOLERANCE_S} s from "
-                               "now; send the callback with the current time (and check "
-                               "the clock of the sending system)") from exc
-        raise BadSignature(f"the webhook signature does not verify ({reason}): sign the "
-                           "exact body with your webhook secret, per Standard Webhooks") \
-            from exc
-    except (ValueError, TypeError) as exc:  # damaged base64 in a signature
-        raise BadSignature(f"the webhook signature headers are damaged: {exc}") from exc

@@ -1,13 +1,7 @@
-"""tasks: layby's Celery tasks, thin. Their names are public and stable.
-
-| name               | queue        | arguments                                   |
-|--------------------|--------------|---------------------------------------------|
-| layby.start_run    | layby.turns  | agent, input, metadata?, run_id?            |
-| layby.run_turn     | layby.turns  | run_id, version                             |
-| layby.resume_run   | layby.turns  | run_id, version                             |
-| layby.sweep        | layby.sweep  | (none)                                      |
-| layby.notify.interrupts | layby.notify | run_id, version (plans the announcements) |
-| layby.notify.deliver    | layby.notify | run_id, notification_id                   |
+"""layby.tasks: layby's Celery tasks, thin: claim, call `layby.generation`, commit through
+`layby.parking`, hand on. `register(runtime)` puts them on the runtime's Celery app; the
+Celery command line finds that app in `layby.tasks.app`. Names are public and stable
+(`layby.broker_config.names` lists them with their queues and arguments).
 
 Other services enqueue runs with `send_task("layby.start_run", args=[agent, input])`; a run
 id given as `run_id` lets them find it later. A redelivered `layby.start_run` does not
@@ -18,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import Celery
+
 from layby.broker_config import (
     DELIVER_TASK,
     NOTIFY_TASK,
@@ -25,49 +21,55 @@ from layby.broker_config import (
     RUN_TURN,
     START_RUN,
     SWEEP_TASK,
-    app,
 )
-from layby.control import commands, runtime
+from layby.control import Runtime, commands
 from layby.notifier import delivery, planning
-from layby.tasks import context as _context  # noqa: F401  (log lines carry the run's ids)
-from layby.tasks import jobs as _jobs  # noqa: F401  (connects the job signal handlers)
+from layby.tasks import context, jobs
 from layby.tasks.steps import advance
-from layby.tasks.sweeper import sweep as _sweep
+from layby.tasks.sweeper import sweep
 
 
-@app.task(name=START_RUN, bind=True)
-def start_run(self: Any, agent: str, input: Any = None, metadata: dict[str, Any] | None = None,
-              run_id: str | None = None) -> str:
-    view, _ = commands.start_run(agent, input=input, metadata=metadata, run_id=run_id,
-                                 idempotency_key=f"celery:{self.request.id}")
-    return view.id
+def register(rt: Runtime) -> Celery:
+    """layby's tasks on `rt.celery`, the handlers that record background jobs' results, and
+    the run ids on log lines. Returns the app."""
+    app = rt.celery
+
+    @app.task(name=START_RUN, bind=True)
+    def start_run(self: Any, agent: str, input: Any = None,
+                  metadata: dict[str, Any] | None = None, run_id: str | None = None) -> str:
+        view, _ = commands.start_run(rt, agent, input=input, metadata=metadata, run_id=run_id,
+                                     idempotency_key=f"celery:{self.request.id}")
+        return view.id
+
+    @app.task(name=RUN_TURN, bind=True)
+    def run_turn(self: Any, run_id: str, version: int) -> str:
+        return advance(rt, run_id, int(version), self.request.id)
+
+    @app.task(name=RESUME_RUN, bind=True)
+    def resume_run(self: Any, run_id: str, version: int) -> str:
+        return advance(rt, run_id, int(version), self.request.id)
+
+    @app.task(name=SWEEP_TASK, ignore_result=True)
+    def sweep_task() -> dict[str, int]:
+        return sweep(rt)
+
+    @app.task(name=NOTIFY_TASK, bind=True)
+    def notify_interrupts(self: Any, run_id: str, version: int) -> int:
+        """Announce a parked run's interrupts to their reviewers (`version`: the park's).
+        Its outbox entry (the task id) is acked only once planned: until then the sweeper
+        publishes it again, and planning twice plans nothing new."""
+        planned = planning.plan(rt.store, rt.settings, rt.reviewers, run_id)
+        sent = delivery.dispatch(app, [(run_id, n) for n in planned])
+        rt.store.ack_outbox([self.request.id])
+        return sent
+
+    @app.task(name=DELIVER_TASK)
+    def deliver_notification(run_id: str, notification_id: str) -> str:
+        return delivery.deliver(rt.store, rt.settings, rt.reviewers, run_id, notification_id)
+
+    jobs.connect(rt)
+    context.connect()
+    return app
 
 
-@app.task(name=RUN_TURN, bind=True)
-def run_turn(self: Any, run_id: str, version: int) -> str:
-    return advance(run_id, int(version), self.request.id)
-
-
-@app.task(name=RESUME_RUN, bind=True)
-def resume_run(self: Any, run_id: str, version: int) -> str:
-    return advance(run_id, int(version), self.request.id)
-
-
-@app.task(name=SWEEP_TASK, ignore_result=True)
-def sweep() -> dict[str, int]:
-    return _sweep()
-
-
-@app.task(name=NOTIFY_TASK, bind=True)
-def notify_interrupts(self: Any, run_id: str, version: int) -> int:
-    """Announce a parked run's interrupts to their reviewers (`version`: the park's). Its
-    outbox entry (the task id) is acked only once planned: until then the sweeper publishes
-    it again, and planning twice plans nothing new."""
-    sent = delivery.dispatch([(run_id, n) for n in planning.plan(run_id)])
-    runtime.store().ack_outbox([self.request.id])
-    return sent
-
-
-@app.task(name=DELIVER_TASK)
-def deliver_notification(run_id: str, notification_id: str) -> str:
-    return delivery.deliver(run_id, notification_id)
+__all__ = ["register"]

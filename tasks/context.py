@@ -1,5 +1,5 @@
 """Which run a worker's log lines are about: Celery's prerun and postrun signals set the ids
-(broker_config.logs) from the task's own arguments, or from a background job's header.
+(`layby.broker_config.logs`) from the task's own arguments, or from a background job's header.
 
 Every layby task takes ids as arguments (`run_id`, `notification_id`), so binding the
 arguments to the task's signature finds them without each task repeating it.
@@ -25,7 +25,12 @@ def _ids_in(task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[s
     return {k: v for k, v in bound.items() if k in IDS and isinstance(v, str)}
 
 
-@task_prerun.connect
+def connect() -> None:
+    """Every task's log lines carry its ids (once per process)."""
+    task_prerun.connect(_about_the_task, weak=False, dispatch_uid="layby.log_ids")
+    task_postrun.connect(_forget_the_task, weak=False, dispatch_uid="layby.log_ids.end")
+
+
 def _about_the_task(sender: Task | None = None, task_id: str | None = None,
                     args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                     **_: Any) -> None:
@@ -35,6 +40,5 @@ def _about_the_task(sender: Task | None = None, task_id: str | None = None,
     set_about(**{**ids, **(job_of(sender) or {}), "task_id": task_id, "task_name": sender.name})
 
 
-@task_postrun.connect
 def _forget_the_task(**_: Any) -> None:
     set_about()

@@ -1,10 +1,11 @@
 """Background jobs: any Celery task started by a tool, whose end answers the tool's interrupt.
 
 The job is sent with a `layby_job` header naming its run and interrupt. When it ends on a
-worker that loaded layby (success, or failure after its retries), the signal handlers below
-record its result (or error) as the interrupt's answer, directly in Redis: the result never
-travels in a task message. A job that ends before the run has parked leaves its answer
-waiting; the park applies it.
+worker that runs layby's app (success, or failure after its retries), the signal handlers
+connected by `connect` record its result (or error) as the interrupt's answer, directly in
+Redis: the result never travels in a task message. A job that ends before the run has
+parked leaves its answer waiting; the park applies it. Jobs are plain Celery tasks in the
+user's modules (`@shared_task(name=…)`), which import nothing of layby.
 """
 
 from __future__ import annotations
@@ -14,23 +15,27 @@ import logging
 from typing import Any
 
 import redis
-
-from celery import Task
+from celery import Celery, Task
 from celery.signals import task_failure, task_success
 
-from layby.broker_config import app
-from layby.control import commands, runtime
+from layby.control import Runtime, commands
 from layby.generation.tools import JobRequest
+from layby.parking.failover import through_failover
 
 log = logging.getLogger(__name__)
 HEADER = "layby_job"
 
 
-def start_job(request: JobRequest) -> None:
-    app.send_task(request.task, args=list(request.args), kwargs=request.kwargs,
-                  task_id=request.job_id,
-                  headers={HEADER: {"run_id": request.run_id,
-                                    "interrupt_id": request.interrupt_id}})
+def starter(app: Celery) -> Any:
+    """What a step hands tools to start jobs with (`ctx.start_job`)."""
+
+    def start_job(request: JobRequest) -> None:
+        app.send_task(request.task, args=list(request.args), kwargs=request.kwargs,
+                      task_id=request.job_id,
+                      headers={HEADER: {"run_id": request.run_id,
+                                        "interrupt_id": request.interrupt_id}})
+
+    return start_job
 
 
 def job_of(task: Task | None) -> dict[str, str] | None:
@@ -48,29 +53,35 @@ def _plain(value: Any) -> Any:
         return repr(value)
 
 
-def _record(sender: Task, job: dict[str, str], **outcome: Any) -> None:
-    """The job's answer exists nowhere else: ride out a Redis failover before giving up."""
-    try:
-        code = runtime.through_failover(commands.answer_job, job["run_id"],
-                                        job["interrupt_id"], task=sender.name, **outcome)
-    except redis.RedisError:
-        log.exception("could not record the end of job %s for run %s; the interrupt stays "
-                      "open until its expiry", sender.name, job["run_id"])
-        return
-    log.info("job %s for run %s answered interrupt %s: %s", sender.name, job["run_id"],
-             job["interrupt_id"], code)
+def connect(rt: Runtime) -> None:
+    """Record the end of every job that runs on `rt.celery`."""
 
+    def record(sender: Task, job: dict[str, str], **outcome: Any) -> None:
+        # The job's answer exists nowhere else: ride out a Redis failover before giving up.
+        try:
+            code = through_failover(commands.answer_job, rt, job["run_id"],
+                                    job["interrupt_id"], task=sender.name, **outcome)
+        except redis.RedisError:
+            log.exception("could not record the end of job %s for run %s; the interrupt "
+                          "stays open until its expiry", sender.name, job["run_id"])
+            return
+        log.info("job %s for run %s answered interrupt %s: %s", sender.name, job["run_id"],
+                 job["interrupt_id"], code)
 
-@task_success.connect
-def _job_succeeded(sender: Task | None = None, result: Any = None, **_: Any) -> None:
-    job = job_of(sender)
-    if sender is not None and job is not None:
-        _record(sender, job, result=_plain(result))
+    def ours(sender: Task | None) -> dict[str, str] | None:
+        job = job_of(sender)
+        return job if job is not None and getattr(sender, "app", None) is rt.celery else None
 
+    def succeeded(sender: Task | None = None, result: Any = None, **_: Any) -> None:
+        job = ours(sender)
+        if sender is not None and job is not None:
+            record(sender, job, result=_plain(result))
 
-@task_failure.connect
-def _job_failed(sender: Task | None = None, exception: BaseException | None = None,
-                **_: Any) -> None:
-    job = job_of(sender)
-    if sender is not None and job is not None:
-        _record(sender, job, error=f"{type(exception).__name__}: {exception}")
+    def failed(sender: Task | None = None, exception: BaseException | None = None,
+               **_: Any) -> None:
+        job = ours(sender)
+        if sender is not None and job is not None:
+            record(sender, job, error=f"{type(exception).__name__}: {exception}")
+
+    task_success.connect(succeeded, weak=False)
+    task_failure.connect(failed, weak=False)

@@ -17,8 +17,7 @@ from typing import Any
 
 import redis
 
-from layby.broker_config import get_settings
-from layby.control import runtime
+from layby.control.runtime import Runtime, worker_name
 from layby.generation.agents import Agent
 from layby.generation.answers import to_resume
 from layby.errors import ConfigError, ResumeError
@@ -27,7 +26,7 @@ from layby.generation.messages import Message, dump_messages
 from layby.generation.providers.common import ProviderError
 from layby.generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
 from layby.parking import Store
-from layby.tasks.jobs import start_job
+from layby.tasks.jobs import starter
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +52,10 @@ class StoreCheckpoints:
         self.saved[key] = value
 
 
-def advance(run_id: str, version: int, task_id: str | None = None) -> str:
+def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) -> str:
     """Take the run's pending steps; returns how it went (for logs and Flower)."""
-    store = runtime.store()
-    owner = f"{runtime.worker_name()}:{task_id or uuid.uuid4().hex}:{uuid.uuid4().hex[:8]}"
+    store = rt.store
+    owner = f"{worker_name()}:{task_id or uuid.uuid4().hex}:{uuid.uuid4().hex[:8]}"
     claim = store.claim(run_id, version, owner)
     if claim.code == "exhausted":
         store.fail(run_id, {"code": "attempts_exhausted",
@@ -68,24 +67,24 @@ def advance(run_id: str, version: int, task_id: str | None = None) -> str:
         log.info("run %s v%s: %s, nothing to do", run_id, version, claim.code)
         return claim.code
     try:
-        return _loop(store, run_id, version, owner)
+        return _loop(rt, run_id, version, owner)
     except LostClaim as lost:
         log.info("%s", lost)
         return "stale"
     except Exception:
         # Give the step back at once rather than after the lease; attempts are bounded.
-        runtime.publish(store.requeue(run_id, owner=owner).entries, store)
+        rt.publish(store.requeue(run_id, owner=owner).entries)
         raise
 
 
-def _loop(store: Store, run_id: str, version: int, owner: str) -> str:
-    settings = get_settings()
-    budget_ends = time.monotonic() + settings.turn_budget_s
+def _loop(rt: Runtime, run_id: str, version: int, owner: str) -> str:
+    store = rt.store
+    budget_ends = time.monotonic() + rt.settings.turn_budget_s
     while True:
         record = store.record(run_id)
         if record is None:
             return "missing"
-        agent = runtime.agents().get(record.agent)
+        agent = rt.agents.get(record.agent)
         if agent is None:
             store.fail(run_id, {"code": "unknown_agent",
                                 "message": f"no agent named {record.agent!r} is loaded on "
@@ -95,11 +94,11 @@ def _loop(store: Store, run_id: str, version: int, owner: str) -> str:
         step = Step(run_id, version, record.messages, record.metadata,
                     checkpoints=StoreCheckpoints(store, run_id, version, owner,
                                                  store.checkpoints(run_id, version)),
-                    jobs=start_job)
+                    jobs=starter(rt.celery))
         started = time.monotonic()
         outcome = _take_step(store, agent, step)
         inline = time.monotonic() < budget_ends
-        done, version = _commit(store, step, owner, outcome, inline=inline)
+        done, version = _commit(rt, step, owner, outcome, inline=inline)
         log.info("run %s: %s in %.0f ms", run_id, type(outcome).__name__.lower(),
                  (time.monotonic() - started) * 1000)
         if done:
@@ -160,9 +159,10 @@ def _resume_for(store: Store, step: Step):  # type: ignore[no-untyped-def]
                      {k: a.entry() for k, a in answers.items()})
 
 
-def _commit(store: Store, step: Step, owner: str, outcome: Outcome,
+def _commit(rt: Runtime, step: Step, owner: str, outcome: Outcome,
             *, inline: bool) -> tuple[bool, int]:
     """Commit one outcome; returns (finished with this task, the new version)."""
+    store = rt.store
     added = _added(step.history, outcome.messages)
     event: dict[str, Any] = {"messages": dump_messages(added), "from": len(outcome.messages)
                              - len(added)}
@@ -185,7 +185,7 @@ def _commit(store: Store, step: Step, owner: str, outcome: Outcome,
     if not result.ok:
         raise LostClaim(f"run {step.run_id}: commit of version {step.version} refused "
                         f"({result.code} {result.info})")
-    runtime.publish(result.entries, store)
+    rt.publish(result.entries)
     keep_going = isinstance(outcome, Continue) and inline
     return not keep_going, result.version or step.version
 

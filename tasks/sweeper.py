@@ -8,56 +8,56 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from layby.broker_config.logs import about
-from layby.control import runtime
+from layby.control.runtime import Runtime
 from layby.generation.interrupts import ExpiryAction
 from layby.notifier import delivery
-from layby.parking import Store
 from layby.wire import Answer, InterruptState
 
 log = logging.getLogger(__name__)
 
 
-def sweep(store: Store | None = None) -> dict[str, int]:
-    store = store or runtime.store()
-    counts = {"published": runtime.publish(store.claim_outbox(), store),
-              "expired": 0, "requeued": 0}
-    counts["notifications"] = _guarded(delivery.dispatch_due, store)
+def sweep(rt: Runtime) -> dict[str, int]:
+    store = rt.store
+    counts = {"published": rt.publish(store.claim_outbox()), "expired": 0, "requeued": 0}
+    counts["notifications"] = _guarded(delivery.dispatch_due, store, rt.celery, rt.settings)
     for run_id, interrupt_id in store.due_deadlines():
         with about(run_id=run_id, interrupt_id=interrupt_id):
-            counts["expired"] += _guarded(expire, store, run_id, interrupt_id)
+            counts["expired"] += _guarded(expire, rt, run_id, interrupt_id)
     for run_id in store.lapsed_leases():
         with about(run_id=run_id):
-            counts["requeued"] += _guarded(_requeue, store, run_id,
+            counts["requeued"] += _guarded(_requeue, rt, run_id,
                                            "its worker stopped answering")
     for run_id in store.waiting_too_long(store.config.lease_ms):
         with about(run_id=run_id):
-            counts["requeued"] += _guarded(_requeue, store, run_id,
+            counts["requeued"] += _guarded(_requeue, rt, run_id,
                                            "its task message is overdue")
     counts["pruned"] = store.prune_finished()
     return counts
 
 
-def _guarded(step: Callable[..., int], store: Store, *args: str) -> int:
+def _guarded(step: Callable[..., int], *args: Any) -> int:
     """One run's trouble (a record a deploy can no longer read, say) must not stop the
     sweep for every other run."""
     try:
-        return step(store, *args)
+        return step(*args)
     except Exception:
         log.exception("sweeper: %s failed for %s", step.__name__, args)
         return 0
 
 
-def _requeue(store: Store, run_id: str, why: str) -> int:
-    result = store.requeue(run_id)
+def _requeue(rt: Runtime, run_id: str, why: str) -> int:
+    result = rt.store.requeue(run_id)
     if not result.ok:
         return 0
     log.warning("run %s: %s; step requeued", run_id, why)
-    return runtime.publish(result.entries, store)
+    return rt.publish(result.entries)
 
 
-def expire(store: Store, run_id: str, interrupt_id: str) -> int:
+def expire(rt: Runtime, run_id: str, interrupt_id: str) -> int:
+    store = rt.store
     spec = store.interrupt(run_id, interrupt_id)
     if spec is None:
         store.expire(run_id, _expiry_answer(interrupt_id, "cancelled", None), None)
@@ -74,7 +74,7 @@ def expire(store: Store, run_id: str, interrupt_id: str) -> int:
                  f"({spec.tool_name}) expired: {reason}"}
                 if policy.action is ExpiryAction.FAIL else None)
     result = store.expire(run_id, answer, fail)
-    runtime.publish(result.entries, store)
+    rt.publish(result.entries)
     if result.code in ("ok", "failed"):
         log.info("run %s: interrupt %s expired (%s)", run_id, interrupt_id, policy.action.value)
         return 1

@@ -6,7 +6,8 @@ import os
 import time
 from pathlib import Path
 
-from layby.control import runtime
+from layby.broker_config import Settings
+from layby.control.connections import redis_client
 from layby.demo.agents import ask_question, compile_report
 from layby.generation import Agent, Ask, Call, Reply, ScriptedModel, ToolContext, interrupt_tool, tool
 
@@ -91,7 +92,7 @@ HOLD_KEY = "layby-test:hold:{run_id}"
 def hold(ctx: ToolContext) -> str:
     """Marks itself as running, then waits for the test to push to its release list (at
     most two minutes, so a failed test never leaves a worker held)."""
-    client = runtime.store().redis
+    client = redis_client(Settings())
     key = HOLD_KEY.format(run_id=ctx.run_id)
     client.set(f"{key}:held", "1")
     deadline = time.monotonic() + 120

@@ -10,9 +10,15 @@ from __future__ import annotations
 import os
 import time
 
-from layby.broker_config import app
-from layby.control import runtime
+from functools import cache
+
+from celery import shared_task
+from redis import Redis
+
+from layby.broker_config import Settings
+from layby.control.connections import redis_client
 from layby.demo import ledger
+from layby.parking import Keys
 from layby.generation import (
     BACKGROUND_JOB,
     CONFIRMATION,
@@ -38,7 +44,13 @@ def _seconds(name: str, default: str) -> float:
     return float(os.environ.get(name, default))
 
 
-@app.task(name=QUICK_JOB)
+@cache
+def _store() -> tuple[Redis, Keys]:
+    settings = Settings()
+    return redis_client(settings), Keys(settings.key_prefix)
+
+
+@shared_task(name=QUICK_JOB)
 def quick_job(label: str) -> dict:
     """A background job that ends at once."""
     return {"label": label, "done": True}
@@ -51,9 +63,9 @@ def early_job(ctx: ToolContext, label: str) -> dict:
     assert ctx.jobs is not None
     job_id = f"job-{ctx.interrupt_id}"
     ctx.jobs(JobRequest(QUICK_JOB, (label,), {}, ctx.run_id, ctx.interrupt_id, job_id))
-    store = runtime.store()
+    client, keys = _store()
     deadline = time.monotonic() + 20
-    while not store.redis.hexists(store.keys.answers(ctx.run_id), ctx.interrupt_id):
+    while not client.hexists(keys.answers(ctx.run_id), ctx.interrupt_id):
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} did not answer within 20 s")
         time.sleep(0.05)

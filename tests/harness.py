@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,8 @@ import httpx
 
 from layby.broker_config import JOBS, NOTIFY, TURNS
 from layby.ops.embedded import free_port
-from layby.ops.supervisor import sweeper_argv, worker_argv
+from layby.broker_config import Settings
+from layby.ops.supervisor import gateway_argv, sweeper_argv, worker_argv
 
 API_KEY = "test-key-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,6 +96,12 @@ class LaybySystem:
                 "LAYBY_DATA_DIR": str(self.logs / "data"), **self.env_overrides}
 
     @property
+    def settings(self) -> Settings:
+        """The system's settings, as its processes read them from their environment."""
+        return Settings(**{name.removeprefix("LAYBY_").lower(): value
+                           for name, value in self.env.items() if name.startswith("LAYBY_")})
+
+    @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
@@ -106,10 +112,8 @@ class LaybySystem:
     def start(self) -> LaybySystem:
         self.port = self.port or free_port()
         self.start_worker()
-        self._start("sweeper", sweeper_argv(self.env.get("LAYBY_LOG_FORMAT")))
-        self._start("gateway", [sys.executable, "-m", "uvicorn", "layby.http.app:app", "--host",
-                                "127.0.0.1", "--port", str(self.port), "--log-level",
-                                "warning"])
+        self._start("sweeper", sweeper_argv(self.settings))
+        self._start("gateway", gateway_argv("127.0.0.1", self.port))
         wait_until(self._gateway_up, 30, what="the gateway")
         return self
 
@@ -120,8 +124,8 @@ class LaybySystem:
         return proc
 
     def start_worker(self, name: str = "worker") -> Proc:
-        proc = self._start(name, worker_argv([TURNS, JOBS, NOTIFY, "celery"], self.worker_count,
-                                             "INFO", self.env.get("LAYBY_LOG_FORMAT")))
+        proc = self._start(name, worker_argv(self.settings, [TURNS, JOBS, NOTIFY, "celery"],
+                                             self.worker_count, "INFO"))
         wait_until(lambda: "ready." in proc.output(), 40, what=f"{name} to be ready")
         return proc
 

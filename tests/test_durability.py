@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from layby.broker_config import RESUME_RUN, RUN_TURN, Settings, make_app
+from layby.broker_config import RESUME_RUN, RUN_TURN, Settings, make_celery
 from layby.control.runtime import store_config
 from layby.ops.embedded import EmbeddedRedis
 from layby.generation import text_message
@@ -91,14 +91,13 @@ def returned(log: str, task_id: str) -> list[str]:
 
 def settings_of(system: LaybySystem) -> Settings:
     """The settings the system's processes run with."""
-    return Settings(**{name.removeprefix("LAYBY_").lower(): value
-                       for name, value in system.env.items() if name.startswith("LAYBY_")})
+    return system.settings
 
 
 @contextmanager
 def sender(system: LaybySystem) -> Iterator[Any]:
     """A Celery app in the test process, publishing to the system's broker as it does."""
-    app = make_app(settings_of(system))
+    app = make_celery(settings_of(system))
     try:
         yield app
     finally:

@@ -131,9 +131,9 @@ def test_tasks_queues_and_workers_with_credentials(system: LaybySystem, flower: 
 def test_a_task_is_listed_from_the_moment_it_is_sent(system: LaybySystem,
                                                      flower: Flower) -> None:
     """A message no worker has taken yet (on a queue nobody reads) is already in Flower."""
-    from layby.broker_config import RUN_TURN, Settings, make_app
+    from layby.broker_config import RUN_TURN, Settings, make_celery
 
-    app = make_app(Settings(redis_url=system.redis_url))
+    app = make_celery(Settings(redis_url=system.redis_url))
     queue = f"flower-probe-{os.getpid()}"
     run_id = f"run_flowerprobe{os.getpid()}"
     sent = app.send_task(RUN_TURN, args=[run_id, 1], queue=queue, routing_key=queue,

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import redis
 
-from layby.broker_config import Settings, make_app
+from layby.broker_config import Settings, make_celery
 from layby.broker_config.celery_app import celery_config
 from layby.control import connections
 from layby.ops.embedded import EmbeddedRedis
@@ -129,7 +129,7 @@ def test_failover_keeps_parked_and_running_runs_going(sentinels: SentinelSetup,
         assert replicas.startswith("PROBLEM") and "replicaof" in replicas
         assert doctor.returncode == 1
 
-        conf = _cli(system.env, "-m", "celery", "-A", "layby.broker_config", "inspect", "conf",
+        conf = _cli(system.env, "-m", "celery", "-A", "layby.tasks.app", "inspect", "conf",
                     "--json", "--timeout", "10")
         assert conf.returncode == 0, conf.stderr
         assert "sentinel_kwargs" in conf.stdout and "********" in conf.stdout
@@ -153,7 +153,7 @@ def test_a_sentinel_url_configures_the_store_and_the_broker_alike() -> None:
     assert options["master_name"] == "main"  # type: ignore[index]
     assert options["sentinel_kwargs"]["password"] == "s3cret"  # type: ignore[index]
     # What `celery inspect conf` and Flower show of it.
-    shown = repr(make_app(settings).conf.table(with_defaults=False))
+    shown = repr(make_celery(settings).conf.table(with_defaults=False))
     for secret in ("s3cret", "p@ss", "p%40ss"):
         assert secret not in shown
 

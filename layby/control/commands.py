@@ -15,15 +15,14 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from layby.broker_config import get_settings
 from layby.generation.answers import check_answer, check_storable
 from layby.errors import Conflict, Invalid, NotFound, TooLarge
 from layby.generation.interrupts import Interrupt, ResumeEntry
 from layby.generation.messages import Message, text_message
 from layby.generation.tools import Tool
-from layby.parking import Result, Store
+from layby.parking import Result
 from layby.wire import Answer, InterruptState, RunView
-from layby.control import runtime
+from layby.control.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +39,16 @@ def new_run_id() -> str:
     return f"run_{uuid.uuid4().hex}"
 
 
-def start_run(agent: str, *, input: Any = None, messages: list[Message] | None = None,
-              metadata: dict[str, Any] | None = None, idempotency_key: str | None = None,
-              run_id: str | None = None, store: Store | None = None,
-              known_agents: set[str] | None = None) -> tuple[RunView, bool]:
+def start_run(rt: Runtime, agent: str, *, input: Any = None,
+              messages: list[Message] | None = None, metadata: dict[str, Any] | None = None,
+              idempotency_key: str | None = None, run_id: str | None = None
+              ) -> tuple[RunView, bool]:
     """Create a run and queue its first turn. Returns the run and whether it is new."""
     if run_id is not None and not RUN_ID.match(run_id):
         raise Invalid(f"run id {run_id[:80]!r} is not usable: use 1 to 128 letters, digits, "
                       "'_', '-' or '.'")
-    store = store or runtime.store()
-    names = known_agents if known_agents is not None else set(runtime.agents())
+    store = rt.store
+    names = set(rt.agents)
     if agent not in names:
         raise NotFound(f"no agent named {agent!r}; known agents: {sorted(names)}",
                        detail={"agents": sorted(names)})
@@ -72,29 +71,29 @@ def start_run(agent: str, *, input: Any = None, messages: list[Message] | None =
             raise Conflict(f"run id {run_id!r} is already taken",
                            run_id=run_id, detail={"runId": result.info[0]})
         return existing, False
-    runtime.publish(result.entries, store)
+    rt.publish(result.entries)
     view = store.view(run_id)
     assert view is not None
     return view, True
 
 
-def get_run(run_id: str, store: Store | None = None) -> RunView:
-    view = (store or runtime.store()).view(run_id)
+def get_run(rt: Runtime, run_id: str) -> RunView:
+    view = rt.store.view(run_id)
     if view is None:
         raise NotFound(f"no run {run_id!r} (unknown, or finished and past retention)",
                        run_id=run_id)
     return view
 
 
-def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
-           require_all: bool = False, store: Store | None = None) -> Result:
+def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
+           require_all: bool = False) -> Result:
     """Record answers; the one that closes the last open interrupt queues the resume.
 
     Refuses, without storing anything: unknown ids (NotFound), answers to what is not open
     or has expired (Conflict, naming who answered first), payloads outside their schema
     (Invalid, listing the errors), and with `require_all`, a set that leaves one open.
     """
-    store = store or runtime.store()
+    store = rt.store
     record = store.record(run_id)
     if record is None:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
@@ -108,7 +107,7 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
     records = []
     request_id = uuid.uuid4().hex
     for entry in entries:
-        _check_storable(entry, get_settings().max_answer_bytes)
+        _check_storable(entry, rt.settings.max_answer_bytes)
         spec = by_id.get(entry.interrupt_id)
         if spec is None:
             raise NotFound(f"run {run_id} has no interrupt {entry.interrupt_id!r}",
@@ -116,7 +115,7 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
         if entry.interrupt_id not in open_ids:  # the status says why: cancelled, failed…
             raise not_open(run_id, spec, answers.get(spec.id), status=record.status.value)
         _check_expiry(run_id, spec)
-        errors = check_answer(spec, entry, _tool(record.agent, spec.tool_name))
+        errors = check_answer(spec, entry, _tool(rt, record.agent, spec.tool_name))
         if errors:
             raise Invalid(f"the answer to interrupt {spec.id} does not match what it asks for",
                           run_id=run_id, detail={"interruptId": spec.id, "errors": errors})
@@ -143,7 +142,7 @@ def answer(run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
         log.info("interrupt %s of run %s %s by %s via %s", rec.interrupt_id, run_id,
                  rec.state.value, by, channel,
                  extra={"run_id": run_id, "interrupt_id": rec.interrupt_id})
-    runtime.publish(result.entries, store)
+    rt.publish(result.entries)
     return result
 
 
@@ -159,9 +158,9 @@ def _check_storable(entry: ResumeEntry, max_bytes: int) -> None:
                        "(LAYBY_MAX_ANSWER_BYTES)")
 
 
-def _tool(agent_name: str, tool_name: str) -> Tool | None:
+def _tool(rt: Runtime, agent_name: str, tool_name: str) -> Tool | None:
     """The tool itself where this process loads the agent (the gateway and workers do)."""
-    agent = runtime.agents().get(agent_name)
+    agent = rt.agents.get(agent_name)
     return agent.tool(tool_name) if agent else None
 
 
@@ -182,39 +181,36 @@ def not_open(run_id: str, spec: Interrupt, first: Answer | None,
                     run_id=run_id, detail={"interruptId": spec.id, "answer": first.wire()})
 
 
-def answer_job(run_id: str, interrupt_id: str, *, task: str, result: Any = None,
-               error: str | None = None, store: Store | None = None) -> str:
+def answer_job(rt: Runtime, run_id: str, interrupt_id: str, *, task: str, result: Any = None,
+               error: str | None = None) -> str:
     """A background job finished: its result (or failure) answers its interrupt, even when
     the job beat the park (the answer waits in the store and the park applies it)."""
-    store = store or runtime.store()
+    store = rt.store
     payload = {"status": "failed", "error": error} if error is not None else result
     record = Answer(interrupt_id=interrupt_id, status="resolved", payload=payload,
                     state=InterruptState.RESOLVED, answered_by=f"job:{task}", channel="job",
                     answered_at=now_iso())
     outcome = store.answer(run_id, [record], allow_early=True)
-    runtime.publish(outcome.entries, store)
+    rt.publish(outcome.entries)
     return outcome.code
 
 
-def cancel(run_id: str, *, by: str, reason: str | None = None,
-           store: Store | None = None) -> RunView:
-    store = store or runtime.store()
-    result = store.cancel(run_id, by, reason)
+def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None) -> RunView:
+    result = rt.store.cancel(run_id, by, reason)
     if result.code == "missing":
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if result.code == "finished":
         raise Conflict(f"run {run_id} is already {result.info[0]}", run_id=run_id,
                        detail={"status": result.info[0]})
-    return get_run(run_id, store)
+    return get_run(rt, run_id)
 
 
-def requeue(run_id: str, *, store: Store | None = None) -> Result:
+def requeue(rt: Runtime, run_id: str) -> Result:
     """Queue a run's pending step again (for a step whose message was lost)."""
-    store = store or runtime.store()
-    result = store.requeue(run_id, owner="*")
+    result = rt.store.requeue(run_id, owner="*")
     if result.code == "missing":
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if result.code == "skipped":
         raise Conflict(f"run {run_id} is {result.info[0]}: nothing to requeue", run_id=run_id)
-    runtime.publish(result.entries, store)
+    rt.publish(result.entries)
     return result

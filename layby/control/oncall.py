@@ -10,12 +10,16 @@ the sweeper is safe.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from layby.parking import Store
 from layby.wire import Status
-from layby.control import runtime
+from layby.broker_config import DELIVER_TASK, NOTIFY
+from layby.control.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 LEASE_LAPSED = "lease_lapsed"
 WAITING_TOO_LONG = "waiting_too_long"
@@ -49,10 +53,10 @@ def _now_ms(store: Store) -> int:
     return int(store.redis.time()[0]) * 1000
 
 
-def stuck(store: Store | None = None, *, limit: int = 200) -> list[Finding]:
+def stuck(rt: Runtime, *, limit: int = 200) -> list[Finding]:
     """Everything that looks stuck, at most `limit` of each kind (and of the parked runs
     scanned for failed notifications)."""
-    store = store or runtime.store()
+    store = rt.store
     return [*lapsed(store, limit), *waiting(store, limit), *overdue_outbox(store, limit),
             *failed_notifications(store, limit)]
 
@@ -130,14 +134,13 @@ class Requeued:
         return {"runId": self.run_id, "outcome": self.outcome, "why": self.why}
 
 
-def requeue_stuck(store: Store | None = None, *, limit: int = 200
-                  ) -> tuple[list[Requeued], int]:
+def requeue_stuck(rt: Runtime, *, limit: int = 200) -> tuple[list[Requeued], int]:
     """Requeue runs with a lapsed lease or waiting too long, and publish overdue outbox
     entries. Returns what came of each run, and how many outbox entries were published.
 
     Runs are requeued as the sweeper does (`Store.requeue` without an owner): a lease that
     a worker took again since the listing is left alone ("busy"), not taken over."""
-    store = store or runtime.store()
+    store = rt.store
     done = []
     stuck = [*((run_id, LEASE_LAPSED) for run_id in store.lapsed_leases(limit)),
              *((run_id, WAITING_TOO_LONG)
@@ -145,40 +148,39 @@ def requeue_stuck(store: Store | None = None, *, limit: int = 200
     for run_id, why in stuck:
         result = store.requeue(run_id)
         if result.ok:
-            runtime.publish(result.entries, store)
+            rt.publish(result.entries)
             outcome = "requeued"
         elif result.code == "skipped":
             outcome = f"skipped ({result.info[0] if result.info else '?'})"
         else:
             outcome = result.code
         done.append(Requeued(run_id, outcome, why))
-    published = runtime.publish(store.claim_outbox(limit), store)
+    published = rt.publish(store.claim_outbox(limit))
     return done, published
 
 
-def retry_notifications(run_ids: list[str], store: Store | None = None
-                        ) -> dict[str, list[str]]:
+def retry_notifications(rt: Runtime, run_ids: list[str]) -> dict[str, list[str]]:
     """Failed notifications of these runs back to pending, and their deliveries queued.
     Returns run id → the notification ids sent again."""
-    from layby.notifier import delivery
-
-    store = store or runtime.store()
-    retried = {run_id: store.retry_notifications(run_id) for run_id in run_ids}
-    pairs = [(run_id, nid) for run_id, ids in retried.items() for nid in ids]
-    if pairs:
-        delivery.dispatch(pairs)  # one not queued now is due in the store: the sweeper's
+    retried = {run_id: rt.store.retry_notifications(run_id) for run_id in run_ids}
+    try:
+        with rt.celery.producer_or_acquire() as producer:
+            for run_id, ids in retried.items():
+                for nid in ids:
+                    rt.celery.send_task(DELIVER_TASK, args=[run_id, nid], queue=NOTIFY,
+                                        producer=producer)
+    except Exception:  # noqa: BLE001  (each is due in the store: the sweeper queues it)
+        log.exception("could not queue the retried notifications; the sweeper will")
     return retried
 
 
-def interrupted_runs(store: Store | None = None, *, limit: int = 200) -> list[str]:
-    store = store or runtime.store()
+def interrupted_runs(store: Store, *, limit: int = 200) -> list[str]:
     return list(store.redis.zrevrange(store.keys.index(Status.INTERRUPTED), 0, limit - 1))
 
 
-def purge(store: Store | None = None, *, dry_run: bool = False) -> dict[str, int]:
+def purge(store: Store, *, dry_run: bool = False) -> dict[str, int]:
     """Drop index entries of finished runs past retention; counts by status. With
     `dry_run`, count only."""
-    store = store or runtime.store()
     cutoff = _now_ms(store) - store.config.retention_s * 1000
     counts = {s.value: int(store.redis.zcount(store.keys.index(s), "-inf", cutoff))
               for s in (Status.COMPLETED, Status.FAILED, Status.CANCELLED)}

@@ -1,6 +1,9 @@
-"""One store and one publisher per process, built from settings, rebuilt after a fork.
+"""The application object: one process's settings, Celery app, Redis store, agents and
+reviewer configuration, built by `build()` and handed down to whatever needs them.
 
-The store's client comes from `control.connections` (one server or a Sentinel group).
+Nothing here runs at import: a process (the `layby` command, the gateway's factory, the
+Celery entry module `layby.tasks.app`, the test kit) calls `build()` once. The store is made
+on first use and made again in a forked child (sockets are not shared across a fork).
 
 Publishing sends outbox entries to the broker, then acks them in the store; if the broker
 is away the entries stay in the outbox and the sweeper publishes them later.
@@ -12,22 +15,22 @@ import logging
 import os
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Iterable
 
-import redis
+from celery import Celery
 
-from layby.broker_config import NOTIFY, NOTIFY_TASK, app, get_settings
-from layby.broker_config.settings import Settings
+from layby.broker_config import NOTIFY, NOTIFY_TASK, Settings, make_celery
 from layby.control.connections import redis_client
 from layby.generation.agents import Agent, load_agents
 from layby.parking import OutboxEntry, Store, StoreConfig
+from layby.reviewers.config import Reviewers
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-_lock = threading.Lock()
-_state: dict[str, object] = {}
+
+# Tasks that ack their own outbox entry once their work is done, so that a task that fails
+# for good (say, while the reviewer directory is broken) is published again by the sweeper
+# until it succeeds: a parked run is never left unannounced.
+ACKED_BY_THE_TASK = frozenset({NOTIFY_TASK})
 
 
 def store_config(settings: Settings) -> StoreConfig:
@@ -40,66 +43,60 @@ def store_config(settings: Settings) -> StoreConfig:
                        replica_ack_timeout_ms=int(settings.redis_replica_ack_timeout_s * 1000))
 
 
-def store() -> Store:
-    """The process's store (a new one in a forked child: sockets are not shared)."""
-    with _lock:
-        if _state.get("pid") != os.getpid():
-            _state.clear()
-            settings = get_settings()
-            _state["store"] = Store(redis_client(settings), store_config(settings))
-            _state["pid"] = os.getpid()
-        return _state["store"]  # type: ignore[return-value]
+class Runtime:
+    """Settings, Celery app, store, agents and reviewers of one process."""
 
+    def __init__(self, settings: Settings, celery: Celery,
+                 agents: dict[str, Agent] | None = None) -> None:
+        self.settings = settings
+        self.celery = celery
+        self.reviewers = Reviewers(settings)
+        self._lock = threading.Lock()
+        self._store: tuple[int, Store] | None = None
+        self._agents = agents
 
-def agents() -> dict[str, Agent]:
-    with _lock:
-        if "agents" not in _state:
-            _state["agents"] = load_agents(get_settings().agent_modules)
-        return _state["agents"]  # type: ignore[return-value]
+    @property
+    def store(self) -> Store:
+        """The process's store (a new one in a forked child)."""
+        with self._lock:
+            if self._store is None or self._store[0] != os.getpid():
+                self._store = (os.getpid(), Store(redis_client(self.settings),
+                                                  store_config(self.settings)))
+            return self._store[1]
 
+    @property
+    def agents(self) -> dict[str, Agent]:
+        """The agents of LAYBY_AGENT_MODULES, imported on first use."""
+        with self._lock:
+            if self._agents is None:
+                self._agents = load_agents(self.settings.agent_modules)
+            return self._agents
 
-FAILOVER_DELAYS_S = (0.5, 1, 2, 4, 8, 16)
-
-
-def through_failover(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`call`, tried again through about 30 s of Redis errors (a failover, a restart): for
-    records that exist nowhere else once the process moves on (a job's result, the outcome
-    of a send). Raises the last error after that."""
-    for delay in (*FAILOVER_DELAYS_S, None):
+    def publish(self, entries: Iterable[OutboxEntry]) -> int:
+        """Send entries to the broker and ack them; returns how many were sent."""
+        entries = list(entries)
+        if not entries:
+            return 0
         try:
-            return call(*args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
-            # A server away or a replica not yet promoted; other errors (a script's, a
-            # write not replicated but made) would come back the same after the wait.
-            if delay is None:
-                raise
-            log.warning("Redis error; trying %s again in %.1f s", call.__name__, delay)
-            time.sleep(delay)
-    raise AssertionError("unreachable")
+            with self.celery.producer_or_acquire() as producer:
+                for e in entries:
+                    self.celery.send_task(e.task, args=e.args, task_id=e.id, queue=e.queue,
+                                          producer=producer)
+        except Exception:  # the outbox keeps them; the sweeper tries again
+            log.exception("publish failed; %d outbox entries left for the sweeper",
+                          len(entries))
+            return 0
+        self.store.ack_outbox([e.id for e in entries if e.task not in ACKED_BY_THE_TASK])
+        return len(entries)
+
+
+def build(settings: Settings | None = None, *, agents: dict[str, Agent] | None = None
+          ) -> Runtime:
+    """The application object, from `settings` (read from LAYBY_* variables when not
+    given). `agents` replaces LAYBY_AGENT_MODULES (the test kit passes them)."""
+    settings = settings or Settings()
+    return Runtime(settings, make_celery(settings), agents)
 
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-# Tasks that ack their own outbox entry once their work is done, so that a task that fails
-# for good (say, while the reviewer directory is broken) is published again by the sweeper
-# until it succeeds: a parked run is never left unannounced.
-ACKED_BY_THE_TASK = frozenset({NOTIFY_TASK})
-
-
-def publish(entries: Iterable[OutboxEntry], target: Store | None = None) -> int:
-    """Send entries to the broker and ack them; returns how many were sent."""
-    entries = list(entries)
-    if not entries:
-        return 0
-    try:
-        with app.producer_or_acquire() as producer:
-            for e in entries:
-                app.send_task(e.task, args=e.args, task_id=e.id, queue=e.queue,
-                              producer=producer)
-    except Exception:  # the outbox keeps them; the sweeper tries again
-        log.exception("publish failed; %d outbox entries left for the sweeper", len(entries))
-        return 0
-    (target or store()).ack_outbox([e.id for e in entries if e.task not in ACKED_BY_THE_TASK])
-    return len(entries)

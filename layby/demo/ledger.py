@@ -1,14 +1,23 @@
 """The demo ledger: every executed transfer and every plain tool call, recorded once per
 idempotency key, so anyone can check at `GET /demo/ledger` that a side effect happened
-exactly once however often a step was retried."""
+exactly once however often a step was retried.
+
+It stands for the outside world a real tool calls: it keeps its own connection to the
+Redis server of the LAYBY_* settings, as a tool would keep a client of its own service.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from typing import Any
 
-from layby.control import runtime
+from redis import Redis
+
+from layby.broker_config import Settings
+from layby.control.connections import redis_client
 
 # KEYS: 1 entries (list), 2 seen keys (hash). ARGV: 1 idempotency key, 2 entry JSON.
 # Returns the entry as first recorded for that key.
@@ -19,21 +28,33 @@ if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 1 then
 end
 return redis.call('HGET', KEYS[2], ARGV[1])
 """
+KINDS = ("transfers", "calls")
+
+_lock = threading.Lock()
+_connection: tuple[int, Redis, str] | None = None
 
 
-def _keys(kind: str) -> list[str]:
-    prefix = runtime.store().keys.prefix
+def _redis() -> tuple[Redis, str]:
+    """This process's connection and key prefix (a new one after a fork)."""
+    global _connection
+    with _lock:
+        if _connection is None or _connection[0] != os.getpid():
+            settings = Settings()
+            _connection = (os.getpid(), redis_client(settings), settings.key_prefix)
+        return _connection[1], _connection[2]
+
+
+def _keys(prefix: str, kind: str) -> list[str]:
     return [f"{prefix}:demo:{kind}", f"{prefix}:demo:{kind}:seen"]
 
 
 def record(kind: str, idempotency_key: str, entry: dict[str, Any]) -> dict[str, Any]:
-    client = runtime.store().redis
+    client, prefix = _redis()
     entry = {**entry, "key": idempotency_key, "at": time.time()}
-    first = client.eval(_RECORD, 2, *_keys(kind), idempotency_key, json.dumps(entry))
-    return json.loads(first)
+    first = client.eval(_RECORD, 2, *_keys(prefix, kind), idempotency_key, json.dumps(entry))
+    return dict(json.loads(first))
 
 
-def read() -> dict[str, list[dict[str, Any]]]:
-    client = runtime.store().redis
-    return {kind: [json.loads(e) for e in client.lrange(_keys(kind)[0], 0, -1)]
-            for kind in ("transfers", "calls")}
+def read(client: Redis, prefix: str) -> dict[str, list[dict[str, Any]]]:
+    return {kind: [json.loads(e) for e in client.lrange(_keys(prefix, kind)[0], 0, -1)]
+            for kind in KINDS}

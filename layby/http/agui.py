@@ -48,17 +48,17 @@ from ag_ui.core import (
     UserMessage,
 )
 from ag_ui.encoder import EventEncoder
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from layby.control import commands, runtime
-from layby.http.api import bearer, require_key, run_events, sane_body
+from layby.control import Runtime, commands
+from layby.http.deps import Caller, Rt, sane_body
+from layby.http.events import run_events
 from layby.errors import Conflict, Invalid, LaybyError, NotFound
 from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
 from layby.generation.messages import Message, Part, load_messages
 from layby.wire import Event, InterruptState
-from layby.parking.store import Store, event_of
 
 router = APIRouter(tags=["ag-ui"])
 
@@ -258,23 +258,6 @@ class Plan:
     user_message_id: str | None = None
 
 
-def _park_event(store: Store, run_id: str, interrupt_ids: set[str] | None) -> Event | None:
-    """The newest `run.interrupted` event (that parked on one of `interrupt_ids`)."""
-    key = store.keys.events(run_id)
-    upper = "+"
-    while True:
-        batch = store.redis.xrevrange(key, max=upper, min="-", count=200)
-        for event_id, fields in batch:
-            if fields.get("type") == "run.interrupted":
-                event = event_of(event_id, fields)
-                ids = {i["id"] for i in event.data.get("interrupts", [])}
-                if interrupt_ids is None or ids & interrupt_ids:
-                    return event
-        if len(batch) < 200:
-            return None
-        upper = f"({batch[-1][0]}"
-
-
 def _after(park: Event | None, plan: Plan) -> Plan:
     if park is not None:
         plan.after = park.id
@@ -282,9 +265,9 @@ def _after(park: Event | None, plan: Plan) -> Plan:
     return plan
 
 
-def prepare(agent: str, body: RunAgentInput, caller: str) -> Plan:
+def prepare(rt: Runtime, agent: str, body: RunAgentInput, caller: str) -> Plan:
     """Start, resume or reconnect to the thread's run; raises what RUN_ERROR reports."""
-    store = runtime.store()
+    store = rt.store
     run_id = thread_run_id(body.thread_id)
     view = store.view(run_id)
     if view is not None and view.agent != agent:
@@ -300,7 +283,7 @@ def prepare(agent: str, body: RunAgentInput, caller: str) -> Plan:
             raise NotFound(f"thread {body.thread_id!r} has no run to resume", run_id=run_id)
         entries = [ResumeEntry(interrupt_id=e.interrupt_id, status=e.status,
                                payload=e.payload, metadata=e.metadata) for e in body.resume]
-        park = _park_event(store, run_id, {e.interrupt_id for e in entries})
+        park = store.last_park(run_id, {e.interrupt_id for e in entries})
         if park is None:
             raise NotFound(f"thread {body.thread_id!r} has no interrupt "
                            f"{[e.interrupt_id for e in entries]}", run_id=run_id)
@@ -314,15 +297,15 @@ def prepare(agent: str, body: RunAgentInput, caller: str) -> Plan:
             raise Invalid("a resume must answer every open interrupt; still open: "
                           f"{missing}", run_id=run_id, detail={"open": missing})
         if fresh:  # entries all recorded already: a replay, nothing to answer
-            commands.answer(run_id, fresh, by=caller, channel=CHANNEL)
+            commands.answer(rt, run_id, fresh, by=caller, channel=CHANNEL)
         return _after(park, Plan(run_id, user_message_id=user_id))
     if view is None:
         uid, text = last_user_text(body.messages)
-        commands.start_run(agent, input=text, run_id=run_id, idempotency_key=f"agui:{run_id}",
+        commands.start_run(rt, agent, input=text, run_id=run_id, idempotency_key=f"agui:{run_id}",
                            metadata={"agui": {"threadId": body.thread_id,
                                               "userMessageId": uid}})
         return Plan(run_id, user_message_id=uid)
-    park = _park_event(store, run_id, None)  # before the status: a newer park shows there
+    park = store.last_park(run_id)  # before the status: a newer park shows there
     view = store.view(run_id) or view
     # A run waiting on background jobs only is followed, not refused: they answer themselves.
     waiting = [i.id for i in view.interrupts
@@ -337,17 +320,17 @@ def prepare(agent: str, body: RunAgentInput, caller: str) -> Plan:
 # -- the endpoint --------------------------------------------------------------------------
 
 
-async def _stream(encoder: EventEncoder, cursor: Cursor, plan: Plan,
+async def _stream(rt: Runtime, encoder: EventEncoder, cursor: Cursor, plan: Plan,
                   state: Any) -> AsyncIterator[str]:
     yield encoder.encode(RunStartedEvent(thread_id=cursor.thread_id,
                                          run_id=cursor.agui_run_id))
-    async for event in run_events(plan.run_id, plan.after):
+    async for event in run_events(rt, plan.run_id, plan.after):
         if event is None:
             yield ": keep-alive\n\n"
             continue
         out, ending = translate(cursor, event)
         if ending == "pause":
-            view = await run_in_threadpool(commands.get_run, plan.run_id)
+            view = await run_in_threadpool(commands.get_run, rt, plan.run_id)
             history = view.messages[:int(event.data["from"])] + load_messages(
                 event.data["messages"])
             out += pause_events(cursor, history, event.data["interrupts"], state,
@@ -367,21 +350,21 @@ async def _refused(encoder: EventEncoder, cursor: Cursor,
 
 
 @router.post("/agui/{agent}", response_class=StreamingResponse,
-             responses={200: {"content": {"text/event-stream": {}}}})
-async def run_agent(agent: str, body: RunAgentInput, request: Request) -> StreamingResponse:
+             responses={200: {"content": {"text/event-stream": {}}}},
+             dependencies=[Depends(sane_body)])
+async def run_agent(agent: str, body: RunAgentInput, request: Request, rt: Rt,
+                    caller: Caller) -> StreamingResponse:
     """Run (or resume) the thread's layby run and stream it as AG-UI events."""
-    caller = require_key(await bearer(request))
-    await sane_body(request)
-    if agent not in runtime.agents():  # a wrong URL, not a run that went wrong
-        raise NotFound(f"no agent named {agent!r}", detail={"agents": sorted(runtime.agents())})
+    if agent not in rt.agents:  # a wrong URL, not a run that went wrong
+        raise NotFound(f"no agent named {agent!r}", detail={"agents": sorted(rt.agents)})
     encoder = EventEncoder(accept=request.headers.get("accept"))
     cursor = Cursor(body.thread_id, body.run_id, thread_run_id(body.thread_id))
     try:
-        plan = await run_in_threadpool(prepare, agent, body, caller)
+        plan = await run_in_threadpool(prepare, rt, agent, body, caller)
     except LaybyError as exc:
         stream: AsyncIterator[str] = _refused(encoder, cursor, exc)
     else:
         cursor.seen = plan.seen
-        stream = _stream(encoder, cursor, plan, body.state)
+        stream = _stream(rt, encoder, cursor, plan, body.state)
     return StreamingResponse(stream, media_type=encoder.get_content_type(),
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -14,8 +14,9 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from layby.broker_config import get_settings
+from layby.broker_config import Settings
 from layby.errors import Forbidden, NotFound
+from layby.http.deps import Rt
 from layby.inbox import catcher
 from layby.notifier.mail import LOOPBACK
 from layby.inbox.pages import render_mailbox
@@ -28,8 +29,8 @@ def _private(html: str) -> HTMLResponse:
                                        "Referrer-Policy": "no-referrer"})
 
 
-def _catcher_folder(request: Request) -> Path:
-    folder = get_settings().mail_catcher_dir
+def _catcher_folder(settings: Settings, request: Request) -> Path:
+    folder = settings.mail_catcher_dir
     if folder is None:
         raise NotFound("the mail catcher is off: `layby up` turns it on "
                        "(LAYBY_MAIL_CATCHER_DIR)")
@@ -40,14 +41,15 @@ def _catcher_folder(request: Request) -> Path:
 
 
 @router.get("/mail", response_class=HTMLResponse)
-def mailbox(request: Request) -> HTMLResponse:
-    folder = _catcher_folder(request)
+def mailbox(request: Request, rt: Rt) -> HTMLResponse:
+    folder = _catcher_folder(rt.settings, request)
     return _private(render_mailbox(catcher.listing(folder), None))
 
 
 @router.get("/mail/{name}", response_class=HTMLResponse)
-def mail_message(name: str, request: Request, reply: str | None = None) -> HTMLResponse:
-    folder = _catcher_folder(request)
+def mail_message(name: str, request: Request, rt: Rt, reply: str | None = None
+                 ) -> HTMLResponse:
+    folder = _catcher_folder(rt.settings, request)
     caught = catcher.load(folder, name)
     if caught is None:
         raise NotFound(f"no caught mail {name!r}")
@@ -55,12 +57,12 @@ def mail_message(name: str, request: Request, reply: str | None = None) -> HTMLR
 
 
 @router.post("/mail/{name}/reply")
-def mail_reply(name: str, request: Request,
+def mail_reply(name: str, request: Request, rt: Rt,
                text: Annotated[str, Form(max_length=20_000)]) -> RedirectResponse:
     """Reply as the mail's recipient would from a mail client: a real SMTP message to the
     reply listener, which answers the interrupt (or mails back why it could not)."""
-    settings = get_settings()
-    caught = catcher.load(_catcher_folder(request), name)
+    settings = rt.settings
+    caught = catcher.load(_catcher_folder(settings, request), name)
     if caught is None:
         raise NotFound(f"no caught mail {name!r}")
     reply = EmailMessage()

@@ -4,7 +4,8 @@ callbacks (`/callbacks/answers`) and the inbound-mail webhook (`/inbound/email`)
 None of these take API keys: a reviewer proves who they are with a token (a link, a reply
 address), a Standard Webhooks signature made with their secret, or, for the inbound-mail
 webhook, the reply token inside the mail (and the provider's shared secret when one is
-configured). Every answer goes through `notifier.answers`, recorded with who, how, when.
+configured). Routes only: the work is `layby.inbox`'s, and every answer goes through
+`layby.control`, recorded with who, how and when.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from layby.broker_config import get_settings
-from layby.control import commands, runtime
+from layby.control import Runtime
 from layby.control.commands import now_iso
 from layby.errors import (
     ConfigError,
@@ -33,17 +33,13 @@ from layby.errors import (
     Unauthorized,
     Unavailable,
 )
-from layby.generation.interrupts import ResumeEntry
-from layby.generation.messages import Wire
+from layby.http.deps import Rt
 from layby.http.errors import status_of
-from layby.inbox import answers
+from layby.inbox import answers, callbacks
 from layby.inbox import replies_in as inbox
-from layby.notifier import webhooks
-from layby.reviewers import config
-from layby.reviewers.directory import Reviewer
 from layby.inbox.forms import DECISIONS, entry_from_form, form_for
-from layby.inbox.pages import render_review
 from layby.inbox.listener import MAX_MAIL_BYTES
+from layby.inbox.pages import render_review
 from layby.reviewers.tokens import BadToken, ExpiredToken
 from layby.wire import InterruptState
 
@@ -51,19 +47,6 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(include_in_schema=True, tags=["reviewers"])
 
-
-
-class Callback(Wire):
-    """An answer POSTed by a reviewer's system."""
-
-    run_id: str
-    interrupt_id: str
-    status: str = Field(pattern="^(resolved|cancelled)$")
-    payload: Any = None
-    metadata: dict[str, Any] | None = None
-    reviewer: str | None = Field(None, description="the signing reviewer's id")
-    token: str | None = Field(None, description="the token from the notification, instead "
-                                                "of a signature")
 
 
 # -- the answer page --------------------------------------------------------------------
@@ -83,9 +66,9 @@ def _refused(reason: str, status: int) -> HTMLResponse:
                                form=None, message=reason), status)
 
 
-def _expired(exc: ExpiredToken, status: int) -> HTMLResponse:
+def _expired(rt: Runtime, exc: ExpiredToken, status: int) -> HTMLResponse:
     """An expired link still says where its request stands: expired, or answered before."""
-    opened = answers.open_expired(exc.grant)
+    opened = answers.open_expired(rt, exc.grant)
     if opened is None:
         return _refused(exc.message, status_of(exc))
     if opened.is_open and _closed_state(opened) is None:
@@ -116,13 +99,13 @@ def _show(opened: answers.Opened, state: str, status: int = 200, **extra: Any) -
 
 # `:path` so that a mangled link (cut short after "/review/", or with a "/" in it) still gets
 # the page saying the link is bad, not the API's JSON 404.
-def _open(token: str, status: int) -> answers.Opened | HTMLResponse:
+def _open(rt: Runtime, token: str, status: int) -> answers.Opened | HTMLResponse:
     """What the link opens, or the page saying why it opens nothing (`status` for a link
     to a closed request)."""
     try:
-        opened = answers.open_token(token)
+        opened = answers.open_token(rt, token)
     except ExpiredToken as exc:
-        return _expired(exc, status)
+        return _expired(rt, exc, status)
     except (BadToken, NotFound) as exc:
         return _refused(exc.message, status_of(exc))
     state = _closed_state(opened)
@@ -130,47 +113,38 @@ def _open(token: str, status: int) -> answers.Opened | HTMLResponse:
 
 
 @router.get("/review/{token:path}", response_class=HTMLResponse)
-def review_page(token: str, decision: str | None = None) -> HTMLResponse:
+def review_page(token: str, rt: Rt, decision: str | None = None) -> HTMLResponse:
     """The request and its form. Never records anything: mail scanners open links."""
-    opened = _open(token, 200)
+    opened = _open(rt, token, 200)
     if isinstance(opened, HTMLResponse):
         return opened
     return _show(opened, "open", decision=decision if decision in DECISIONS else None)
 
 
 @router.post("/review/{token:path}", response_class=HTMLResponse)
-async def review_answer(token: str, request: Request) -> HTMLResponse:
-    await _body(request, get_settings().max_answer_bytes)
+async def review_answer(token: str, request: Request, rt: Rt) -> HTMLResponse:
+    await _body(request, rt.settings.max_answer_bytes)
     form = await request.form()
     values = {k: v for k, v in form.items() if isinstance(v, str)}
-    return await run_in_threadpool(_answer_page, token, values)
+    return await run_in_threadpool(_answer_page, rt, token, values)
 
 
-def _answer_page(token: str, values: dict[str, str]) -> HTMLResponse:
-    opened = _open(token, 409)
+def _answer_page(rt: Runtime, token: str, values: dict[str, str]) -> HTMLResponse:
+    opened = _open(rt, token, 409)
     if isinstance(opened, HTMLResponse):
         return opened
     try:
         entry = entry_from_form(opened.interrupt, values)
-        answers.answer(opened, entry, channel="page")
+        answers.answer(rt, opened, entry, channel="page")
     except Invalid as exc:
         errors = (exc.detail or {}).get("errors") if isinstance(exc.detail, dict) else None
         return _show(opened, "open", 422, errors=errors or [{"path": "", "message":
                                                               exc.message}], values=values)
     except LaybyError as exc:  # refused as it was recorded: a rival answered first, …
-        fresh = answers.reopen(opened)
+        fresh = answers.reopen(rt, opened)
         return _show(fresh, _closed_state(fresh) or "open", status_of(exc),
                      message=exc.message)
-    return _show(answers.reopen(opened), "done")
-
-
-def _answered(opened: answers.Opened, resumed: bool) -> dict[str, Any]:
-    """What a reviewer's system learns: its own answer as recorded, not the run's history
-    or anyone else's answers."""
-    run = commands.get_run(opened.run.id)
-    mine = next(i for i in run.interrupts if i.id == opened.interrupt.id)
-    return {"runId": run.id, "interruptId": mine.id, "state": mine.state.value,
-            "answer": mine.answer.wire() if mine.answer else None, "resumed": resumed}
+    return _show(answers.reopen(rt, opened), "done")
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -190,79 +164,26 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 @router.post("/callbacks/answers")
-async def callback(request: Request) -> JSONResponse:
+async def callback(request: Request, rt: Rt) -> JSONResponse:
     """A reviewer's system answers: signed per Standard Webhooks with the reviewer's secret
     (and `reviewer` naming them), or carrying the notification's `token`."""
-    raw = await _body(request, get_settings().max_answer_bytes)
+    raw = await _body(request, rt.settings.max_answer_bytes)
     try:
-        body = Callback.model_validate_json(raw)
+        body = callbacks.Callback.model_validate_json(raw)
     except ValidationError as exc:
         raise Invalid("the callback body is not a valid answer", detail=[
             {"path": "/" + "/".join(str(p) for p in e["loc"]), "message": e["msg"]}
             for e in exc.errors(include_url=False)]) from None
     headers = {k.lower(): v for k, v in request.headers.items()}
-
-    entry = ResumeEntry(interrupt_id=body.interrupt_id,
-                        status=body.status,  # type: ignore[arg-type]
-                        payload=body.payload, metadata=body.metadata)
-
-    def work() -> dict[str, Any]:
-        if "webhook-signature" in headers:
-            reviewer, seen = _signed(body, raw, headers)
-            try:
-                opened = answers.open_for(reviewer, body.run_id, body.interrupt_id)
-                result = answers.answer(opened, entry, channel="webhook")
-            except BaseException:
-                # Not taken: a retry of this callback (same webhook-id) must get the real
-                # reason again, not "already received", which would say it was taken.
-                runtime.store().forget_sight(seen)
-                raise
-            return _answered(opened, bool(result.entries))
-        if body.token:
-            opened = answers.open_token(body.token)
-            if (opened.run.id, opened.interrupt.id) != (body.run_id, body.interrupt_id):
-                raise BadToken("this token was issued for another interrupt "
-                               f"({opened.interrupt.id} of run {opened.run.id})")
-        else:
-            raise Unauthorized("sign the callback per Standard Webhooks with your webhook "
-                               "secret (and set \"reviewer\"), or include the notification's "
-                               "\"token\"")
-        result = answers.answer(opened, entry, channel="webhook")
-        return _answered(opened, bool(result.entries))
-
-    return JSONResponse(await run_in_threadpool(work))
-
-
-def _signed(body: Callback, raw: bytes, headers: dict[str, str]
-            ) -> tuple[Reviewer, str]:
-    """The reviewer whose signature the callback carries, and the key remembering its
-    webhook-id (to forget if the callback is not taken)."""
-    if not body.reviewer:
-        raise Invalid("a signed callback names its reviewer: set \"reviewer\" to your id in "
-                      "the reviewer directory")
-    reviewer = config.directory().reviewers.get(body.reviewer)
-    if reviewer is None or reviewer.webhook is None:
-        # The same words as a wrong signature: callers learn nothing of the directory.
-        raise webhooks.BadSignature("the webhook signature does not verify for reviewer "
-                                    f"{body.reviewer[:80]!r}: sign the exact body with your "
-                                    "webhook secret, per Standard Webhooks")
-    webhooks.verify(reviewer.webhook.secret, raw, headers)
-    webhook_id = headers.get("webhook-id", "")
-    store = runtime.store()
-    sight = f"webhook:{reviewer.id}:{webhook_id}"
-    # Remembered for twice the tolerance: an older replay fails on its timestamp anyway.
-    if not store.first_sight(sight, 2 * webhooks.TOLERANCE_S):
-        raise webhooks.Replayed(f"webhook-id {webhook_id[:80]!r} was already received; a "
-                                "replayed callback is refused (send a new id for a new answer)")
-    return reviewer, sight
+    return JSONResponse(await run_in_threadpool(callbacks.receive, rt, body, raw, headers))
 
 
 @router.post("/inbound/email")
-async def inbound_email(request: Request) -> JSONResponse:
+async def inbound_email(request: Request, rt: Rt) -> JSONResponse:
     """Replies POSTed by a mail provider: raw MIME (`message/rfc822`, recipients in `?to=`),
     or a form with the raw mail in `email` (SendGrid) or `body-mime` (Mailgun) and the
     recipients in `envelope` or `recipient`."""
-    _check_provider(request)
+    _check_provider(rt, request)
     raw = await _body(request, MAX_MAIL_BYTES)
     recipients = list(request.query_params.getlist("to"))
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -275,7 +196,7 @@ async def inbound_email(request: Request) -> JSONResponse:
         raw = mime.encode()
         recipients += _form_recipients(form.get("envelope"), form.get("recipient"))
     try:
-        got = await run_in_threadpool(inbox.receive, raw, recipients)
+        got = await run_in_threadpool(inbox.receive, rt, raw, recipients)
     except inbox.AutomaticReply as exc:
         return JSONResponse({"ignored": True, "reason": exc.message})
     except ConfigError as exc:
@@ -288,8 +209,8 @@ async def inbound_email(request: Request) -> JSONResponse:
                          "reviewer": got.reviewer, "resumed": got.resumed})
 
 
-def _check_provider(request: Request) -> None:
-    secret = get_settings().inbound_mail_secret
+def _check_provider(rt: Runtime, request: Request) -> None:
+    secret = rt.settings.inbound_mail_secret
     if secret is None:
         return
     given = request.headers.get("authorization", "")

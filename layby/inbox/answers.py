@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from layby.control import commands, runtime
+from layby.control import Runtime, commands
 from layby.errors import Invalid, NotFound
 from layby.generation.interrupts import ResumeEntry
-from layby.reviewers import config, tokens
+from layby.reviewers import tokens
 from layby.reviewers.directory import Reviewer
-from layby.notifier.planning import reviewers_for
 from layby.reviewers.tokens import BadToken, Grant
 from layby.parking import Result
 from layby.wire import InterruptState, InterruptView, RunView
@@ -35,52 +34,53 @@ class Opened:
         return self.interrupt.state is InterruptState.OPEN
 
 
-def _lookup(ref: str) -> Grant | None:
-    raw = runtime.store().grant(ref)
-    return Grant.loads(raw) if raw else None
+def open_token(rt: Runtime, token: str) -> Opened:
+    """The reviewer, run and interrupt behind `token`; BadToken says why not."""
 
+    def lookup(ref: str) -> Grant | None:
+        raw = rt.store.grant(ref)
+        return Grant.loads(raw) if raw else None
 
-def open_token(token: str) -> Opened:
-    """The reviewer, run and interrupt behind `token`; BadToken (403) says why not."""
-    grant = tokens.verify(config.token_keys(), token, _lookup)
-    reviewer = config.directory().reviewers.get(grant.reviewer)
+    grant = tokens.verify(rt.reviewers.token_keys(), token, lookup)
+    reviewer = rt.reviewers.get(grant.reviewer)
     if reviewer is None:
         raise NotAllowed(f"reviewer {grant.reviewer!r} is no longer in the reviewer directory")
-    return _opened(grant, reviewer)
+    return _opened(rt, grant, reviewer)
 
 
-def open_expired(grant: Grant) -> Opened | None:
+def open_expired(rt: Runtime, grant: Grant) -> Opened | None:
     """What an expired token named, to show where its request stands (it answers nothing);
     None when the reviewer or the run is gone."""
-    reviewer = config.directory().reviewers.get(grant.reviewer)
+    reviewer = rt.reviewers.get(grant.reviewer)
     try:
-        return _opened(grant, reviewer) if reviewer else None
+        return _opened(rt, grant, reviewer) if reviewer else None
     except (NotFound, NotAllowed):
         return None
 
 
-def open_for(reviewer: Reviewer, run_id: str, interrupt_id: str) -> Opened:
+def open_for(rt: Runtime, reviewer: Reviewer, run_id: str, interrupt_id: str) -> Opened:
     """What a reviewer authenticated otherwise (a signed webhook) may answer."""
-    run = commands.get_run(run_id)
+    run = commands.get_run(rt, run_id)
     grant = Grant(run_id, interrupt_id, reviewer.id, run.version, 0)
-    return _opened(grant, reviewer, run)
+    return _opened(rt, grant, reviewer, run)
 
 
-def reopen(opened: Opened) -> Opened:
+def reopen(rt: Runtime, opened: Opened) -> Opened:
     """The same request read again, after an answer was given or refused: the token and the
     reviewer were checked when it was opened (a link that expires or a reviewer removed in
     between must not turn the reply to their own answer into a refusal)."""
-    run = commands.get_run(opened.run.id)
+    run = commands.get_run(rt, opened.run.id)
     interrupt = next(i for i in run.interrupts if i.id == opened.interrupt.id)
     return replace(opened, run=run, interrupt=interrupt)
 
 
-def _opened(grant: Grant, reviewer: Reviewer, run: RunView | None = None) -> Opened:
-    run = run or commands.get_run(grant.run_id)
+def _opened(rt: Runtime, grant: Grant, reviewer: Reviewer, run: RunView | None = None
+            ) -> Opened:
+    run = run or commands.get_run(rt, grant.run_id)
     interrupt = next((i for i in run.interrupts if i.id == grant.interrupt_id), None)
     if interrupt is None:
         raise NotFound(f"run {run.id} has no interrupt {grant.interrupt_id!r}", run_id=run.id)
-    if reviewer.id not in {r.id for r in reviewers_for(interrupt)}:
+    if reviewer.id not in {r.id for r in rt.reviewers.asked_for(interrupt)}:
         raise NotAllowed(f"{reviewer.label} is not among the reviewers of this request",
                          run_id=run.id)
     return Opened(grant, reviewer, run, interrupt)
@@ -95,7 +95,7 @@ def refuse_if_closed(opened: Opened) -> None:
                                 status=opened.run.status.value)
 
 
-def answer(opened: Opened, entry: ResumeEntry, *, channel: str) -> Result:
+def answer(rt: Runtime, opened: Opened, entry: ResumeEntry, *, channel: str) -> Result:
     """Record `entry` for the opened interrupt. A token from an earlier step of the run (a
     version that moved on) is refused; an interrupt already answered is refused with who
     answered it first (so a token is accepted once)."""
@@ -110,5 +110,5 @@ def answer(opened: Opened, entry: ResumeEntry, *, channel: str) -> Result:
                       "approve or decline it, or ask the run's owner to change it through "
                       "/v1", run_id=run.id)
     entry = entry.model_copy(update={"interrupt_id": opened.interrupt.id})
-    return commands.answer(run.id, [entry], by=f"reviewer:{opened.reviewer.id}",
+    return commands.answer(rt, run.id, [entry], by=f"reviewer:{opened.reviewer.id}",
                            channel=channel)

@@ -15,6 +15,7 @@ from typing import Any
 import redis
 from aiosmtpd.controller import Controller
 
+from layby.control import Runtime
 from layby.errors import ConfigError, Conflict, LaybyError, NotFound
 from layby.inbox import replies_in as inbox
 from layby.inbox.replies import MalformedMail, Unreadable, token_from_address
@@ -41,6 +42,11 @@ def smtp_reply(exc: LaybyError) -> str:
 
 
 class ReplyHandler:
+    """aiosmtpd's handler: one reply per DATA, answered through `rt`."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
     async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
                           rcpt_options: list[str]) -> str:
         if token_from_address(address) is None:
@@ -53,7 +59,8 @@ class ReplyHandler:
         loop = asyncio.get_running_loop()
         raw = envelope.original_content or envelope.content
         try:
-            got = await loop.run_in_executor(None, inbox.receive, raw, list(envelope.rcpt_tos))
+            got = await loop.run_in_executor(None, inbox.receive, self.rt, raw,
+                                             list(envelope.rcpt_tos))
         except Unreadable:
             return ("250 2.0.0 Received, but the answer could not be read; nothing was "
                     "recorded and instructions were mailed back")

@@ -8,8 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from layby.broker_config import get_settings
-from layby.control import runtime
+from layby.control import Runtime
 from layby.errors import Invalid, LaybyError
 from layby.inbox import answers
 from layby.notifier import mail
@@ -55,15 +54,16 @@ def token_of(message: Mail, envelope_recipients: list[str] | None) -> str:
                    "notification itself, keeping its Reply-To address")
 
 
-def receive(raw: bytes, envelope_recipients: list[str] | None = None) -> Received:
-    """Answer with a reply mail. Raises MalformedMail (400), BadToken/WrongSender (403),
-    Conflict (409: already answered, or expired) or Unreadable (422, after mailing the
-    sender why and how to answer)."""
+def receive(rt: Runtime, raw: bytes, envelope_recipients: list[str] | None = None
+            ) -> Received:
+    """Answer with a reply mail. Raises MalformedMail, BadToken/WrongSender, Conflict
+    (already answered, or expired) or Unreadable (after mailing the sender why and how to
+    answer)."""
     message = parse_mail(raw)
     if message.automatic:
         raise AutomaticReply(f"an automatic reply from {message.sender} (out of office, "
                              "vacation) is not an answer; nothing was recorded")
-    opened = answers.open_token(token_of(message, envelope_recipients))
+    opened = answers.open_token(rt, token_of(message, envelope_recipients))
     # The From header, not the envelope sender: providers rewrite the envelope (bounce
     # addresses, SRS), and From is what the sender's domain signs (DKIM).
     if message.sender != (opened.reviewer.email or "").lower():
@@ -73,23 +73,22 @@ def receive(raw: bytes, envelope_recipients: list[str] | None = None) -> Receive
     answers.refuse_if_closed(opened)  # before reading: an unreadable late reply is late
     try:
         entry = read_answer(opened.interrupt, reply_text(message.text))
-        result = answers.answer(opened, entry, channel="email")
+        result = answers.answer(rt, opened, entry, channel="email")
     except (Unreadable, Invalid) as exc:
         # Invalid: read, but refused by the tool's own rules; to the reviewer, the same.
         reason = exc.message if isinstance(exc, Unreadable) else \
             f"{exc.message}\n\n{how_to_answer(opened.interrupt)}"
-        _mail_back(message, reason)
+        _mail_back(rt, message, reason)
         raise Unreadable(reason, run_id=opened.run.id, detail=exc.detail) from None
     return Received(opened.run.id, opened.interrupt.id, opened.reviewer.id,
                     bool(result.entries))
 
 
-def _mail_back(message: Mail, reason: str) -> None:
+def _mail_back(rt: Runtime, message: Mail, reason: str) -> None:
     """Tell the sender why their reply was not taken, once per reply: mail providers POST
     a refused reply again and again, and each must not mail the reviewer again. Marked only
     as sent, so a send that failed is tried again with the provider's next attempt."""
-    settings = get_settings()
-    store = runtime.store()
+    settings, store = rt.settings, rt.store
     mark = f"mailed-back:{message.message_id or message.sender + message.subject}"
     # Taken before sending (one round trip, and two retries arriving together send one),
     # given back if the send fails.

@@ -6,6 +6,7 @@ It talks to Redis directly (the same `control.commands` the HTTP API uses), so i
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -14,7 +15,8 @@ from typing import Annotated, Any, NoReturn
 import redis
 import typer
 
-from layby.broker_config import SWEEP, get_settings, logs, worker_queues
+from layby.broker_config import SWEEP, Settings, logs, worker_queues
+from layby.control import Runtime, build
 from layby.errors import LaybyError
 from layby.generation.interrupts import CONFIRMATION, ResumeEntry
 from layby.wire import InterruptView, RunView, Status
@@ -31,6 +33,10 @@ cli.add_typer(ops, name="ops")
 
 
 def main() -> None:
+    # The user's own modules (LAYBY_AGENT_MODULES, LAYBY_TASK_MODULES) are found in the
+    # current folder, as `celery -A` finds them; a console script's path does not have it.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         cli()
     except LaybyError as exc:
@@ -48,6 +54,13 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise SystemExit(code)
 
 
+@functools.cache
+def _rt() -> Runtime:
+    """This command's runtime, built on first use (commands that start processes need
+    none)."""
+    return build()
+
+
 def _exec(argv: list[str]) -> NoReturn:
     os.execv(sys.executable, [sys.executable, *argv])
 
@@ -60,7 +73,7 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
     HTTP gateway and Flower; print where everything is; stop it all on Ctrl-C."""
     from layby.ops.supervisor import System
 
-    settings = get_settings()
+    settings = Settings()
     system = System(settings, port or settings.port, concurrency or None, flower)
     try:
         where = system.start()
@@ -100,10 +113,11 @@ def worker(queues: Annotated[str | None, typer.Option(
     """Run a Celery worker on layby's queues."""
     from layby.ops.supervisor import worker_argv
 
+    settings = Settings()
     # Named layby-<pid>@<host> as `layby up` names its worker: one worker per queue on the
     # same machine must not share Celery's default node name.
-    argv = worker_argv(queues.split(",") if queues else worker_queues(), concurrency or None,
-                       loglevel)[1:]
+    argv = worker_argv(settings, queues.split(",") if queues else worker_queues(settings),
+                       concurrency or None, loglevel)[1:]
     argv += ["-B", "--scheduler", "celery.beat:Scheduler"] if beat else []
     _exec(argv)
 
@@ -114,16 +128,17 @@ def sweeper() -> None:
     and a one-process worker on the sweep queue. Run one per deployment."""
     from layby.ops.supervisor import sweeper_argv
 
-    _exec(sweeper_argv()[1:])
+    _exec(sweeper_argv(Settings())[1:])
 
 
 @cli.command()
 def gateway(host: Annotated[str | None, typer.Option()] = None,
             port: Annotated[int | None, typer.Option()] = None) -> None:
     """Run the HTTP gateway."""
-    settings = get_settings()
-    _exec(["-m", "uvicorn", "layby.http.app:app", "--host", host or settings.host,
-           "--port", str(port or settings.port)])
+    from layby.ops.supervisor import gateway_argv
+
+    settings = Settings()
+    _exec(gateway_argv(host or settings.host, port or settings.port, log_level=None)[1:])
 
 
 @cli.command()
@@ -136,7 +151,7 @@ def flower(host: Annotated[str | None, typer.Option(
     never on the command line), or Flower's OAuth (FLOWER_AUTH, FLOWER_OAUTH2_*)."""
     from layby.ops.flower import FlowerAuthMissing, flower_argv, flower_env
 
-    settings = get_settings()
+    settings = Settings()
     try:
         env = flower_env(settings)
     except FlowerAuthMissing as exc:
@@ -152,10 +167,10 @@ def reply_listener(host: Annotated[str | None, typer.Option()] = None,
     the MX of LAYBY_INBOUND_DOMAIN (or your mail provider's forwarding) at it."""
     from layby.inbox.listener import ReplyHandler, serve
 
-    settings = get_settings()
-    logs.configure(settings)
-    serve(host or settings.reply_listener_host, port or settings.reply_listener_port,
-          ReplyHandler(), "layby reply listener")
+    rt = _rt()
+    logs.configure(rt.settings)
+    serve(host or rt.settings.reply_listener_host, port or rt.settings.reply_listener_port,
+          ReplyHandler(rt), "layby reply listener")
 
 
 @cli.command("mail-catcher")
@@ -165,7 +180,7 @@ def mail_catcher(port: Annotated[int | None, typer.Option()] = None) -> None:
     from layby.inbox.catcher import CatcherHandler
     from layby.inbox.listener import serve
 
-    settings = get_settings()
+    settings = Settings()
     logs.configure(settings)
     folder = settings.mail_catcher_dir or settings.data_dir / "mail"
     serve("127.0.0.1", port or settings.mail_catcher_port,
@@ -193,12 +208,12 @@ def secret(kind: Annotated[str, typer.Argument(help="'tokens' or 'webhook'")]) -
 def doctor() -> None:
     """Check what guards parked work: Redis persistence and eviction, clocks, Celery's
     loss settings, SMTP, reviewers and token keys. Exits 1 if anything needs fixing."""
-    from layby.broker_config import app
+    from layby.broker_config import make_celery
     from layby.control import connections
-    from layby.ops.doctor import run_checks
     from layby.errors import ConfigError
+    from layby.ops.doctor import run_checks
 
-    settings = get_settings()
+    settings = Settings()
     client = sentinel = None
     error = None
     try:
@@ -207,7 +222,8 @@ def doctor() -> None:
             client = connections.redis_client(settings, timeout_s=5)
     except ConfigError as exc:
         error = exc.message
-    checks = run_checks(settings, client, app.conf, sentinel=sentinel, redis_error=error)
+    checks = run_checks(settings, client, make_celery(settings).conf, sentinel=sentinel,
+                        redis_error=error)
     for check in checks:
         typer.secho(check.line(), fg=None if check.ok else "red")
     raise SystemExit(0 if all(c.ok for c in checks) else 1)
@@ -216,9 +232,7 @@ def doctor() -> None:
 @cli.command()
 def agents() -> None:
     """List the agents this machine loads (LAYBY_AGENT_MODULES)."""
-    from layby.control import runtime
-
-    for agent in runtime.agents().values():
+    for agent in _rt().agents.values():
         typer.echo(f"{agent.name:18} {agent.description}")
 
 
@@ -230,28 +244,28 @@ def run_agent(agent: str, text: str,
     interrupts are asked on the spot; elsewhere the command says how to answer them."""
     from layby.control import commands
 
-    view, _ = commands.start_run(agent, input=text, idempotency_key=idempotency_key)
+    view, _ = commands.start_run(_rt(), agent, input=text, idempotency_key=idempotency_key)
     typer.echo(f"run {view.id} ({agent}) queued")
     if follow:
         raise SystemExit(_follow(view.id))
 
 
 def _follow(run_id: str) -> int:
-    from layby.control import commands, runtime
+    from layby.control import commands
 
-    store = runtime.store()
+    store = _rt().store
     after = "0-0"
     while True:
         for event in store.events(run_id, after, block_ms=2000):
             after = event.id
             _print_event(event.type, event.data)
             if event.type == "run.completed":
-                typer.echo(commands.get_run(run_id).result or "")
+                typer.echo(commands.get_run(_rt(), run_id).result or "")
                 return 0
             if event.type in ("run.failed", "run.cancelled"):
                 return 1
             if event.type == "run.interrupted":
-                view = commands.get_run(run_id)
+                view = commands.get_run(_rt(), run_id)
                 if view.status is not Status.INTERRUPTED:
                     continue
                 if not sys.stdin.isatty():
@@ -301,10 +315,10 @@ def _ask(view: RunView) -> None:
         typer.echo(f"? {intr.message or intr.reason}")
         entry = _prompt_answer(intr)
         try:
-            commands.answer(view.id, [entry], by=f"cli:{_user()}", channel="cli")
+            commands.answer(_rt(), view.id, [entry], by=f"cli:{_user()}", channel="cli")
         except LaybyError as exc:
             typer.secho(f"  refused: {exc.message}", fg="red")
-            return _ask(commands.get_run(view.id))
+            return _ask(commands.get_run(_rt(), view.id))
 
 
 def _prompt_answer(intr: InterruptView) -> ResumeEntry:
@@ -341,9 +355,7 @@ def _user() -> str:
 def runs_ls(status: Annotated[Status | None, typer.Option(help="only runs in this state")] = None,
             limit: Annotated[int, typer.Option(min=1)] = 50) -> None:
     """List runs, newest first."""
-    from layby.control import runtime
-
-    for r in runtime.store().list_runs(status, limit=limit):
+    for r in _rt().store.list_runs(status, limit=limit):
         waiting = f"  {r.open_interrupts} open" if r.open_interrupts else ""
         typer.echo(f"{r.id}  {r.status.value:11}  {r.agent:16} {r.updated_at}{waiting}")
 
@@ -353,7 +365,7 @@ def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
     """Show a run: its state, history, interrupts and who answered them."""
     from layby.control import commands
 
-    view = commands.get_run(run_id)
+    view = commands.get_run(_rt(), run_id)
     if as_json:
         typer.echo(json.dumps(view.wire(), indent=2))
         return
@@ -394,7 +406,7 @@ def runs_answer(run_id: str, interrupt_id: Annotated[str | None, typer.Argument(
     chosen = [x for x in (approve, decline, text is not None, payload is not None) if x]
     if len(chosen) != 1:
         _fail("give exactly one of --approve, --decline, --text, --payload", 2)
-    view = commands.get_run(run_id)
+    view = commands.get_run(_rt(), run_id)
     if interrupt_id is None:
         waiting = _open(view)
         if not waiting:  # "name one: []" would send people looking for an id that is not there
@@ -418,7 +430,7 @@ def runs_answer(run_id: str, interrupt_id: Annotated[str | None, typer.Argument(
             value = _load_json(payload, "--payload")
         entry = ResumeEntry(interrupt_id=interrupt_id, status="resolved", payload=value,
                             metadata=metadata or None)
-    result = commands.answer(run_id, [entry], by=f"cli:{_user()}", channel="cli")
+    result = commands.answer(_rt(), run_id, [entry], by=f"cli:{_user()}", channel="cli")
     typer.echo(f"answered {interrupt_id}" + ("; the run resumes" if result.entries else
                                              "; other interrupts are still open"))
 
@@ -435,7 +447,7 @@ def runs_cancel(run_id: str, reason: str | None = None) -> None:
     """Cancel a run that has not finished."""
     from layby.control import commands
 
-    view = commands.cancel(run_id, by=f"cli:{_user()}", reason=reason)
+    view = commands.cancel(_rt(), run_id, by=f"cli:{_user()}", reason=reason)
     typer.echo(f"run {view.id} is {view.status.value}")
 
 
@@ -444,7 +456,7 @@ def runs_requeue(run_id: str) -> None:
     """Queue a run's pending step again (when its task message was lost)."""
     from layby.control import commands
 
-    commands.requeue(run_id)
+    commands.requeue(_rt(), run_id)
     typer.echo(f"run {run_id}: pending step queued again")
 
 
@@ -456,12 +468,12 @@ def runs_events(run_id: str, follow: bool = False,
                     "--text", help="one readable line per event")] = False) -> None:
     """Print a run's full event history, oldest first: every event's id, time, type,
     version and data, as JSON lines (or readable lines with --text)."""
-    from layby.control import commands, runtime
+    from layby.control import commands
 
     if as_json and text:
         _fail("give --json or --text, not both", 2)
-    commands.get_run(run_id)
-    store = runtime.store()
+    commands.get_run(_rt(), run_id)
+    store = _rt().store
     after = "0-0"
     while True:
         batch = store.events(run_id, after, block_ms=5000 if follow else None)
@@ -486,7 +498,7 @@ def ops_stuck(as_json: Annotated[bool, typer.Option("--json")] = False,
     Each says what is wrong and the command that fixes it."""
     from layby.control import oncall
 
-    findings = oncall.stuck(limit=limit)
+    findings = oncall.stuck(_rt(), limit=limit)
     if as_json:
         typer.echo(json.dumps([f.wire() for f in findings], indent=2))
         return
@@ -502,7 +514,7 @@ def ops_requeue_stuck(limit: Annotated[int, typer.Option(min=1)] = 200) -> None:
     outbox entries."""
     from layby.control import oncall
 
-    done, published = oncall.requeue_stuck(limit=limit)
+    done, published = oncall.requeue_stuck(_rt(), limit=limit)
     for item in done:
         typer.echo(f"{item.run_id}  {item.outcome}  ({item.why})")
     typer.echo(f"{sum(i.outcome == 'requeued' for i in done)} run(s) requeued, "
@@ -522,14 +534,14 @@ def ops_retry_notifications(run_id: Annotated[str | None, typer.Argument(
     if (run_id is None) == (not all_runs):
         _fail("give a RUN_ID or --all", 2)
     if run_id is not None:
-        view = commands.get_run(run_id)
+        view = commands.get_run(_rt(), run_id)
         if view.status is not Status.INTERRUPTED:
             _fail(f"run {run_id} is {view.status.value}: only a parked run's notifications "
                   "are sent again")
         run_ids = [run_id]
     else:
-        run_ids = oncall.interrupted_runs(limit=limit)
-    retried = oncall.retry_notifications(run_ids)
+        run_ids = oncall.interrupted_runs(_rt().store, limit=limit)
+    retried = oncall.retry_notifications(_rt(), run_ids)
     for rid, ids in retried.items():
         for nid in ids:
             typer.echo(f"{rid}  {nid}  sent again")
@@ -544,7 +556,7 @@ def ops_purge(dry_run: Annotated[bool, typer.Option(
     """Drop finished runs past retention (LAYBY_RETENTION_S) from the indexes."""
     from layby.control import oncall
 
-    counts = oncall.purge(dry_run=dry_run)
+    counts = oncall.purge(_rt().store, dry_run=dry_run)
     found = ", ".join(f"{counts[s]} {s}" for s in ("completed", "failed", "cancelled"))
     if dry_run:
         typer.echo(f"would purge: {found}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
 from pathlib import Path
 
 from layby import broker_config
@@ -36,7 +35,7 @@ def ensure_credentials(settings: Settings) -> str:
 
 def flower_argv(settings: Settings, host: str | None = None, port: int | None = None
                 ) -> list[str]:
-    return [*broker_config.celery_argv(settings.log_format), "flower", f"--conf={CONFIG_FILE}",
+    return [*broker_config.celery_argv(settings), "flower", f"--conf={CONFIG_FILE}",
             f"--address={host or settings.flower_host}", f"--port={port or settings.flower_port}"]
 
 

@@ -42,20 +42,27 @@ everyone = ["you"]
 """
 
 
-def worker_argv(queues: list[str], concurrency: int | None, loglevel: str,
-                log_format: str | None = None) -> list[str]:
-    argv = [*celery_argv(log_format), "worker", "-Q", ",".join(queues), "-n",
+def worker_argv(settings: Settings, queues: list[str], concurrency: int | None,
+                loglevel: str) -> list[str]:
+    argv = [*celery_argv(settings), "worker", "-Q", ",".join(queues), "-n",
             f"layby-{os.getpid()}@%h", "-l", loglevel]
     return argv + (["-c", str(concurrency)] if concurrency else [])
 
 
-def sweeper_argv(log_format: str | None = None) -> list[str]:
+def sweeper_argv(settings: Settings) -> list[str]:
     """A one-process worker on the sweep queue with the clock (beat) that feeds it, so
     sweeps never wait behind model calls and their log lines stay out of the worker's."""
     # The in-memory scheduler: a fixed interval needs no schedule file to survive restarts.
-    return [*celery_argv(log_format), "worker", "-Q", SWEEP,
+    return [*celery_argv(settings), "worker", "-Q", SWEEP,
             "-P", "solo", "-B", "--scheduler", "celery.beat:Scheduler", "-n",
             f"layby-sweeper-{os.getpid()}@%h", "-l", "WARNING"]
+
+
+def gateway_argv(host: str, port: int, log_level: str | None = "warning") -> list[str]:
+    """uvicorn on the gateway's factory (it builds the runtime from the LAYBY_* settings)."""
+    return [sys.executable, "-m", "uvicorn", "--factory", "layby.http.app:create_app",
+            "--host", host, "--port", str(port),
+            *(["--log-level", log_level] if log_level else [])]
 
 
 @dataclass
@@ -110,16 +117,14 @@ class System:
             env["LAYBY_API_KEYS"] = key
         env.update(self._reviewer_env(data_dir))
         self.children = [
-            Child("worker", worker_argv(worker_queues(self.settings), self.concurrency,
-                                        "INFO")),
-            Child("sweeper", sweeper_argv()),
-            Child("gateway", [sys.executable, "-m", "uvicorn", "layby.http.app:app", "--host",
-                              self.settings.host, "--port", str(self.port),
-                              "--log-level", "warning"]),
-            Child("replies", [sys.executable, "-m", "layby.ops.cli", "reply-listener"]),
+            Child("worker", worker_argv(self.settings, worker_queues(self.settings),
+                                        self.concurrency, "INFO")),
+            Child("sweeper", sweeper_argv(self.settings)),
+            Child("gateway", gateway_argv(self.settings.host, self.port)),
+            Child("replies", [sys.executable, "-m", "layby", "reply-listener"]),
         ]
         if "LAYBY_MAIL_CATCHER_DIR" in env:
-            self.children.append(Child("mail", [sys.executable, "-m", "layby.ops.cli",
+            self.children.append(Child("mail", [sys.executable, "-m", "layby",
                                                 "mail-catcher"]))
         flower_url, flower_auth = "", ""
         if self.flower:

@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from redis import Redis, RedisError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
-from layby.parking import scripts
+from layby.parking import events, scripts
+from layby.parking.clock import iso
 from layby.parking.keys import Keys
 from layby.parking.records import OutboxEntry
 from layby.wire import Answer, Event, InterruptView, Notification, RunSummary, RunView, Status
@@ -70,11 +71,6 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.code == "ok"
-
-
-def iso(ms: int | str | None) -> str:
-    moment = datetime.fromtimestamp(int(ms or 0) / 1000, tz=UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _entries(raw: Iterable[str]) -> list[OutboxEntry]:
@@ -384,13 +380,12 @@ class Store:
 
     def events(self, run_id: str, after: str = "0-0", *, block_ms: int | None = None,
                count: int = 500) -> list[Event]:
-        key = self.keys.events(run_id)
-        if block_ms is None:
-            found = self.redis.xrange(key, f"({after}" if after != "0-0" else "-", "+", count)
-        else:
-            reply = self.redis.xread({key: after}, count=count, block=block_ms)
-            found = reply[0][1] if reply else []
-        return [event_of(eid, fields) for eid, fields in found]
+        return events.read(self.redis, self.keys.events(run_id), after, block_ms=block_ms,
+                           count=count)
+
+    def last_park(self, run_id: str, interrupt_ids: set[str] | None = None) -> Event | None:
+        """The run's newest `run.interrupted` event (that parked on one of `interrupt_ids`)."""
+        return events.last_park(self.redis, self.keys.events(run_id), interrupt_ids)
 
     def due_deadlines(self, limit: int = 200) -> list[tuple[str, str]]:
         now_ms = int(self.redis.time()[0]) * 1000
@@ -449,8 +444,3 @@ def _notification(raw: str) -> Notification:
         if isinstance(data.get(field_name), int):
             data[field_name] = iso(data[field_name])
     return Notification.model_validate(data)
-
-
-def event_of(event_id: str, fields: dict[str, str]) -> Event:
-    return Event(id=event_id, type=fields["type"], version=int(fields["version"]),
-                 at=iso(fields["at"]), data=json.loads(fields.get("data") or "null"))

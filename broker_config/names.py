@@ -1,0 +1,27 @@
+"""Task and queue names, defined once. They are public and stable: other services enqueue by
+name with `send_task`, and operators read them in Flower.
+
+| task                    | queue        | arguments                                  |
+|-------------------------|--------------|--------------------------------------------|
+| layby.start_run         | layby.turns  | agent, input, metadata?, run_id?           |
+| layby.run_turn          | layby.turns  | run_id, version                            |
+| layby.resume_run        | layby.turns  | run_id, version                            |
+| layby.sweep             | layby.sweep  | (none)                                     |
+| layby.notify.interrupts | layby.notify | run_id, version (plans the announcements)  |
+| layby.notify.deliver    | layby.notify | run_id, notification_id                    |
+
+Background jobs (users' own tasks) run on `layby.jobs`, Celery's default queue for this app.
+"""
+
+TURNS = "layby.turns"
+NOTIFY = "layby.notify"
+SWEEP = "layby.sweep"
+JOBS = "layby.jobs"
+QUEUES = (TURNS, NOTIFY, SWEEP, JOBS)
+
+START_RUN = "layby.start_run"
+RUN_TURN = "layby.run_turn"
+RESUME_RUN = "layby.resume_run"
+SWEEP_TASK = "layby.sweep"
+NOTIFY_TASK = "layby.notify.interrupts"
+DELIVER_TASK = "layby.notify.deliver"

@@ -1,0 +1,68 @@
+"""A run's event stream (a capped Redis Stream the transition scripts append to), read in one
+place: entries as `Event`s, a page of them, the newest park, and an async follower for
+server-sent events and AG-UI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+from layby.parking.clock import iso
+from layby.wire import Event
+
+FINAL = frozenset({"run.completed", "run.failed", "run.cancelled"})
+KEEP_ALIVE_MS = 15_000
+
+
+def event_of(event_id: str, fields: dict[str, str]) -> Event:
+    return Event(id=event_id, type=fields["type"], version=int(fields["version"]),
+                 at=iso(fields["at"]), data=json.loads(fields.get("data") or "null"))
+
+
+def read(client: Redis, key: str, after: str = "0-0", *, block_ms: int | None = None,
+         count: int = 500) -> list[Event]:
+    """Events after `after` (a stream id); with `block_ms`, wait that long for one."""
+    if block_ms is None:
+        found = client.xrange(key, f"({after}" if after != "0-0" else "-", "+", count)
+    else:
+        reply: Any = client.xread({key: after}, count=count, block=block_ms)
+        found = reply[0][1] if reply else []
+    return [event_of(eid, fields) for eid, fields in found]
+
+
+def last_park(client: Redis, key: str, interrupt_ids: set[str] | None = None) -> Event | None:
+    """The newest `run.interrupted` event (that parked on one of `interrupt_ids`)."""
+    upper = "+"
+    while True:
+        batch = client.xrevrange(key, max=upper, min="-", count=200)
+        for event_id, fields in batch:
+            if fields.get("type") == "run.interrupted":
+                event = event_of(event_id, fields)
+                ids = {i["id"] for i in event.data.get("interrupts", [])}
+                if interrupt_ids is None or ids & interrupt_ids:
+                    return event
+        if len(batch) < 200:
+            return None
+        upper = f"({batch[-1][0]}"
+
+
+async def follow(client: AsyncRedis, key: str, after: str, *, keep_going: bool = True
+                 ) -> AsyncIterator[Event | None]:
+    """Events after `after`: what is there, then, with `keep_going`, each as it comes and
+    None every 15 s without one (for a keep-alive). Async, so a waiting stream holds a
+    socket, not one of the server's threads."""
+    while True:
+        reply = await client.xread({key: after}, count=500,
+                                   block=KEEP_ALIVE_MS if keep_going else None)
+        batch = reply[0][1] if reply else []
+        if not batch:
+            if not keep_going:
+                return
+            yield None
+        for event_id, fields in batch:
+            after = event_id
+            yield event_of(event_id, fields)

@@ -1,0 +1,11 @@
+"""The Celery app of layby's worker, sweeper and Flower processes: `celery -A layby.tasks.app`
+(what `layby worker`, `layby sweeper` and `layby flower` run).
+
+Celery's command line finds its app by importing a module, so this one builds it at import,
+from the LAYBY_* settings: it is a process's entry point, and nothing else imports it.
+"""
+
+from layby.control import build
+from layby.tasks import register
+
+app = register(build())
