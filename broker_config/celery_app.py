@@ -110,15 +110,16 @@ def make_celery(settings: Settings) -> Celery:
     modules (LAYBY_TASK_MODULES), imported when a worker starts. Registers no task (see
     `layby.tasks.register`)."""
     transport.install()
-    _log_like_layby(settings)
     app = Celery("layby", include=list(settings.task_modules))
     app.conf.update(celery_config(settings))
     return app
 
 
-def _log_like_layby(settings: Settings) -> None:
+def log_like_layby(settings: Settings) -> None:
     """Workers, the sweeper and beat write the same format as the gateway (text or JSON,
-    with ids), at `-l`'s level. Connected, Celery leaves logging to layby."""
+    with ids), at `-l`'s level: connected, Celery leaves logging to layby. For processes
+    Celery's command line starts (`layby.tasks.app`); a library user's process keeps its
+    own logging."""
 
     def configure(loglevel: Any = None, **_: Any) -> None:
         logs.configure(settings, level=loglevel)

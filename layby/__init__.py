@@ -1,1 +1,40 @@
-"""layby: durable interrupts for LLM agent runs on Celery and Redis/Valkey."""
+"""layby: durable interrupts for LLM agent runs on Celery and Redis/Valkey.
+
+Write agents and tools (run by layby's workers):
+
+    from layby import Agent, tool, interrupt_tool, ToolContext, Ask, Approval
+    from layby import ScriptedModel, Reply, Call          # real models: layby.models
+
+Drive runs from another service:
+
+    from layby import Client, AsyncClient
+
+The rest lives in documented submodules: `layby.models` (model adapters), `layby.testing`
+(fixtures for your own tests), `layby.errors` (every exception), `layby.wire` (the API's
+shapes). Importing layby connects to nothing and reads no settings.
+"""
+
+from layby.client import AsyncClient, Client
+from layby.errors import Conflict, Invalid, LaybyError, NotFound, Unauthorized
+from layby.generation.agents import Agent
+from layby.generation.interrupts import (
+    BACKGROUND_JOB,
+    CONFIRMATION,
+    INPUT_REQUIRED,
+    TOOL_CALL,
+    OnExpire,
+    ResumeEntry,
+)
+from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
+from layby.generation.tools import Approval, Ask, ToolContext, interrupt_tool, tool
+from layby.wire import Event, InterruptView, RunSummary, RunView, Status
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "TOOL_CALL",
+    "Agent", "Approval", "Ask", "AsyncClient", "Call", "Case", "Choose", "Client", "Conflict",
+    "Event", "InterruptView", "Invalid", "LaybyError", "NotFound", "OnExpire", "Reply",
+    "ResumeEntry", "RunSummary", "RunView", "ScriptedModel", "Status", "ToolContext",
+    "Unauthorized", "interrupt_tool", "tool",
+]

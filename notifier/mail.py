@@ -14,7 +14,7 @@ import jinja2
 from layby.broker_config import Settings
 from layby.generation.interrupts import Interrupt
 from layby.reviewers.directory import Reviewer
-from layby.inbox.forms import is_confirmation
+from layby.reviewers.schemas import how_to_answer, is_confirmation
 from layby.wire import Notification, RunView
 
 _templates = jinja2.Environment(loader=jinja2.PackageLoader("layby.notifier", "templates"),
@@ -44,8 +44,6 @@ def _shorten(text: str, limit: int) -> str:
 
 def notification_mail(settings: Settings, run: RunView, interrupt: Interrupt,
                       reviewer: Reviewer, note: Notification) -> EmailMessage:
-    from layby.inbox.replies import how_to_answer
-
     assert note.token is not None
     confirmation = is_confirmation(interrupt)
     asks = "asks for your approval" if confirmation else "asks you"

@@ -12,7 +12,8 @@ from layby.http.errors import status_of
 from layby.demo.agents import TRIVIA_CHOICES, Approval
 from layby.errors import Invalid
 from layby.generation.interrupts import Interrupt, OnExpire
-from layby.inbox.forms import Field, Form, entry_from_form, form_for, is_confirmation
+from layby.inbox.forms import Field, Form, entry_from_form, form_for
+from layby.reviewers.schemas import is_confirmation
 from layby.inbox.pages import render_review
 from layby.wire import Answer, InterruptView
 

@@ -14,15 +14,9 @@ from layby.http.errors import status_of
 from layby.demo.agents import TRIVIA_CHOICES, Approval
 from layby.generation.answers import check_answer
 from layby.generation.interrupts import Interrupt, ResumeEntry
-from layby.inbox.replies import (
-    MalformedMail,
-    Unreadable,
-    how_to_answer,
-    parse_mail,
-    read_answer,
-    reply_text,
-    token_from_address,
-)
+from layby.inbox.mime import MalformedMail, parse_mail, reply_text, token_from_address
+from layby.inbox.reading import Unreadable, read_answer
+from layby.reviewers.schemas import how_to_answer
 
 APPROVAL = Approval.model_json_schema()
 CONFIRM_HOWTO = ('Reply with "approve" or "decline" on the first line; anything after it is '

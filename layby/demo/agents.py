@@ -7,12 +7,12 @@ import os
 import time
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from layby.demo import ledger
-from layby.generation import (
+from layby import (
     CONFIRMATION,
     Agent,
+    Approval,
     Ask,
     Call,
     Case,
@@ -24,11 +24,10 @@ from layby.generation import (
     interrupt_tool,
     tool,
 )
+from layby.demo import ledger
 
-
-class Approval(BaseModel):
-    approved: bool
-    note: str | None = None
+__all__ = ["TRIVIA_CHOICES", "Approval", "ask_question", "bbq", "compile_report", "expiring",
+           "parallel", "report", "transfer", "trivia"]
 
 
 @interrupt_tool(output=str)
@@ -46,8 +45,8 @@ def transfer_funds(ctx: ToolContext, to: str, amount: Annotated[int, Field(gt=0)
     if not ctx.restarted:
         ctx.interrupt(f"Send {amount} to {to}?", reason=CONFIRMATION, response_schema=Approval,
                       metadata={"to": to, "amount": amount})
-    approval = ctx.resumed if isinstance(ctx.resumed, dict) else {}
-    if not approval.get("approved"):
+    approval = ctx.resumed  # an Approval: the question's response_schema
+    if not (isinstance(approval, Approval) and approval.approved):
         return {"status": "not_approved", "to": to, "amount": amount}
     entry = ledger.record("transfers", ctx.idempotency_key,
                           {"run": ctx.run_id, "to": to, "amount": amount})

@@ -31,16 +31,18 @@ return redis.call('HGET', KEYS[2], ARGV[1])
 KINDS = ("transfers", "calls")
 
 _lock = threading.Lock()
-_connection: tuple[int, Redis, str] | None = None
+_connection: tuple[tuple[int, str | None], Redis, str] | None = None
 
 
 def _redis() -> tuple[Redis, str]:
-    """This process's connection and key prefix (a new one after a fork)."""
+    """A connection to the server the settings name now, and the key prefix (made again in
+    a forked child, or when the settings name another server)."""
     global _connection
+    settings = Settings()
+    where = (os.getpid(), settings.resolved_redis_url())
     with _lock:
-        if _connection is None or _connection[0] != os.getpid():
-            settings = Settings()
-            _connection = (os.getpid(), redis_client(settings), settings.key_prefix)
+        if _connection is None or _connection[0] != where:
+            _connection = (where, redis_client(settings), settings.key_prefix)
         return _connection[1], _connection[2]
 
 

@@ -17,8 +17,16 @@ that says what to set.
 from __future__ import annotations
 
 from layby.demo.agents import ask_question, check_balance, transfer_funds
-from layby.generation import Agent, ConfigError, ModelRequest, ModelResponse
-from layby.generation.providers import AnthropicModel, AnthropicSettings, OpenAIChatModel, OpenAISettings
+from layby import Agent
+from layby.errors import ConfigError
+from layby.models import (
+    AnthropicModel,
+    AnthropicSettings,
+    ModelRequest,
+    ModelResponse,
+    OpenAIChatModel,
+    OpenAISettings,
+)
 
 NAME = "demo.assistant"
 ANTHROPIC_NAME = "demo.assistant_anthropic"

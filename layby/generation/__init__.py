@@ -43,7 +43,17 @@ from layby.generation.interrupts import (
 from layby.generation.messages import Message, Part, ToolRequest, ToolResponse, text_message
 from layby.generation.models import Model, ModelRequest, ModelResponse
 from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
-from layby.generation.tools import Ask, EndRun, JobRequest, Tool, ToolContext, ToolInterrupt, interrupt_tool, tool
+from layby.generation.tools import (
+    Approval,
+    Ask,
+    EndRun,
+    JobRequest,
+    Tool,
+    ToolContext,
+    ToolInterrupt,
+    interrupt_tool,
+    tool,
+)
 from layby.generation.turn import (
     Continue,
     Fail,
@@ -58,7 +68,7 @@ from layby.generation.turn import (
 
 __all__ = [
     "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "MAX_JSON_DEPTH", "TOOL_CALL",
-    "Agent", "Ask", "Call", "Case", "Choose", "ConfigError", "Conflict", "Continue", "EndRun",
+    "Agent", "Approval", "Ask", "Call", "Case", "Choose", "ConfigError", "Conflict", "Continue", "EndRun",
     "ExpiryAction", "Fail", "Finish", "Forbidden", "Interrupt", "Invalid", "InvalidAnswer", "JobRequest",
     "LaybyError", "Message", "Model", "ModelRequest", "ModelResponse", "NotFound", "OnExpire",
     "Outcome", "Park", "Part", "Reply", "RequestError", "Resume", "ResumeEntry", "ResumeError",

@@ -117,6 +117,10 @@ def to_resume(interrupts: list[Interrupt], answers: dict[str, ResumeEntry]) -> R
         else:
             meta: dict[str, Any] = {"resumed": entry.payload if entry.payload is not None
                                     else True}
+            if intr.response_type:
+                meta["resumedType"] = intr.response_type
+            if (intr.metadata or {}).get("approval") is True:
+                meta["approval"] = True  # the answer to `requires_approval`'s question
             replace = (entry.metadata or {}).get("replaceInput")
             if replace is not None:
                 meta["replaceInput"] = replace

@@ -62,6 +62,9 @@ class Interrupt(Wire):
     reviewers: list[str] | None = None
     created_at: str | None = None
     turn: int = 0
+    # The pydantic model the question was asked with (`module:Name`): a restarted tool gets
+    # its answer as an instance of it.
+    response_type: str | None = None
 
 
 class ResumeEntry(Wire):

@@ -3,8 +3,11 @@
 `@tool` turns a typed function into a `Tool` (its input schema from the parameters, its
 output schema from the return annotation). Inside, a tool may call
 `ctx.interrupt(...)` to ask a person and be run again with the answer in `ctx.resumed`
-(Genkit's *restart*), `ctx.start_job(...)` to hand work to a background job whose result
-answers the interrupt, or `ctx.end_run(...)` to finish the whole run.
+(Genkit's *restart*; when the question's `response_schema` is a pydantic model, the answer
+arrives as an instance of it), `ctx.start_job(...)` to hand work to a background job whose
+result answers the interrupt, or `ctx.end_run(...)` to finish the whole run.
+`@tool(requires_approval=True)` (or a function of the arguments deciding it) asks a person
+to approve each call before the tool runs, with no interrupt code in the tool.
 `@interrupt_tool` declares a tool whose only body is the question: the answer is its output
 (Genkit's *respond*).
 """
@@ -13,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NoReturn, get_type_hints
+from typing import Any, NoReturn, get_type_hints, overload
 
-from pydantic import BaseModel, TypeAdapter, create_model
+from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 
 from layby.errors import ConfigError
 from layby.generation.interrupts import (
@@ -36,6 +41,42 @@ def schema_of(spec: Any) -> dict[str, Any] | None:
     if spec is None or isinstance(spec, dict):
         return spec
     return TypeAdapter(spec).json_schema()
+
+
+def type_path(spec: Any) -> str | None:
+    """Where a pydantic model class lives (`module:Qualified.Name`), so that the answer to a
+    question asked with it can be handed back as an instance; None for anything else."""
+    if isinstance(spec, type) and issubclass(spec, BaseModel) and "<locals>" not in \
+            spec.__qualname__:
+        return f"{spec.__module__}:{spec.__qualname__}"
+    return None
+
+
+def typed_answer(path: str | None, payload: Any) -> Any:
+    """The answer as an instance of the model at `path` (see `type_path`), when its module
+    is loaded and the answer fits; else the answer as it came. Only modules already
+    imported are looked in: a stored path never makes this process import anything."""
+    if path is None or payload is None:
+        return payload
+    module_name, _, qualname = path.partition(":")
+    found: Any = sys.modules.get(module_name)
+    for name in qualname.split("."):
+        found = getattr(found, name, None)
+    if not (isinstance(found, type) and issubclass(found, BaseModel)):
+        return payload
+    try:
+        return found.model_validate(payload)
+    except ValidationError:
+        return payload
+
+
+class Approval(BaseModel):
+    """The answer to an approval: approved or not, with an optional note. The answer page
+    shows it as Approve / Decline buttons, and an email reply of "approve" or "decline"
+    gives it."""
+
+    approved: bool
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,8 +132,9 @@ class ToolContext:
     tool_name: str
     run_metadata: dict[str, Any] = field(default_factory=dict)
     restarted: bool = False
-    resumed: Any = None
+    resumed: Any = None  # the answer a restarted call was given (a model instance if typed)
     jobs: JobStarter | None = None
+    approval_asked: bool = False  # the answer is to `requires_approval`'s question
 
     @property
     def idempotency_key(self) -> str:
@@ -138,6 +180,8 @@ class Tool:
     takes_model: bool  # the function takes the input model itself, not its fields
     ctx_param: str | None
     interrupt_reason: str | None = None  # set for interrupt tools (Genkit's defineInterrupt)
+    # True, or a function of the tool's arguments saying whether this call needs approval.
+    requires_approval: bool | Callable[..., bool] = False
 
     @property
     def is_interrupt(self) -> bool:
@@ -161,6 +205,12 @@ class Tool:
     def call(self, ctx: ToolContext, raw_input: Any) -> Any:
         """Run the tool; returns its output as JSON data. Interrupts propagate."""
         parsed = self.parse_input(raw_input)
+        if self._gated(ctx, parsed):
+            if not ctx.restarted:
+                raise ToolInterrupt(_approval_ask(self, parsed))
+            if not _approved(ctx.resumed):
+                note = getattr(ctx.resumed, "note", None)
+                return {"status": "declined", "reason": note or "not approved"}
         args: dict[str, Any] = {} if self.takes_model else dict(parsed)
         if self.ctx_param:
             args[self.ctx_param] = ctx
@@ -173,8 +223,34 @@ class Tool:
         return self.output.dump_python(self.output.validate_python(result), mode="json")
 
 
+    def _gated(self, ctx: ToolContext, parsed: BaseModel) -> bool:
+        """Whether this call waits for a person's approval: on its first run, as the rule
+        says; run again, when the answer it got is the approval's (it says yes or no)."""
+        if ctx.restarted:
+            return ctx.approval_asked
+        rule = self.requires_approval
+        if callable(rule):
+            return bool(rule(parsed) if self.takes_model else rule(**dict(parsed)))
+        return bool(rule)
+
+
 async def _await(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _approval_ask(tool: Tool, parsed: BaseModel) -> Ask:
+    shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}"
+                      for k, v in parsed.model_dump(mode="json").items())
+    return Ask(f"Allow {tool.name}({shown})?", CONFIRMATION, Approval,
+               {"approval": True})
+
+
+def _approved(resumed: Any) -> bool:
+    if isinstance(resumed, Approval):
+        return resumed.approved
+    if isinstance(resumed, dict):
+        return resumed.get("approved") is True
+    return resumed is True
 
 
 def _interrupt_ask(tool: Tool, ask: Ask, parsed: BaseModel) -> Ask:
@@ -185,7 +261,8 @@ def _interrupt_ask(tool: Tool, ask: Ask, parsed: BaseModel) -> Ask:
 
 
 def _build(fn: Callable[..., Any], name: str | None, description: str | None,
-           output: Any, interrupt_reason: str | None) -> Tool:
+           output: Any, interrupt_reason: str | None,
+           requires_approval: bool | Callable[..., bool] = False) -> Tool:
     hints = get_type_hints(fn, include_extras=True)  # keep Annotated constraints
     params = list(inspect.signature(fn).parameters.values())
     ctx_param = next((p.name for p in params if hints.get(p.name) is ToolContext), None)
@@ -206,15 +283,35 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None,
         input_model = create_model(f"{tool_name}_input", **fields)  # type: ignore[call-overload]
     out_type = output if output is not None else hints.get("return", Any)
     return Tool(tool_name, description or inspect.getdoc(fn) or "", fn, input_model,
-                TypeAdapter(out_type), takes_model, ctx_param, interrupt_reason)
+                TypeAdapter(out_type), takes_model, ctx_param, interrupt_reason,
+                requires_approval)
 
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
-         description: str | None = None) -> Any:
-    """Declare a tool from a typed function (`@tool` or `@tool(name=...)`)."""
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(*, name: str | None = None, description: str | None = None,
+         requires_approval: bool | Callable[..., bool] = False
+         ) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
+         description: str | None = None,
+         requires_approval: bool | Callable[..., bool] = False
+         ) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Declare a tool from a typed function: `@tool`, or `@tool(name=..., description=...,
+    requires_approval=...)`.
+
+    `requires_approval=True` asks a person to approve every call before the tool runs (a
+    `confirmation` interrupt answered with `Approval`); a function instead decides per call
+    from the tool's arguments (`requires_approval=lambda amount, **_: amount > 100`). A
+    call that is declined does not run: the model gets `{"status": "declined", "reason"}`.
+    """
     if fn is not None:
         return _build(fn, name, description, None, None)
-    return lambda f: _build(f, name, description, None, None)
+    return lambda f: _build(f, name, description, None, None, requires_approval)
 
 
 def interrupt_tool(*, output: Any, reason: str = INPUT_REQUIRED, name: str | None = None,

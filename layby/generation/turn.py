@@ -31,6 +31,8 @@ from layby.generation.tools import (
     ToolContext,
     ToolInterrupt,
     schema_of,
+    type_path,
+    typed_answer,
 )
 
 log = logging.getLogger(__name__)
@@ -183,7 +185,9 @@ def _run_one(agent: Agent, step: Step, request: ToolRequest, restart: Part | Non
                                               f"{[t.name for t in agent.tools]}"})
     ctx = ToolContext(step.run_id, step.version, request.ref or "", tool.name,
                       step.run_metadata, restarted=restart is not None,
-                      resumed=restart.meta("resumed") if restart else None, jobs=step.jobs)
+                      resumed=typed_answer(restart.meta("resumedType"), restart.meta("resumed"))
+                      if restart else None, jobs=step.jobs,
+                      approval_asked=bool(restart and restart.meta("approval")))
     try:
         return CallResult("output", tool.call(ctx, request.input))
     except ToolInterrupt as signal:
@@ -208,6 +212,7 @@ def _interrupt(step: Step, tool: Tool, ctx: ToolContext, request: ToolRequest,
     return Interrupt(
         id=ctx.interrupt_id, reason=ask.reason or "confirmation", message=ask.message,
         tool_call_id=request.ref or "", response_schema=schema_of(ask.response_schema),
+        response_type=type_path(ask.response_schema),
         expires_at=_iso(expires) if expires else None, metadata=ask.metadata,
         tool_name=tool.name, tool_input=_normalized(tool, request.input),
         input_schema=tool.input_schema if mode is ResumeMode.RESTART else None,

@@ -21,7 +21,7 @@ from layby.errors import (
     Unauthorized,
     Unavailable,
 )
-from layby.inbox.replies import MalformedMail
+from layby.inbox.mime import MalformedMail
 
 # Looked up along the error's class hierarchy, most specific first.
 STATUS: dict[type[LaybyError], int] = {

@@ -36,7 +36,7 @@ from layby.errors import (
 from layby.http.deps import Rt
 from layby.http.errors import status_of
 from layby.inbox import answers, callbacks
-from layby.inbox import replies_in as inbox
+from layby.inbox import replies as inbox
 from layby.inbox.forms import DECISIONS, entry_from_form, form_for
 from layby.inbox.listener import MAX_MAIL_BYTES
 from layby.inbox.pages import render_review

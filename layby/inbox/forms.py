@@ -19,9 +19,17 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from layby.generation.answers import check_answer
 from layby.errors import Invalid
-from layby.generation.interrupts import CONFIRMATION, Interrupt, ResumeEntry
+from layby.generation.answers import check_answer
+from layby.generation.interrupts import Interrupt, ResumeEntry
+from layby.reviewers.schemas import (
+    const_value,
+    is_confirmation,
+    is_const,
+    json_type,
+    properties as properties_of,
+    without_null,
+)
 
 FieldKind = Literal["text", "textarea", "number", "integer", "checkbox", "radio", "json"]
 
@@ -55,27 +63,13 @@ class Form:
     decision: str | None = None  # the button a link preselected ("approve" / "decline")
 
 
-def is_confirmation(interrupt: Interrupt) -> bool:
-    """Whether the interrupt is answered with Approve / Decline buttons.
-
-    A schema with a boolean `approved` is one whatever the reason. A `confirmation` with some
-    other object schema is one too (what else the schema asks for becomes extra fields), but
-    not one whose answer cannot be an object: buttons could not produce it.
-    """
-    schema = interrupt.response_schema or None
-    approved = _properties(schema).get("approved")
-    if approved is not None and _json_type(_without_null(approved)[0]) == "boolean":
-        return True
-    return interrupt.reason == CONFIRMATION and (schema is None or _json_type(schema) == "object")
-
-
 def form_for(interrupt: Interrupt, decision: str | None = None) -> Form:
     """The form that answers `interrupt`; `decision` (from a link) preselects a button."""
     schema = interrupt.response_schema or None
     if is_confirmation(interrupt):
         return Form("confirmation", _confirmation_fields(schema),
                     decision if decision in DECISIONS else None)
-    properties = _properties(schema)
+    properties = properties_of(schema)
     if properties:
         required = set(schema.get("required") or []) if schema else set()
         return Form("fields", [f for name, prop in properties.items()
@@ -83,7 +77,7 @@ def form_for(interrupt: Interrupt, decision: str | None = None) -> Form:
     # Not an object with properties: the answer is one value, entered in one field.
     field = _field(PAYLOAD, schema or {}, True, label="Your answer")
     if field is None:  # a schema allowing one value: still the reviewer's to give
-        field = Field(PAYLOAD, "Your answer", "radio", True, [_choice(_const(schema or {}))],
+        field = Field(PAYLOAD, "Your answer", "radio", True, [_choice(const_value(schema or {}))],
                       schema=schema or {})
     return Form("fields", [field])
 
@@ -94,7 +88,7 @@ def entry_from_form(interrupt: Interrupt, form: Mapping[str, str]) -> ResumeEntr
     Keys the form does not know (a CSRF token, say) are ignored.
     """
     built = form_for(interrupt)
-    single = built.kind == "fields" and not _properties(interrupt.response_schema)
+    single = built.kind == "fields" and not properties_of(interrupt.response_schema)
     if built.kind == "confirmation":
         entry = _confirmation_entry(interrupt, built, form)
     else:
@@ -102,7 +96,7 @@ def entry_from_form(interrupt: Interrupt, form: Mapping[str, str]) -> ResumeEntr
         if errors:
             raise _invalid(errors)
         payload = (values.get(PAYLOAD) if single
-                   else _constants(_properties(interrupt.response_schema)) | values)
+                   else _constants(properties_of(interrupt.response_schema)) | values)
         entry = ResumeEntry(interrupt_id=interrupt.id, status="resolved", payload=payload)
     if entry.status == "resolved":
         problems = [_as_field_error(e, built, single) for e in check_answer(interrupt, entry)]
@@ -114,13 +108,13 @@ def entry_from_form(interrupt: Interrupt, form: Mapping[str, str]) -> ResumeEntr
 # -- building fields -----------------------------------------------------------------------
 
 def _confirmation_fields(schema: dict[str, Any] | None) -> list[Field]:
-    properties = _properties(schema)
+    properties = properties_of(schema)
     required = set(schema.get("required") or []) if schema else set()
     # Constants are left out: pressing Approve is the sign-off they ask for.
     fields = [f for name, prop in properties.items() if name not in ("approved", "note")
-              and not _is_const(prop) and (f := _field(name, prop, name in required))]
+              and not is_const(prop) and (f := _field(name, prop, name in required))]
     note_schema = properties.get("note")
-    if note_schema is not None and not _is_const(note_schema):
+    if note_schema is not None and not is_const(note_schema):
         note = _field("note", note_schema, "note" in required,
                       label="Note" if "note" in required else "Note (optional)")
         assert note is not None  # only constants have no field
@@ -135,13 +129,13 @@ def _confirmation_fields(schema: dict[str, Any] | None) -> list[Field]:
 def _field(name: str, prop: dict[str, Any], required: bool,
            label: str | None = None) -> Field | None:
     """The control for one value, or None for a constant that needs no asking."""
-    schema, nullable = _without_null(prop)
+    schema, nullable = without_null(prop)
     required = required and not nullable
     label = label or schema.get("title") or _humanize(name)
     description = schema.get("description")
     default = _shown(schema.get("default"), schema)
-    if _is_const(schema):
-        if _const(schema) is True:  # a sign-off ("I have checked …"): the reviewer ticks it
+    if is_const(schema):
+        if const_value(schema) is True:  # a sign-off ("I have checked …"): the reviewer ticks it
             return Field(name, label, "checkbox", required, description=description,
                          schema=schema)
         return None  # filled in by `_constants`
@@ -149,7 +143,7 @@ def _field(name: str, prop: dict[str, Any], required: bool,
         return Field(name, label, "radio", required, [_choice(v) for v in schema["enum"]],
                      description, default, schema)
     kind: FieldKind
-    match _json_type(schema):
+    match json_type(schema):
         case "string":
             short = schema.get("maxLength", _SHORT_TEXT + 1) <= _SHORT_TEXT
             kind = "text" if short or "format" in schema or "pattern" in schema else "textarea"
@@ -174,7 +168,7 @@ def _confirmation_entry(interrupt: Interrupt, built: Form,
     if decision not in DECISIONS:
         raise _invalid([{"path": f"/{DECISION}", "message": "Choose Approve or Decline."}])
     schema = interrupt.response_schema or None
-    properties = _properties(schema)
+    properties = properties_of(schema)
     note_field = built.fields[-1]
     note = _text(form.get(note_field.name))
     if decision == "decline" and "approved" not in properties:
@@ -238,9 +232,9 @@ def _convert(field: Field, raw: str) -> Any:
             except ValueError:
                 return _float(raw, "a number")
         case "checkbox":
-            return _const(field.schema)
+            return const_value(field.schema)
         case "radio":
-            if field.choices == [YES, NO] and _json_type(field.schema) == "boolean":
+            if field.choices == [YES, NO] and json_type(field.schema) == "boolean":
                 if raw.lower() in (YES, "true", "on"):
                     return True
                 if raw.lower() in (NO, "false", "off"):
@@ -302,65 +296,13 @@ def _text(raw: str | None) -> str:
 
 # -- reading schemas -----------------------------------------------------------------------
 
-def _properties(schema: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    if not schema or _json_type(schema) != "object":
-        return {}
-    properties = schema.get("properties")
-    return properties if isinstance(properties, dict) else {}
-
-
-def _without_null(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """The schema with its `null` alternative removed, and whether there was one.
-
-    pydantic writes `note: str | None` as `anyOf: [{type: string}, {type: null}]`; for a form
-    that is an optional string (an empty field sends nothing).
-    """
-    for key in ("anyOf", "oneOf"):
-        options = schema.get(key)
-        if isinstance(options, list):
-            rest = [o for o in options if not (isinstance(o, dict) and o.get("type") == "null")]
-            if len(rest) == 1 and len(options) == 2:
-                return {k: v for k, v in schema.items() if k != key} | rest[0], True
-    kind = schema.get("type")
-    if isinstance(kind, list) and "null" in kind:
-        rest = [k for k in kind if k != "null"]
-        if len(rest) == 1:
-            return schema | {"type": rest[0]}, True
-    return schema, False
-
-
-def _json_type(schema: dict[str, Any]) -> str | None:
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return kind
-    if "properties" in schema:
-        return "object"
-    values = schema.get("enum") or ([schema["const"]] if "const" in schema else [])
-    types = {type(v) for v in values}
-    if types == {str}:
-        return "string"
-    if types == {bool}:
-        return "boolean"
-    return None
-
-
-def _is_const(schema: dict[str, Any]) -> bool:
-    schema = _without_null(schema)[0]
-    enum = schema.get("enum")
-    return "const" in schema or (isinstance(enum, list) and len(enum) == 1)
-
-
-def _const(schema: dict[str, Any]) -> Any:
-    return schema["const"] if "const" in schema else schema["enum"][0]
-
-
 def _constants(properties: dict[str, dict[str, Any]], ticked: bool = False) -> dict[str, Any]:
     """Values the schema fixes, so no field asks for them; `True` ones are checkboxes unless
     `ticked` (in a confirmation, Approve ticks them)."""
     fixed = {}
     for name, prop in properties.items():
-        if _is_const(prop):
-            value = _const(_without_null(prop)[0])
+        if is_const(prop):
+            value = const_value(without_null(prop)[0])
             if ticked or value is not True:
                 fixed[name] = value
     return fixed
@@ -379,11 +321,11 @@ def _shown(default: Any, schema: dict[str, Any]) -> str:
     """A schema default as the string a control shows."""
     if default is None:
         return ""
-    if isinstance(default, bool) and _json_type(schema) == "boolean":
+    if isinstance(default, bool) and json_type(schema) == "boolean":
         return YES if default else NO
     if isinstance(default, str):
         return default
-    if isinstance(default, (int, float)) and _json_type(schema) in ("integer", "number"):
+    if isinstance(default, (int, float)) and json_type(schema) in ("integer", "number"):
         return json.dumps(default)
     return json.dumps(default, indent=2, ensure_ascii=False)
 

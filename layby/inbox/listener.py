@@ -17,8 +17,9 @@ from aiosmtpd.controller import Controller
 
 from layby.control import Runtime
 from layby.errors import ConfigError, Conflict, LaybyError, NotFound
-from layby.inbox import replies_in as inbox
-from layby.inbox.replies import MalformedMail, Unreadable, token_from_address
+from layby.inbox import replies as inbox
+from layby.inbox.mime import MalformedMail, token_from_address
+from layby.inbox.reading import Unreadable
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from typing import Any
 import jinja2
 
 from layby.generation.interrupts import Interrupt
-from layby.inbox.forms import DECISIONS, PAYLOAD, Form, is_confirmation
+from layby.inbox.forms import DECISIONS, PAYLOAD, Form
+from layby.reviewers.schemas import is_confirmation
 from layby.wire import InterruptView
 
 STATES = frozenset({"open", "answered", "expired", "cancelled", "done", "refused"})

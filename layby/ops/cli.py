@@ -90,9 +90,8 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
             + (f"  flower    {where['flower']}   (basic auth {where['flower_auth']})\n"
                if where["flower"] else "")
             + (f"  mail      {where['gateway']}/mail   (the mail catcher keeps every "
-               f"notification in {where['mail']})\n" if where["mail"] else "") +
-            f"try:  layby run demo.trivia 'Ask me a movie question'   "
-            f"(./dev run … in a checkout)\n"
+               f"notification in {where['mail']})\n" if where["mail"] else "")
+            + _try_line(settings) +
             f"      curl -H 'Authorization: Bearer {where['api_key']}' "
             f"{where['gateway']}/v1/runs\n"
             f"Ctrl-C stops everything.")
@@ -101,6 +100,13 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
         typer.echo("layby: stopping…")
         system.stop()
     raise SystemExit(code)
+
+
+def _try_line(settings: Settings) -> str:
+    if "layby.demo.agents" in settings.agent_modules:
+        return ("try:  layby run demo.trivia 'Ask me a movie question'   "
+                "(./dev run … in a checkout)\n")
+    return "try:  layby agents   (your agents; then: layby run <agent> '<request>')\n"
 
 
 @cli.command()

@@ -1,0 +1,440 @@
+"""A Python client of layby's HTTP API, for other services: `Client` (sync) and `AsyncClient`
+(asyncio), both on httpx, with the same methods.
+
+    with layby.Client("http://127.0.0.1:8000", api_key=KEY) as client:
+        run = client.start("demo.transfer", input="Send 250 to Bob", idempotency_key="o-42")
+        run = client.wait(run.id, until={"interrupted"})
+        client.answer(run.id, run.open_interrupts[0].id, payload={"approved": True})
+        print(client.wait(run.id).result)
+
+Replies are `layby.wire`'s models (`RunView`, `RunSummary`, `Answered`, `Event`), the ones
+the server answers with. Every refusal raises one of `layby.errors`' classes, chosen by the
+HTTP status (401 `Unauthorized`, 403 `Forbidden`, 404 `NotFound`, 409 `Conflict`, 413
+`TooLarge`, 422 `Invalid`, 503 `Unavailable`, other 4xx `RequestError`, 5xx
+`LaybyError`), carrying the API's error `code`, `message` and `detail`, and the response's
+`status_code`. `wait` and `events` follow the run's event stream (server-sent events,
+resumed with `Last-Event-ID` after a dropped connection); they do not poll.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from layby.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    LaybyError,
+    NotFound,
+    RequestError,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
+from layby.generation.interrupts import ResumeEntry
+from layby.generation.messages import Message
+from layby.wire import FINISHED, Answered, Event, RunList, RunSummary, RunView, Status
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+# The server sends a keep-alive every 15 s on an idle stream: a read that waits longer
+# than this has lost its connection.
+STREAM_READ_TIMEOUT_S = 40.0
+FINAL_EVENTS = frozenset({"run.completed", "run.failed", "run.cancelled"})
+# What status an event says the run has reached; `wait` reads the run again on these.
+_STATUS_OF_EVENT = {"run.started": Status.RUNNING, "run.interrupted": Status.INTERRUPTED,
+                    "run.resuming": Status.RESUMING, "run.completed": Status.COMPLETED,
+                    "run.failed": Status.FAILED, "run.cancelled": Status.CANCELLED,
+                    "run.requeued": None}
+_ERROR_OF_STATUS: dict[int, type[LaybyError]] = {
+    401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 413: TooLarge,
+    422: Invalid, 503: Unavailable}
+
+M = TypeVar("M", bound=BaseModel)
+AnswerStatus = Literal["resolved", "cancelled"]
+
+
+# -- what both clients share: requests, replies, errors, the event stream -----------------
+
+
+@dataclass(frozen=True)
+class _Call:
+    method: str
+    path: str
+    json: Any = None
+    params: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+
+
+def _start(agent: str, input: Any, messages: list[Message] | list[dict[str, Any]] | None,
+           metadata: dict[str, Any] | None, idempotency_key: str | None) -> _Call:
+    if (input is None) == (messages is None):
+        raise Invalid("give either `input` (the user's request) or `messages` (a history), "
+                      "not both and not neither")
+    body: dict[str, Any] = {"agent": agent}
+    if input is not None:
+        body["input"] = input
+    if messages is not None:
+        body["messages"] = [m.wire() if isinstance(m, Message) else m for m in messages]
+    if metadata is not None:
+        body["metadata"] = metadata
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    return _Call("POST", "/v1/runs", body, headers=headers)
+
+
+def _list(status: Status | str | None, limit: int, offset: int) -> _Call:
+    params: dict[str, Any] = {"limit": limit, "offset": offset}
+    if status is not None:
+        params["status"] = Status(status).value
+    return _Call("GET", "/v1/runs", params=params)
+
+
+def _answer(run_id: str, interrupt_id: str, payload: Any, status: AnswerStatus,
+            metadata: dict[str, Any] | None) -> _Call:
+    body: dict[str, Any] = {"status": status, "payload": payload}
+    if metadata is not None:
+        body["metadata"] = metadata
+    return _Call("POST", f"/v1/runs/{run_id}/interrupts/{interrupt_id}", body)
+
+
+def _resume(run_id: str, entries: Iterable[ResumeEntry | dict[str, Any]]) -> _Call:
+    given = [e if isinstance(e, ResumeEntry) else ResumeEntry.model_validate(e)
+             for e in entries]
+    return _Call("POST", f"/v1/runs/{run_id}/resume", {"resume": [e.wire() for e in given]})
+
+
+def _cancel(run_id: str, reason: str | None) -> _Call:
+    return _Call("POST", f"/v1/runs/{run_id}/cancel", {"reason": reason} if reason else {})
+
+
+def _events(run_id: str, last_event_id: str | None, follow: bool) -> _Call:
+    headers = {"Accept": "text/event-stream"}
+    if last_event_id:
+        headers["Last-Event-ID"] = last_event_id
+    return _Call("GET", f"/v1/runs/{run_id}/events",
+                 params=None if follow else {"follow": "false"}, headers=headers)
+
+
+def _refusal(response: httpx.Response) -> LaybyError:
+    """The exception a refused request raises: the class by status, the body's words."""
+    code, message, detail = "", response.reason_phrase or "", None
+    try:
+        error = response.json().get("error") or {}
+        code, message, detail = error.get("code", ""), error.get("message", message), \
+            error.get("detail")
+    except (ValueError, AttributeError):
+        message = f"{response.status_code} {response.reason_phrase}: {response.text[:300]}"
+    status = response.status_code
+    kind = _ERROR_OF_STATUS.get(status) or (RequestError if status < 500 else LaybyError)
+    exc = kind(message or f"HTTP {status}", detail=detail, code=code or None)
+    exc.status_code = status
+    return exc
+
+
+def _reply(response: httpx.Response, model: type[M]) -> M:
+    if response.is_error:
+        raise _refusal(response)
+    return model.model_validate(response.json())
+
+
+def _wanted(until: Iterable[Status | str] | None) -> frozenset[Status]:
+    return frozenset(Status(s) for s in until) if until else FINISHED
+
+
+def _settled(run: RunView, wanted: frozenset[Status]) -> bool:
+    """Whether `wait` is done: the run is in a wanted state, or finished (it will never
+    reach one then)."""
+    return run.status in wanted or run.status in FINISHED
+
+
+def _worth_a_look(event: Event, run: RunView, wanted: frozenset[Status]) -> bool:
+    """Whether an event may mean the run reached a wanted state (read it again then);
+    events of versions before the last read are history."""
+    if event.type not in _STATUS_OF_EVENT or event.version < run.version:
+        return False
+    status = _STATUS_OF_EVENT[event.type]
+    return status is None or status in wanted or status in FINISHED
+
+
+class _SSE:
+    """Server-sent events as the server writes them (`id:`, `event:`, `data:` lines, a
+    blank line ends one; `:` lines are keep-alives)."""
+
+    def __init__(self) -> None:
+        self.last_id: str | None = None
+        self._data: list[str] = []
+        self._id: str | None = None
+
+    def feed(self, line: str) -> Event | None:
+        if line == "":
+            if not self._data:
+                return None
+            data, self._data = "\n".join(self._data), []
+            self.last_id = self._id or self.last_id
+            return Event.model_validate(json.loads(data))
+        if line.startswith(":"):
+            return None
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "data":
+            self._data.append(value)
+        elif field == "id":
+            self._id = value
+        return None
+
+
+def _timeout(read_s: float | None) -> httpx.Timeout:
+    return httpx.Timeout(10.0, read=read_s)
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _timed_out(run_id: str, timeout: float | None, wanted: frozenset[Status]) -> TimeoutError:
+    return TimeoutError(f"run {run_id} did not reach {sorted(wanted)} within {timeout} s")
+
+
+def _base(base_url: str | None, api_key: str | None) -> tuple[str, dict[str, str]]:
+    url = base_url or os.environ.get("LAYBY_URL") or DEFAULT_URL
+    key = api_key or os.environ.get("LAYBY_API_KEY")
+    return url, ({"Authorization": f"Bearer {key}"} if key else {})
+
+
+# -- the clients ---------------------------------------------------------------------------
+
+
+class Client:
+    """layby's API, synchronously. `base_url` and `api_key` default to the LAYBY_URL and
+    LAYBY_API_KEY environment variables (and http://127.0.0.1:8000). Close it, or use it as
+    a context manager."""
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, *,
+                 timeout: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
+        url, headers = _base(base_url, api_key)
+        self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout,
+                                  transport=transport)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: _Call) -> httpx.Response:
+        return self._http.request(call.method, call.path, json=call.json, params=call.params,
+                                  headers=call.headers)
+
+    def start(self, agent: str, *, input: Any = None,
+              messages: builtins.list[Message] | builtins.list[dict[str, Any]] | None = None,
+              metadata: dict[str, Any] | None = None,
+              idempotency_key: str | None = None) -> RunView:
+        """Start a run of `agent` with the user's `input` (or a history of `messages`). The
+        same `idempotency_key` again returns the run it started."""
+        return _reply(self._send(_start(agent, input, messages, metadata, idempotency_key)),
+                      RunView)
+
+    def get(self, run_id: str) -> RunView:
+        return _reply(self._send(_Call("GET", f"/v1/runs/{run_id}")), RunView)
+
+    def list(self, status: Status | str | None = None, *, limit: int = 50,
+             offset: int = 0) -> builtins.list[RunSummary]:
+        """Runs, newest first (in one state, or all)."""
+        return _reply(self._send(_list(status, limit, offset)), RunList).runs
+
+    def answer(self, run_id: str, interrupt_id: str, payload: Any = None, *,
+               status: AnswerStatus = "resolved",
+               metadata: dict[str, Any] | None = None) -> Answered:
+        """Answer one interrupt; `Answered.resumed` says whether it was the last open one."""
+        return _reply(self._send(_answer(run_id, interrupt_id, payload, status, metadata)),
+                      Answered)
+
+    def resume(self, run_id: str, entries: Iterable[ResumeEntry | dict[str, Any]]
+               ) -> Answered:
+        """Answer every open interrupt at once (AG-UI's resume entries)."""
+        return _reply(self._send(_resume(run_id, entries)), Answered)
+
+    def cancel(self, run_id: str, reason: str | None = None) -> RunView:
+        return _reply(self._send(_cancel(run_id, reason)), RunView)
+
+    def events(self, run_id: str, *, after: str | None = None,
+               follow: bool = True) -> Iterator[Event]:
+        """The run's events, oldest first (after the event id `after`), then, with
+        `follow`, as they happen until the run ends. A dropped connection is resumed from
+        the last event received."""
+        yield from self._events(run_id, after, follow, None)
+
+    def _events(self, run_id: str, after: str | None, follow: bool,
+                deadline: float | None) -> Iterator[Event]:
+        parser = _SSE()
+        parser.last_id = after
+        while True:
+            left = _remaining(deadline)
+            if left is not None and left <= 0:
+                return
+            read_s = STREAM_READ_TIMEOUT_S if left is None else min(left, STREAM_READ_TIMEOUT_S)
+            call = _events(run_id, parser.last_id, follow)
+            try:
+                with self._http.stream(call.method, call.path, params=call.params,
+                                       headers=call.headers,
+                                       timeout=_timeout(read_s)) as response:
+                    if response.is_error:
+                        response.read()
+                        raise _refusal(response)
+                    for line in response.iter_lines():
+                        event = parser.feed(line)
+                        if event is not None:
+                            yield event
+                            if event.type in FINAL_EVENTS:
+                                return
+                if not follow:
+                    return
+            except (httpx.TransportError, httpx.RemoteProtocolError):
+                continue  # resumed from the last event id
+
+    def wait(self, run_id: str, until: Iterable[Status | str] | None = None, *,
+             timeout: float | None = 60.0) -> RunView:
+        """The run once it is in one of the states `until` (default: finished), or finished
+        in another state, following its events; TimeoutError after `timeout` seconds."""
+        wanted = _wanted(until)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        run = self.get(run_id)
+        if _settled(run, wanted):
+            return run
+        for event in self._events(run_id, None, True, deadline):
+            if _worth_a_look(event, run, wanted):
+                run = self.get(run_id)
+                if _settled(run, wanted):
+                    return run
+        run = self.get(run_id)
+        if _settled(run, wanted):
+            return run
+        raise _timed_out(run_id, timeout, wanted)
+
+    def agents(self) -> builtins.list[dict[str, Any]]:
+        response = self._send(_Call("GET", "/v1/agents"))
+        if response.is_error:
+            raise _refusal(response)
+        return builtins.list(response.json()["agents"])
+
+
+class AsyncClient:
+    """layby's API for asyncio, with `Client`'s methods as coroutines (`events` is an async
+    iterator). Close it (`await client.aclose()`), or use it as an async context manager."""
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, *,
+                 timeout: float = 30.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        url, headers = _base(base_url, api_key)
+        self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout,
+                                       transport=transport)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, call: _Call) -> httpx.Response:
+        return await self._http.request(call.method, call.path, json=call.json,
+                                        params=call.params, headers=call.headers)
+
+    async def start(self, agent: str, *, input: Any = None,
+                    messages: builtins.list[Message] | builtins.list[dict[str, Any]] | None = None,
+                    metadata: dict[str, Any] | None = None,
+                    idempotency_key: str | None = None) -> RunView:
+        call = _start(agent, input, messages, metadata, idempotency_key)
+        return _reply(await self._send(call), RunView)
+
+    async def get(self, run_id: str) -> RunView:
+        return _reply(await self._send(_Call("GET", f"/v1/runs/{run_id}")), RunView)
+
+    async def list(self, status: Status | str | None = None, *, limit: int = 50,
+                   offset: int = 0) -> builtins.list[RunSummary]:
+        return _reply(await self._send(_list(status, limit, offset)), RunList).runs
+
+    async def answer(self, run_id: str, interrupt_id: str, payload: Any = None, *,
+                     status: AnswerStatus = "resolved",
+                     metadata: dict[str, Any] | None = None) -> Answered:
+        call = _answer(run_id, interrupt_id, payload, status, metadata)
+        return _reply(await self._send(call), Answered)
+
+    async def resume(self, run_id: str, entries: Iterable[ResumeEntry | dict[str, Any]]
+                     ) -> Answered:
+        return _reply(await self._send(_resume(run_id, entries)), Answered)
+
+    async def cancel(self, run_id: str, reason: str | None = None) -> RunView:
+        return _reply(await self._send(_cancel(run_id, reason)), RunView)
+
+    async def events(self, run_id: str, *, after: str | None = None,
+                     follow: bool = True) -> AsyncIterator[Event]:
+        async for event in self._events(run_id, after, follow, None):
+            yield event
+
+    async def _events(self, run_id: str, after: str | None, follow: bool,
+                      deadline: float | None) -> AsyncIterator[Event]:
+        parser = _SSE()
+        parser.last_id = after
+        while True:
+            left = _remaining(deadline)
+            if left is not None and left <= 0:
+                return
+            read_s = STREAM_READ_TIMEOUT_S if left is None else min(left, STREAM_READ_TIMEOUT_S)
+            call = _events(run_id, parser.last_id, follow)
+            try:
+                async with self._http.stream(call.method, call.path, params=call.params,
+                                             headers=call.headers,
+                                             timeout=_timeout(read_s)) as response:
+                    if response.is_error:
+                        await response.aread()
+                        raise _refusal(response)
+                    async for line in response.aiter_lines():
+                        event = parser.feed(line)
+                        if event is not None:
+                            yield event
+                            if event.type in FINAL_EVENTS:
+                                return
+                if not follow:
+                    return
+            except (httpx.TransportError, httpx.RemoteProtocolError):
+                continue  # resumed from the last event id
+
+    async def wait(self, run_id: str, until: Iterable[Status | str] | None = None, *,
+                   timeout: float | None = 60.0) -> RunView:
+        wanted = _wanted(until)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        run = await self.get(run_id)
+        if _settled(run, wanted):
+            return run
+        async for event in self._events(run_id, None, True, deadline):
+            if _worth_a_look(event, run, wanted):
+                run = await self.get(run_id)
+                if _settled(run, wanted):
+                    return run
+        run = await self.get(run_id)
+        if _settled(run, wanted):
+            return run
+        raise _timed_out(run_id, timeout, wanted)
+
+    async def agents(self) -> builtins.list[dict[str, Any]]:
+        response = await self._send(_Call("GET", "/v1/agents"))
+        if response.is_error:
+            raise _refusal(response)
+        return builtins.list(response.json()["agents"])
+
+
+__all__ = ["AsyncClient", "Client"]

@@ -1,0 +1,91 @@
+"""The shape of the package: one direction between rooms (import-linter's contracts in
+pyproject.toml, run on the package as installed), a small public surface, and no work at
+import."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import layby
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT = Path(sys.executable).parent / "lint-imports"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package as a wheel lays it out (tasks/, broker_config/ and notifier/ inside
+    layby/), which is what import-linter reads."""
+    target = tmp_path_factory.mktemp("installed")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-compile", "--target", str(target), str(ROOT)], check=True,
+                   timeout=300)
+    return target
+
+
+def lint(tree: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(LINT), str(ROOT / "pyproject.toml")], cwd=tree,
+                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_import_contracts_hold(installed: Path) -> None:
+    done = lint(installed)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+    assert "one direction: a room imports only the rooms below it KEPT" in done.stdout
+
+
+def test_a_room_importing_upwards_breaks_the_contracts(installed: Path,
+                                                      tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    shutil.copytree(installed, tree)
+    (tree / "layby" / "generation" / "sneaky.py").write_text(
+        "from layby.parking import Store  # generation must not know the store\n")
+    done = lint(tree)
+    assert done.returncode != 0
+    assert "layby.generation is not allowed to import layby.parking" in done.stdout
+
+
+def test_the_public_surface_is_small_and_complete() -> None:
+    names = layby.__all__
+    assert len(names) == len(set(names)) and 20 <= len(names) <= 32, names
+    namespace: dict[str, object] = {}
+    exec("from layby import *", namespace)  # noqa: S102
+    assert set(names) <= set(namespace)
+    # What an agent module needs is there.
+    assert {"Agent", "tool", "interrupt_tool", "ToolContext", "Ask", "Approval",
+            "ScriptedModel", "Reply", "Call", "Client", "AsyncClient"} <= set(names)
+    assert (ROOT / "layby" / "py.typed").exists()
+
+
+PROBE = """
+import json, sys
+import layby
+after_layby = sorted(m for m in ("celery", "kombu", "redis", "fastapi", "uvicorn")
+                     if m in sys.modules)
+from kombu.transport import TRANSPORT_ALIASES
+before = dict(TRANSPORT_ALIASES)
+import layby.tasks, layby.http.app, layby.control, layby.ops.cli, layby.testing
+import layby.broker_config, layby.notifier, layby.inbox.listener, layby.demo.agents
+print(json.dumps({"after_layby": after_layby,
+                  "aliases_kept": dict(TRANSPORT_ALIASES) == before}))
+"""
+
+
+def test_importing_layby_connects_to_nothing_and_reads_no_settings(tmp_path: Path) -> None:
+    # Settings that could not even be read, and a Redis nobody listens on: an import that
+    # read or used them would fail.
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "LAYBY_LOG_LEVEL": "LOUD",
+           "LAYBY_REDIS_URL": "redis://127.0.0.1:1/0", "LAYBY_AGENT_MODULES": "nowhere"}
+    done = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"after_layby": [], "aliases_kept": True}
