@@ -25,7 +25,7 @@ from layby.generation.interrupts import BACKGROUND_JOB
 from layby.generation.messages import Message, dump_messages
 from layby.generation.providers.common import ProviderError
 from layby.generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
-from layby.parking import Store
+from layby.parking import Store, Verdict
 from layby.tasks.jobs import starter
 
 log = logging.getLogger(__name__)
@@ -57,15 +57,15 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
     store = rt.store
     owner = f"{worker_name()}:{task_id or uuid.uuid4().hex}:{uuid.uuid4().hex[:8]}"
     claim = store.claim(run_id, version, owner)
-    if claim.code == "exhausted":
+    if claim.verdict is Verdict.EXHAUSTED:
         store.fail(run_id, {"code": "attempts_exhausted",
-                            "message": f"gave up after {claim.info[0]} attempts at version "
+                            "message": f"gave up after {claim.attempt} attempts at version "
                                        f"{version}; see the worker logs for the cause"},
                    version=version)
         return "failed"
     if not claim.ok:
-        log.info("run %s v%s: %s, nothing to do", run_id, version, claim.code)
-        return claim.code
+        log.info("run %s v%s: %s, nothing to do", run_id, version, claim.verdict)
+        return claim.verdict.value
     try:
         return _loop(rt, run_id, version, owner)
     except LostClaim as lost:
@@ -184,7 +184,7 @@ def _commit(rt: Runtime, step: Step, owner: str, outcome: Outcome,
                                 version=step.version, owner=owner, messages=messages)
     if not result.ok:
         raise LostClaim(f"run {step.run_id}: commit of version {step.version} refused "
-                        f"({result.code} {result.info})")
+                        f"({result.verdict}: the run is {result.status or 'gone'})")
     rt.publish(result.entries)
     keep_going = isinstance(outcome, Continue) and inline
     return not keep_going, result.version or step.version

@@ -14,6 +14,7 @@ from layby.broker_config.logs import about
 from layby.control.runtime import Runtime
 from layby.generation.interrupts import ExpiryAction
 from layby.notifier import delivery
+from layby.parking import Verdict
 from layby.wire import Answer, InterruptState
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def expire(rt: Runtime, run_id: str, interrupt_id: str) -> int:
                 if policy.action is ExpiryAction.FAIL else None)
     result = store.expire(run_id, answer, fail)
     rt.publish(result.entries)
-    if result.code in ("ok", "failed"):
+    if result.verdict in (Verdict.OK, Verdict.FAILED):
         log.info("run %s: interrupt %s expired (%s)", run_id, interrupt_id, policy.action.value)
         return 1
     return 0

@@ -321,12 +321,12 @@ def test_commits_whose_publish_never_happened_are_published_by_the_sweeper(
                                idempotency_key=None)
     assert created.ok and len(created.entries) == 1  # and never published here
     assert durable.run(run_id)["status"] == "queued"
-    assert store.outbox_backlog() == 1
+    assert store.outbox.count() == 1
 
     question = single_open(durable, run_id)
     # The sweeper leaves an entry alone for the grace time (its publisher may still be at it).
     assert time.monotonic() - started >= OUTBOX_GRACE_S - 0.5
-    wait_until(lambda: store.outbox_backlog() == 0, 10, what="the outbox to empty")
+    wait_until(lambda: store.outbox.count() == 0, 10, what="the outbox to empty")
 
     # The answer that closes the interrupt commits the resume; nobody publishes it.
     answered = store.answer(run_id, [Answer(
@@ -337,7 +337,7 @@ def test_commits_whose_publish_never_happened_are_published_by_the_sweeper(
     assert durable.run(run_id)["status"] == "resuming"
     done = durable.wait_status(run_id, "completed", timeout=20)
     assert done["result"] == "Right! It was Jaws (1975)."
-    wait_until(lambda: store.outbox_backlog() == 0, 10, what="the outbox to empty")
+    wait_until(lambda: store.outbox.count() == 0, 10, what="the outbox to empty")
     store.redis.close()
 
 
@@ -352,7 +352,7 @@ def test_a_run_whose_message_was_lost_after_the_outbox_ack_is_requeued(
                                messages=[text_message("user", "quiz me")], metadata={},
                                idempotency_key=None)
     store.ack_outbox([e.id for e in created.entries])  # as if published, then lost
-    assert store.outbox_backlog() == 0
+    assert store.outbox.count() == 0
     lease_s = float(settings_of(durable).lease_s)
     started = time.monotonic()
     single_open(durable, run_id)

@@ -89,3 +89,19 @@ def test_importing_layby_connects_to_nothing_and_reads_no_settings(tmp_path: Pat
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found == {"after_layby": [], "aliases_kept": True}
+
+
+def test_every_module_imports(installed: Path) -> None:
+    """A name that moved or was renamed fails here, before any system test starts."""
+    probe = ("import importlib, pkgutil, layby\n"
+             "skip = {'layby.__main__', 'layby.tasks.app'}\n"
+             "names = [m.name for m in pkgutil.walk_packages(layby.__path__, 'layby.')]\n"
+             "for name in names:\n"
+             "    if name not in skip:\n"
+             "        importlib.import_module(name)\n"
+             "print(len(names))\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=installed,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(installed)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) > 60

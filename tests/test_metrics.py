@@ -142,11 +142,12 @@ def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem)
     # Straight on the store, under a prefix of its own: grants moved to KEYS[21…], and a
     # notification out of attempts counts in `stats`, read by the collector.
     from layby.http.metrics import render
+    from layby.control.runtime import TASK_NAMES
     from layby.parking import Store, StoreConfig
     from layby.wire import Notification
 
     client = redis.Redis.from_url(system.redis_url, decode_responses=True)
-    store = Store(client, StoreConfig(prefix="metrics-test"))
+    store = Store(client, StoreConfig(TASK_NAMES, prefix="metrics-test"))
     run_id = "run-metrics-1"
     client.hset(store.keys.run(run_id), mapping={"id": run_id, "status": "interrupted",
                                                  "version": 1})

@@ -27,7 +27,8 @@ from layby.control import connections
 from layby.ops.embedded import EmbeddedRedis
 from layby.generation import text_message
 from layby.errors import ConfigError
-from layby.parking import NotReplicated, Store, StoreConfig
+from layby.control.runtime import TASK_NAMES
+from layby.parking import NotReplicated, Store, StoreConfig, Verdict
 from tests.harness import ROOT, LaybySystem, wait_until
 from tests.sentinels import DATA_PASSWORD, MASTER, SENTINEL_PASSWORD, SentinelSetup
 
@@ -209,7 +210,7 @@ def test_min_replicas_ack_waits_for_a_replica_and_refuses_without_one(tmp_path: 
             wait_until(lambda: on_replica.info("replication")["master_link_status"] == "up",
                        20, what="the replica to sync")
             store = Store(redis.Redis(port=primary.port, decode_responses=True),
-                          StoreConfig(prefix="wait", min_replicas_ack=1,
+                          StoreConfig(TASK_NAMES, prefix="wait", min_replicas_ack=1,
                                       replica_ack_timeout_ms=300))
             assert _create(store, "run_acked").ok
             # Acknowledged means on the replica already: no waiting for it.
@@ -222,7 +223,7 @@ def test_min_replicas_ack_waits_for_a_replica_and_refuses_without_one(tmp_path: 
             assert "LAYBY_REDIS_MIN_REPLICAS_ACK" in str(caught.value)
             # Written on the primary all the same; a refused write is not an error.
             assert store.view("run_alone") is not None
-            assert _create(store, "run_alone").code == "exists"
+            assert _create(store, "run_alone").verdict is Verdict.EXISTS
     finally:
         replica.stop()
         primary.stop()

@@ -20,7 +20,7 @@ from layby.errors import Conflict, Invalid, NotFound, TooLarge
 from layby.generation.interrupts import Interrupt, ResumeEntry
 from layby.generation.messages import Message, text_message
 from layby.generation.tools import Tool
-from layby.parking import Result
+from layby.parking import RunRecord, Transition, Verdict
 from layby.wire import Answer, InterruptState, RunView
 from layby.control.runtime import Runtime
 
@@ -63,13 +63,13 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
     run_id = run_id or new_run_id()
     result = store.create_run(run_id, agent, input=input, messages=messages,
                               metadata=metadata or {}, idempotency_key=idempotency_key)
-    if result.code == "exists":
-        existing = store.view(result.info[0])
+    if result.verdict is Verdict.EXISTS:
+        existing = store.view(result.run_id or "")
         if existing is None:
-            raise Conflict(f"run {result.info[0]} for this idempotency key has expired")
+            raise Conflict(f"run {result.run_id} for this idempotency key has expired")
         if idempotency_key is None or existing.agent != agent:
             raise Conflict(f"run id {run_id!r} is already taken",
-                           run_id=run_id, detail={"runId": result.info[0]})
+                           run_id=run_id, detail={"runId": result.run_id})
         return existing, False
     rt.publish(result.entries)
     view = store.view(run_id)
@@ -86,15 +86,14 @@ def get_run(rt: Runtime, run_id: str) -> RunView:
 
 
 def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
-           require_all: bool = False) -> Result:
+           require_all: bool = False) -> Transition:
     """Record answers; the one that closes the last open interrupt queues the resume.
 
     Refuses, without storing anything: unknown ids (NotFound), answers to what is not open
     or has expired (Conflict, naming who answered first), payloads outside their schema
     (Invalid, listing the errors), and with `require_all`, a set that leaves one open.
     """
-    store = rt.store
-    record = store.record(run_id)
+    record = rt.store.record(run_id)
     if record is None:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if not entries:
@@ -102,47 +101,63 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     ids = [e.interrupt_id for e in entries]
     if len(set(ids)) != len(ids):
         raise Invalid(f"an interrupt is answered twice in one request: {ids}")
-    specs, answers, open_ids = store.interrupts(run_id)
+    specs, answers, open_ids = rt.store.interrupts(run_id)
     by_id = {s.id: s for s in specs}
-    records = []
     request_id = uuid.uuid4().hex
+    records = []
     for entry in entries:
-        _check_storable(entry, rt.settings.max_answer_bytes)
-        spec = by_id.get(entry.interrupt_id)
-        if spec is None:
-            raise NotFound(f"run {run_id} has no interrupt {entry.interrupt_id!r}",
-                           run_id=run_id, detail={"interruptId": entry.interrupt_id})
-        if entry.interrupt_id not in open_ids:  # the status says why: cancelled, failed…
-            raise not_open(run_id, spec, answers.get(spec.id), status=record.status.value)
-        _check_expiry(run_id, spec)
-        errors = check_answer(spec, entry, _tool(rt, record.agent, spec.tool_name))
-        if errors:
-            raise Invalid(f"the answer to interrupt {spec.id} does not match what it asks for",
-                          run_id=run_id, detail={"interruptId": spec.id, "errors": errors})
+        spec = _answerable(rt, record, entry, by_id, answers, open_ids)
         records.append(Answer(interrupt_id=spec.id, status=entry.status, payload=entry.payload,
                               metadata=entry.metadata, state=InterruptState(entry.status),
                               answered_by=by, channel=channel, answered_at=now_iso(),
                               answer_id=request_id))
-    result = store.answer(run_id, records, require_all=require_all)
-    if result.code == "conflict":
-        first = Answer.model_validate_json(result.info[1]) if result.info[1] else None
-        if first is not None and first in records:
-            # Our own answer, recorded by a first attempt whose reply was lost and replayed
-            # by the client's retry: it stands; the outbox publishes what it queued.
-            return Result("ok", result.version)
-        raise not_open(run_id, by_id[result.info[0]], first, status=result.info[2])
-    if result.code == "incomplete":
-        missing = sorted(set(result.info) - set(ids))
-        raise Invalid("a resume must answer every open interrupt; still open: "
-                      f"{missing}", run_id=run_id, detail={"open": sorted(result.info)})
-    if not result.ok:
-        raise NotFound(f"run {run_id} or one of its interrupts is gone ({result.code})",
-                       run_id=run_id)
+    result = _recorded(rt.store.answer(run_id, records, require_all=require_all), run_id,
+                       records, by_id)
     for rec in records:
         log.info("interrupt %s of run %s %s by %s via %s", rec.interrupt_id, run_id,
                  rec.state.value, by, channel,
                  extra={"run_id": run_id, "interrupt_id": rec.interrupt_id})
     rt.publish(result.entries)
+    return result
+
+
+def _answerable(rt: Runtime, record: RunRecord, entry: ResumeEntry,
+                by_id: dict[str, Interrupt], answers: dict[str, Answer],
+                open_ids: set[str]) -> Interrupt:
+    """The interrupt `entry` answers, once every check a stored answer must pass passed."""
+    run_id = record.id
+    _check_storable(entry, rt.settings.max_answer_bytes)
+    spec = by_id.get(entry.interrupt_id)
+    if spec is None:
+        raise NotFound(f"run {run_id} has no interrupt {entry.interrupt_id!r}",
+                       run_id=run_id, detail={"interruptId": entry.interrupt_id})
+    if entry.interrupt_id not in open_ids:  # the status says why: cancelled, failed…
+        raise not_open(run_id, spec, answers.get(spec.id), status=record.status.value)
+    _check_expiry(run_id, spec)
+    errors = check_answer(spec, entry, _tool(rt, record.agent, spec.tool_name))
+    if errors:
+        raise Invalid(f"the answer to interrupt {spec.id} does not match what it asks for",
+                      run_id=run_id, detail={"interruptId": spec.id, "errors": errors})
+    return spec
+
+
+def _recorded(result: Transition, run_id: str, records: list[Answer],
+              by_id: dict[str, Interrupt]) -> Transition:
+    """The store's verdict on the answers, or the refusal it means for the caller."""
+    if result.verdict is Verdict.CONFLICT:
+        if result.first is not None and result.first in records:
+            # Our own answer, recorded by a first attempt whose reply was lost and replayed
+            # by the client's retry: it stands; the outbox publishes what it queued.
+            return Transition(Verdict.OK, result.version)
+        raise not_open(run_id, by_id[result.interrupt_id or ""], result.first,
+                       status=result.status.value if result.status else None)
+    if result.verdict is Verdict.INCOMPLETE:
+        missing = sorted(set(result.still_open) - {r.interrupt_id for r in records})
+        raise Invalid("a resume must answer every open interrupt; still open: "
+                      f"{missing}", run_id=run_id, detail={"open": sorted(result.still_open)})
+    if not result.ok:
+        raise NotFound(f"run {run_id} or one of its interrupts is gone ({result.verdict})",
+                       run_id=run_id)
     return result
 
 
@@ -197,20 +212,20 @@ def answer_job(rt: Runtime, run_id: str, interrupt_id: str, *, task: str, result
 
 def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None) -> RunView:
     result = rt.store.cancel(run_id, by, reason)
-    if result.code == "missing":
+    if result.verdict is Verdict.MISSING:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
-    if result.code == "finished":
-        raise Conflict(f"run {run_id} is already {result.info[0]}", run_id=run_id,
-                       detail={"status": result.info[0]})
+    if result.verdict is Verdict.FINISHED:
+        raise Conflict(f"run {run_id} is already {result.status}", run_id=run_id,
+                       detail={"status": result.status})
     return get_run(rt, run_id)
 
 
-def requeue(rt: Runtime, run_id: str) -> Result:
+def requeue(rt: Runtime, run_id: str) -> Transition:
     """Queue a run's pending step again (for a step whose message was lost)."""
     result = rt.store.requeue(run_id, owner="*")
-    if result.code == "missing":
+    if result.verdict is Verdict.MISSING:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
-    if result.code == "skipped":
-        raise Conflict(f"run {run_id} is {result.info[0]}: nothing to requeue", run_id=run_id)
+    if result.verdict is Verdict.SKIPPED:
+        raise Conflict(f"run {run_id} is {result.status}: nothing to requeue", run_id=run_id)
     rt.publish(result.entries)
     return result

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from layby.parking import Store
+from layby.parking import Store, Verdict
 from layby.wire import Status
 from layby.broker_config import DELIVER_TASK, NOTIFY
 from layby.control.runtime import Runtime
@@ -49,10 +49,6 @@ def _seconds(ms: int) -> str:
     return f"{ms / 1000:.1f} s"
 
 
-def _now_ms(store: Store) -> int:
-    return int(store.redis.time()[0]) * 1000
-
-
 def stuck(rt: Runtime, *, limit: int = 200) -> list[Finding]:
     """Everything that looks stuck, at most `limit` of each kind (and of the parked runs
     scanned for failed notifications)."""
@@ -62,11 +58,11 @@ def stuck(rt: Runtime, *, limit: int = 200) -> list[Finding]:
 
 
 def lapsed(store: Store, limit: int = 200) -> list[Finding]:
-    now = _now_ms(store)
+    now = store.now_ms()
     found = []
     for run_id in store.lapsed_leases(limit):
-        owner, until = store.redis.hmget(store.keys.run(run_id), "lease_owner", "lease_until")
-        late = now - int(until or now)
+        owner, until = store.lease_of(run_id)
+        late = now - (until or now)
         found.append(Finding(
             LEASE_LAPSED, run_id,
             f"claimed by {owner or 'a worker'} whose lease lapsed {_seconds(late)} ago "
@@ -77,17 +73,17 @@ def lapsed(store: Store, limit: int = 200) -> list[Finding]:
 
 
 def waiting(store: Store, limit: int = 200) -> list[Finding]:
-    now = _now_ms(store)
+    now = store.now_ms()
     found = []
     for run_id in store.waiting_too_long(store.config.lease_ms, limit):
-        status, updated = store.redis.hmget(store.keys.run(run_id), "status", "updated_at")
-        since = now - int(updated or now)
+        status, updated = store.status_of(run_id)
+        since = now - (updated or now)
         found.append(Finding(
             WAITING_TOO_LONG, run_id,
             f"{status} for {_seconds(since)}, longer than the lease "
             f"({_seconds(store.config.lease_ms)}): its task message may be lost",
             f"layby runs requeue {run_id}   (or: layby ops requeue-stuck)",
-            {"status": status, "waitingMs": since}))
+            {"status": status.value if status else None, "waitingMs": since}))
     return found
 
 
@@ -150,10 +146,10 @@ def requeue_stuck(rt: Runtime, *, limit: int = 200) -> tuple[list[Requeued], int
         if result.ok:
             rt.publish(result.entries)
             outcome = "requeued"
-        elif result.code == "skipped":
-            outcome = f"skipped ({result.info[0] if result.info else '?'})"
+        elif result.verdict is Verdict.SKIPPED:
+            outcome = f"skipped ({result.status or '?'})"
         else:
-            outcome = result.code
+            outcome = result.verdict.value
         done.append(Requeued(run_id, outcome, why))
     published = rt.publish(store.claim_outbox(limit))
     return done, published
@@ -175,15 +171,14 @@ def retry_notifications(rt: Runtime, run_ids: list[str]) -> dict[str, list[str]]
 
 
 def interrupted_runs(store: Store, *, limit: int = 200) -> list[str]:
-    return list(store.redis.zrevrange(store.keys.index(Status.INTERRUPTED), 0, limit - 1))
+    return [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, limit)]
 
 
 def purge(store: Store, *, dry_run: bool = False) -> dict[str, int]:
     """Drop index entries of finished runs past retention; counts by status. With
     `dry_run`, count only."""
-    cutoff = _now_ms(store) - store.config.retention_s * 1000
-    counts = {s.value: int(store.redis.zcount(store.keys.index(s), "-inf", cutoff))
-              for s in (Status.COMPLETED, Status.FAILED, Status.CANCELLED)}
+    found = store.runs.finished_before(store.retention_cutoff_ms())
+    counts = {status.value: count for status, count in found.items()}
     if not dry_run:
         counts["pruned"] = store.prune_finished()
     return counts

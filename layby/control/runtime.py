@@ -19,10 +19,18 @@ from collections.abc import Iterable
 
 from celery import Celery
 
-from layby.broker_config import NOTIFY, NOTIFY_TASK, Settings, make_celery
+from layby.broker_config import (
+    NOTIFY,
+    NOTIFY_TASK,
+    RESUME_RUN,
+    RUN_TURN,
+    TURNS,
+    Settings,
+    make_celery,
+)
 from layby.control.connections import redis_client
 from layby.generation.agents import Agent, load_agents
-from layby.parking import OutboxEntry, Store, StoreConfig
+from layby.parking import OutboxEntry, Store, StoreConfig, TaskNames
 from layby.reviewers.config import Reviewers
 
 log = logging.getLogger(__name__)
@@ -33,12 +41,15 @@ log = logging.getLogger(__name__)
 ACKED_BY_THE_TASK = frozenset({NOTIFY_TASK})
 
 
+TASK_NAMES = TaskNames(turn_task=RUN_TURN, resume_task=RESUME_RUN, turn_queue=TURNS,
+                       notify_task=NOTIFY_TASK, notify_queue=NOTIFY)
+
+
 def store_config(settings: Settings) -> StoreConfig:
-    return StoreConfig(prefix=settings.key_prefix, retention_s=settings.retention_s,
+    return StoreConfig(TASK_NAMES, prefix=settings.key_prefix, retention_s=settings.retention_s,
                        idempotency_ttl_s=settings.idempotency_ttl_s,
                        lease_ms=int(settings.lease_s * 1000), events_max=settings.events_max,
                        outbox_grace_ms=int(settings.outbox_grace_s * 1000),
-                       notify_task=NOTIFY_TASK, notify_queue=NOTIFY,
                        min_replicas_ack=settings.redis_min_replicas_ack,
                        replica_ack_timeout_ms=int(settings.redis_replica_ack_timeout_s * 1000))
 

@@ -1,9 +1,8 @@
 """`GET /metrics`: what is parked and what is late, read from Redis at each scrape.
 
-A `prometheus_client` collector; every number comes from cheap Redis commands (ZCARD,
-ZCOUNT, ZRANGE of one member, HGETALL of the small `stats` hash) in two round trips, timed
-by the Redis server's clock like the scripts that write the scores. Nothing is kept in the gateway
-process, so any number of gateways report the same values.
+A `prometheus_client` collector over `layby.parking.gauges` (the registries and the
+scripts' counters, read in one round trip): this module only names and shapes the numbers.
+Nothing is kept in the gateway process, so any number of gateways report the same values.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from layby.errors import ConfigError
-from layby.parking import Keys, Store
+from layby.parking import Keys, Store, gauges
 from layby.wire import Status
 from layby.parking.scripts import LATENCY_BUCKETS_S
 
@@ -27,15 +26,12 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 WAIT_BUCKETS_S = (60, 300, 3600, 86400)
 
 
-def _age_of_oldest(first: list[tuple[str, float]], now_ms: int, due_only: bool) -> float:
-    """Seconds since the lowest score (`first`: ZRANGE 0 0 WITHSCORES); 0 when the set is
-    empty, or when nothing in it is due yet."""
-    if not first:
+def _age_of_oldest(oldest: tuple[str, int] | None, now_ms: int, due_only: bool) -> float:
+    """Seconds since the lowest score; 0 when the set is empty, or when nothing in it is due
+    yet."""
+    if oldest is None or (due_only and oldest[1] > now_ms):
         return 0.0
-    score = first[0][1]
-    if due_only and score > now_ms:
-        return 0.0
-    return max(0.0, (now_ms - score) / 1000)
+    return max(0.0, (now_ms - oldest[1]) / 1000)
 
 
 class LaybyCollector:
@@ -46,96 +42,78 @@ class LaybyCollector:
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("layby_redis_up", "1 when the Redis server answered this scrape")
         try:
-            families = list(self._read())
+            read = gauges.read(self.client, self.keys, WAIT_BUCKETS_S)
         except redis.RedisError:
             up.add_metric([], 0)
             yield up
             return
         up.add_metric([], 1)
         yield up
-        yield from families
+        yield from _runs(read)
+        yield from _backlogs(read)
+        yield from _counters(read.stats)
 
-    def _read(self) -> Iterator[Metric]:
-        c, k = self.client, self.keys
-        seconds, micros = c.time()
-        now_ms = seconds * 1000 + micros // 1000
-        parked = k.index(Status.INTERRUPTED)
-        # One round trip for the rest; the replies are taken in the order asked.
-        pipe = c.pipeline(transaction=False)
-        for status in Status:
-            pipe.zcard(k.index(status))
-        for bound in WAIT_BUCKETS_S:
-            pipe.zcount(parked, now_ms - bound * 1000, "+inf")
-        for key in (parked, k.outbox, k.notify_due):
-            pipe.zrange(key, 0, 0, withscores=True)
-        pipe.zcard(k.deadlines)
-        for key in (k.deadlines, k.leases, k.outbox, k.notify_due):
-            pipe.zcount(key, "-inf", now_ms)
-        pipe.zcard(k.outbox)
-        pipe.hgetall(k.stats)
-        replies = iter(pipe.execute())
 
-        runs = GaugeMetricFamily("layby_runs", "Runs by state (finished ones until retention)",
-                                 labels=["state"])
-        counts = {status: next(replies) for status in Status}
-        for status, count in counts.items():
-            runs.add_metric([status.value], count)
-        yield runs
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
 
-        waiting = GaugeMetricFamily(
-            "layby_runs_waiting_by_age",
-            "Interrupted runs that have waited at most `le` seconds since they parked "
-            "(cumulative)", labels=["le"])
-        for bound in WAIT_BUCKETS_S:
-            waiting.add_metric([str(float(bound))], next(replies))
-        waiting.add_metric(["+Inf"], counts[Status.INTERRUPTED])
-        yield waiting
-        oldest_parked, oldest_outbox, oldest_notification = (next(replies) for _ in range(3))
-        yield GaugeMetricFamily("layby_runs_waiting_oldest_seconds",
-                                "How long the longest-waiting interrupted run has waited",
-                                value=_age_of_oldest(oldest_parked, now_ms, due_only=False))
 
-        yield GaugeMetricFamily("layby_interrupt_deadlines",
-                                "Open interrupts that expire (each has a deadline)",
-                                value=next(replies))
-        overdue, lapsed, outbox_due, notifications_due = (next(replies) for _ in range(4))
-        yield GaugeMetricFamily("layby_interrupt_deadlines_overdue",
-                                "Open interrupts past their deadline the sweeper has not "
-                                "expired yet", value=overdue)
-        yield GaugeMetricFamily("layby_leases_lapsed",
-                                "Running runs past their lease the sweeper has not requeued",
-                                value=lapsed)
+def _runs(g: gauges.Gauges) -> Iterator[Metric]:
+    runs = GaugeMetricFamily("layby_runs", "Runs by state (finished ones until retention)",
+                             labels=["state"])
+    for status, count in g.runs.items():
+        runs.add_metric([status.value], count)
+    yield runs
+    waiting = GaugeMetricFamily(
+        "layby_runs_waiting_by_age",
+        "Interrupted runs that have waited at most `le` seconds since they parked "
+        "(cumulative)", labels=["le"])
+    for bound, count in g.parked_since.items():
+        waiting.add_metric([str(float(bound))], count)
+    waiting.add_metric(["+Inf"], g.runs[Status.INTERRUPTED])
+    yield waiting
+    yield _gauge("layby_runs_waiting_oldest_seconds",
+                 "How long the longest-waiting interrupted run has waited",
+                 _age_of_oldest(g.oldest_parked, g.now_ms, due_only=False))
+    yield _gauge("layby_interrupt_deadlines",
+                 "Open interrupts that expire (each has a deadline)", g.deadlines)
+    yield _gauge("layby_interrupt_deadlines_overdue",
+                 "Open interrupts past their deadline the sweeper has not expired yet",
+                 g.deadlines_overdue)
+    yield _gauge("layby_leases_lapsed",
+                 "Running runs past their lease the sweeper has not requeued", g.leases_lapsed)
 
-        yield GaugeMetricFamily("layby_outbox_backlog",
-                                "Tasks in the outbox (written, not yet acked as published)",
-                                value=next(replies))
-        yield GaugeMetricFamily("layby_outbox_due",
-                                "Outbox entries past their grace time: the sweeper's to publish",
-                                value=outbox_due)
-        yield GaugeMetricFamily("layby_outbox_lag_seconds",
-                                "Sweeper lag: how long the oldest due outbox entry has waited",
-                                value=_age_of_oldest(oldest_outbox, now_ms, due_only=True))
-        yield GaugeMetricFamily("layby_notifications_due",
-                                "Notifications due to be sent (first sends, retries, reminders)",
-                                value=notifications_due)
-        yield GaugeMetricFamily("layby_notifications_lag_seconds",
-                                "How long the oldest due notification has waited to be sent",
-                                value=_age_of_oldest(oldest_notification, now_ms, due_only=True))
 
-        stats = next(replies)
-        answers = CounterMetricFamily("layby_answers",
-                                      "Answers recorded to interrupts, by channel "
-                                      "(expiries count under theirs)", labels=["channel"])
-        for field, value in sorted(stats.items()):
-            if field.startswith("answers:"):
-                answers.add_metric([field.removeprefix("answers:")], float(value))
-        yield answers
-        yield CounterMetricFamily("layby_notifications_failed",
-                                  "Notifications that ran out of attempts",
-                                  value=float(stats.get("notifications_failed", 0)))
-        yield _latency(stats, "answer", "Time from a run parking to each answer to it")
-        yield _latency(stats, "resume", "Time from a run's last answer to a worker taking "
-                                        "it up again (queueing before the continuation)")
+def _backlogs(g: gauges.Gauges) -> Iterator[Metric]:
+    yield _gauge("layby_outbox_backlog",
+                 "Tasks in the outbox (written, not yet acked as published)", g.outbox)
+    yield _gauge("layby_outbox_due",
+                 "Outbox entries past their grace time: the sweeper's to publish", g.outbox_due)
+    yield _gauge("layby_outbox_lag_seconds",
+                 "Sweeper lag: how long the oldest due outbox entry has waited",
+                 _age_of_oldest(g.oldest_outbox, g.now_ms, due_only=True))
+    yield _gauge("layby_notifications_due",
+                 "Notifications due to be sent (first sends, retries, reminders)",
+                 g.notifications_due)
+    yield _gauge("layby_notifications_lag_seconds",
+                 "How long the oldest due notification has waited to be sent",
+                 _age_of_oldest(g.oldest_notification, g.now_ms, due_only=True))
+
+
+def _counters(stats: dict[str, str]) -> Iterator[Metric]:
+    answers = CounterMetricFamily("layby_answers",
+                                  "Answers recorded to interrupts, by channel "
+                                  "(expiries count under theirs)", labels=["channel"])
+    for field, value in sorted(stats.items()):
+        if field.startswith("answers:"):
+            answers.add_metric([field.removeprefix("answers:")], float(value))
+    yield answers
+    yield CounterMetricFamily("layby_notifications_failed",
+                              "Notifications that ran out of attempts",
+                              value=float(stats.get("notifications_failed", 0)))
+    yield _latency(stats, "answer", "Time from a run parking to each answer to it")
+    yield _latency(stats, "resume", "Time from a run's last answer to a worker taking it up "
+                                    "again (queueing before the continuation)")
 
 
 def _latency(stats: dict[str, str], what: str, doc: str) -> HistogramMetricFamily:

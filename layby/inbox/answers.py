@@ -12,7 +12,7 @@ from layby.generation.interrupts import ResumeEntry
 from layby.reviewers import tokens
 from layby.reviewers.directory import Reviewer
 from layby.reviewers.tokens import BadToken, Grant
-from layby.parking import Result
+from layby.parking import Transition
 from layby.wire import InterruptState, InterruptView, RunView
 
 
@@ -95,7 +95,7 @@ def refuse_if_closed(opened: Opened) -> None:
                                 status=opened.run.status.value)
 
 
-def answer(rt: Runtime, opened: Opened, entry: ResumeEntry, *, channel: str) -> Result:
+def answer(rt: Runtime, opened: Opened, entry: ResumeEntry, *, channel: str) -> Transition:
     """Record `entry` for the opened interrupt. A token from an earlier step of the run (a
     version that moved on) is refused; an interrupt already answered is refused with who
     answered it first (so a token is accepted once)."""

@@ -6,7 +6,8 @@ Every state change is one atomic Lua script named after its transition (`parking
 
 from layby.parking.keys import Keys
 from layby.parking.records import OutboxEntry
-from layby.parking.store import NotReplicated, Result, RunRecord, Store, StoreConfig, iso
+from layby.parking.results import Verdict, Transition
+from layby.parking.store import NotReplicated, RunRecord, Store, StoreConfig, TaskNames, iso
 
-__all__ = ["Keys", "NotReplicated", "OutboxEntry", "Result", "RunRecord", "Store", "StoreConfig",
-           "iso"]
+__all__ = ["Keys", "NotReplicated", "Verdict", "OutboxEntry", "RunRecord", "Store",
+           "StoreConfig", "TaskNames", "Transition", "iso"]

@@ -10,8 +10,7 @@ followed by WAIT on the same connection, so what was acknowledged survives a fai
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -19,26 +18,44 @@ from redis import Redis, RedisError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
-from layby.parking import events, scripts
+from layby.parking import events, results, scripts
 from layby.parking.clock import iso
 from layby.parking.keys import Keys
 from layby.parking.records import OutboxEntry
+from layby.parking.registries import (
+    Deadlines,
+    DueNotifications,
+    Leases,
+    OutboxRegistry,
+    RunIndex,
+    now_ms,
+)
+from layby.parking.results import Transition
 from layby.wire import Answer, Event, InterruptView, Notification, RunSummary, RunView, Status
 
 
 @dataclass(frozen=True)
+class TaskNames:
+    """The Celery tasks and queues the transitions queue work for, as the outbox entries
+    name them (`layby.broker_config.names` defines them; the store knows Redis, not the
+    broker)."""
+
+    turn_task: str
+    resume_task: str
+    turn_queue: str
+    notify_task: str
+    notify_queue: str
+
+
+@dataclass(frozen=True)
 class StoreConfig:
+    tasks: TaskNames
     prefix: str = "layby"
     retention_s: int = 7 * 24 * 3600
     idempotency_ttl_s: int = 24 * 3600
     lease_ms: int = 300_000
     events_max: int = 2000
     outbox_grace_ms: int = 10_000
-    turn_task: str = "layby.run_turn"
-    resume_task: str = "layby.resume_run"
-    turn_queue: str = "layby.turns"
-    notify_task: str = "layby.notify.interrupts"
-    notify_queue: str = "layby.notify"
     max_attempts: int = 5
     min_replicas_ack: int = 0  # WAIT for this many replicas after ACKNOWLEDGED transitions
     replica_ack_timeout_ms: int = 1000
@@ -59,24 +76,6 @@ class NotReplicated(RedisError):
     where a retry finds it (an answer already recorded, the run of an idempotency key)."""
 
 
-@dataclass
-class Result:
-    """The reply of a transition script: `code` is 'ok' or why not; `info` the rest."""
-
-    code: str
-    version: int | None = None
-    entries: list[OutboxEntry] = field(default_factory=list)
-    info: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.code == "ok"
-
-
-def _entries(raw: Iterable[str]) -> list[OutboxEntry]:
-    return [OutboxEntry.model_validate_json(e) for e in raw if e]
-
-
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
@@ -94,10 +93,16 @@ class RunRecord:
 
 
 class Store:
-    def __init__(self, client: Redis, config: StoreConfig | None = None) -> None:
+    def __init__(self, client: Redis, config: StoreConfig) -> None:
         self.redis = client
-        self.config = config or StoreConfig()
+        self.config = config
+        self.tasks = config.tasks
         self.keys = Keys(self.config.prefix)
+        self.runs = RunIndex(client, self.keys)
+        self.deadlines = Deadlines(client, self.keys.deadlines)
+        self.leases = Leases(client, self.keys.leases)
+        self.outbox = OutboxRegistry(client, self.keys.outbox)
+        self.due_notifications = DueNotifications(client, self.keys.notify_due)
         self._scripts = scripts.register(client, events_max=self.config.events_max,
                                          outbox_grace_ms=self.config.outbox_grace_ms)
 
@@ -123,20 +128,18 @@ class Store:
     # -- transitions -------------------------------------------------------------------
 
     def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
-                   metadata: dict[str, Any], idempotency_key: str | None) -> Result:
+                   metadata: dict[str, Any], idempotency_key: str | None) -> Transition:
         idem = self.keys.idempotency(idempotency_key) if idempotency_key else ""
         reply = self._run("create_run", run_id, run_id, agent, _dumps(input),
                           _dumps(dump_messages(messages)), _dumps(metadata),
-                          self.config.idempotency_ttl_s, self.config.turn_task,
-                          self.config.turn_queue, extra_keys=(idem,))
-        if reply[0] == "exists":
-            return Result("exists", info=[reply[1]])
-        return Result("ok", 1, _entries(reply[1:]), [run_id])
+                          self.config.idempotency_ttl_s, self.tasks.turn_task,
+                          self.tasks.turn_queue, extra_keys=(idem,))
+        return results.created(reply, run_id)
 
-    def claim(self, run_id: str, version: int, owner: str) -> Result:
+    def claim(self, run_id: str, version: int, owner: str) -> Transition:
         reply = self._run("claim_run", run_id, version, owner, self.config.lease_ms,
                           self.config.max_attempts)
-        return Result(reply[0], version, info=[str(x) for x in reply[1:]])
+        return results.claimed(reply, version)
 
     def save_checkpoint(self, run_id: str, version: int, owner: str, name: str,
                         value: Any) -> bool:
@@ -151,15 +154,15 @@ class Store:
         return {k: json.loads(v) for k, v in raw.items() if k != "v"}
 
     def advance(self, run_id: str, version: int, owner: str, messages: list[Message],
-                event: dict[str, Any], *, inline: bool) -> Result:
+                event: dict[str, Any], *, inline: bool) -> Transition:
         reply = self._run("advance_turn", run_id, version, owner,
                           _dumps(dump_messages(messages)), _dumps(event), "1" if inline else "0",
-                          self.config.lease_ms, self.config.turn_task, self.config.turn_queue)
-        return self._transition(reply)
+                          self.config.lease_ms, self.tasks.turn_task, self.tasks.turn_queue)
+        return results.committed(reply)
 
     def park(self, run_id: str, version: int, owner: str, messages: list[Message],
              interrupts: list[Interrupt], event: dict[str, Any], *,
-             announce: bool = True) -> Result:
+             announce: bool = True) -> Transition:
         """Park the run on `interrupts`; with `announce`, queue their notification."""
         triples: list[Any] = []
         for intr in interrupts:
@@ -169,61 +172,52 @@ class Store:
                 expiry = str(int(moment.timestamp() * 1000))
             triples += [intr.id, _dumps(intr.wire()), expiry]
         reply = self._run("park_run", run_id, version, owner, _dumps(dump_messages(messages)),
-                          _dumps(event), self.config.resume_task, self.config.turn_queue,
-                          self.config.notify_task if announce else "",
-                          self.config.notify_queue, len(interrupts), *triples)
-        return self._transition(reply)
+                          _dumps(event), self.tasks.resume_task, self.tasks.turn_queue,
+                          self.tasks.notify_task if announce else "",
+                          self.tasks.notify_queue, len(interrupts), *triples)
+        return results.committed(reply)
 
     def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
-                 result: str, event: dict[str, Any]) -> Result:
+                 result: str, event: dict[str, Any]) -> Transition:
         reply = self._run("complete_run", run_id, version, owner,
                           _dumps(dump_messages(messages)), result, _dumps(event),
                           self.config.retention_s)
-        return self._transition(reply)
+        return results.committed(reply)
 
     def fail(self, run_id: str, error: dict[str, Any], *, version: int | None = None,
-             owner: str | None = None, messages: list[Message] | None = None) -> Result:
+             owner: str | None = None, messages: list[Message] | None = None) -> Transition:
         reply = self._run("fail_run", run_id, "" if version is None else version, owner or "",
                           _dumps(error),
                           "" if messages is None else _dumps(dump_messages(messages)),
                           self.config.retention_s)
-        return self._transition(reply)
+        return results.committed(reply)
 
-    def cancel(self, run_id: str, by: str, reason: str | None) -> Result:
+    def cancel(self, run_id: str, by: str, reason: str | None) -> Transition:
         data = {"code": "cancelled", "message": reason or "cancelled", "by": by}
         reply = self._run("cancel_run", run_id, _dumps(data), self.config.retention_s)
-        return self._transition(reply)
+        return results.committed(reply)
 
     def answer(self, run_id: str, answers: list[Answer], *, require_all: bool = False,
-               allow_early: bool = False) -> Result:
+               allow_early: bool = False) -> Transition:
         pairs: list[Any] = []
         for a in answers:
             pairs += [a.interrupt_id, _dumps(a.wire())]
         reply = self._run("answer_interrupts", run_id, "1" if require_all else "0",
-                          "1" if allow_early else "0", self.config.resume_task,
-                          self.config.turn_queue, len(answers), *pairs)
-        return self._transition(reply)
+                          "1" if allow_early else "0", self.tasks.resume_task,
+                          self.tasks.turn_queue, len(answers), *pairs)
+        return results.committed(reply)
 
-    def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None) -> Result:
+    def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None) -> Transition:
         reply = self._run("expire_interrupt", run_id, answer.interrupt_id, _dumps(answer.wire()),
-                          _dumps(fail_error) if fail_error else "", self.config.resume_task,
-                          self.config.turn_queue, self.config.retention_s, run_id)
-        return self._transition(reply)
+                          _dumps(fail_error) if fail_error else "", self.tasks.resume_task,
+                          self.tasks.turn_queue, self.config.retention_s, run_id)
+        return results.committed(reply)
 
-    def requeue(self, run_id: str, *, owner: str = "") -> Result:
+    def requeue(self, run_id: str, *, owner: str = "") -> Transition:
         """Queue the run's pending step again. `owner`: '' once its lease lapsed, '*' now."""
-        reply = self._run("requeue_run", run_id, self.config.turn_task,
-                          self.config.resume_task, self.config.turn_queue, run_id, owner)
-        if reply[0] == "ok":
-            return Result("ok", entries=_entries(reply[1:]))
-        return Result(reply[0], info=[str(x) for x in reply[1:]])
-
-    @staticmethod
-    def _transition(reply: list) -> Result:
-        if reply[0] in ("ok", "failed"):
-            entries = _entries(reply[2:]) if len(reply) > 2 else []
-            return Result(reply[0], int(reply[1]), entries)
-        return Result(reply[0], info=[str(x) for x in reply[1:]])
+        reply = self._run("requeue_run", run_id, self.tasks.turn_task,
+                          self.tasks.resume_task, self.tasks.turn_queue, run_id, owner)
+        return results.requeued(reply)
 
     # -- notifications -------------------------------------------------------------------
 
@@ -292,24 +286,23 @@ class Store:
     def claim_outbox(self, limit: int = 100, retry_ms: int = 10_000) -> list[OutboxEntry]:
         raw = self._scripts["claim_outbox"](keys=[self.keys.outbox, self.keys.outbox_entries],
                                             args=[limit, retry_ms])
-        return _entries(raw)
+        return list(results.entries_of(raw))
 
     def ack_outbox(self, entry_ids: list[str]) -> None:
         if entry_ids:
             self._scripts["ack_outbox"](keys=[self.keys.outbox, self.keys.outbox_entries],
                                         args=entry_ids)
 
-    def outbox_backlog(self) -> int:
-        return int(self.redis.zcard(self.keys.outbox))
-
     def overdue_outbox(self, older_than_ms: int = 0, limit: int = 200
                        ) -> list[tuple[str, int]]:
         """(entry id, ms overdue) of outbox entries due to be published more than
         `older_than_ms` ago, most overdue first. A read: nothing is claimed."""
-        now_ms = int(self.redis.time()[0]) * 1000
-        found = self.redis.zrangebyscore(self.keys.outbox, "-inf", now_ms - older_than_ms,
-                                         0, limit, withscores=True)
-        return [(entry_id, now_ms - int(score)) for entry_id, score in found]
+        now = self.now_ms()
+        found = self.outbox.due(now - older_than_ms, limit, with_scores=True)
+        return [(entry_id, now - int(score)) for entry_id, score in found]
+
+    def now_ms(self) -> int:
+        return now_ms(self.redis)
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -358,12 +351,7 @@ class Store:
     def list_runs(self, status: Status | None = None, *, limit: int = 50,
                   offset: int = 0) -> list[RunSummary]:
         """Newest first; all states when `status` is None."""
-        statuses = [status] if status else list(Status)
-        pipe = self.redis.pipeline(transaction=False)
-        for s in statuses:
-            pipe.zrevrange(self.keys.index(s), 0, offset + limit - 1, withscores=True)
-        scored = sorted((pair for found in pipe.execute() for pair in found),
-                        key=lambda p: -p[1])[offset:offset + limit]
+        scored = self.runs.newest(status, limit, offset)
         pipe = self.redis.pipeline(transaction=False)
         for run_id, _ in scored:
             pipe.hmget(self.keys.run(run_id), "id", "agent", "status", "version",
@@ -387,32 +375,37 @@ class Store:
         """The run's newest `run.interrupted` event (that parked on one of `interrupt_ids`)."""
         return events.last_park(self.redis, self.keys.events(run_id), interrupt_ids)
 
+    def lease_of(self, run_id: str) -> tuple[str | None, int | None]:
+        """Who holds the run's claim, and until when (ms)."""
+        owner, until = self.redis.hmget(self.keys.run(run_id), "lease_owner", "lease_until")
+        return owner, int(until) if until else None
+
+    def status_of(self, run_id: str) -> tuple[Status | None, int | None]:
+        """The run's status and when it last changed (ms)."""
+        status, updated = self.redis.hmget(self.keys.run(run_id), "status", "updated_at")
+        return Status(status) if status else None, int(updated) if updated else None
+
+    # -- the registries, as the sweeper and on-call read them -------------------------------
+
     def due_deadlines(self, limit: int = 200) -> list[tuple[str, str]]:
-        now_ms = int(self.redis.time()[0]) * 1000
-        members = self.redis.zrangebyscore(self.keys.deadlines, "-inf", now_ms, 0, limit)
-        return [tuple(m.rsplit(" ", 1)) for m in members]  # type: ignore[misc]
+        return self.deadlines.due_pairs(self.now_ms(), limit)
 
     def lapsed_leases(self, limit: int = 200) -> list[str]:
-        now_ms = int(self.redis.time()[0]) * 1000
-        return list(self.redis.zrangebyscore(self.keys.leases, "-inf", now_ms, 0, limit))
+        return self.leases.due(self.now_ms(), limit)
 
     def waiting_too_long(self, older_than_ms: int, limit: int = 200) -> list[str]:
         """Runs queued or resuming since before `older_than_ms` ago: their message may be
         lost (a broker that lost its last second, a task that failed before its claim)."""
-        cutoff = int(self.redis.time()[0]) * 1000 - older_than_ms
-        pipe = self.redis.pipeline(transaction=False)
-        for s in (Status.QUEUED, Status.RESUMING):
-            pipe.zrangebyscore(self.keys.index(s), "-inf", cutoff, 0, limit)
-        return [run_id for found in pipe.execute() for run_id in found]
+        return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING),
+                                              self.now_ms() - older_than_ms, limit)
+
+    def retention_cutoff_ms(self) -> int:
+        """Finished runs that ended before this are past retention."""
+        return self.now_ms() - self.config.retention_s * 1000
 
     def prune_finished(self) -> int:
         """Drop index entries of finished runs whose keys have expired."""
-        now_ms = int(self.redis.time()[0]) * 1000
-        cutoff = now_ms - self.config.retention_s * 1000
-        pipe = self.redis.pipeline(transaction=False)
-        for s in (Status.COMPLETED, Status.FAILED, Status.CANCELLED):
-            pipe.zremrangebyscore(self.keys.index(s), "-inf", cutoff)
-        return sum(pipe.execute())
+        return self.runs.prune_finished_before(self.retention_cutoff_ms())
 
 
 def _stored(note: Notification) -> dict[str, Any]:

@@ -1,13 +1,16 @@
 -- cancel_run: any unfinished state → cancelled. A worker mid-turn finds its claim gone and
 -- drops its commit.
+-- Reads run. Writes run (error, version, status), index, leases, open, deadlines,
+-- notifications, notify:due, events; the run's keys expire after retention.
 -- ARGV: 1 event data JSON ({by, reason}), 2 retention (s)
 -- Returns {'ok', new version} | {'finished', status} | {'missing'}
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
-local status = redis.call('HGET', KEYS[1], 'status')
+local event_data, retention_s = ARGV[1], ARGV[2]
+if redis.call('EXISTS', RUN) == 0 then return {'missing'} end
+local status = redis.call('HGET', RUN, 'status')
 if FINISHED[status] then return {'finished', status} end
 local now = now_ms()
-redis.call('HSET', KEYS[1], 'error', ARGV[1])
+redis.call('HSET', RUN, 'error', event_data)
 local v = bump(now)
-finish('cancelled', now, tonumber(ARGV[2]))
-event('run.cancelled', v, ARGV[1], now)
+finish('cancelled', now, tonumber(retention_s))
+event('run.cancelled', v, event_data, now)
 return {'ok', v}

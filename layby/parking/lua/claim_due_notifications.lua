@@ -4,11 +4,14 @@
 -- whether it is really due (start_delivery.lua).
 -- KEYS: 1 notify:due (zset)
 -- ARGV: 1 max entries, 2 retry delay (ms)
+-- Reads and writes notify:due.
 -- Returns "<run id> <notification id>" members.
+local NOTIFY_DUE = KEYS[1]
+local limit, retry_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local due = redis.call('ZRANGEBYSCORE', NOTIFY_DUE, '-inf', now, 'LIMIT', 0, limit)
 for _, member in ipairs(due) do
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), member)
+  redis.call('ZADD', NOTIFY_DUE, now + retry_ms, member)
 end
 return due

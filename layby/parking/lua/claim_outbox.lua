@@ -2,18 +2,21 @@
 -- delay so that two sweepers do not publish the same entry at once.
 -- KEYS: 1 outbox (zset), 2 outbox:entries (hash)
 -- ARGV: 1 max entries, 2 retry delay (ms)
+-- Reads and writes outbox; reads outbox:entries.
 -- Returns the entries' JSON.
+local OUTBOX, OUTBOX_ENTRIES = KEYS[1], KEYS[2]
+local limit, retry_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local due = redis.call('ZRANGEBYSCORE', OUTBOX, '-inf', now, 'LIMIT', 0, limit)
 local out = {}
 for _, entry_id in ipairs(due) do
-  local entry = redis.call('HGET', KEYS[2], entry_id)
+  local entry = redis.call('HGET', OUTBOX_ENTRIES, entry_id)
   if entry then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), entry_id)
+    redis.call('ZADD', OUTBOX, now + retry_ms, entry_id)
     table.insert(out, entry)
   else
-    redis.call('ZREM', KEYS[1], entry_id)
+    redis.call('ZREM', OUTBOX, entry_id)
   end
 end
 return out

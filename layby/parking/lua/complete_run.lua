@@ -1,11 +1,15 @@
 -- complete_run: running → completed, with the final text. Starts the retention clock.
+-- Reads run. Writes run (messages, result, version, status), index, leases, open,
+-- deadlines, notifications, notify:due, checkpoints, events; keys expire after retention.
 -- ARGV: 1 version, 2 owner, 3 messages JSON, 4 result text, 5 event data JSON, 6 retention (s)
 -- Returns {'ok', new version} | {'stale', …} | {'missing'}
-local refused = check_claim(ARGV[1], ARGV[2])
+local version, owner, messages = ARGV[1], ARGV[2], ARGV[3]
+local result, event_data, retention_s = ARGV[4], ARGV[5], ARGV[6]
+local refused = check_claim(version, owner)
 if refused then return refused end
 local now = now_ms()
-redis.call('HSET', KEYS[1], 'messages', ARGV[3], 'result', ARGV[4])
+redis.call('HSET', RUN, 'messages', messages, 'result', result)
 local v = bump(now)
-finish('completed', now, tonumber(ARGV[6]))
-event('run.completed', v, ARGV[5], now)
+finish('completed', now, tonumber(retention_s))
+event('run.completed', v, event_data, now)
 return {'ok', v}

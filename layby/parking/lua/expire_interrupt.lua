@@ -1,26 +1,30 @@
 -- expire_interrupt: an open interrupt past its deadline gets its expiry policy: an answer
 -- (cancel, or resolve with a default) or the failure of the run.
+-- Reads deadlines, run, open. Writes deadlines, answers, open, events, stats; resumes
+-- (run, index, outbox) or fails the run (as fail_run does).
 -- ARGV: 1 interrupt id, 2 answer JSON (state "expired"), 3 error JSON to fail the run
 --       ('' to apply the answer and go on), 4 resume task, 5 queue, 6 retention (s), 7 run id
 -- Returns {'ok', version, entry or ''} | {'failed', version} | {'gone'} (answered, or the
 -- run is over: the deadline is dropped) | {'later'} (not due yet)
+local interrupt_id, answer, fail_error = ARGV[1], ARGV[2], ARGV[3]
+local resume_task, queue, retention_s, the_run = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local now = now_ms()
-local member = ARGV[7] .. ' ' .. ARGV[1]
-local due = redis.call('ZSCORE', KEYS[10], member)
+local member = the_run .. ' ' .. interrupt_id
+local due = redis.call('ZSCORE', DEADLINES, member)
 if due and tonumber(due) > now then return {'later'} end
-if not run_id() or redis.call('SISMEMBER', KEYS[4], ARGV[1]) == 0 then
-  redis.call('ZREM', KEYS[10], member)
+if not run_id() or redis.call('SISMEMBER', OPEN, interrupt_id) == 0 then
+  redis.call('ZREM', DEADLINES, member)
   return {'gone'}
 end
-if ARGV[3] == '' then
-  local v, entry = apply_answers({{ARGV[1], ARGV[2]}}, ARGV[4], ARGV[5], now)
+if fail_error == '' then
+  local v, entry = apply_answers({{interrupt_id, answer}}, resume_task, queue, now)
   return {'ok', v, entry}
 end
-redis.call('SREM', KEYS[4], ARGV[1])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-event('interrupt.answered', redis.call('HGET', KEYS[1], 'version'), ARGV[2], now)
-redis.call('HSET', KEYS[1], 'error', ARGV[3])
+redis.call('SREM', OPEN, interrupt_id)
+redis.call('HSET', ANSWERS, interrupt_id, answer)
+event('interrupt.answered', redis.call('HGET', RUN, 'version'), answer, now)
+redis.call('HSET', RUN, 'error', fail_error)
 local v = bump(now)
-finish('failed', now, tonumber(ARGV[6]))
-event('run.failed', v, ARGV[3], now)
+finish('failed', now, tonumber(retention_s))
+event('run.failed', v, fail_error, now)
 return {'failed', v}

@@ -1,35 +1,37 @@
 -- retry_notifications: an operator sends failed notifications again. failed → pending,
 -- attempts 0, due now (ZADD notify:due), only while the run is interrupted and the
 -- notification's interrupt is still open; others are left as they are.
+-- Reads run (status), notifications, open. Writes notifications, notify:due, events.
 -- ARGV: 1 run id, then the notification ids to retry (none: every failed one of the run)
 -- Returns the ids set back to pending.
-if redis.call('HGET', KEYS[1], 'status') ~= 'interrupted' then return {} end
+local the_run = ARGV[1]
+if redis.call('HGET', RUN, 'status') ~= 'interrupted' then return {} end
 local now = now_ms()
 local ids = {}
 if #ARGV > 1 then
   for i = 2, #ARGV do table.insert(ids, ARGV[i]) end
 else
-  ids = redis.call('HKEYS', KEYS[18])
+  ids = redis.call('HKEYS', NOTIFICATIONS)
 end
 local retried = {}
 for _, nid in ipairs(ids) do
-  local raw = redis.call('HGET', KEYS[18], nid)
+  local raw = redis.call('HGET', NOTIFICATIONS, nid)
   if raw then
     local rec = cjson.decode(raw)
-    if rec.state == 'failed' and redis.call('SISMEMBER', KEYS[4], rec.interruptId) == 1 then
+    if rec.state == 'failed' and redis.call('SISMEMBER', OPEN, rec.interruptId) == 1 then
       rec.state = 'pending'
       rec.attempts = 0
       rec.due = now
       rec.lastError = nil
-      redis.call('HSET', KEYS[18], nid, cjson.encode(rec))
+      redis.call('HSET', NOTIFICATIONS, nid, cjson.encode(rec))
       -- The caller dispatches them now; the sweeper's copy waits out the grace time.
-      redis.call('ZADD', KEYS[19], now + OUTBOX_GRACE_MS, ARGV[1] .. ' ' .. nid)
+      redis.call('ZADD', NOTIFY_DUE, now + OUTBOX_GRACE_MS, the_run .. ' ' .. nid)
       table.insert(retried, nid)
     end
   end
 end
 if #retried > 0 then
-  event('notifications.retried', redis.call('HGET', KEYS[1], 'version'),
+  event('notifications.retried', redis.call('HGET', RUN, 'version'),
         cjson.encode({ids = retried}), now)
 end
 return retried

@@ -1,0 +1,114 @@
+"""What the store's transitions come to, typed: the scripts reply with short arrays
+(`{'ok', version, entry}`, `{'conflict', id, first answer, status}`, …), read here, once,
+into `Transition`s with named fields."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from layby.parking.records import OutboxEntry
+from layby.wire import Answer, Status
+
+
+class Verdict(StrEnum):
+    OK = "ok"                  # applied
+    FAILED = "failed"          # applied, and the run failed (an expiry's policy)
+    EXISTS = "exists"          # create: the idempotency key or run id is taken
+    STALE = "stale"            # the version or the claim moved on: a duplicate step
+    BUSY = "busy"              # another worker's lease is live
+    EXHAUSTED = "exhausted"    # claimed too often at one version
+    MISSING = "missing"        # no such run
+    FINISHED = "finished"      # the run is over
+    UNKNOWN = "unknown"        # an answer names an interrupt the run does not have
+    CONFLICT = "conflict"      # an answer to an interrupt that is not open
+    INCOMPLETE = "incomplete"  # a resume that leaves interrupts open
+    EARLY = "early"            # a job's answer, kept for the park that is still to come
+    SKIPPED = "skipped"        # requeue: the run waits for nothing a requeue gives
+    GONE = "gone"              # expiry: answered meanwhile, or the run is over
+    LATER = "later"            # expiry: not due yet
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A transition's result: the store's `verdict`, the run's new `version` and the outbox `entries`
+    to publish when it applied; when it did not, what stood in the way."""
+
+    verdict: Verdict
+    version: int | None = None
+    entries: tuple[OutboxEntry, ...] = ()
+    status: Status | None = None       # the run's status (stale, finished, conflict, skipped)
+    run_id: str | None = None          # exists: the run holding the key
+    interrupt_id: str | None = None    # unknown, conflict: the interrupt named
+    first: Answer | None = None        # conflict: the answer recorded first, if any
+    still_open: tuple[str, ...] = ()   # incomplete: the interrupts left open
+    owner: str | None = None           # busy: who holds the lease
+    attempt: int | None = None         # claim: this attempt; exhausted: the attempts made
+    claimed_from: Status | None = None  # claim: the status the run was claimed from
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is Verdict.OK
+
+
+def entries_of(raw: Iterable[Any]) -> tuple[OutboxEntry, ...]:
+    return tuple(OutboxEntry.model_validate_json(e) for e in raw if e)
+
+
+def _status(raw: Any) -> Status | None:
+    return Status(raw) if raw in Status._value2member_map_ else None
+
+
+def refusal(reply: list[Any]) -> Transition:
+    """A reply saying why a transition did not apply."""
+    verdict, rest = Verdict(reply[0]), [str(x) for x in reply[1:]]
+    first = rest[0] if rest else None
+    match verdict:
+        case Verdict.STALE | Verdict.FINISHED | Verdict.SKIPPED:
+            return Transition(verdict, status=_status(first))
+        case Verdict.BUSY:
+            return Transition(verdict, owner=first)
+        case Verdict.EXHAUSTED:
+            return Transition(verdict, attempt=int(first or 0))
+        case Verdict.EXISTS:
+            return Transition(verdict, run_id=first)
+        case Verdict.UNKNOWN:
+            return Transition(verdict, interrupt_id=first)
+        case Verdict.CONFLICT:
+            return Transition(verdict, interrupt_id=first, status=_status(rest[2]),
+                              first=Answer.model_validate_json(rest[1]) if rest[1] else None)
+        case Verdict.INCOMPLETE:
+            return Transition(verdict, still_open=tuple(rest))
+        case _:
+            return Transition(verdict)
+
+
+def committed(reply: list[Any]) -> Transition:
+    """`{'ok' | 'failed', version, entries…}`, or a refusal."""
+    if reply[0] in (Verdict.OK, Verdict.FAILED):
+        return Transition(Verdict(reply[0]), int(reply[1]), entries_of(reply[2:]))
+    return refusal(reply)
+
+
+def claimed(reply: list[Any], version: int) -> Transition:
+    """claim_run's `{'ok', previous status, lease until, attempt}`, or a refusal."""
+    if reply[0] == Verdict.OK:
+        return Transition(Verdict.OK, version, claimed_from=_status(reply[1]),
+                          attempt=int(reply[3]))
+    return refusal(reply)
+
+
+def created(reply: list[Any], run_id: str) -> Transition:
+    """create_run's `{'created', entry}`, or `{'exists', run id}`."""
+    if reply[0] == "created":
+        return Transition(Verdict.OK, 1, entries_of(reply[1:]), run_id=run_id)
+    return refusal(reply)
+
+
+def requeued(reply: list[Any]) -> Transition:
+    """requeue_run's `{'ok', entry}`, or a refusal."""
+    if reply[0] == Verdict.OK:
+        return Transition(Verdict.OK, entries=entries_of(reply[1:]))
+    return refusal(reply)
