@@ -14,6 +14,8 @@ The rest lives in documented submodules: `layby.models` (model adapters), `layby
 shapes). Importing layby connects to nothing and reads no settings.
 """
 
+from importlib import metadata as _metadata
+
 from layby.client import AsyncClient, Client
 from layby.errors import Conflict, Invalid, LaybyError, NotFound, Unauthorized
 from layby.generation.agents import Agent
@@ -29,7 +31,10 @@ from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
 from layby.generation.tools import Approval, Ask, ToolContext, interrupt_tool, tool
 from layby.wire import Event, InterruptView, RunSummary, RunView, Status
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("layby")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0.0.0"
 
 __all__ = [
     "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "TOOL_CALL",

@@ -18,13 +18,17 @@ resumed with `Last-Event-ID` after a dropped connection); they do not poll.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import json
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
@@ -42,13 +46,21 @@ from layby.errors import (
 )
 from layby.generation.interrupts import ResumeEntry
 from layby.generation.messages import Message
-from layby.wire import FINISHED, Answered, Event, RunList, RunSummary, RunView, Status
+from layby.wire import (
+    FINAL_EVENTS,
+    FINISHED,
+    Answered,
+    Event,
+    RunList,
+    RunSummary,
+    RunView,
+    Status,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 # The server sends a keep-alive every 15 s on an idle stream: a read that waits longer
 # than this has lost its connection.
 STREAM_READ_TIMEOUT_S = 40.0
-FINAL_EVENTS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 # What status an event says the run has reached; `wait` reads the run again on these.
 _STATUS_OF_EVENT = {"run.started": Status.RUNNING, "run.interrupted": Status.INTERRUPTED,
                     "run.resuming": Status.RESUMING, "run.completed": Status.COMPLETED,
@@ -90,10 +102,23 @@ def _start(agent: str, input: Any, messages: list[Message] | list[dict[str, Any]
     return _Call("POST", "/v1/runs", body, headers=headers)
 
 
+def _seg(value: str) -> str:
+    """An id as one path segment: a `/` or `?` in it cannot reach another route."""
+    return quote(str(value), safe="")
+
+
+def _status(value: Status | str) -> Status:
+    try:
+        return Status(value)
+    except ValueError:
+        raise Invalid(f"{value!r} is not a run status: use one of "
+                      f"{[s.value for s in Status]}") from None
+
+
 def _list(status: Status | str | None, limit: int, offset: int) -> _Call:
     params: dict[str, Any] = {"limit": limit, "offset": offset}
     if status is not None:
-        params["status"] = Status(status).value
+        params["status"] = _status(status).value
     return _Call("GET", "/v1/runs", params=params)
 
 
@@ -102,24 +127,26 @@ def _answer(run_id: str, interrupt_id: str, payload: Any, status: AnswerStatus,
     body: dict[str, Any] = {"status": status, "payload": payload}
     if metadata is not None:
         body["metadata"] = metadata
-    return _Call("POST", f"/v1/runs/{run_id}/interrupts/{interrupt_id}", body)
+    return _Call("POST", f"/v1/runs/{_seg(run_id)}/interrupts/{_seg(interrupt_id)}", body)
 
 
 def _resume(run_id: str, entries: Iterable[ResumeEntry | dict[str, Any]]) -> _Call:
     given = [e if isinstance(e, ResumeEntry) else ResumeEntry.model_validate(e)
              for e in entries]
-    return _Call("POST", f"/v1/runs/{run_id}/resume", {"resume": [e.wire() for e in given]})
+    return _Call("POST", f"/v1/runs/{_seg(run_id)}/resume",
+                 {"resume": [e.wire() for e in given]})
 
 
 def _cancel(run_id: str, reason: str | None) -> _Call:
-    return _Call("POST", f"/v1/runs/{run_id}/cancel", {"reason": reason} if reason else {})
+    return _Call("POST", f"/v1/runs/{_seg(run_id)}/cancel",
+                 {"reason": reason} if reason else {})
 
 
 def _events(run_id: str, last_event_id: str | None, follow: bool) -> _Call:
     headers = {"Accept": "text/event-stream"}
     if last_event_id:
         headers["Last-Event-ID"] = last_event_id
-    return _Call("GET", f"/v1/runs/{run_id}/events",
+    return _Call("GET", f"/v1/runs/{_seg(run_id)}/events",
                  params=None if follow else {"follow": "false"}, headers=headers)
 
 
@@ -142,11 +169,19 @@ def _refusal(response: httpx.Response) -> LaybyError:
 def _reply(response: httpx.Response, model: type[M]) -> M:
     if response.is_error:
         raise _refusal(response)
-    return model.model_validate(response.json())
+    try:
+        return model.model_validate(response.json())
+    except ValueError as exc:  # not JSON, or not the API's (a proxy's page, say)
+        raise LaybyError(f"{response.request.url} answered {response.status_code} with "
+                         f"something that is not layby's reply: {str(exc)[:300]}") from None
 
 
-def _wanted(until: Iterable[Status | str] | None) -> frozenset[Status]:
-    return frozenset(Status(s) for s in until) if until else FINISHED
+def _wanted(until: Iterable[Status | str] | Status | str | None) -> frozenset[Status]:
+    if not until:
+        return FINISHED
+    if isinstance(until, str):  # one status ("interrupted"), not its letters
+        return frozenset({_status(until)})
+    return frozenset(_status(s) for s in until)
 
 
 def _settled(run: RunView, wanted: frozenset[Status]) -> bool:
@@ -191,12 +226,44 @@ class _SSE:
         return None
 
 
-def _timeout(read_s: float | None) -> httpx.Timeout:
-    return httpx.Timeout(10.0, read=read_s)
+class _Stream:
+    """Where a stream of events stands across connections: the last event id (to resume
+    from), the deadline, and how long to wait before connecting again."""
 
+    RETRIES = 8  # failed connections in a row, without an event between them
 
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else deadline - time.monotonic()
+    def __init__(self, after: str | None, deadline: float | None) -> None:
+        self.last_id = after
+        self.deadline = deadline
+        self.failures = 0
+
+    def over(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def timeout(self) -> httpx.Timeout:
+        left = None if self.deadline is None else max(0.01, self.deadline - time.monotonic())
+        read = STREAM_READ_TIMEOUT_S if left is None else min(left, STREAM_READ_TIMEOUT_S)
+        return httpx.Timeout(min(10.0, read), read=read)
+
+    def parser(self) -> _SSE:
+        """A parser for a new connection: a frame cut short by a dropped connection is
+        not carried over; the server sends it again after the last id."""
+        parser = _SSE()
+        parser.last_id = self.last_id
+        return parser
+
+    def seen(self, event_id: str | None) -> None:
+        self.last_id = event_id or self.last_id
+        self.failures = 0
+
+    def failed(self, exc: httpx.TransportError) -> float:
+        """How long to wait before trying again; raises `exc` when it is no use."""
+        if isinstance(exc, httpx.UnsupportedProtocol | httpx.ProxyError):
+            raise exc
+        self.failures += 1
+        if self.failures > self.RETRIES and not isinstance(exc, httpx.ReadTimeout):
+            raise exc
+        return min(5.0, 0.2 * 2 ** (self.failures - 1)) * random.uniform(0.5, 1.0)
 
 
 def _timed_out(run_id: str, timeout: float | None, wanted: frozenset[Status]) -> TimeoutError:
@@ -246,7 +313,7 @@ class Client:
                       RunView)
 
     def get(self, run_id: str) -> RunView:
-        return _reply(self._send(_Call("GET", f"/v1/runs/{run_id}")), RunView)
+        return _reply(self._send(_Call("GET", f"/v1/runs/{_seg(run_id)}")), RunView)
 
     def list(self, status: Status | str | None = None, *, limit: int = 50,
              offset: int = 0) -> builtins.list[RunSummary]:
@@ -277,33 +344,31 @@ class Client:
 
     def _events(self, run_id: str, after: str | None, follow: bool,
                 deadline: float | None) -> Iterator[Event]:
-        parser = _SSE()
-        parser.last_id = after
-        while True:
-            left = _remaining(deadline)
-            if left is not None and left <= 0:
-                return
-            read_s = STREAM_READ_TIMEOUT_S if left is None else min(left, STREAM_READ_TIMEOUT_S)
-            call = _events(run_id, parser.last_id, follow)
+        stream = _Stream(after, deadline)
+        while not stream.over():
+            parser, call = stream.parser(), _events(run_id, stream.last_id, follow)
             try:
                 with self._http.stream(call.method, call.path, params=call.params,
                                        headers=call.headers,
-                                       timeout=_timeout(read_s)) as response:
+                                       timeout=stream.timeout()) as response:
                     if response.is_error:
                         response.read()
                         raise _refusal(response)
                     for line in response.iter_lines():
                         event = parser.feed(line)
                         if event is not None:
+                            stream.seen(parser.last_id)
                             yield event
                             if event.type in FINAL_EVENTS:
                                 return
+                        if stream.over():  # keep-alives come every 15 s: check each line
+                            return
                 if not follow:
                     return
-            except (httpx.TransportError, httpx.RemoteProtocolError):
-                continue  # resumed from the last event id
+            except httpx.TransportError as exc:
+                time.sleep(stream.failed(exc))
 
-    def wait(self, run_id: str, until: Iterable[Status | str] | None = None, *,
+    def wait(self, run_id: str, until: Iterable[Status | str] | Status | str | None = None, *,
              timeout: float | None = 60.0) -> RunView:
         """The run once it is in one of the states `until` (default: finished), or finished
         in another state, following its events; TimeoutError after `timeout` seconds."""
@@ -361,7 +426,7 @@ class AsyncClient:
         return _reply(await self._send(call), RunView)
 
     async def get(self, run_id: str) -> RunView:
-        return _reply(await self._send(_Call("GET", f"/v1/runs/{run_id}")), RunView)
+        return _reply(await self._send(_Call("GET", f"/v1/runs/{_seg(run_id)}")), RunView)
 
     async def list(self, status: Status | str | None = None, *, limit: int = 50,
                    offset: int = 0) -> builtins.list[RunSummary]:
@@ -380,51 +445,51 @@ class AsyncClient:
     async def cancel(self, run_id: str, reason: str | None = None) -> RunView:
         return _reply(await self._send(_cancel(run_id, reason)), RunView)
 
-    async def events(self, run_id: str, *, after: str | None = None,
-                     follow: bool = True) -> AsyncIterator[Event]:
-        async for event in self._events(run_id, after, follow, None):
-            yield event
+    def events(self, run_id: str, *, after: str | None = None,
+               follow: bool = True) -> AsyncIterator[Event]:
+        """`Client.events`, as an async iterator (close it, or run it to its end)."""
+        return self._events(run_id, after, follow, None)
 
     async def _events(self, run_id: str, after: str | None, follow: bool,
                       deadline: float | None) -> AsyncIterator[Event]:
-        parser = _SSE()
-        parser.last_id = after
-        while True:
-            left = _remaining(deadline)
-            if left is not None and left <= 0:
-                return
-            read_s = STREAM_READ_TIMEOUT_S if left is None else min(left, STREAM_READ_TIMEOUT_S)
-            call = _events(run_id, parser.last_id, follow)
+        stream = _Stream(after, deadline)
+        while not stream.over():
+            parser, call = stream.parser(), _events(run_id, stream.last_id, follow)
             try:
                 async with self._http.stream(call.method, call.path, params=call.params,
                                              headers=call.headers,
-                                             timeout=_timeout(read_s)) as response:
+                                             timeout=stream.timeout()) as response:
                     if response.is_error:
                         await response.aread()
                         raise _refusal(response)
                     async for line in response.aiter_lines():
                         event = parser.feed(line)
                         if event is not None:
+                            stream.seen(parser.last_id)
                             yield event
                             if event.type in FINAL_EVENTS:
                                 return
+                        if stream.over():  # keep-alives come every 15 s: check each line
+                            return
                 if not follow:
                     return
-            except (httpx.TransportError, httpx.RemoteProtocolError):
-                continue  # resumed from the last event id
+            except httpx.TransportError as exc:
+                await asyncio.sleep(stream.failed(exc))
 
-    async def wait(self, run_id: str, until: Iterable[Status | str] | None = None, *,
+    async def wait(self, run_id: str,
+                   until: Iterable[Status | str] | Status | str | None = None, *,
                    timeout: float | None = 60.0) -> RunView:
         wanted = _wanted(until)
         deadline = None if timeout is None else time.monotonic() + timeout
         run = await self.get(run_id)
         if _settled(run, wanted):
             return run
-        async for event in self._events(run_id, None, True, deadline):
-            if _worth_a_look(event, run, wanted):
-                run = await self.get(run_id)
-                if _settled(run, wanted):
-                    return run
+        async with aclosing(self._events(run_id, None, True, deadline)) as events:
+            async for event in events:
+                if _worth_a_look(event, run, wanted):
+                    run = await self.get(run_id)
+                    if _settled(run, wanted):
+                        return run
         run = await self.get(run_id)
         if _settled(run, wanted):
             return run

@@ -13,7 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from layby.generation.interrupts import Interrupt, ResumeEntry
 from layby.generation.messages import Message, Wire
@@ -34,6 +34,8 @@ class Status(StrEnum):
 
 
 FINISHED = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+# The events a run's stream ends with.
+FINAL_EVENTS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 
 
 class InterruptState(StrEnum):
@@ -146,7 +148,14 @@ class Event(Wire):
 # -- request and reply bodies -------------------------------------------------------------
 
 
-class StartRun(Wire):
+class Body(Wire):
+    """A request body: a field the API does not know is refused (422), so a misspelt one
+    never goes silently unread."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StartRun(Body):
     agent: str
     input: Any = None
     messages: list[Message] | None = None
@@ -159,17 +168,17 @@ class StartRun(Wire):
         return self
 
 
-class AnswerBody(Wire):
+class AnswerBody(Body):
     status: Literal["resolved", "cancelled"]
     payload: Any = None
     metadata: dict[str, Any] | None = None
 
 
-class ResumeBody(Wire):
+class ResumeBody(Body):
     resume: list[ResumeEntry] = Field(min_length=1)
 
 
-class CancelBody(Wire):
+class CancelBody(Body):
     reason: str | None = Field(None, max_length=2000)
 
 

@@ -83,5 +83,6 @@ def connect(rt: Runtime) -> None:
         if sender is not None and job is not None:
             record(sender, job, error=f"{type(exception).__name__}: {exception}")
 
-    task_success.connect(succeeded, weak=False)
-    task_failure.connect(failed, weak=False)
+    # Once per app: registering a runtime's tasks again must not record every job twice.
+    task_success.connect(succeeded, weak=False, dispatch_uid=f"layby.jobs.{id(rt.celery)}")
+    task_failure.connect(failed, weak=False, dispatch_uid=f"layby.jobs.{id(rt.celery)}")

@@ -8,6 +8,7 @@ each other's messages. Tests talk to it the way users do: over HTTP on loopback.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -37,6 +38,19 @@ BASE_ENV = {
     "LAYBY_DEMO_EXPIRY_S": "2",
     "PYTHONPATH": str(ROOT),
 }
+
+
+def source_copy(into: Path) -> Path:
+    """The repository's files as a fresh clone has them (no build/, .venv, caches): what a
+    wheel is built from, so a module deleted since the last local build cannot ride along."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\n")
+    for name in filter(None, listed):
+        origin = ROOT / name
+        if origin.is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(origin, into / name)
+    return into
 
 
 def wait_until(check: Callable[[], Any], timeout: float = 20.0, every: float = 0.1,

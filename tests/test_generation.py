@@ -851,7 +851,8 @@ def test_to_resume_marks_a_restart_without_payload_as_resumed_and_skips_unanswer
 # Public names of generation's modules that are plumbing for layby's own layers.
 INTERNAL = {
     "Wire", "Role", "dump_messages", "load_messages", "interrupt_id", "check_reason",
-    "CORE_REASONS", "schema_of", "type_path", "typed_answer", "JobStarter", "DEFAULT_MAX_TURNS", "Checkpoints",
+    "CORE_REASONS", "schema_of", "type_path", "typed_answer", "answer_type", "APPROVAL_MARK",
+    "JobStarter", "DEFAULT_MAX_TURNS", "Checkpoints",
     "NoCheckpoints", "CallResult", "DECLINED", "log",
     "Step",  # scripted.Step, the type of a script step; generation.Step is turn.Step
 }

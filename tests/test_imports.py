@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import source_copy
+
 import layby
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,8 +25,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The package as a wheel lays it out (tasks/, broker_config/ and notifier/ inside
     layby/), which is what import-linter reads."""
     target = tmp_path_factory.mktemp("installed")
+    source = source_copy(tmp_path_factory.mktemp("source"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-compile", "--target", str(target), str(ROOT)], check=True,
+                    "--no-compile", "--target", str(target), str(source)], check=True,
                    timeout=300)
     return target
 

@@ -16,7 +16,7 @@ from layby.generation.answers import check_answer
 from layby.generation.interrupts import Interrupt, ResumeEntry
 from layby.inbox.mime import MalformedMail, parse_mail, reply_text, token_from_address
 from layby.inbox.reading import Unreadable, read_answer
-from layby.reviewers.schemas import how_to_answer
+from layby.reviewers.schemas import how_to_answer, is_confirmation
 
 APPROVAL = Approval.model_json_schema()
 CONFIRM_HOWTO = ('Reply with "approve" or "decline" on the first line; anything after it is '
@@ -645,3 +645,19 @@ def test_base64_html_reply_end_to_end() -> None:
     mail = parse_mail(raw)
     assert token_from_address(mail.recipients[0]) == "zz9-yy8"
     assert read_answer(trivia(), reply_text(mail.text)).payload == "Alien"
+
+
+def test_the_page_and_replies_agree_on_what_a_schema_asks() -> None:
+    """One reader of responseSchema: `approved` as an enum of booleans is a confirmation on
+    the page and by email; a schema whose object sits behind a `$ref` is neither."""
+    enum_approved = {"type": "object", "properties": {"approved": {"enum": [True, False]}},
+                     "required": ["approved"]}
+    asked = Interrupt(id="i-enum", reason="input_required", tool_call_id="c1",
+                      tool_name="t", mode="respond", response_schema=enum_approved)
+    assert is_confirmation(asked)
+    assert read_answer(asked, "decline").payload == {"approved": False}
+    behind_ref = {"$ref": "#/$defs/D", "$defs": {"D": {
+        "type": "object", "properties": {"approved": {"type": "boolean"}}}}}
+    wrapped = asked.model_copy(update={"id": "i-ref", "response_schema": behind_ref})
+    assert not is_confirmation(wrapped)
+    assert read_answer(wrapped, '{"approved": true}').payload == {"approved": True}

@@ -169,3 +169,46 @@ def test_an_answer_stays_plain_data_when_its_model_cannot_be_found_again() -> No
     answer(agent, parked, ResumeEntry(interrupt_id=parked.interrupts[0].id,
                                       status="resolved", payload={"carrier": "ups"}))
     assert seen == [{"carrier": "ups"}]
+
+
+def test_tool_called_with_a_function_keeps_its_approval_gate() -> None:
+    log: list[tuple[str, int]] = []
+
+    def refund(order: str, amount: int) -> dict[str, Any]:
+        """Refund an order."""
+        log.append((order, amount))
+        return {"refunded": amount}
+
+    gated = tool(refund, requires_approval=True)
+    agent = Agent("shop", ScriptedModel(steps=[
+        Reply(calls=[Call(name="refund", input={"order": "o1", "amount": 5})]),
+        Reply(text="done")]), tools=(gated,))
+    park(agent)
+    assert log == []
+
+
+def test_an_approved_tool_asks_its_own_question_as_on_a_first_call() -> None:
+    @tool(requires_approval=True)
+    def ship(ctx: ToolContext, parcel: str) -> str:
+        """Ship a parcel, after approval, asking how."""
+        if not ctx.restarted:
+            ctx.interrupt(f"How should {parcel} go?", response_schema=Shipping)
+        assert isinstance(ctx.resumed, Shipping)
+        return f"{parcel} by {ctx.resumed.carrier}"
+
+    agent = Agent("post", ScriptedModel(steps=[
+        Reply(calls=[Call(name="ship", input={"parcel": "p1"})]), Reply(text="ok")]),
+        tools=(ship,))
+    parked = park(agent)
+    [approval] = parked.interrupts
+    specs = [Interrupt.model_validate_json(json.dumps(approval.wire()))]
+    again = resume_turn(agent, Step(RUN, 2, stored(parked.messages)), to_resume(
+        specs, {approval.id: ResumeEntry(interrupt_id=approval.id, status="resolved",
+                                         payload={"approved": True})}))
+    assert isinstance(again, Park)  # approved, the tool asks how to ship
+    [how] = again.interrupts
+    assert how.message == "How should p1 go?"
+    resumed = answer(agent, Park(again.messages, again.interrupts),
+                     ResumeEntry(interrupt_id=how.id, status="resolved",
+                                 payload={"carrier": "post"}))
+    assert output_of(resumed) == "p1 by post"

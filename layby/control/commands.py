@@ -207,7 +207,7 @@ def answer_job(rt: Runtime, run_id: str, interrupt_id: str, *, task: str, result
                     answered_at=now_iso())
     outcome = store.answer(run_id, [record], allow_early=True)
     rt.publish(outcome.entries)
-    return outcome.code
+    return outcome.verdict.value
 
 
 def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None) -> RunView:

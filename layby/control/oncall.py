@@ -159,6 +159,8 @@ def retry_notifications(rt: Runtime, run_ids: list[str]) -> dict[str, list[str]]
     """Failed notifications of these runs back to pending, and their deliveries queued.
     Returns run id → the notification ids sent again."""
     retried = {run_id: rt.store.retry_notifications(run_id) for run_id in run_ids}
+    if not any(retried.values()):
+        return retried
     try:
         with rt.celery.producer_or_acquire() as producer:
             for run_id, ids in retried.items():

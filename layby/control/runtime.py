@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import weakref
 from collections.abc import Iterable
 
 from celery import Celery
@@ -62,14 +63,24 @@ class Runtime:
         self.settings = settings
         self.celery = celery
         self.reviewers = Reviewers(settings)
-        self._lock = threading.Lock()
         self._store: tuple[int, Store] | None = None
         self._agents = agents
+        self._new_locks()
+        # A lock held by another thread at fork would stay held in the child for good.
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (rt := me()) and rt._new_locks())
+
+    def _new_locks(self) -> None:
+        self._store_lock = threading.Lock()
+        self._agents_lock = threading.Lock()
 
     @property
     def store(self) -> Store:
         """The process's store (a new one in a forked child)."""
-        with self._lock:
+        found = self._store
+        if found is not None and found[0] == os.getpid():
+            return found[1]
+        with self._store_lock:
             if self._store is None or self._store[0] != os.getpid():
                 self._store = (os.getpid(), Store(redis_client(self.settings),
                                                   store_config(self.settings)))
@@ -77,8 +88,11 @@ class Runtime:
 
     @property
     def agents(self) -> dict[str, Agent]:
-        """The agents of LAYBY_AGENT_MODULES, imported on first use."""
-        with self._lock:
+        """The agents of LAYBY_AGENT_MODULES, imported on first use (importing them takes
+        its own lock: it never holds up the store)."""
+        if self._agents is not None:
+            return self._agents
+        with self._agents_lock:
             if self._agents is None:
                 self._agents = load_agents(self.settings.agent_modules)
             return self._agents

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from layby.errors import Invalid
 from layby.generation.interrupts import Interrupt, ResumeEntry, ResumeMode
 from layby.generation.messages import Part, ToolRequest, ToolResponse
-from layby.generation.tools import Tool
+from layby.generation.tools import APPROVAL_MARK, Tool, answer_type
 from layby.generation.turn import Resume
 
 MAX_JSON_DEPTH = 64
@@ -85,6 +85,10 @@ def check_answer(interrupt: Interrupt, entry: ResumeEntry,
     if not errors and tool is not None and tool.is_interrupt \
             and interrupt.mode is ResumeMode.RESPOND:
         errors = _pydantic_errors(tool.output.validate_python, entry.payload)
+    typed = answer_type(interrupt.response_type)
+    if not errors and typed is not None and entry.payload is not None:
+        # The tool will get the answer as this model: what it would refuse, refuse now.
+        errors = _pydantic_errors(typed.model_validate, entry.payload)
     replace = (entry.metadata or {}).get("replaceInput")
     if replace is not None:
         if interrupt.mode is not ResumeMode.RESTART:
@@ -119,7 +123,7 @@ def to_resume(interrupts: list[Interrupt], answers: dict[str, ResumeEntry]) -> R
                                     else True}
             if intr.response_type:
                 meta["resumedType"] = intr.response_type
-            if (intr.metadata or {}).get("approval") is True:
+            if (intr.metadata or {}).get(APPROVAL_MARK) is True:
                 meta["approval"] = True  # the answer to `requires_approval`'s question
             replace = (entry.metadata or {}).get("replaceInput")
             if replace is not None:

@@ -13,7 +13,7 @@ import hashlib
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from layby.generation.messages import Wire
 
@@ -69,6 +69,8 @@ class Interrupt(Wire):
 
 class ResumeEntry(Wire):
     """AG-UI's resume entry: the answer to one interrupt."""
+
+    model_config = ConfigDict(extra="forbid")  # sent by callers: a misspelt field is refused
 
     interrupt_id: str
     status: Literal["resolved", "cancelled"]

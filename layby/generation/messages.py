@@ -16,9 +16,11 @@ Role = Literal["system", "user", "model", "tool"]
 
 
 class Wire(BaseModel):
-    """Base for every model that crosses a boundary: camelCase out, either case in."""
+    """Base for every model that crosses a boundary: camelCase out, either case in. Fields
+    a reader does not know are ignored: a record written by a newer layby, or a reply from
+    a newer server, still reads (request bodies refuse them: `layby.wire.Body`)."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
     def wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -15,11 +15,12 @@ to approve each call before the tool runs, with no interrupt code in the tool.
 from __future__ import annotations
 
 import asyncio
+import logging
 import inspect
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, NoReturn, get_type_hints, overload
 
@@ -34,6 +35,9 @@ from layby.generation.interrupts import (
     check_reason,
     interrupt_id,
 )
+
+
+log = logging.getLogger(__name__)
 
 
 def schema_of(spec: Any) -> dict[str, Any] | None:
@@ -52,22 +56,35 @@ def type_path(spec: Any) -> str | None:
     return None
 
 
-def typed_answer(path: str | None, payload: Any) -> Any:
-    """The answer as an instance of the model at `path` (see `type_path`), when its module
-    is loaded and the answer fits; else the answer as it came. Only modules already
-    imported are looked in: a stored path never makes this process import anything."""
-    if path is None or payload is None:
-        return payload
+def answer_type(path: str | None) -> type[BaseModel] | None:
+    """The model at `path` (see `type_path`), when its module is loaded. Only modules
+    already imported are looked in: a stored path never makes this process import
+    anything."""
+    if path is None:
+        return None
     module_name, _, qualname = path.partition(":")
     found: Any = sys.modules.get(module_name)
     for name in qualname.split("."):
         found = getattr(found, name, None)
-    if not (isinstance(found, type) and issubclass(found, BaseModel)):
+    return found if isinstance(found, type) and issubclass(found, BaseModel) else None
+
+
+def typed_answer(path: str | None, payload: Any) -> Any:
+    """The answer as an instance of the model at `path`, when that model is loaded and the
+    answer fits (answers are checked against it when they are given); else as it came."""
+    model = answer_type(path)
+    if model is None or payload is None:
         return payload
     try:
-        return found.model_validate(payload)
+        return model.model_validate(payload)
     except ValidationError:
+        log.warning("an answer does not fit %s; the tool gets it as plain data", path)
         return payload
+
+
+# Marks the question `requires_approval` asks, in the interrupt's metadata (namespaced: a
+# tool's own metadata cannot claim it by accident).
+APPROVAL_MARK = "layby:approval"
 
 
 class Approval(BaseModel):
@@ -211,6 +228,8 @@ class Tool:
             if not _approved(ctx.resumed):
                 note = getattr(ctx.resumed, "note", None)
                 return {"status": "declined", "reason": note or "not approved"}
+            # Approved: the body runs as on a first call (the approval is not its answer).
+            ctx = replace(ctx, restarted=False, resumed=None, approval_asked=False)
         args: dict[str, Any] = {} if self.takes_model else dict(parsed)
         if self.ctx_param:
             args[self.ctx_param] = ctx
@@ -227,7 +246,7 @@ class Tool:
         """Whether this call waits for a person's approval: on its first run, as the rule
         says; run again, when the answer it got is the approval's (it says yes or no)."""
         if ctx.restarted:
-            return ctx.approval_asked
+            return ctx.approval_asked and bool(self.requires_approval)
         rule = self.requires_approval
         if callable(rule):
             return bool(rule(parsed) if self.takes_model else rule(**dict(parsed)))
@@ -242,7 +261,7 @@ def _approval_ask(tool: Tool, parsed: BaseModel) -> Ask:
     shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}"
                       for k, v in parsed.model_dump(mode="json").items())
     return Ask(f"Allow {tool.name}({shown})?", CONFIRMATION, Approval,
-               {"approval": True})
+               {APPROVAL_MARK: True})
 
 
 def _approved(resumed: Any) -> bool:
@@ -310,7 +329,7 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
     call that is declined does not run: the model gets `{"status": "declined", "reason"}`.
     """
     if fn is not None:
-        return _build(fn, name, description, None, None)
+        return _build(fn, name, description, None, None, requires_approval)
     return lambda f: _build(f, name, description, None, None, requires_approval)
 
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from layby.control import Runtime
 from layby.control.connections import async_redis
 from layby.parking import events
-from layby.wire import Event
+from layby.wire import FINAL_EVENTS, Event
 
 # A stream entry id, as `Last-Event-ID` must give it; anything else breaks XREAD mid-stream.
 EVENT_ID = re.compile(r"^\d{1,20}(-\d{1,20})?$")
@@ -34,5 +34,5 @@ async def sse(rt: Runtime, run_id: str, after: str, follow: bool) -> AsyncIterat
             continue
         data = json.dumps(event.wire(), separators=(",", ":"))
         yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n".encode()
-        if event.type in events.FINAL:
+        if event.type in FINAL_EVENTS:
             return

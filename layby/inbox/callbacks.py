@@ -16,7 +16,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from layby.control import Runtime, commands
 from layby.errors import Conflict, Invalid, Unauthorized
 from layby.generation.interrupts import ResumeEntry
-from layby.generation.messages import Wire
+from layby.wire import Body
 from layby.inbox import answers
 from layby.reviewers.directory import Reviewer
 from layby.reviewers.tokens import BadToken
@@ -33,7 +33,7 @@ class Replayed(Conflict):
     """A callback's webhook-id was seen before."""
 
 
-class Callback(Wire):
+class Callback(Body):
     """An answer POSTed by a reviewer's system."""
 
     run_id: str

@@ -14,7 +14,6 @@ from redis.asyncio import Redis as AsyncRedis
 from layby.parking.clock import iso
 from layby.wire import Event
 
-FINAL = frozenset({"run.completed", "run.failed", "run.cancelled"})
 KEEP_ALIVE_MS = 15_000
 
 

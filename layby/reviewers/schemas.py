@@ -91,7 +91,9 @@ def properties(schema: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
 
 
 def property_of(schema: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
-    prop = properties(main_schema(schema)).get(name)
+    """A property of an object schema as written (the answer page builds its fields from
+    the same properties, so the page and replies agree on what a schema asks)."""
+    prop = properties(schema).get(name)
     return prop if isinstance(prop, dict) else None
 
 
@@ -122,10 +124,7 @@ def has_approved(schema: dict[str, Any] | None) -> bool:
     """An object with a boolean `approved` (however written: `type`, an enum of booleans,
     optional or not): what Approve / Decline buttons and "approve" / "decline" replies give."""
     prop = property_of(schema, "approved")
-    if prop is None:
-        return False
-    resolved = main_schema(prop, schema) or {}
-    return json_type(without_null(resolved)[0]) == "boolean"
+    return prop is not None and json_type(without_null(prop)[0]) == "boolean"
 
 
 def is_confirmation(interrupt: Interrupt) -> bool:

@@ -20,6 +20,7 @@ context manager.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import tempfile
@@ -31,10 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from layby.broker_config import Settings
+from typing import TYPE_CHECKING
+
 from layby.client import Client
-from layby.control import Runtime, build
-from layby.ops.embedded import EmbeddedRedis, free_port
+
+# The kit's parts (Celery, Redis, uvicorn, the embedded server) are imported when it starts:
+# pytest loads the plugin in every session of every project that has layby installed.
+if TYPE_CHECKING:
+    from layby.broker_config import Settings
+    from layby.control import Runtime
+
+log = logging.getLogger(__name__)
 
 # Short timers: a test waits seconds, not minutes, for what the sweeper does.
 TEST_SETTINGS: dict[str, Any] = {"lease_s": 10.0, "outbox_grace_s": 2.0,
@@ -63,15 +71,18 @@ def serve(agent_modules: Sequence[str], task_modules: Sequence[str] = (), *,
           worker_threads: int = 4, **settings: Any) -> Iterator[LaybyServer]:
     """Start Valkey, a worker, the sweeper and the gateway for these modules; stop them on
     exit. `settings` override `Settings` fields (`LAYBY_*` names without the prefix)."""
+    from layby.control import build
+    from layby.ops.embedded import EmbeddedRedis
+
     with ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="layby-test-")))
         redis = EmbeddedRedis(folder / "valkey").start()
         stack.callback(redis.stop)
         api_key = "lby_test_" + secrets.token_urlsafe(16)
-        rt = build(Settings(**{**TEST_SETTINGS, "redis_url": redis.url,
-                               "data_dir": folder / "data", "api_keys": [api_key],
-                               "agent_modules": list(agent_modules),
-                               "task_modules": list(task_modules), **settings}))
+        rt = build(_settings({**TEST_SETTINGS, "redis_url": redis.url,
+                              "data_dir": folder / "data", "api_keys": [api_key],
+                              "agent_modules": list(agent_modules),
+                              "task_modules": list(task_modules), **settings}))
         stack.enter_context(_worker(rt, worker_threads))
         stack.enter_context(_sweeper(rt))
         url = stack.enter_context(_gateway(rt))
@@ -80,6 +91,24 @@ def serve(agent_modules: Sequence[str], task_modules: Sequence[str] = (), *,
             "LAYBY_KEY_PREFIX": rt.settings.key_prefix}))
         client = stack.enter_context(Client(url, api_key=api_key))
         yield LaybyServer(url, api_key, redis.url, rt, client)
+
+
+def _settings(values: dict[str, Any]) -> Settings:
+    """Settings from code only: the developer's LAYBY_* variables (a real SMTP server, a
+    reviewer directory, a metrics port) never reach a test's server."""
+    from layby.broker_config import Settings
+
+    class OwnSettings(Settings):
+        @classmethod
+        def settings_customise_sources(cls, settings_cls: Any, init_settings: Any,
+                                       *_: Any, **__: Any) -> tuple[Any, ...]:
+            return (init_settings,)
+
+    unknown = sorted(set(values) - set(Settings.model_fields))
+    if unknown:
+        raise TypeError(f"serve() got settings layby does not have: {unknown} (they are "
+                        "Settings fields: LAYBY_* names without the prefix, in lowercase)")
+    return OwnSettings(**values)
 
 
 @contextmanager
@@ -124,7 +153,10 @@ def _sweeper(rt: Runtime) -> Iterator[None]:
 
     def loop() -> None:
         while not stop.wait(rt.settings.sweep_interval_s):
-            sweep(rt)
+            try:
+                sweep(rt)
+            except Exception:  # as the sweeper's next beat would, try again next time
+                log.exception("sweep failed")
 
     thread = threading.Thread(target=loop, name="layby-sweeper", daemon=True)
     thread.start()
@@ -141,15 +173,18 @@ def _gateway(rt: Runtime) -> Iterator[str]:
     import uvicorn
 
     from layby.http.app import create_app
+    from layby.ops.embedded import free_port
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(rt), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="on"))
+                                           log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, name="layby-gateway", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
             raise RuntimeError("the layby gateway did not start")
         time.sleep(0.02)
     try:

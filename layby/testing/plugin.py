@@ -9,8 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from layby.client import Client
-from layby.testing import LaybyServer, serve
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the kit (Celery, Redis, uvicorn) is imported when a test asks for it
+    from layby.client import Client
+    from layby.testing import LaybyServer
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,6 +39,8 @@ def layby_server(pytestconfig: pytest.Config) -> Iterator[LaybyServer]:
         raise pytest.UsageError("layby_server needs your agent modules: set "
                                 "`layby_agent_modules = [\"yourpackage.agents\"]` in "
                                 "[tool.pytest.ini_options], or LAYBY_AGENT_MODULES")
+    from layby.testing import serve
+
     with serve(agents, _modules(pytestconfig, "task_modules")) as server:
         yield server
 

@@ -4,7 +4,7 @@
 -- ARGV: 1 version ('' for any), 2 owner ('' when the caller holds no claim),
 --       3 error JSON, 4 messages JSON ('' to keep), 5 retention (s)
 -- Returns {'ok', new version} | {'stale', …} | {'finished', status} | {'missing'}
-local version, owner, error, messages, retention_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local version, owner, error_json, messages, retention_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 if owner ~= '' then
   local refused = check_claim(version, owner)
   if refused then return refused end
@@ -16,9 +16,9 @@ if version ~= '' and redis.call('HGET', RUN, 'version') ~= version then
   return {'stale', status, redis.call('HGET', RUN, 'version')}
 end
 local now = now_ms()
-redis.call('HSET', RUN, 'error', error)
+redis.call('HSET', RUN, 'error', error_json)
 if messages ~= '' then redis.call('HSET', RUN, 'messages', messages) end
 local v = bump(now)
 finish('failed', now, tonumber(retention_s))
-event('run.failed', v, error, now)
+event('run.failed', v, error_json, now)
 return {'ok', v}

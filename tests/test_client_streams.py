@@ -1,0 +1,112 @@
+"""`layby.Client` on the edges of the event stream, against a local HTTP server that speaks
+the gateway's protocol with scripted answers (the states a real gateway only reaches by
+chance: a connection dropped in the middle of an event, a run nobody answers, a reply with
+a field this client does not know yet)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from layby import Client, Status
+
+RUN = {"id": "run_a", "agent": "demo.trivia", "status": "interrupted", "version": 2,
+       "messages": [], "interrupts": [], "createdAt": "2026-01-01T00:00:00.000Z",
+       "updatedAt": "2026-01-01T00:00:00.000Z", "tags": ["from a newer server"]}
+
+
+def frame(event_id: str, kind: str, version: int) -> bytes:
+    data = {"id": event_id, "type": kind, "version": version, "at": "2026-01-01T00:00:00Z"}
+    return f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+class Scripted(ThreadingHTTPServer):
+    """Answers GET /v1/runs/run_a with RUN, and each connection to its events with the next
+    script in `streams` (a list of byte chunks; None closes the connection there)."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.streams: list[list[bytes | None]] = []
+        self.last_event_ids: list[str | None] = []
+        self.pause_s = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Scripted
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/v1/runs/run_a":
+            body = json.dumps(RUN).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.server.last_event_ids.append(self.headers.get("Last-Event-ID"))
+        chunks = self.server.streams.pop(0) if self.server.streams else [b": keep-alive\n\n"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for chunk in chunks:
+            if chunk is None:
+                return  # the connection drops here
+            self.wfile.write(chunk)
+            self.wfile.flush()
+            time.sleep(self.server.pause_s)
+        self.close_connection = True
+
+
+@pytest.fixture
+def server() -> Iterator[Scripted]:
+    scripted = Scripted()
+    thread = threading.Thread(target=scripted.serve_forever, daemon=True)
+    thread.start()
+    yield scripted
+    scripted.shutdown()
+    scripted.server_close()
+
+
+def test_a_reply_with_fields_this_client_does_not_know_still_reads(server: Scripted) -> None:
+    with Client(server.url, api_key="k") as client:
+        run = client.get("run_a")
+    assert run.status is Status.INTERRUPTED and run.version == 2
+
+
+def test_wait_keeps_its_timeout_while_the_server_sends_only_keep_alives(
+        server: Scripted) -> None:
+    server.streams = [[b": keep-alive\n\n"] * 200]
+    server.pause_s = 0.05  # far more often than the gateway's 15 s, for ten seconds
+    started = time.monotonic()
+    with Client(server.url, api_key="k") as client, pytest.raises(TimeoutError):
+        client.wait("run_a", until="completed", timeout=1.0)
+    assert time.monotonic() - started < 3
+
+
+def test_events_resume_after_the_last_whole_event_when_the_connection_drops(
+        server: Scripted) -> None:
+    cut = frame("3-0", "run.resuming", 3)
+    server.streams = [
+        [frame("1-0", "run.created", 1), frame("2-0", "run.started", 1), cut[:30], None],
+        [cut, frame("4-0", "run.completed", 4)],
+    ]
+    with Client(server.url, api_key="k") as client:
+        got = [(e.id, e.type) for e in client.events("run_a")]
+    assert got == [("1-0", "run.created"), ("2-0", "run.started"), ("3-0", "run.resuming"),
+                   ("4-0", "run.completed")]
+    assert server.last_event_ids == [None, "2-0"]
