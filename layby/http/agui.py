@@ -58,7 +58,7 @@ from layby.http.events import run_events
 from layby.errors import Conflict, Invalid, LaybyError, NotFound
 from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
 from layby.generation.messages import Message, Part, load_messages
-from layby.wire import Event, InterruptState
+from layby.wire import Event, InterruptState, RunView
 
 router = APIRouter(tags=["ag-ui"])
 
@@ -267,54 +267,67 @@ def _after(park: Event | None, plan: Plan) -> Plan:
 
 def prepare(rt: Runtime, agent: str, body: RunAgentInput, caller: str) -> Plan:
     """Start, resume or reconnect to the thread's run; raises what RUN_ERROR reports."""
-    store = rt.store
     run_id = thread_run_id(body.thread_id)
-    view = store.view(run_id)
+    view = rt.store.view(run_id)
     if view is not None and view.agent != agent:
         raise Conflict(f"thread {body.thread_id!r} runs agent {view.agent!r}, not {agent!r}",
                        run_id=run_id)
-    user_id = ((view.metadata or {}).get("agui", {}).get("userMessageId")
-               if view is not None else None)
     if body.resume:
-        # The resume entries are the answers; `messages` is not read. CopilotKit also sends
-        # a tool message for a `tool_call` interrupt it resumes: applying it too would
-        # answer the call twice (tests: test_copilotkit_duplicate_tool_message_...).
         if view is None:
             raise NotFound(f"thread {body.thread_id!r} has no run to resume", run_id=run_id)
-        entries = [ResumeEntry(interrupt_id=e.interrupt_id, status=e.status,
-                               payload=e.payload, metadata=e.metadata) for e in body.resume]
-        park = store.last_park(run_id, {e.interrupt_id for e in entries})
-        if park is None:
-            raise NotFound(f"thread {body.thread_id!r} has no interrupt "
-                           f"{[e.interrupt_id for e in entries]}", run_id=run_id)
-        specs, answers, open_ids = store.interrupts(run_id)
-        fresh = [e for e in entries if e.interrupt_id in open_ids
-                 or e.interrupt_id not in answers or answers[e.interrupt_id].entry() != e]
-        # Every open interrupt but background jobs, which answer themselves.
-        waiting = {s.id for s in specs if s.id in open_ids and s.reason != BACKGROUND_JOB}
-        missing = sorted(waiting - {e.interrupt_id for e in entries})
-        if fresh and missing:
-            raise Invalid("a resume must answer every open interrupt; still open: "
-                          f"{missing}", run_id=run_id, detail={"open": missing})
-        if fresh:  # entries all recorded already: a replay, nothing to answer
-            commands.answer(rt, run_id, fresh, by=caller, channel=CHANNEL)
-        return _after(park, Plan(run_id, user_message_id=user_id))
+        return _resume(rt, view, body, caller)
     if view is None:
         uid, text = last_user_text(body.messages)
-        commands.start_run(rt, agent, input=text, run_id=run_id, idempotency_key=f"agui:{run_id}",
+        commands.start_run(rt, agent, input=text, run_id=run_id,
+                           idempotency_key=f"agui:{run_id}",
                            metadata={"agui": {"threadId": body.thread_id,
                                               "userMessageId": uid}})
         return Plan(run_id, user_message_id=uid)
-    park = store.last_park(run_id)  # before the status: a newer park shows there
-    view = store.view(run_id) or view
+    return _reconnect(rt, view, body)
+
+
+def _user_message_id(view: RunView) -> str | None:
+    return (view.metadata or {}).get("agui", {}).get("userMessageId")
+
+
+def _resume(rt: Runtime, view: RunView, body: RunAgentInput, caller: str) -> Plan:
+    """Answer with the resume entries (`messages` is not read: CopilotKit also sends a tool
+    message for a `tool_call` interrupt it resumes, and applying it too would answer the
+    call twice), then follow the run from its park."""
+    store, run_id = rt.store, view.id
+    entries = [ResumeEntry(interrupt_id=e.interrupt_id, status=e.status,
+                           payload=e.payload, metadata=e.metadata) for e in body.resume or []]
+    park = store.last_park(run_id, {e.interrupt_id for e in entries})
+    if park is None:
+        raise NotFound(f"thread {body.thread_id!r} has no interrupt "
+                       f"{[e.interrupt_id for e in entries]}", run_id=run_id)
+    specs, answers, open_ids = store.interrupts(run_id)
+    fresh = [e for e in entries if e.interrupt_id in open_ids
+             or e.interrupt_id not in answers or answers[e.interrupt_id].entry() != e]
+    # Every open interrupt but background jobs, which answer themselves.
+    waiting = {s.id for s in specs if s.id in open_ids and s.reason != BACKGROUND_JOB}
+    missing = sorted(waiting - {e.interrupt_id for e in entries})
+    if fresh and missing:
+        raise Invalid("a resume must answer every open interrupt; still open: "
+                      f"{missing}", run_id=run_id, detail={"open": missing})
+    if fresh:  # entries all recorded already: a replay, nothing to answer
+        commands.answer(rt, run_id, fresh, by=caller, channel=CHANNEL)
+    return _after(park, Plan(run_id, user_message_id=_user_message_id(view)))
+
+
+def _reconnect(rt: Runtime, view: RunView, body: RunAgentInput) -> Plan:
+    """Input without a resume on a thread that has a run: follow it from its last park,
+    unless it waits on people (then they must be answered first)."""
+    park = rt.store.last_park(view.id)  # before the status: a newer park shows there
+    view = rt.store.view(view.id) or view
     # A run waiting on background jobs only is followed, not refused: they answer themselves.
     waiting = [i.id for i in view.interrupts
                if i.state == InterruptState.OPEN and i.reason != BACKGROUND_JOB]
     if waiting:
         raise Conflict(f"thread {body.thread_id!r} waits on interrupts {waiting}: send a "
-                       "`resume` entry for each of them", run_id=run_id,
+                       "`resume` entry for each of them", run_id=view.id,
                        detail={"open": waiting})
-    return _after(park, Plan(run_id, user_message_id=user_id))
+    return _after(park, Plan(view.id, user_message_id=_user_message_id(view)))
 
 
 # -- the endpoint --------------------------------------------------------------------------
