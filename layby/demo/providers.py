@@ -1,10 +1,10 @@
 """demo.assistant and demo.assistant_anthropic: the demo tools driven by a real model.
 
     LAYBY_OPENAI_MODEL=llama3.2 LAYBY_OPENAI_BASE_URL=http://127.0.0.1:11434/v1 \\
-    LAYBY_AGENT_MODULES=demo.agents,demo.providers layby up
+    LAYBY_AGENT_MODULES=layby.demo.agents,layby.demo.providers layby up
 
     LAYBY_ANTHROPIC_MODEL=claude-sonnet-4-5 LAYBY_ANTHROPIC_API_KEY=sk-ant-… \\
-    LAYBY_AGENT_MODULES=demo.agents,demo.providers layby up
+    LAYBY_AGENT_MODULES=layby.demo.agents,layby.demo.providers layby up
 
 `demo.assistant` talks to an OpenAI-compatible server (`LAYBY_OPENAI_*`),
 `demo.assistant_anthropic` to Anthropic's Messages API (`LAYBY_ANTHROPIC_*`). The model may ask
