@@ -53,7 +53,14 @@ class Settings(BaseSettings):
 
     retention_s: int = 7 * 24 * 3600
     idempotency_ttl_s: int = 24 * 3600
-    lease_s: float = 300.0  # a turn must commit within this, or the sweeper requeues it
+    # A step's claim lapses this long after its worker's last heartbeat (every
+    # `heartbeat_s`, by default a third of it): a dead worker's step runs again that soon;
+    # a live one keeps its claim however long its model or tools take.
+    lease_s: float = Field(10.0, gt=0)
+    heartbeat_s: float | None = Field(None, gt=0)
+    # Queued or resuming this long, a run's task message may be lost (a broker that lost
+    # its last second): the sweeper queues its step again.
+    lost_message_s: float = Field(300.0, gt=0)
     turn_budget_s: float = 30.0  # keep taking turns in one task for this long
     visibility_timeout_s: int = 3600  # above lease_s: kombu redelivers unacked after this
     outbox_grace_s: float = 10.0
@@ -138,6 +145,10 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
         return value
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return self.heartbeat_s or self.lease_s / 3
 
     @property
     def url_file(self) -> Path:

@@ -2,9 +2,10 @@
 
 A step is a model turn, or the resume of a parked turn once every interrupt has an answer.
 After a `Continue` the next turn is taken in the same task while the time budget lasts
-(fewer hops), else published. Everything here may run twice: the claim refuses stale or
-duplicate messages, checkpoints keep a redelivered step from calling the model or a
-finished tool again, and every commit is a compare-and-set on the run's version.
+(fewer hops), else published. A heartbeat keeps the claim while a step runs
+(`tasks.heartbeat`). Everything here may run twice: the claim refuses stale or duplicate
+messages, checkpoints keep a redelivered step from calling the model or a finished tool
+again, and every commit is a compare-and-set on the run's version.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from layby.generation.messages import Message, dump_messages
 from layby.generation.providers.common import ProviderError
 from layby.generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
 from layby.parking import Store, Verdict
+from layby.tasks.heartbeat import Heartbeat
 from layby.tasks.jobs import starter
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,9 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
         log.info("run %s v%s: %s, nothing to do", run_id, version, claim.verdict)
         return claim.verdict.value
     try:
-        return _loop(rt, run_id, version, owner)
+        with Heartbeat(store, run_id, version, owner,
+                       rt.settings.heartbeat_interval_s) as beat:
+            return _loop(rt, beat)
     except LostClaim as lost:
         log.info("%s", lost)
         return "stale"
@@ -77,8 +81,8 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
         raise
 
 
-def _loop(rt: Runtime, run_id: str, version: int, owner: str) -> str:
-    store = rt.store
+def _loop(rt: Runtime, beat: Heartbeat) -> str:
+    store, run_id, version, owner = rt.store, beat.run_id, beat.version, beat.owner
     budget_ends = time.monotonic() + rt.settings.turn_budget_s
     while True:
         record = store.record(run_id)
@@ -99,6 +103,7 @@ def _loop(rt: Runtime, run_id: str, version: int, owner: str) -> str:
         outcome = _take_step(store, agent, step)
         inline = time.monotonic() < budget_ends
         done, version = _commit(rt, step, owner, outcome, inline=inline)
+        beat.version = version  # a turn taken inline holds the claim at the new version
         log.info("run %s: %s in %.0f ms", run_id, type(outcome).__name__.lower(),
                  (time.monotonic() - started) * 1000)
         if done:

@@ -31,7 +31,7 @@ def sweep(rt: Runtime) -> dict[str, int]:
         with about(run_id=run_id):
             counts["requeued"] += _guarded(_requeue, rt, run_id,
                                            "its worker stopped answering")
-    for run_id in store.waiting_too_long(store.config.lease_ms):
+    for run_id in store.waiting_too_long(store.config.lost_message_ms):
         with about(run_id=run_id):
             counts["requeued"] += _guarded(_requeue, rt, run_id,
                                            "its task message is overdue")

@@ -133,3 +133,19 @@ expiring_default = Agent(name="test.expiry_default", tools=(pick_size,), model=S
         Reply(calls=[Call(name="pick_size", input={"item": "pizza"})]),
         Reply(text="Ordering a {pick_size} pizza."),
     ]))
+
+
+@tool
+def slow_work(ctx: ToolContext, label: str) -> dict:
+    """Work that takes longer than a lease (LAYBY_TEST_SLOW_S, 15 s): each start is a call
+    in the ledger (under its own key, so a second start shows), then it sleeps."""
+    ledger.record("calls", f"{ctx.idempotency_key}:{time.time()}",
+                  {"run": ctx.run_id, "tool": "slow_work", "pid": os.getpid()})
+    time.sleep(_seconds("LAYBY_TEST_SLOW_S", "15"))
+    return {"label": label, "done": True}
+
+
+slow = Agent(name="test.slow", tools=(slow_work,), model=ScriptedModel(steps=[
+    Reply(calls=[Call(name="slow_work", input={"label": "{input}"})]),
+    Reply(text="Slow work {slow_work[label]} done."),
+]))

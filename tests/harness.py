@@ -31,6 +31,7 @@ BASE_ENV = {
     "LAYBY_API_KEYS": API_KEY,
     "LAYBY_AGENT_MODULES": "layby.demo.agents,tests.agents",
     "LAYBY_LEASE_S": "6",
+    "LAYBY_LOST_MESSAGE_S": "6",
     "LAYBY_VISIBILITY_TIMEOUT_S": "30",
     "LAYBY_SWEEP_INTERVAL_S": "0.5",
     "LAYBY_OUTBOX_GRACE_S": "3",

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import time
+from datetime import datetime
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -345,7 +346,7 @@ def test_a_run_whose_message_was_lost_after_the_outbox_ack_is_requeued(
         durable: LaybySystem) -> None:
     """A broker that lost its last second, or a task that failed before it claimed the run:
     the outbox entry is gone and so is the message. The sweeper finds the run waiting past
-    the lease time and queues its step again."""
+    LAYBY_LOST_MESSAGE_S and queues its step again."""
     store = _store(durable)
     run_id = f"run_{uuid.uuid4().hex}"
     created = store.create_run(run_id, "demo.trivia", input="quiz me",
@@ -353,10 +354,10 @@ def test_a_run_whose_message_was_lost_after_the_outbox_ack_is_requeued(
                                idempotency_key=None)
     store.ack_outbox([e.id for e in created.entries])  # as if published, then lost
     assert store.outbox.count() == 0
-    lease_s = float(settings_of(durable).lease_s)
+    lost_after_s = float(settings_of(durable).lost_message_s)
     started = time.monotonic()
     single_open(durable, run_id)
-    assert time.monotonic() - started >= lease_s - 1
+    assert time.monotonic() - started >= lost_after_s - 1
     assert "run.requeued" in event_types(durable, run_id)
     store.redis.close()
 
@@ -444,3 +445,52 @@ def test_expiry_with_policy_resolve_uses_the_default(durable: LaybySystem) -> No
     assert intr["answer"]["status"] == "resolved"
     assert intr["answer"]["payload"] == "medium"
     assert intr["answer"]["channel"] == "expiry"
+
+
+# -- a step longer than its lease, and one whose worker dies -------------------------------
+
+
+def test_a_slow_step_keeps_its_claim_while_its_worker_lives(durable: LaybySystem) -> None:
+    """A 15 s tool under a 6 s lease: the worker's heartbeat keeps the claim; nobody else
+    runs the step, and it commits once."""
+    run_id = durable.start_run("test.slow", "ledger-1")["id"]
+    done = durable.wait_status(run_id, "completed", timeout=60)
+    assert done["result"] == "Slow work ledger-1 done."
+    assert len(calls_of(durable, run_id, "slow_work")) == 1
+    kinds = event_types(durable, run_id)
+    assert "run.requeued" not in kinds
+    assert kinds.count("run.started") == 1  # one claim, one step, no second worker
+
+
+def test_a_dead_workers_step_runs_again_within_seconds(isolated: Any) -> None:
+    """SIGKILL the worker running a slow step (its whole process group: main process and
+    pool children): the heartbeat stops, the lease lapses, the sweeper requeues, and the
+    other worker takes the step up, well within 10 s of the kill."""
+    system = isolated(**DURABLE_ENV, LAYBY_TEST_SLOW_S="12").start()
+    spare = system.start_worker("spare")
+    run_id = system.start_run("test.slow", "killed")["id"]
+    first = wait_until(lambda: calls_of(system, run_id, "slow_work"), 20, every=0.05,
+                       what="the slow step to start")
+    child = int(first[0]["pid"])
+    parent = int(subprocess.run(["ps", "-o", "ppid=", "-p", str(child)], capture_output=True,
+                                text=True, check=True).stdout.strip())
+    holder = next(p for p in (system.procs["worker"], spare)
+                  if p.process is not None and p.process.pid == parent)
+    killed_at = time.time()
+    holder.kill()
+
+    def taken_up_again() -> float | None:
+        # The lapsed lease requeues the run (running → queued); the spare claims it: the
+        # run's second start.
+        starts = [e for e in events(system, run_id) if e["type"] == "run.started"]
+        return _epoch(starts[1]["at"]) - killed_at if len(starts) > 1 else None
+
+    waited = wait_until(taken_up_again, 30, every=0.2, what="the step to run again")
+    assert waited < 10, waited
+    done = system.wait_status(run_id, "completed", timeout=60)
+    assert done["result"] == "Slow work killed done."
+    assert len(calls_of(system, run_id, "slow_work")) == 2  # the killed start, and this one
+
+
+def _epoch(at: str) -> float:
+    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()

@@ -25,9 +25,9 @@ def _stuck(system: LaybySystem) -> list[dict]:
 
 def test_a_run_whose_message_was_lost_is_listed_then_requeued(
         isolated: Callable[..., LaybySystem]) -> None:
-    # A lease long enough that the "not yet" checks below run within it on a busy machine.
-    lease_s = 15
-    system = isolated(LAYBY_LEASE_S=str(lease_s)).start()
+    # Long enough that the "not yet" checks below run within it on a busy machine.
+    lost_after_s = 15
+    system = isolated(LAYBY_LOST_MESSAGE_S=str(lost_after_s)).start()
     # No worker and no sweeper: nothing takes the message, nothing requeues it by itself.
     system.procs["worker"].stop()
     system.procs["sweeper"].stop()
@@ -35,10 +35,10 @@ def test_a_run_whose_message_was_lost_is_listed_then_requeued(
     client = redis.Redis.from_url(system.redis_url)
     wait_until(lambda: client.llen(TURNS), 10, what="the task message in the broker")
     client.delete(TURNS)  # the broker lost it
-    assert all(f["runId"] != run_id for f in _stuck(system))  # not yet: within the lease
+    assert all(f["runId"] != run_id for f in _stuck(system))  # not yet: within that time
 
     findings = wait_until(lambda: [f for f in _stuck(system) if f["runId"] == run_id],
-                          lease_s + 10, every=0.5, what="the run listed as stuck")
+                          lost_after_s + 10, every=0.5, what="the run listed as stuck")
     (finding,) = findings
     assert finding["kind"] == "waiting_too_long", finding
     assert finding["detail"]["status"] == "queued"

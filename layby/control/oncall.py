@@ -1,8 +1,8 @@
 """On-call work on parked and stuck runs: find what is stuck, and fix it.
 
 What `layby ops` does, as plain functions on a `Store`: list runs whose worker died (lapsed
-lease), runs waiting longer than a lease for a message that may be lost, outbox entries not
-published in time, and parked runs whose notifications failed; requeue the stuck runs,
+lease), runs waiting longer than LAYBY_LOST_MESSAGE_S for a message that may be lost,
+outbox entries not published in time, and parked runs whose notifications failed; requeue the stuck runs,
 send failed notifications again, prune finished runs past retention. Every change is one of
 the store's transition scripts, which re-checks its condition, so running these next to
 the sweeper is safe.
@@ -75,13 +75,13 @@ def lapsed(store: Store, limit: int = 200) -> list[Finding]:
 def waiting(store: Store, limit: int = 200) -> list[Finding]:
     now = store.now_ms()
     found = []
-    for run_id in store.waiting_too_long(store.config.lease_ms, limit):
+    for run_id in store.waiting_too_long(store.config.lost_message_ms, limit):
         status, updated = store.status_of(run_id)
         since = now - (updated or now)
         found.append(Finding(
             WAITING_TOO_LONG, run_id,
-            f"{status} for {_seconds(since)}, longer than the lease "
-            f"({_seconds(store.config.lease_ms)}): its task message may be lost",
+            f"{status} for {_seconds(since)}, longer than LAYBY_LOST_MESSAGE_S "
+            f"({_seconds(store.config.lost_message_ms)}): its task message may be lost",
             f"layby runs requeue {run_id}   (or: layby ops requeue-stuck)",
             {"status": status.value if status else None, "waitingMs": since}))
     return found
@@ -140,7 +140,7 @@ def requeue_stuck(rt: Runtime, *, limit: int = 200) -> tuple[list[Requeued], int
     done = []
     stuck = [*((run_id, LEASE_LAPSED) for run_id in store.lapsed_leases(limit)),
              *((run_id, WAITING_TOO_LONG)
-               for run_id in store.waiting_too_long(store.config.lease_ms, limit))]
+               for run_id in store.waiting_too_long(store.config.lost_message_ms, limit))]
     for run_id, why in stuck:
         result = store.requeue(run_id)
         if result.ok:

@@ -49,7 +49,9 @@ TASK_NAMES = TaskNames(turn_task=RUN_TURN, resume_task=RESUME_RUN, turn_queue=TU
 def store_config(settings: Settings) -> StoreConfig:
     return StoreConfig(TASK_NAMES, prefix=settings.key_prefix, retention_s=settings.retention_s,
                        idempotency_ttl_s=settings.idempotency_ttl_s,
-                       lease_ms=int(settings.lease_s * 1000), events_max=settings.events_max,
+                       lease_ms=int(settings.lease_s * 1000),
+                       lost_message_ms=int(settings.lost_message_s * 1000),
+                       events_max=settings.events_max,
                        outbox_grace_ms=int(settings.outbox_grace_s * 1000),
                        min_replicas_ack=settings.redis_min_replicas_ack,
                        replica_ack_timeout_ms=int(settings.redis_replica_ack_timeout_s * 1000))

@@ -12,7 +12,7 @@ from importlib import resources
 from redis import Redis
 from redis.commands.core import Script
 
-RUN_SCRIPTS = ("create_run", "claim_run", "save_checkpoint", "advance_turn", "park_run",
+RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "advance_turn", "park_run",
                "complete_run", "fail_run", "cancel_run", "answer_interrupts",
                "expire_interrupt", "requeue_run", "plan_notifications", "start_delivery",
                "finish_delivery", "retry_notifications")

@@ -53,7 +53,8 @@ class StoreConfig:
     prefix: str = "layby"
     retention_s: int = 7 * 24 * 3600
     idempotency_ttl_s: int = 24 * 3600
-    lease_ms: int = 300_000
+    lease_ms: int = 10_000  # a claim lapses this long after its worker's last heartbeat
+    lost_message_ms: int = 300_000  # queued or resuming this long: its message may be lost
     events_max: int = 2000
     outbox_grace_ms: int = 10_000
     max_attempts: int = 5
@@ -140,6 +141,12 @@ class Store:
         reply = self._run("claim_run", run_id, version, owner, self.config.lease_ms,
                           self.config.max_attempts)
         return results.claimed(reply, version)
+
+    def renew(self, run_id: str, version: int, owner: str) -> bool:
+        """The heartbeat of the worker holding the claim: False when the claim is not its
+        own any more (the step must not commit)."""
+        reply = self._run("renew_lease", run_id, version, owner, self.config.lease_ms)
+        return bool(reply[0] == "ok")
 
     def save_checkpoint(self, run_id: str, version: int, owner: str, name: str,
                         value: Any) -> bool:
