@@ -587,3 +587,16 @@ def test_openapi_lists_the_v1_routes(system: LaybySystem) -> None:
     start = paths["/v1/runs"]["post"]
     assert "202" in start["responses"]
     assert any(p["name"].lower() == "idempotency-key" for p in start["parameters"])
+
+
+def test_a_page_too_deep_and_a_wrong_method_are_told_what_is_allowed(
+        system: LaybySystem) -> None:
+    with system.api() as api:
+        deep = api.get("/v1/runs", params={"offset": 9223372036854775759})
+        wrong = api.delete("/v1/runs")
+    assert deep.status_code == 422, deep.text
+    [problem] = deep.json()["error"]["detail"]
+    assert problem["path"] == "/offset" and "10000" in problem["message"]
+    assert wrong.status_code == 405
+    assert set(wrong.headers["allow"].replace(" ", "").split(",")) == {"GET", "POST"}
+    assert wrong.json()["error"]["code"] == "method_not_allowed"

@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from layby.broker_config import logs
 from layby.control import Runtime, build
@@ -88,12 +89,15 @@ def _handle_errors(app: FastAPI) -> None:
         return error_response(503, "redis_not_replicated", str(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Unknown routes, wrong methods and bodies the parser gives up on (nesting past
         # Python's recursion limit) get the same JSON error shape as every other refusal.
         phrase = HTTPStatus(exc.status_code).phrase
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method the path takes, not the first route's
+            headers["Allow"] = ", ".join(_methods_of(app, request.scope))
         return error_response(exc.status_code, phrase.lower().replace(" ", "_"),
-                              str(exc.detail))
+                              str(exc.detail), headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -101,6 +105,14 @@ def _handle_errors(app: FastAPI) -> None:
                   for e in exc.errors()]
         return error_response(422, "invalid_request",
                               "the request body or parameters are invalid", errors)
+
+
+def _methods_of(app: FastAPI, scope: dict[str, Any]) -> list[str]:
+    """The methods some route takes at the request's path (Starlette's own `Allow` names
+    only the first route that matched the path)."""
+    return [method for method in ("GET", "POST", "PUT", "PATCH", "DELETE")
+            if any(route.matches({**scope, "method": method})[0] is Match.FULL
+                   for route in app.router.routes)]
 
 
 def _middleware(app: FastAPI, rt: Runtime) -> None:

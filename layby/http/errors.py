@@ -46,12 +46,15 @@ def status_of(exc: LaybyError) -> int:
     return 400
 
 
-def error_response(status: int, code: str, message: str, detail: Any = None) -> JSONResponse:
+def error_response(status: int, code: str, message: str, detail: Any = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     body: dict[str, Any] = {"code": code, "message": message}
     if detail is not None:
         body["detail"] = detail
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
+    headers = dict(headers or {})
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse({"error": body}, status_code=status, headers=headers or None)
 
 
 def refusal(exc: LaybyError) -> JSONResponse:
