@@ -14,6 +14,11 @@ HTTP status (401 `Unauthorized`, 403 `Forbidden`, 404 `NotFound`, 409 `Conflict`
 `LaybyError`), carrying the API's error `code`, `message` and `detail`, and the response's
 `status_code`. `wait` and `events` follow the run's event stream (server-sent events,
 resumed with `Last-Event-ID` after a dropped connection); they do not poll.
+
+Reads, and writes the server recognizes when they come again (`start`, `answer` and
+`resume` carry an `Idempotency-Key`, one of their own unless given), are retried after a
+503 (as long as its `Retry-After` says, at most 10 s) or a lost connection, five times,
+backing off: a retry never starts a second run or meets its own answer as a rival's.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import os
 import random
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -85,6 +91,35 @@ class _Call:
     params: dict[str, Any] | None = None
     headers: dict[str, str] | None = None
 
+    @property
+    def retriable(self) -> bool:
+        """Safe to send again after a 503 or a lost connection: a read, or a write the
+        server recognizes as the same (its Idempotency-Key)."""
+        return self.method == "GET" or "Idempotency-Key" in (self.headers or {})
+
+
+# Retries of a retriable call: after 503s and connection errors, backing off (or as the
+# server's Retry-After says, within MAX_RETRY_AFTER_S).
+RETRY_DELAYS_S = (0.25, 0.5, 1.0, 2.0, 4.0)
+MAX_RETRY_AFTER_S = 10.0
+
+
+def _retry_delay(attempt: int, response: httpx.Response | None) -> float | None:
+    """How long to wait before trying again, or None when it is no use."""
+    if attempt >= len(RETRY_DELAYS_S):
+        return None
+    if response is not None:
+        if response.status_code != 503:
+            return None
+        after = response.headers.get("retry-after", "")
+        if after.isdigit():
+            return min(float(after), MAX_RETRY_AFTER_S)
+    return RETRY_DELAYS_S[attempt] * random.uniform(0.5, 1.0)
+
+
+def _new_key() -> str:
+    return f"layby-client-{uuid.uuid4().hex}"
+
 
 def _start(agent: str, input: Any, messages: list[Message] | list[dict[str, Any]] | None,
            metadata: dict[str, Any] | None, idempotency_key: str | None) -> _Call:
@@ -98,8 +133,9 @@ def _start(agent: str, input: Any, messages: list[Message] | list[dict[str, Any]
         body["messages"] = [m.wire() if isinstance(m, Message) else m for m in messages]
     if metadata is not None:
         body["metadata"] = metadata
-    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-    return _Call("POST", "/v1/runs", body, headers=headers)
+    # A key of its own when the caller gives none: a retry never starts a second run.
+    return _Call("POST", "/v1/runs", body,
+                 headers={"Idempotency-Key": idempotency_key or _new_key()})
 
 
 def _seg(value: str) -> str:
@@ -127,14 +163,15 @@ def _answer(run_id: str, interrupt_id: str, payload: Any, status: AnswerStatus,
     body: dict[str, Any] = {"status": status, "payload": payload}
     if metadata is not None:
         body["metadata"] = metadata
-    return _Call("POST", f"/v1/runs/{_seg(run_id)}/interrupts/{_seg(interrupt_id)}", body)
+    return _Call("POST", f"/v1/runs/{_seg(run_id)}/interrupts/{_seg(interrupt_id)}", body,
+                 headers={"Idempotency-Key": _new_key()})
 
 
 def _resume(run_id: str, entries: Iterable[ResumeEntry | dict[str, Any]]) -> _Call:
     given = [e if isinstance(e, ResumeEntry) else ResumeEntry.model_validate(e)
              for e in entries]
     return _Call("POST", f"/v1/runs/{_seg(run_id)}/resume",
-                 {"resume": [e.wire() for e in given]})
+                 {"resume": [e.wire() for e in given]}, headers={"Idempotency-Key": _new_key()})
 
 
 def _cancel(run_id: str, reason: str | None) -> _Call:
@@ -300,8 +337,20 @@ class Client:
         self._http.close()
 
     def _send(self, call: _Call) -> httpx.Response:
-        return self._http.request(call.method, call.path, json=call.json, params=call.params,
-                                  headers=call.headers)
+        for attempt in range(len(RETRY_DELAYS_S) + 1):
+            try:
+                response = self._http.request(call.method, call.path, json=call.json,
+                                              params=call.params, headers=call.headers)
+            except httpx.TransportError:
+                delay = _retry_delay(attempt, None) if call.retriable else None
+                if delay is None:
+                    raise
+            else:
+                delay = _retry_delay(attempt, response) if call.retriable else None
+                if delay is None:
+                    return response
+            time.sleep(delay)
+        raise AssertionError("unreachable")
 
     def start(self, agent: str, *, input: Any = None,
               messages: builtins.list[Message] | builtins.list[dict[str, Any]] | None = None,
@@ -415,8 +464,20 @@ class AsyncClient:
         await self._http.aclose()
 
     async def _send(self, call: _Call) -> httpx.Response:
-        return await self._http.request(call.method, call.path, json=call.json,
-                                        params=call.params, headers=call.headers)
+        for attempt in range(len(RETRY_DELAYS_S) + 1):
+            try:
+                response = await self._http.request(call.method, call.path, json=call.json,
+                                                    params=call.params, headers=call.headers)
+            except httpx.TransportError:
+                delay = _retry_delay(attempt, None) if call.retriable else None
+                if delay is None:
+                    raise
+            else:
+                delay = _retry_delay(attempt, response) if call.retriable else None
+                if delay is None:
+                    return response
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     async def start(self, agent: str, *, input: Any = None,
                     messages: builtins.list[Message] | builtins.list[dict[str, Any]] | None = None,

@@ -600,3 +600,27 @@ def test_a_page_too_deep_and_a_wrong_method_are_told_what_is_allowed(
     assert wrong.status_code == 405
     assert set(wrong.headers["allow"].replace(" ", "").split(",")) == {"GET", "POST"}
     assert wrong.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_an_answer_retried_with_its_idempotency_key_gets_the_first_reply(
+        system: LaybySystem) -> None:
+    """A client that lost the reply (or got a 503) sends the same answer again with the
+    same Idempotency-Key: it is its own answer, not a rival's 409."""
+    run_id = system.start_run("demo.trivia", "Quiz me")["id"]
+    question = system.open_interrupts(system.wait_status(run_id, "interrupted"))[0]
+    path = f"/v1/runs/{run_id}/interrupts/{question['id']}"
+    with system.api() as api:
+        first = api.post(path, json={"status": "resolved", "payload": "Jaws"},
+                         headers={"Idempotency-Key": "answer-1"})
+        again = api.post(path, json={"status": "resolved", "payload": "Jaws"},
+                         headers={"Idempotency-Key": "answer-1"})
+        other = api.post(path, json={"status": "resolved", "payload": "Alien"},
+                         headers={"Idempotency-Key": "answer-1"})
+        unkeyed = api.post(path, json={"status": "resolved", "payload": "Jaws"})
+    assert first.status_code == 200 and first.json()["resumed"] is True
+    assert again.status_code == 200, again.text
+    assert again.json()["resumed"] is True
+    assert again.json()["run"]["interrupts"][0]["answer"]["payload"] == "Jaws"
+    assert other.status_code == 409 and "Idempotency-Key" in other.json()["error"]["message"]
+    assert unkeyed.status_code == 409  # without the key, a second answer is a rival's
+    assert system.wait_status(run_id, "completed")["result"] == "Right! It was Jaws (1975)."

@@ -37,6 +37,8 @@ class Scripted(ThreadingHTTPServer):
         self.streams: list[list[bytes | None]] = []
         self.last_event_ids: list[str | None] = []
         self.pause_s = 0.0
+        self.unavailable = 0  # answer this many requests 503 first
+        self.keys: list[str | None] = []  # the Idempotency-Key of every POST
 
     @property
     def url(self) -> str:
@@ -49,7 +51,33 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *_: Any) -> None:
         pass
 
+    def _away(self) -> bool:
+        if self.server.unavailable <= 0:
+            return False
+        self.server.unavailable -= 1
+        body = b'{"error": {"code": "redis_unavailable", "message": "Redis does not answer"}}'
+        self.send_response(503)
+        self.send_header("Retry-After", "0")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        return True
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.keys.append(self.headers.get("Idempotency-Key"))
+        if self._away():
+            return
+        body = json.dumps({"run": RUN, "resumed": True}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_GET(self) -> None:  # noqa: N802
+        if self._away():
+            return
         if self.path == "/v1/runs/run_a":
             body = json.dumps(RUN).encode()
             self.send_response(200)
@@ -110,3 +138,13 @@ def test_events_resume_after_the_last_whole_event_when_the_connection_drops(
     assert got == [("1-0", "run.created"), ("2-0", "run.started"), ("3-0", "run.resuming"),
                    ("4-0", "run.completed")]
     assert server.last_event_ids == [None, "2-0"]
+
+
+def test_reads_and_keyed_answers_are_retried_after_a_503(server: Scripted) -> None:
+    server.unavailable = 2
+    with Client(server.url, api_key="k") as client:
+        assert client.get("run_a").id == "run_a"  # after two 503s
+        server.unavailable = 1
+        assert client.answer("run_a", "int_1", payload="Jaws").resumed is True
+    # The retry carried the same key as the first try, so the server takes it as the same.
+    assert len(server.keys) == 2 and server.keys[0] == server.keys[1] is not None

@@ -281,6 +281,7 @@ def test_parked_runs_survive_a_restart_of_the_redis_server(tmp_path: Path, stop:
             away = api.get(f"/v1/runs/{next(iter(agents))}")
         assert away.status_code == 503, away.text
         assert away.json()["error"]["code"] == "redis_unavailable"
+        assert away.headers["retry-after"] == "1"
         time.sleep(1.0)  # let every client notice the server is gone
         server = EmbeddedRedis(server.data_dir, port=port).start()
 

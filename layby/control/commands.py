@@ -8,6 +8,7 @@ all come through here: each command checks its input, commits one transition thr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -86,12 +87,14 @@ def get_run(rt: Runtime, run_id: str) -> RunView:
 
 
 def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
-           require_all: bool = False) -> Transition:
+           require_all: bool = False, idempotency_key: str | None = None) -> Transition:
     """Record answers; the one that closes the last open interrupt queues the resume.
 
     Refuses, without storing anything: unknown ids (NotFound), answers to what is not open
     or has expired (Conflict, naming who answered first), payloads outside their schema
     (Invalid, listing the errors), and with `require_all`, a set that leaves one open.
+    The same request again with the same `idempotency_key` (a client retrying after a lost
+    reply or a 503) is its own answer, taken again, not a rival's.
     """
     record = rt.store.record(run_id)
     if record is None:
@@ -103,7 +106,9 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
         raise Invalid(f"an interrupt is answered twice in one request: {ids}")
     specs, answers, open_ids = rt.store.interrupts(run_id)
     by_id = {s.id: s for s in specs}
-    request_id = uuid.uuid4().hex
+    request_id = _request_id(by, idempotency_key)
+    if idempotency_key is not None and _already_given(run_id, entries, answers, request_id):
+        return Transition(Verdict.OK, record.version)
     records = []
     for entry in entries:
         spec = _answerable(rt, record, entry, by_id, answers, open_ids)
@@ -119,6 +124,28 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
                  extra={"run_id": run_id, "interrupt_id": rec.interrupt_id})
     rt.publish(result.entries)
     return result
+
+
+def _request_id(by: str, idempotency_key: str | None) -> str:
+    """The id every answer of one request carries: random, or, with an idempotency key,
+    the same for the same caller and key (another caller's key never matches)."""
+    if idempotency_key is None:
+        return uuid.uuid4().hex
+    return "idem-" + hashlib.sha256(f"{by}\x00{idempotency_key}".encode()).hexdigest()[:32]
+
+
+def _already_given(run_id: str, entries: list[ResumeEntry], answers: dict[str, Answer],
+                   request_id: str) -> bool:
+    """Whether this request (same caller, same idempotency key) was taken already: then
+    its retry stands as it was. The key reused for a different answer is refused."""
+    mine = [answers[e.interrupt_id] for e in entries
+            if e.interrupt_id in answers and answers[e.interrupt_id].answer_id == request_id]
+    if not mine:
+        return False
+    if len(mine) != len(entries) or any(a.entry() != e for a, e in zip(mine, entries)):
+        raise Conflict("this Idempotency-Key was used for another answer; send a new key "
+                       "with a new answer", run_id=run_id)
+    return True
 
 
 def _answerable(rt: Runtime, record: RunRecord, entry: ResumeEntry,
@@ -145,9 +172,10 @@ def _recorded(result: Transition, run_id: str, records: list[Answer],
               by_id: dict[str, Interrupt]) -> Transition:
     """The store's verdict on the answers, or the refusal it means for the caller."""
     if result.verdict is Verdict.CONFLICT:
-        if result.first is not None and result.first in records:
-            # Our own answer, recorded by a first attempt whose reply was lost and replayed
-            # by the client's retry: it stands; the outbox publishes what it queued.
+        if result.first is not None and result.first.answer_id in {r.answer_id for r in records}:
+            # Our own answer, recorded by a first attempt whose reply was lost (a replay of
+            # the script, or the caller's retry with its idempotency key): it stands; the
+            # outbox publishes what it queued.
             return Transition(Verdict.OK, result.version)
         raise not_open(run_id, by_id[result.interrupt_id or ""], result.first,
                        status=result.status.value if result.status else None)

@@ -62,17 +62,20 @@ def get_run(run_id: str, rt: Rt, _: Caller) -> dict[str, Any]:
 
 @router.post("/runs/{run_id}/interrupts/{interrupt_id}", response_model=Answered,
              dependencies=[SaneBody], **VIEW)
-def answer_one(run_id: str, interrupt_id: str, body: AnswerBody, rt: Rt,
-               caller: Caller) -> dict[str, Any]:
+def answer_one(run_id: str, interrupt_id: str, body: AnswerBody, rt: Rt, caller: Caller,
+               idempotency_key: Annotated[str | None, Header(max_length=200)] = None
+               ) -> dict[str, Any]:
     entry = ResumeEntry(interrupt_id=interrupt_id, status=body.status, payload=body.payload,
                         metadata=body.metadata)
-    return _answer(rt, run_id, [entry], caller, require_all=False)
+    return _answer(rt, run_id, [entry], caller, require_all=False, key=idempotency_key)
 
 
 @router.post("/runs/{run_id}/resume", response_model=Answered, dependencies=[SaneBody],
              **VIEW)
-def resume(run_id: str, body: ResumeBody, rt: Rt, caller: Caller) -> dict[str, Any]:
-    return _answer(rt, run_id, body.resume, caller, require_all=True)
+def resume(run_id: str, body: ResumeBody, rt: Rt, caller: Caller,
+           idempotency_key: Annotated[str | None, Header(max_length=200)] = None
+           ) -> dict[str, Any]:
+    return _answer(rt, run_id, body.resume, caller, require_all=True, key=idempotency_key)
 
 
 @router.post("/runs/{run_id}/cancel", response_model=RunView, dependencies=[SaneBody], **VIEW)
@@ -104,7 +107,12 @@ def agents(rt: Rt, _: Caller) -> dict[str, Any]:
 
 
 def _answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], caller: str, *,
-            require_all: bool) -> dict[str, Any]:
+            require_all: bool, key: str | None) -> dict[str, Any]:
+    """Record the answers. With an `Idempotency-Key`, the same request again (a retry after
+    a lost reply or a 503) gets the same reply, not a 409."""
     result = commands.answer(rt, run_id, entries, by=caller, channel="api",
-                             require_all=require_all)
-    return Answered(run=commands.get_run(rt, run_id), resumed=bool(result.entries)).wire()
+                             require_all=require_all, idempotency_key=key)
+    run = commands.get_run(rt, run_id)
+    # A retry's answers were taken before: the run resumed then if it left `interrupted`.
+    resumed = bool(result.entries) or run.status is not Status.INTERRUPTED
+    return Answered(run=run, resumed=resumed).wire()

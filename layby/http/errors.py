@@ -54,6 +54,8 @@ def error_response(status: int, code: str, message: str, detail: Any = None,
     headers = dict(headers or {})
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
+    if status == 503:  # the store or a setting away for now: when to try again
+        headers.setdefault("Retry-After", "1")
     return JSONResponse({"error": body}, status_code=status, headers=headers or None)
 
 
