@@ -746,21 +746,54 @@ def test_callbacks_without_a_valid_signature_are_refused(reviewed: ReviewedSyste
     assert_untouched(reviewed, run_id)
 
 
-def test_a_replayed_callback_is_refused(reviewed: ReviewedSystem) -> None:
-    """The same signed callback (same webhook-id, body and signature) POSTed twice: the
-    second is refused as already received and the answer is recorded once."""
+def test_a_callback_sent_again_gets_the_first_result(reviewed: ReviewedSystem) -> None:
+    """The same signed callback POSTed again as is (a replay), then re-signed with a new
+    timestamp and the same webhook-id (a sender's retry, per Standard Webhooks): each gets
+    the first one's reply, and the answer is recorded once."""
     run_id = start(reviewed, "demo.transfer", "Send 250 to Bob")
     (interrupt_id,) = open_ids(reviewed, run_id)
     body = callback_body(run_id, interrupt_id, {"approved": True})
-    headers = signature_headers(body)
+    headers = signature_headers(body, webhook_id="msg_retry_1")
 
     first = post_callback(reviewed, body, headers)
-    second = post_callback(reviewed, body, headers)
+    replay = post_callback(reviewed, body, headers)
+    finished(reviewed, run_id)
+    retry = post_callback(reviewed, body, signature_headers(body, webhook_id="msg_retry_1"))
+    other = post_callback(reviewed, body, signature_headers(body))
 
     assert first.status_code == 200, first.text
-    assert second.status_code == 409 and "already received" in error_of(second)
+    assert replay.status_code == retry.status_code == 200, (replay.text, retry.text)
+    assert replay.json() == retry.json() == first.json()
+    assert first.json()["answer"]["answeredBy"] == "reviewer:hookbot"
+    # A new webhook-id is a new answer: refused, the interrupt being answered already.
+    assert other.status_code == 409 and "already resolved by reviewer:hookbot" in \
+        error_of(other)
     assert finished(reviewed, run_id)["result"] == "Sent 250 to Bob."
     assert_answered(reviewed, run_id, interrupt_id, by="reviewer:hookbot", channel="webhook")
+    assert len(transfers_of(reviewed, run_id)) == 1
+
+
+def test_a_token_callback_retried_with_its_idempotency_key_gets_the_first_result(
+        reviewed: ReviewedSystem) -> None:
+    """A callback carrying the mail's token and an Idempotency-Key, sent twice: one answer,
+    the same reply twice; the key reused with another answer is a 409 that says so."""
+    run_id = start(reviewed, "demo.transfer", "Send 250 to Bob")
+    mail = notification(reviewed, run_id)
+    interrupt_id = mail["X-Layby-Interrupt"]
+    body = callback_body(run_id, interrupt_id, {"approved": True}, reviewer=None,
+                         token=token_of(mail))
+    key = {"Idempotency-Key": "alice-retry-7"}
+
+    first = post_callback(reviewed, body, key)
+    again = post_callback(reviewed, body, key)
+    other = post_callback(reviewed, callback_body(run_id, interrupt_id, {"approved": False},
+                                                  reviewer=None, token=token_of(mail)), key)
+
+    assert first.status_code == again.status_code == 200, (first.text, again.text)
+    assert again.json() == first.json()
+    assert other.status_code == 409 and "idempotency key" in error_of(other)
+    assert finished(reviewed, run_id)["result"] == "Sent 250 to Bob."
+    assert_answered(reviewed, run_id, interrupt_id, by="reviewer:alice", channel="webhook")
     assert len(transfers_of(reviewed, run_id)) == 1
 
 

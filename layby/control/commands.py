@@ -143,8 +143,9 @@ def _already_given(run_id: str, entries: list[ResumeEntry], answers: dict[str, A
     if not mine:
         return False
     if len(mine) != len(entries) or any(a.entry() != e for a, e in zip(mine, entries)):
-        raise Conflict("this Idempotency-Key was used for another answer; send a new key "
-                       "with a new answer", run_id=run_id)
+        raise Conflict("this idempotency key (the Idempotency-Key, or a callback's "
+                       "webhook-id) was used for another answer; send a new key with a new "
+                       "answer", run_id=run_id)
     return True
 
 

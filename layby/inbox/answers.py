@@ -95,10 +95,12 @@ def refuse_if_closed(opened: Opened) -> None:
                                 status=opened.run.status.value)
 
 
-def answer(rt: Runtime, opened: Opened, entry: ResumeEntry, *, channel: str) -> Transition:
+def answer(rt: Runtime, opened: Opened, entry: ResumeEntry, *, channel: str,
+           idempotency_key: str | None = None) -> Transition:
     """Record `entry` for the opened interrupt. A token from an earlier step of the run (a
     version that moved on) is refused; an interrupt already answered is refused with who
-    answered it first (so a token is accepted once)."""
+    answered it first (so a token is accepted once), unless this is the same request
+    again with the same `idempotency_key`."""
     grant, run = opened.grant, opened.run
     if opened.is_open and grant.version != run.version:
         raise BadToken(f"this token was issued for version {grant.version} of run {run.id}, "
@@ -111,4 +113,4 @@ def answer(rt: Runtime, opened: Opened, entry: ResumeEntry, *, channel: str) -> 
                       "/v1", run_id=run.id)
     entry = entry.model_copy(update={"interrupt_id": opened.interrupt.id})
     return commands.answer(rt, run.id, [entry], by=f"reviewer:{opened.reviewer.id}",
-                           channel=channel)
+                           channel=channel, idempotency_key=idempotency_key)

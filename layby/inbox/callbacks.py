@@ -1,9 +1,10 @@
 """Answers from reviewers' systems (`POST /callbacks/answers`): signed per Standard Webhooks
 with the reviewer's secret (and naming the reviewer), or carrying the notification's token.
 
-A signed callback is accepted once: its `webhook-id` is remembered past the timestamp
-tolerance, so a replay is refused; a callback that is not taken is forgotten again, so a
-retry of it gets the real reason, not "already received".
+Retries are safe: a signed callback's `webhook-id` (Standard Webhooks' own idempotency key)
+or an `Idempotency-Key` header makes the same callback again (a retry after a lost reply or
+a 503, or a replay) get the first one's result, recording nothing new; a callback that was
+not taken is taken afresh, so its retry gets the real reason.
 """
 
 from __future__ import annotations
@@ -14,23 +15,20 @@ from pydantic import Field
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from layby.control import Runtime, commands
-from layby.errors import Conflict, Invalid, Unauthorized
+from layby.errors import Invalid, Unauthorized
 from layby.generation.interrupts import ResumeEntry
-from layby.wire import Body
+from layby.wire import Body, Status
 from layby.inbox import answers
 from layby.reviewers.directory import Reviewer
 from layby.reviewers.tokens import BadToken
 
 # The specification's tolerance: a timestamp further than this from now is refused.
 TOLERANCE_S = 300
+MAX_KEY_CHARS = 200  # as /v1 takes an Idempotency-Key
 
 
 class BadSignature(Unauthorized):
     """A callback's Standard Webhooks signature does not verify."""
-
-
-class Replayed(Conflict):
-    """A callback's webhook-id was seen before."""
 
 
 class Callback(Body):
@@ -52,15 +50,16 @@ def receive(rt: Runtime, body: Callback, raw: bytes, headers: dict[str, str]
     entry = ResumeEntry(interrupt_id=body.interrupt_id,
                         status=body.status,  # type: ignore[arg-type]
                         payload=body.payload, metadata=body.metadata)
+    key = headers.get("idempotency-key") or None
+    if key is not None and len(key) > MAX_KEY_CHARS:
+        raise Invalid(f"the Idempotency-Key is {len(key)} characters; at most "
+                      f"{MAX_KEY_CHARS} are taken")
     if "webhook-signature" in headers:
-        reviewer, seen = _signed(rt, body, raw, headers)
-        try:
-            opened = answers.open_for(rt, reviewer, body.run_id, body.interrupt_id)
-            result = answers.answer(rt, opened, entry, channel="webhook")
-        except BaseException:
-            rt.store.forget_sight(seen)
-            raise
-        return _answered(rt, opened, bool(result.entries))
+        reviewer = _signed(rt, body, raw, headers)
+        opened = answers.open_for(rt, reviewer, body.run_id, body.interrupt_id)
+        key = key or f"webhook-id:{headers.get('webhook-id', '')}"
+        answers.answer(rt, opened, entry, channel="webhook", idempotency_key=key)
+        return _answered(rt, opened)
     if not body.token:
         raise Unauthorized("sign the callback per Standard Webhooks with your webhook "
                            "secret (and set \"reviewer\"), or include the notification's "
@@ -69,8 +68,8 @@ def receive(rt: Runtime, body: Callback, raw: bytes, headers: dict[str, str]
     if (opened.run.id, opened.interrupt.id) != (body.run_id, body.interrupt_id):
         raise BadToken("this token was issued for another interrupt "
                        f"({opened.interrupt.id} of run {opened.run.id})")
-    result = answers.answer(rt, opened, entry, channel="webhook")
-    return _answered(rt, opened, bool(result.entries))
+    answers.answer(rt, opened, entry, channel="webhook", idempotency_key=key)
+    return _answered(rt, opened)
 
 
 def verify(secret: str, body: bytes, headers: dict[str, str]) -> None:
@@ -91,10 +90,8 @@ def verify(secret: str, body: bytes, headers: dict[str, str]) -> None:
         raise BadSignature(f"the webhook signature headers are damaged: {exc}") from exc
 
 
-def _signed(rt: Runtime, body: Callback, raw: bytes, headers: dict[str, str]
-            ) -> tuple[Reviewer, str]:
-    """The reviewer whose signature the callback carries, and the key remembering its
-    webhook-id (to forget if the callback is not taken)."""
+def _signed(rt: Runtime, body: Callback, raw: bytes, headers: dict[str, str]) -> Reviewer:
+    """The reviewer whose signature the callback carries."""
     if not body.reviewer:
         raise Invalid("a signed callback names its reviewer: set \"reviewer\" to your id in "
                       "the reviewer directory")
@@ -105,19 +102,15 @@ def _signed(rt: Runtime, body: Callback, raw: bytes, headers: dict[str, str]
                            f"{body.reviewer[:80]!r}: sign the exact body with your webhook "
                            "secret, per Standard Webhooks")
     verify(reviewer.webhook.secret, raw, headers)
-    webhook_id = headers.get("webhook-id", "")
-    sight = f"webhook:{reviewer.id}:{webhook_id}"
-    # Remembered for twice the tolerance: an older replay fails on its timestamp anyway.
-    if not rt.store.first_sight(sight, 2 * TOLERANCE_S):
-        raise Replayed(f"webhook-id {webhook_id[:80]!r} was already received; a replayed "
-                       "callback is refused (send a new id for a new answer)")
-    return reviewer, sight
+    return reviewer
 
 
-def _answered(rt: Runtime, opened: answers.Opened, resumed: bool) -> dict[str, Any]:
+def _answered(rt: Runtime, opened: answers.Opened) -> dict[str, Any]:
     """What a reviewer's system learns: its own answer as recorded, not the run's history
-    or anyone else's answers."""
+    or anyone else's answers; `resumed` once no interrupt of the run waits any more (the
+    same for a retry as for the first callback)."""
     run = commands.get_run(rt, opened.run.id)
     mine = next(i for i in run.interrupts if i.id == opened.interrupt.id)
     return {"runId": run.id, "interruptId": mine.id, "state": mine.state.value,
-            "answer": mine.answer.wire() if mine.answer else None, "resumed": resumed}
+            "answer": mine.answer.wire() if mine.answer else None,
+            "resumed": run.status is not Status.INTERRUPTED}
