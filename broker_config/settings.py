@@ -66,7 +66,10 @@ class Settings(BaseSettings):
     outbox_grace_s: float = 10.0
     sweep_interval_s: float = 1.0
     events_max: int = 2000
-    max_answer_bytes: int = 256 * 1024
+    # Every request body but a mail's, and whatever a caller puts into a run.
+    max_answer_bytes: int = Field(256 * 1024, gt=0)
+    # A reply mail, by SMTP (refused with 552) or POSTed to /inbound/email (413).
+    max_mail_bytes: int = Field(10 * 1024 * 1024, gt=0)
     worker_concurrency: int | None = None
     redis_socket_timeout_s: float = 30.0
     # Every process's log lines: "text", or "json" (one object per line, with the run,

@@ -27,6 +27,7 @@ from layby.errors import LaybyError, Unauthorized
 from layby.http import agui, api, mailbox, reviewers
 from layby.http.deps import Caller, Rt, bearer, check_key
 from layby.http.errors import error_response, refusal, why_redis_is_away
+from layby.http.limits import LimitBodies
 from layby.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from layby.http.metrics import render as render_metrics
 from layby.http.metrics import serve as serve_metrics
@@ -116,6 +117,14 @@ def _methods_of(app: FastAPI, scope: dict[str, Any]) -> list[str]:
 
 
 def _middleware(app: FastAPI, rt: Runtime) -> None:
+    def limit_of(path: str) -> tuple[int, str]:
+        if path == "/inbound/email":
+            return rt.settings.max_mail_bytes, "LAYBY_MAX_MAIL_BYTES"
+        return rt.settings.max_answer_bytes, "LAYBY_MAX_ANSWER_BYTES"
+
+    # Innermost: it sees what the app makes of a body cut at its limit.
+    app.add_middleware(LimitBodies, limit_of=limit_of)
+
     @app.middleware("http")
     async def _key_first(request: Request, call_next: Any) -> Any:
         # FastAPI parses a body before it runs dependencies: without this, a caller with no

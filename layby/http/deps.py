@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from layby.control import Runtime
-from layby.errors import TooLarge, Unauthorized
+from layby.errors import Unauthorized
 from layby.generation.answers import check_storable
 
 bearer = HTTPBearer(auto_error=False)
@@ -42,14 +42,10 @@ def require_key(rt: Rt, credentials: Annotated[HTTPAuthorizationCredentials | No
 Caller = Annotated[str, Depends(require_key)]
 
 
-async def sane_body(request: Request, rt: Rt) -> None:
-    """Refuse a body that parses but would fail once stored: too big, too deep, or text
-    that is not Unicode. LAYBY_MAX_ANSWER_BYTES bounds whatever a caller puts into a run."""
+async def sane_body(request: Request) -> None:
+    """Refuse a body that parses but would fail once stored: too deep, or text that is not
+    Unicode. (Its size is held to LAYBY_MAX_ANSWER_BYTES as it is read: `http.limits`.)"""
     raw = await request.body()
-    limit = rt.settings.max_answer_bytes
-    if len(raw) > limit:
-        raise TooLarge(f"the request body is {len(raw)} bytes; the limit is {limit} "
-                       "(LAYBY_MAX_ANSWER_BYTES)")
     if not raw:
         return
     try:

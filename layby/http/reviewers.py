@@ -29,7 +29,6 @@ from layby.errors import (
     Invalid,
     LaybyError,
     NotFound,
-    TooLarge,
     Unauthorized,
     Unavailable,
 )
@@ -38,7 +37,6 @@ from layby.http.errors import status_of
 from layby.inbox import answers, callbacks
 from layby.inbox import replies as inbox
 from layby.inbox.forms import DECISIONS, entry_from_form, form_for
-from layby.inbox.listener import MAX_MAIL_BYTES
 from layby.inbox.pages import render_review
 from layby.reviewers.tokens import BadToken, ExpiredToken
 from layby.wire import InterruptState
@@ -123,8 +121,7 @@ def review_page(token: str, rt: Rt, decision: str | None = None) -> HTMLResponse
 
 @router.post("/review/{token:path}", response_class=HTMLResponse)
 async def review_answer(token: str, request: Request, rt: Rt) -> HTMLResponse:
-    await _body(request, rt.settings.max_answer_bytes)
-    form = await request.form()
+    form = await request.form()  # the body is held to its limit (`layby.http.limits`)
     values = {k: v for k, v in form.items() if isinstance(v, str)}
     return await run_in_threadpool(_answer_page, rt, token, values)
 
@@ -147,27 +144,11 @@ def _answer_page(rt: Runtime, token: str, values: dict[str, str]) -> HTMLRespons
     return _show(answers.reopen(rt, opened), "done")
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    """The body, refused past `limit` bytes without holding more than that: these routes
-    take no API key, so anyone can send them anything."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise TooLarge(f"the request body is {declared} bytes; the limit is {limit}")
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            raise TooLarge(f"the request body is over the limit of {limit} bytes")
-    # Where Starlette's own body() keeps it, so that form() parses these bytes.
-    request._body = bytes(raw)
-    return request._body
-
-
 @router.post("/callbacks/answers")
 async def callback(request: Request, rt: Rt) -> JSONResponse:
     """A reviewer's system answers: signed per Standard Webhooks with the reviewer's secret
     (and `reviewer` naming them), or carrying the notification's `token`."""
-    raw = await _body(request, rt.settings.max_answer_bytes)
+    raw = await request.body()
     try:
         body = callbacks.Callback.model_validate_json(raw)
     except ValidationError as exc:
@@ -184,11 +165,12 @@ async def inbound_email(request: Request, rt: Rt) -> JSONResponse:
     or a form with the raw mail in `email` (SendGrid) or `body-mime` (Mailgun) and the
     recipients in `envelope` or `recipient`."""
     _check_provider(rt, request)
-    raw = await _body(request, MAX_MAIL_BYTES)
+    raw = await request.body()
     recipients = list(request.query_params.getlist("to"))
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        form = await request.form(max_part_size=MAX_MAIL_BYTES)
+        form = await request.form(max_part_size=rt.settings.max_mail_bytes, max_files=10,
+                                  max_fields=100)
         mime = form.get("email") or form.get("body-mime")
         if not isinstance(mime, str) or not mime:
             raise Invalid("the form holds no raw mail: send it in `email` (SendGrid, "

@@ -18,12 +18,10 @@ from aiosmtpd.controller import Controller
 from layby.control import Runtime
 from layby.errors import ConfigError, Conflict, LaybyError, NotFound
 from layby.inbox import replies as inbox
-from layby.inbox.mime import MalformedMail, token_from_address
+from layby.inbox.mime import MailTooLarge, MalformedMail, token_from_address
 from layby.inbox.reading import Unreadable
 
 log = logging.getLogger(__name__)
-
-MAX_MAIL_BYTES = 10 * 1024 * 1024
 
 
 def _one_line(text: str) -> str:
@@ -33,6 +31,8 @@ def _one_line(text: str) -> str:
 
 
 def smtp_reply(exc: LaybyError) -> str:
+    if isinstance(exc, MailTooLarge):  # RFC 3463: message too big for system
+        return f"552 5.3.4 {_one_line(exc.message)}"
     if isinstance(exc, MalformedMail):
         return f"550 5.6.0 {_one_line(exc.message)}"
     if isinstance(exc, NotFound):
@@ -89,12 +89,13 @@ class ReplyHandler:
         return f"250 2.0.0 Answer recorded for run {got.run_id}"
 
 
-def serve(host: str, port: int, handler: Any, what: str) -> None:
-    """Run an SMTP server until SIGTERM or SIGINT."""
+def serve(host: str, port: int, handler: Any, what: str, max_bytes: int) -> None:
+    """Run an SMTP server until SIGTERM or SIGINT, taking mails up to `max_bytes` (aiosmtpd
+    answers 552 past it, and 500 to a line past RFC 5321's 1,000 octets)."""
     # aiosmtpd logs every connection at INFO, including its own start-up self-test.
     logging.getLogger("mail.log").setLevel(logging.WARNING)
     controller = Controller(handler, hostname=host, port=port,
-                            data_size_limit=MAX_MAIL_BYTES, server_hostname="layby")
+                            data_size_limit=max_bytes, server_hostname="layby")
     controller.start()
     log.info("%s listening on smtp://%s:%d", what, host, port)
     stop = threading.Event()

@@ -1,4 +1,5 @@
-"""Reviewers' reply mails as mail: the raw message read into a `Mail` (`parse_mail`), the
+"""Reviewers' reply mails as mail: the raw message checked for its size and shape before
+anything parses it (`check_shape`), read into a `Mail` (`parse_mail`), the
 token among its recipients (`token_from_address`, the reply goes to `reply+<token>@…`), and
 the words the reviewer wrote, without the quoted notification or a signature
 (`reply_text`). What those words answer is `layby.inbox.reading`'s. Pure: no network, no
@@ -17,11 +18,15 @@ from html.parser import HTMLParser
 
 from email_reply_parser import EmailReplyParser
 
-from layby.errors import Invalid
+from layby.errors import Invalid, TooLarge
 
 
 class MalformedMail(Invalid):
     """The raw message cannot be read as an email: not MIME, no sender, no text to read."""
+
+
+class MailTooLarge(TooLarge):
+    """The raw message is past a limit of size or shape: refused before it is parsed."""
 
 
 @dataclass(frozen=True)
@@ -34,15 +39,82 @@ class Mail:
     automatic: bool = False  # sent by a robot (out of office, vacation): never an answer
 
 
+# --- check_shape --------------------------------------------------------------------------
+
+# A reply is a few lines of text, perhaps an attachment or two and a quoted notification:
+# these are far past any real one, and keep a hostile mail from costing seconds of parsing
+# (Python's parser spends its time per part and per line). The SMTP listener also holds
+# lines to RFC 5321's 1,000 octets; mail POSTed by a provider may be laxer.
+MAX_PARTS = 250
+MAX_DEPTH = 10
+MAX_HEADERS = 500
+MAX_LINES = 500_000
+MAX_LINE_BYTES = 64 * 1024
+# Only the start of a reply's text can hold the answer; the rest is quote and signature.
+MAX_TEXT_CHARS = 200_000
+
+_BOUNDARY = re.compile(rb'boundary\s*=\s*(?:"([^"\r\n]{1,200})"|([^\s;"]{1,200}))',
+                       re.IGNORECASE)
+_DELIMITER = re.compile(rb"^--([^\r\n]{1,210})", re.MULTILINE)
+
+
+def check_shape(raw: bytes, max_bytes: int) -> None:
+    """Refuse, with `MailTooLarge` naming the limit, a message past `max_bytes` or past the
+    limits on lines, header fields, MIME parts and their nesting. Linear in the size and
+    cheap (byte searches, no parsing): it runs before anything else looks at the mail."""
+    if len(raw) > max_bytes:
+        raise MailTooLarge(f"the message is {len(raw)} bytes; the limit is {max_bytes} "
+                           "(LAYBY_MAX_MAIL_BYTES)")
+    if raw.count(b"\n") > MAX_LINES:
+        raise MailTooLarge(f"the message has more than {MAX_LINES} lines")
+    lines = raw.split(b"\n")
+    if max(map(len, lines)) > MAX_LINE_BYTES:
+        raise MailTooLarge(f"the message has a line longer than {MAX_LINE_BYTES} bytes")
+    fields = 0
+    for line in lines:
+        if line in (b"", b"\r"):
+            break
+        fields += line[:1] not in (b" ", b"\t")
+        if fields > MAX_HEADERS:
+            raise MailTooLarge(f"the message has more than {MAX_HEADERS} header fields")
+    boundaries = {found.group(1) or found.group(2) for found in _BOUNDARY.finditer(raw)}
+    if len(boundaries) > MAX_PARTS:
+        raise MailTooLarge(f"the message has more than {MAX_PARTS} MIME parts")
+    parts, open_ = 0, []  # the multipart containers around where the scan is
+    for found in _DELIMITER.finditer(raw):
+        text = found.group(1).rstrip()
+        closing = text.endswith(b"--") and text[:-2] in boundaries
+        boundary = text[:-2] if closing else text
+        if boundary not in boundaries:
+            continue
+        if boundary in open_:  # a delimiter of an outer container ends the inner ones
+            del open_[open_.index(boundary) + 1:]
+        else:
+            open_.append(boundary)
+            if len(open_) > MAX_DEPTH:
+                raise MailTooLarge(f"the message nests MIME parts more than {MAX_DEPTH} "
+                                   "deep")
+        if closing:
+            open_.pop()
+        else:
+            parts += 1
+            if parts > MAX_PARTS:
+                raise MailTooLarge(f"the message has more than {MAX_PARTS} MIME parts")
+
+
 # --- parse_mail ---------------------------------------------------------------------------
 
 _RECIPIENT_HEADERS = ("To", "Cc", "Delivered-To", "X-Original-To")
 
 
-def parse_mail(raw: bytes) -> Mail:
-    """Read a raw RFC 5322 message. Raises `MalformedMail` saying what is missing."""
+def parse_mail(raw: bytes, *, headers_only: bool = False) -> Mail:
+    """Read a raw RFC 5322 message (one `check_shape` let through), or only its header
+    (`text` left empty: what the sender, the recipients and the token need, for the cost of
+    the header alone). Raises `MalformedMail` saying what is missing."""
     if not raw or not raw.strip():
         raise MalformedMail("the message is empty")
+    if headers_only:
+        raw = _header_block(raw)
     try:
         msg = email.message_from_bytes(raw, policy=email.policy.default)
     except Exception as exc:  # the parser is lenient; anything it raises means unreadable
@@ -60,8 +132,14 @@ def parse_mail(raw: bytes) -> Mail:
             if address not in recipients:
                 recipients.append(address)
     return Mail(sender=senders[0], recipients=recipients, subject=_header(msg, "Subject"),
-                message_id=_header(msg, "Message-ID") or None, text=_body_text(msg),
-                automatic=_is_automatic(msg))
+                message_id=_header(msg, "Message-ID") or None,
+                text="" if headers_only else _body_text(msg), automatic=_is_automatic(msg))
+
+
+def _header_block(raw: bytes) -> bytes:
+    """The message up to the blank line that ends its header."""
+    ends = [at for at in (raw.find(b"\n\n"), raw.find(b"\n\r\n")) if at >= 0]
+    return raw[:min(ends) + 1] + b"\n" if ends else raw
 
 
 def _is_automatic(msg: Message) -> bool:
@@ -129,16 +207,16 @@ def _decoded(part: Message) -> str:
     """The part's text: transfer encoding undone, then its charset (or the likely ones)."""
     payload = part.get_payload(decode=True)
     if isinstance(payload, str):
-        return payload
+        return payload[:MAX_TEXT_CHARS]
     raw = payload or b""
     for charset in (part.get_content_charset(), "utf-8"):
         if charset:
             try:
-                return raw.decode(charset)
+                return raw.decode(charset)[:MAX_TEXT_CHARS]
             except (LookupError, UnicodeDecodeError):
                 continue
     # Mislabelled mail is common; Windows-1252 decodes almost any byte and reads best.
-    return raw.decode("cp1252", errors="replace")
+    return raw.decode("cp1252", errors="replace")[:MAX_TEXT_CHARS]
 
 
 def _unflow(text: str, *, delsp: bool) -> str:

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from layby.control import Runtime
 from layby.errors import Invalid, LaybyError
 from layby.inbox import answers
-from layby.inbox.mime import Mail, MalformedMail, parse_mail, reply_text, token_from_address
+from layby.inbox.mime import (
+    Mail,
+    MalformedMail,
+    check_shape,
+    parse_mail,
+    reply_text,
+    token_from_address,
+)
 from layby.inbox.reading import Unreadable, read_answer
 from layby.notifier import mail
 from layby.reviewers.schemas import how_to_answer
@@ -49,14 +56,18 @@ def token_of(message: Mail, envelope_recipients: list[str] | None) -> str:
 
 def receive(rt: Runtime, raw: bytes, envelope_recipients: list[str] | None = None
             ) -> Received:
-    """Answer with a reply mail. Raises MalformedMail, BadToken/WrongSender, Conflict
-    (already answered, or expired) or Unreadable (after mailing the sender why and how to
-    answer)."""
-    message = parse_mail(raw)
-    if message.automatic:
-        raise AutomaticReply(f"an automatic reply from {message.sender} (out of office, "
+    """Answer with a reply mail. Raises MailTooLarge, MalformedMail, BadToken/WrongSender,
+    Conflict (already answered, or expired) or Unreadable (after mailing the sender why and
+    how to answer)."""
+    check_shape(raw, rt.settings.max_mail_bytes)
+    # The header says who sent it and which token it answers: a robot's reply or a bad
+    # token is refused before the body is parsed at all.
+    head = parse_mail(raw, headers_only=True)
+    if head.automatic:
+        raise AutomaticReply(f"an automatic reply from {head.sender} (out of office, "
                              "vacation) is not an answer; nothing was recorded")
-    opened = answers.open_token(rt, token_of(message, envelope_recipients))
+    opened = answers.open_token(rt, token_of(head, envelope_recipients))
+    message = parse_mail(raw)
     # The From header, not the envelope sender: providers rewrite the envelope (bounce
     # addresses, SRS), and From is what the sender's domain signs (DKIM).
     if message.sender != (opened.reviewer.email or "").lower():

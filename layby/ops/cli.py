@@ -176,7 +176,7 @@ def reply_listener(host: Annotated[str | None, typer.Option()] = None,
     rt = _rt()
     logs.configure(rt.settings)
     serve(host or rt.settings.reply_listener_host, port or rt.settings.reply_listener_port,
-          ReplyHandler(rt), "layby reply listener")
+          ReplyHandler(rt), "layby reply listener", rt.settings.max_mail_bytes)
 
 
 @cli.command("mail-catcher")
@@ -190,7 +190,8 @@ def mail_catcher(port: Annotated[int | None, typer.Option()] = None) -> None:
     logs.configure(settings)
     folder = settings.mail_catcher_dir or settings.data_dir / "mail"
     serve("127.0.0.1", port or settings.mail_catcher_port,
-          CatcherHandler(folder, settings.public_url), "layby mail catcher")
+          CatcherHandler(folder, settings.public_url), "layby mail catcher",
+          settings.max_mail_bytes)
 
 
 @cli.command()
