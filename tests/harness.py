@@ -104,11 +104,15 @@ class LaybySystem:
     worker_count: int = 2
     port: int = 0
     procs: dict[str, Proc] = field(default_factory=dict)
+    # "DEBUG": every process logs everything, uvicorn's access log included.
+    log_level: str | None = None
 
     @property
     def env(self) -> dict[str, str]:
         return {**os.environ, **BASE_ENV, "LAYBY_REDIS_URL": self.redis_url,
-                "LAYBY_DATA_DIR": str(self.logs / "data"), **self.env_overrides}
+                "LAYBY_DATA_DIR": str(self.logs / "data"),
+                **({"LAYBY_LOG_LEVEL": self.log_level} if self.log_level else {}),
+                **self.env_overrides}
 
     @property
     def settings(self) -> Settings:
@@ -128,7 +132,8 @@ class LaybySystem:
         self.port = self.port or free_port()
         self.start_worker()
         self._start("sweeper", sweeper_argv(self.settings))
-        self._start("gateway", gateway_argv("127.0.0.1", self.port))
+        self._start("gateway", gateway_argv("127.0.0.1", self.port, log_level=(
+            self.log_level.lower() if self.log_level else "warning")))
         wait_until(self._gateway_up, 30, what="the gateway")
         return self
 
@@ -140,7 +145,7 @@ class LaybySystem:
 
     def start_worker(self, name: str = "worker") -> Proc:
         proc = self._start(name, worker_argv(self.settings, [TURNS, JOBS, NOTIFY, "celery"],
-                                             self.worker_count, "INFO"))
+                                             self.worker_count, self.log_level or "INFO"))
         wait_until(lambda: "ready." in proc.output(), 40, what=f"{name} to be ready")
         return proc
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from layby.ops.embedded import EmbeddedRedis, free_port
@@ -77,11 +78,25 @@ class SmtpServer:
     port: int = field(default_factory=free_port)
     inbox: _Inbox = field(default_factory=_Inbox)
     controller: Controller | None = None
+    # (username, password): the server offers AUTH (in clear, on loopback) and counts the
+    # logins that succeeded.
+    login: tuple[str, str] | None = None
+    logins: int = 0
 
     def start(self) -> SmtpServer:
-        self.controller = Controller(self.inbox, hostname="127.0.0.1", port=self.port)
+        auth: dict[str, Any] = {}
+        if self.login is not None:
+            auth = {"authenticator": self._check_login, "auth_require_tls": False}
+        self.controller = Controller(self.inbox, hostname="127.0.0.1", port=self.port,
+                                     **auth)
         self.controller.start()
         return self
+
+    def _check_login(self, server: Any, session: Any, envelope: Any, mechanism: str,
+                     auth_data: Any) -> AuthResult:
+        given = (auth_data.login.decode(), auth_data.password.decode())
+        self.logins += given == self.login
+        return AuthResult(success=given == self.login)
 
     def stop(self) -> None:
         if self.controller is not None:

@@ -97,3 +97,28 @@ def test_a_wrong_log_setting_says_what_to_use() -> None:
         assert "DEBUG, INFO, WARNING, ERROR, CRITICAL" in str(exc)
     else:
         raise AssertionError("a log level that does not exist was accepted")
+
+
+def test_lines_and_tracebacks_are_scrubbed_of_tokens_and_secrets() -> None:
+    """Whatever a library logs (a URL with a token, an error quoting a key), the line that
+    is written holds neither."""
+    out = io.StringIO()
+    key = "k-0123456789-never-in-a-log"
+    logs.configure(Settings(log_format="json", api_keys=[key]), stream=out)
+    try:
+        log = logging.getLogger("some.library")
+        log.info('"GET /review/t1-abcdefgh-ijklmnop?x=1 HTTP/1.1" 200')
+        log.info("POST /inbound/email?to=reply%2Bt1-abcdefgh-ijklmnop%40example.com")
+        try:
+            raise ValueError(f"refused Bearer {key} for reply+t1-abcdefgh-ijklmnop@x.org")
+        except ValueError:
+            log.exception("failed with %s", key)
+    finally:
+        logging.getLogger().handlers.clear()
+    text = out.getvalue()
+    assert "t1-abcdefgh" not in text and key not in text, text
+    first, second, third = (json.loads(line) for line in text.splitlines())
+    assert first["message"] == '"GET /review/<token>?x=1 HTTP/1.1" 200'
+    assert second["message"] == "POST /inbound/email?to=reply%2B<token>%40example.com"
+    assert third["message"] == "failed with <secret>"
+    assert "ValueError: refused Bearer <secret> for reply+<token>@x.org" in third["exc_info"]

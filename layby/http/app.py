@@ -6,7 +6,6 @@ runtime: it builds one from the LAYBY_* settings and sets up the process's logs.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -34,8 +33,6 @@ from layby.http.metrics import serve as serve_metrics
 from layby.parking import NotReplicated
 
 _RUN_PATH = re.compile(r"^/v1/runs/(?P<run_id>[^/]+)(?:/interrupts/(?P<interrupt_id>[^/]+))?")
-# Reviewer tokens travel in URLs (/review/<token>); access logs must not keep them.
-_TOKEN_IN_PATH = re.compile(r"(/review/)[^/?\s]+")
 
 
 def create_app(runtime: Runtime | None = None) -> FastAPI:
@@ -44,9 +41,8 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
         runtime = build()
         # uvicorn has set up its loggers by the time it calls the factory: send them through
         # layby's handler, so the gateway writes the configured format (JSON with ids, or
-        # text), without reviewer tokens in its access lines.
+        # text), scrubbed of reviewer tokens (its access lines hold /review/<token>).
         logs.configure(runtime.settings)
-        logging.getLogger("uvicorn.access").addFilter(_RedactTokens())
     rt = runtime
 
     @asynccontextmanager
@@ -175,11 +171,3 @@ class _LogIds:
             return await self.app(scope, receive, send)
         with logs.about(**found.groupdict()):
             await self.app(scope, receive, send)
-
-
-class _RedactTokens(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(_TOKEN_IN_PATH.sub(r"\1<token>", a) if isinstance(a, str)
-                                else a for a in record.args)
-        return True

@@ -55,7 +55,9 @@ def sweeper_argv(settings: Settings) -> list[str]:
     # The in-memory scheduler: a fixed interval needs no schedule file to survive restarts.
     return [*celery_argv(settings), "worker", "-Q", SWEEP,
             "-P", "solo", "-B", "--scheduler", "celery.beat:Scheduler", "-n",
-            f"layby-sweeper-{os.getpid()}@%h", "-l", "WARNING"]
+            f"layby-sweeper-{os.getpid()}@%h", "-l",
+            # A sweep a second at INFO would drown what matters; DEBUG asked for is DEBUG.
+            "DEBUG" if settings.log_level == "DEBUG" else "WARNING"]
 
 
 def gateway_argv(host: str, port: int, log_level: str | None = "warning") -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from layby.broker_config import Settings
+from layby.broker_config import Settings, logs
 from layby.errors import ConfigError
 from layby.generation.interrupts import Interrupt
 from layby.reviewers.directory import Directory, Reviewer, load_directory
@@ -28,6 +28,9 @@ class Reviewers:
         with self._lock:
             if self._directory is None or self._directory[0] != stamp:
                 self._directory = (stamp, load_directory(path))
+                logs.keep_out(*(part for r in self._directory[1].reviewers.values()
+                                if r.webhook for part in
+                                (r.webhook.secret, r.webhook.secret.removeprefix("whsec_"))))
             return self._directory[1]
 
     def get(self, reviewer_id: str) -> Reviewer | None:
@@ -48,6 +51,7 @@ class Reviewers:
             if self._keys is None or self._keys[0] != spec:
                 try:
                     self._keys = (spec, parse_keys(spec))
+                    logs.keep_out(*(pair.partition(":")[2] for pair in spec.split(",")))
                 except ValueError as exc:
                     raise ConfigError(f"LAYBY_TOKEN_KEYS is invalid: {exc}") from exc
             return self._keys[1]
