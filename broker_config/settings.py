@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     # A step's claim lapses this long after its worker's last heartbeat (every
     # `heartbeat_s`, by default a third of it): a dead worker's step runs again that soon;
     # a live one keeps its claim however long its model or tools take.
-    lease_s: float = Field(10.0, gt=0)
+    lease_s: float = Field(6.0, gt=0)
     heartbeat_s: float | None = Field(None, gt=0)
     # Queued or resuming this long, a run's task message may be lost (a broker that lost
     # its last second): the sweeper queues its step again.

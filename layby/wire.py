@@ -156,9 +156,14 @@ class Body(Wire):
 
 
 class StartRun(Body):
+    # The document says what the validator below checks: one of the two, not both.
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["input"], "properties": {"input": {"not": {"type": "null"}}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]})
+
     agent: str
     input: Any = None
-    messages: list[Message] | None = None
+    messages: list[Message] | None = Field(None, min_length=1)
     metadata: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -191,6 +196,32 @@ class Answered(Wire):
 
     run: RunView
     resumed: bool
+
+
+class CallbackTaken(Wire):
+    """The reply to a reviewer's callback: its own answer as recorded, not the run."""
+
+    run_id: str
+    interrupt_id: str
+    state: InterruptState
+    answer: Answer | None = None
+    resumed: bool
+
+
+class MailTaken(Wire):
+    """The reply to a reply mail POSTed by a mail provider."""
+
+    run_id: str
+    interrupt_id: str
+    reviewer: str
+    resumed: bool
+
+
+class MailIgnored(Wire):
+    """An automatic reply (out of office): taken, and dropped."""
+
+    ignored: Literal[True]
+    reason: str
 
 
 class ErrorDetail(Wire):

@@ -10,9 +10,13 @@ start a second run: the task id is its idempotency key.
 
 from __future__ import annotations
 
+import os
+import threading
+from contextlib import suppress
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_ready, worker_shutdown
 
 from layby.broker_config import (
     DELIVER_TASK,
@@ -25,6 +29,7 @@ from layby.broker_config import (
 from layby.control import Runtime, commands
 from layby.notifier import delivery, planning
 from layby.tasks import context, jobs
+from layby.tasks.heartbeat import beat_worker
 from layby.tasks.steps import advance
 from layby.tasks.sweeper import sweep
 
@@ -69,7 +74,29 @@ def register(rt: Runtime) -> Celery:
 
     jobs.connect(rt)
     context.connect()
+    _beat_while_up(rt)
     return app
+
+
+def _beat_while_up(rt: Runtime) -> None:
+    """The worker's own heartbeat (`heartbeat.beat_worker`), from ready to shutdown."""
+    stop = threading.Event()
+
+    # The process id too: a worker started again under the same node name (by a supervisor)
+    # is another process, and the dead one's beat must lapse.
+    def ready(sender: Any, **_: Any) -> None:
+        beat_worker(rt.store, f"{sender.hostname}:{os.getpid()}",
+                    rt.settings.heartbeat_interval_s, stop)
+
+    def shutdown(sender: Any, **_: Any) -> None:
+        # A warm shutdown gives reserved messages back to the queue: nothing to reap.
+        stop.set()
+        with suppress(Exception):
+            rt.store.forget_worker(f"{sender.hostname}:{os.getpid()}")
+
+    worker_ready.connect(ready, weak=False, dispatch_uid=f"layby.beat.{id(rt.celery)}")
+    worker_shutdown.connect(shutdown, weak=False,
+                            dispatch_uid=f"layby.beat.end.{id(rt.celery)}")
 
 
 __all__ = ["register"]

@@ -1,4 +1,4 @@
-"""The heartbeat of a claimed step: while a worker runs it, a thread renews the run's lease
+"""Heartbeats. Of a claimed step: while a worker runs it, a thread renews the run's lease
 every LAYBY_HEARTBEAT_S (a third of LAYBY_LEASE_S by default), so a step that takes ten
 minutes keeps its claim, and one whose worker died (a process killed, a machine gone) is
 taken up by the sweeper one lease after its last beat.
@@ -6,6 +6,12 @@ taken up by the sweeper one lease after its last beat.
 A beat that finds the claim taken (a cancel, or the lease lapsed during a long pause and
 another worker took the step) stops beating; the step's own commit is refused by its
 version and owner check, so it never commits twice.
+
+Of a worker (`beat_worker`): its main process holds the task messages it reserved and has
+not started yet; if it dies, they come back only after kombu's visibility timeout (an
+hour). So it beats too, and the sweeper, finding a worker's beat lapsed, queues again
+every run that was waiting when it died (a copy of a message that was not lost finds its
+version taken and does nothing).
 """
 
 from __future__ import annotations
@@ -19,6 +25,21 @@ import redis
 from layby.parking import Store
 
 log = logging.getLogger(__name__)
+
+
+def beat_worker(store: Store, name: str, every_s: float, stop: threading.Event) -> None:
+    """Beat for worker `name` until `stop`, in a thread of its main process."""
+
+    def beat() -> None:
+        while True:
+            try:
+                store.beat_worker(name)
+            except redis.RedisError as exc:  # the store away: beat again when it is back
+                log.warning("worker %s: heartbeat failed (%s); trying again", name, exc)
+            if stop.wait(every_s):
+                return
+
+    threading.Thread(target=beat, name=f"heartbeat {name}", daemon=True).start()
 
 
 class Heartbeat:

@@ -1,7 +1,10 @@
 """The sweeper: publishes what the outbox still holds, queues due notifications (retries,
-reminders, lost sends), applies expiry policies, requeues runs whose worker died, prunes
-finished runs from the indexes. Safe to run anywhere, often, and concurrently: every change
-it makes is a script that re-checks its condition."""
+reminders, lost sends), applies expiry policies, requeues runs whose worker died (a step
+it held, a message it had reserved), requeues every waiting run at once when the store
+comes back from a restart or a failover (its last writes, a task message among them, may
+be gone), prunes finished runs from the indexes.
+Safe to run anywhere, often, and concurrently: every change it makes is a script that
+re-checks its condition."""
 
 from __future__ import annotations
 
@@ -19,10 +22,15 @@ from layby.wire import Answer, InterruptState
 
 log = logging.getLogger(__name__)
 
+# The store's server run id as this process last saw it, by store URL.
+_servers: dict[str, str] = {}
+
 
 def sweep(rt: Runtime) -> dict[str, int]:
     store = rt.store
     counts = {"published": rt.publish(store.claim_outbox()), "expired": 0, "requeued": 0}
+    counts["requeued"] += _after_a_restart(rt)
+    counts["requeued"] += _after_worker_deaths(rt)
     counts["notifications"] = _guarded(delivery.dispatch_due, store, rt.celery, rt.settings)
     for run_id, interrupt_id in store.due_deadlines():
         with about(run_id=run_id, interrupt_id=interrupt_id):
@@ -37,6 +45,43 @@ def sweep(rt: Runtime) -> dict[str, int]:
                                            "its task message is overdue")
     counts["pruned"] = store.prune_finished()
     return counts
+
+
+def _after_a_restart(rt: Runtime) -> int:
+    """Requeue every queued or resuming run once the store's server is a new one: a
+    message it lost would otherwise wait for LAYBY_LOST_MESSAGE_S. A message that was not
+    lost arrives twice; the second finds its version taken and does nothing."""
+    store, url = rt.store, rt.settings.redis_url or ""
+    server, seen = store.server_id(), _servers.get(url)
+    _servers[url] = server
+    if seen is None or seen == server:
+        return 0
+    log.warning("the store is a new server (restarted, or failed over): requeueing every "
+                "waiting run")
+    return _requeue_waiting(rt, store.now_ms(), "the store restarted")
+
+
+def _after_worker_deaths(rt: Runtime) -> int:
+    """Requeue the runs that were waiting when a worker died: the messages it had reserved
+    would otherwise come back after kombu's visibility timeout, or LAYBY_LOST_MESSAGE_S."""
+    requeued = 0
+    for name, last_beat_ms in rt.store.reap_workers():
+        log.warning("worker %s stopped beating (last beat %.1f s ago): requeueing every "
+                    "waiting run", name, (rt.store.now_ms() - last_beat_ms) / 1000)
+        # Up to its death, a lease after its last beat, it may have reserved any of them.
+        requeued += _requeue_waiting(rt, rt.store.now_ms(), f"worker {name} died")
+    return requeued
+
+
+def _requeue_waiting(rt: Runtime, before_ms: int, why: str) -> int:
+    """Requeue every run queued or resuming since before `before_ms`, a page at a time."""
+    requeued, tried = 0, set()
+    while fresh := [r for r in rt.store.waiting(before_ms) if r not in tried]:
+        for run_id in fresh:
+            tried.add(run_id)
+            with about(run_id=run_id):
+                requeued += _guarded(_requeue, rt, run_id, why)
+    return requeued
 
 
 def _guarded(step: Callable[..., int], *args: Any) -> int:

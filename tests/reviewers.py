@@ -8,6 +8,7 @@ import base64
 import email
 import email.policy
 import json
+import re
 import sys
 import threading
 import time
@@ -266,3 +267,18 @@ def own_reviewed(server: EmbeddedRedis, tmp: Path, db: int, smtp: SmtpServer,
         hooks.stop()
         store.flushdb()
         store.close()
+
+
+def issued_tokens(system: ReviewedSystem) -> set[str]:
+    """Every token layby sent out: in its mails' reply addresses and page links, and in
+    its webhook notifications."""
+    found: set[str] = set()
+    for mail in system.smtp.messages:
+        text = mail.as_string()
+        found |= set(re.findall(r"reply\+([a-z0-9-]+)@", text))
+        found |= set(re.findall(r"/review/([A-Za-z0-9_-]+)", text))
+    for delivery in system.hooks.deliveries:
+        body = json.dumps(delivery.json)
+        found |= set(re.findall(r'"token": "([^"]+)"', body))
+        found |= set(re.findall(r"/review/([A-Za-z0-9_-]+)", body))
+    return found

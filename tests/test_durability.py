@@ -304,6 +304,39 @@ def test_parked_runs_survive_a_restart_of_the_redis_server(tmp_path: Path, stop:
         server.stop()
 
 
+@pytest.mark.slow
+def test_after_a_store_restart_a_run_whose_message_was_lost_goes_on_at_once(
+        tmp_path: Path) -> None:
+    """A run queued whose task message the store lost (its last writes before a crash or a
+    failover): once the store is back, the sweeper sees a new server and queues the step
+    again at once, not after LAYBY_LOST_MESSAGE_S (300 s here)."""
+    server = EmbeddedRedis(tmp_path / "valkey").start()
+    system = LaybySystem(server.url, tmp_path / "system",
+                         env_overrides={"LAYBY_LOST_MESSAGE_S": "300"})
+    try:
+        system.start()
+        store = _store(system)
+        run_id = f"run_{uuid.uuid4().hex}"
+        created = store.create_run(run_id, "demo.trivia", input="quiz me",
+                                   messages=[text_message("user", "quiz me")], metadata={},
+                                   idempotency_key=None)
+        store.ack_outbox([e.id for e in created.entries])  # as if published, then lost
+        store.redis.close()
+        time.sleep(2)  # the sweeper has seen the server
+        port = server.port
+        server.kill()
+        server = EmbeddedRedis(server.data_dir, port=port).start()
+        back = time.monotonic()
+
+        single_open(system, run_id)
+        assert time.monotonic() - back < 30
+        assert "run.requeued" in event_types(system, run_id)
+        assert "the store is a new server" in system.procs["sweeper"].output()
+    finally:
+        system.stop()
+        server.stop()
+
+
 # -- the outbox ----------------------------------------------------------------------------
 
 

@@ -94,24 +94,24 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     or has expired (Conflict, naming who answered first), payloads outside their schema
     (Invalid, listing the errors), and with `require_all`, a set that leaves one open.
     The same request again with the same `idempotency_key` (a client retrying after a lost
-    reply or a 503) is its own answer, taken again, not a rival's.
+    reply or a 503) is its own answer, not a rival's: verdict EXISTS, nothing recorded.
     """
     record = rt.store.record(run_id)
     if record is None:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if not entries:
         raise Invalid("no answers given: `resume` needs one entry per open interrupt")
-    ids = [e.interrupt_id for e in entries]
-    if len(set(ids)) != len(ids):
-        raise Invalid(f"an interrupt is answered twice in one request: {ids}")
     specs, answers, open_ids = rt.store.interrupts(run_id)
     by_id = {s.id: s for s in specs}
     request_id = _request_id(by, idempotency_key)
     if idempotency_key is not None and _already_given(run_id, entries, answers, request_id):
-        return Transition(Verdict.OK, record.version)
+        return Transition(Verdict.EXISTS, record.version)  # taken before: nothing new
     records = []
     for entry in entries:
         spec = _answerable(rt, record, entry, by_id, answers, open_ids)
+        if any(r.interrupt_id == spec.id for r in records):
+            raise Invalid(f"interrupt {spec.id} is answered twice in one request",
+                          run_id=run_id)
         records.append(Answer(interrupt_id=spec.id, status=entry.status, payload=entry.payload,
                               metadata=entry.metadata, state=InterruptState(entry.status),
                               answered_by=by, channel=channel, answered_at=now_iso(),

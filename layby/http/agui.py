@@ -21,7 +21,7 @@ import hashlib
 import json
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from ag_ui.core import (
     AssistantMessage,
@@ -48,12 +48,13 @@ from ag_ui.core import (
     UserMessage,
 )
 from ag_ui.encoder import EventEncoder
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from layby.control import Runtime, commands
 from layby.http.deps import Caller, Rt, sane_body
+from layby.http.errors import documented, event_stream
 from layby.http.events import run_events
 from layby.errors import Conflict, Invalid, LaybyError, NotFound
 from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
@@ -363,10 +364,12 @@ async def _refused(encoder: EventEncoder, cursor: Cursor,
 
 
 @router.post("/agui/{agent}", response_class=StreamingResponse,
-             responses={200: {"content": {"text/event-stream": {}}}},
+             responses={200: event_stream("the run as AG-UI events (server-sent events)",
+                                          {"type": "object", "required": ["type"]}),
+                        **documented(400, 401, 404, 413, 422, 503)},
              dependencies=[Depends(sane_body)])
-async def run_agent(agent: str, body: RunAgentInput, request: Request, rt: Rt,
-                    caller: Caller) -> StreamingResponse:
+async def run_agent(agent: Annotated[str, Path(max_length=200)], body: RunAgentInput,
+                    request: Request, rt: Rt, caller: Caller) -> StreamingResponse:
     """Run (or resume) the thread's layby run and stream it as AG-UI events."""
     if agent not in rt.agents:  # a wrong URL, not a run that went wrong
         raise NotFound(f"no agent named {agent!r}", detail={"agents": sorted(rt.agents)})

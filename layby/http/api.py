@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from layby.control import Runtime, commands
 from layby.errors import Invalid
 from layby.generation.interrupts import ResumeEntry
+from layby.parking import Verdict
 from layby.http.deps import Caller, Rt, SaneBody
+from layby.http.errors import documented, event_stream
 from layby.http.events import EVENT_ID, sse
 from layby.wire import (
     Answered,
@@ -29,16 +31,34 @@ from layby.wire import (
     Status,
 )
 
-router = APIRouter(prefix="/v1", tags=["runs"])
+# Every /v1 route needs the key, may meet a body past its limit or a store away.
+router = APIRouter(prefix="/v1", tags=["runs"], responses=documented(401, 422, 503))
 # Deeper pages cost Redis more the deeper they go: past this, narrow by status instead.
 MAX_OFFSET = 10_000
 VIEW = {"response_model_by_alias": True, "response_model_exclude_none": True}
+# Ids as layby makes them (run ids as callers may choose them: `commands.RUN_ID`).
+RunId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
+InterruptId = Annotated[str, Path(min_length=1, max_length=128)]
+IdempotencyKey = Annotated[str | None, Header(
+    max_length=200, description="the same key again (a retry) gets the first reply")]
+
+
+def _links(*operations: str, interrupt: bool = False) -> dict[str, Any]:
+    """OpenAPI links from a reply holding a run to the operations on that run (clients and
+    fuzzers follow them with real ids)."""
+    ids = {"run_id": "$response.body#/id"}
+    if interrupt:
+        ids["interrupt_id"] = "$response.body#/interrupts/0/id"
+    return {"links": {op: {"operationId": op, "parameters": {
+        k: v for k, v in ids.items() if k == "run_id" or op == "answerInterrupt"}}
+        for op in operations}}
 
 
 @router.post("/runs", status_code=202, response_model=RunView, dependencies=[SaneBody],
-             **VIEW)
-def start_run(body: StartRun, rt: Rt, _: Caller,
-              idempotency_key: Annotated[str | None, Header(max_length=200)] = None
+             operation_id="startRun", **VIEW,
+             responses={202: _links("getRun", "cancelRun", "runEvents"),
+                        **documented(400, 404, 409, 413)})
+def start_run(body: StartRun, rt: Rt, _: Caller, idempotency_key: IdempotencyKey = None
               ) -> JSONResponse:
     view, created = commands.start_run(rt, body.agent, input=body.input,
                                        messages=body.messages, metadata=body.metadata,
@@ -47,7 +67,8 @@ def start_run(body: StartRun, rt: Rt, _: Caller,
     return JSONResponse(view.wire(), status_code=202, headers=headers)
 
 
-@router.get("/runs", response_model=RunList, response_model_by_alias=True)
+@router.get("/runs", response_model=RunList, response_model_by_alias=True,
+            operation_id="listRuns")
 def list_runs(rt: Rt, _: Caller, status: Status | None = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
               offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> dict[str, Any]:
@@ -55,39 +76,48 @@ def list_runs(rt: Rt, _: Caller, status: Status | None = None,
     return RunList(runs=runs).wire()
 
 
-@router.get("/runs/{run_id}", response_model=RunView, **VIEW)
-def get_run(run_id: str, rt: Rt, _: Caller) -> dict[str, Any]:
+@router.get("/runs/{run_id}", response_model=RunView, operation_id="getRun", **VIEW,
+            responses={200: _links("answerInterrupt", "cancelRun", interrupt=True),
+                       **documented(404)})
+def get_run(run_id: RunId, rt: Rt, _: Caller) -> dict[str, Any]:
     return commands.get_run(rt, run_id).wire()
 
 
 @router.post("/runs/{run_id}/interrupts/{interrupt_id}", response_model=Answered,
-             dependencies=[SaneBody], **VIEW)
-def answer_one(run_id: str, interrupt_id: str, body: AnswerBody, rt: Rt, caller: Caller,
-               idempotency_key: Annotated[str | None, Header(max_length=200)] = None
-               ) -> dict[str, Any]:
+             dependencies=[SaneBody], responses=documented(400, 404, 409, 413),
+             operation_id="answerInterrupt", **VIEW)
+def answer_one(run_id: RunId, interrupt_id: InterruptId, body: AnswerBody, rt: Rt,
+               caller: Caller, idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
     entry = ResumeEntry(interrupt_id=interrupt_id, status=body.status, payload=body.payload,
                         metadata=body.metadata)
     return _answer(rt, run_id, [entry], caller, require_all=False, key=idempotency_key)
 
 
 @router.post("/runs/{run_id}/resume", response_model=Answered, dependencies=[SaneBody],
-             **VIEW)
-def resume(run_id: str, body: ResumeBody, rt: Rt, caller: Caller,
-           idempotency_key: Annotated[str | None, Header(max_length=200)] = None
-           ) -> dict[str, Any]:
+             responses=documented(400, 404, 409, 413), operation_id="resumeRun", **VIEW)
+def resume(run_id: RunId, body: ResumeBody, rt: Rt, caller: Caller,
+           idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
     return _answer(rt, run_id, body.resume, caller, require_all=True, key=idempotency_key)
 
 
-@router.post("/runs/{run_id}/cancel", response_model=RunView, dependencies=[SaneBody], **VIEW)
-def cancel(run_id: str, rt: Rt, caller: Caller, body: CancelBody | None = None
+@router.post("/runs/{run_id}/cancel", response_model=RunView, dependencies=[SaneBody],
+             responses=documented(400, 404, 409, 413), operation_id="cancelRun", **VIEW)
+def cancel(run_id: RunId, rt: Rt, caller: Caller, body: CancelBody | None = None
            ) -> dict[str, Any]:
     return commands.cancel(rt, run_id, by=caller,
                            reason=body.reason if body else None).wire()
 
 
-@router.get("/runs/{run_id}/events")
-async def events(run_id: str, rt: Rt, _: Caller,
-                 last_event_id: Annotated[str | None, Header()] = None,
+@router.get("/runs/{run_id}/events", response_class=StreamingResponse,
+            operation_id="runEvents", responses={
+                200: event_stream("the run's events, as server-sent events",
+                                  {"$ref": "#/components/schemas/Event"}),
+                **documented(404)})
+async def events(run_id: RunId, rt: Rt, _: Caller,
+                 last_event_id: Annotated[str | None, Header(
+                     max_length=41, json_schema_extra={"pattern": EVENT_ID.pattern},
+                     description="the `id` of the last event read: the stream goes on "
+                                 "after it")] = None,
                  follow: bool = True) -> StreamingResponse:
     # 404 before the stream starts; off the event loop, which serves every open stream.
     await run_in_threadpool(commands.get_run, rt, run_id)
@@ -99,7 +129,7 @@ async def events(run_id: str, rt: Rt, _: Caller,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-@router.get("/agents")
+@router.get("/agents", operation_id="listAgents")
 def agents(rt: Rt, _: Caller) -> dict[str, Any]:
     return {"agents": [{"name": a.name, "description": a.description,
                         "tools": [t.name for t in a.tools]}
@@ -114,5 +144,6 @@ def _answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], caller: str, *
                              require_all=require_all, idempotency_key=key)
     run = commands.get_run(rt, run_id)
     # A retry's answers were taken before: the run resumed then if it left `interrupted`.
-    resumed = bool(result.entries) or run.status is not Status.INTERRUPTED
+    resumed = bool(result.entries) if result.verdict is not Verdict.EXISTS \
+        else run.status is not Status.INTERRUPTED
     return Answered(run=run, resumed=resumed).wire()

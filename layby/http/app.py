@@ -15,6 +15,7 @@ from typing import Any
 import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -31,6 +32,7 @@ from layby.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from layby.http.metrics import render as render_metrics
 from layby.http.metrics import serve as serve_metrics
 from layby.parking import NotReplicated
+from layby.wire import ErrorBody, Event
 
 _RUN_PATH = re.compile(r"^/v1/runs/(?P<run_id>[^/]+)(?:/interrupts/(?P<interrupt_id>[^/]+))?")
 
@@ -66,7 +68,79 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     for router in (api.router, agui.router, reviewers.router, mailbox.router):
         app.include_router(router)
     _plain_routes(app)
+    _document(app, rt)
     return app
+
+
+# Beside the API key (FastAPI's HTTPBearer, from the routes' dependency): what the
+# reviewers' routes take instead.
+_SCHEMES = {
+    "webhookSignature": {
+        "type": "apiKey", "in": "header", "name": "webhook-signature",
+        "description": "a Standard Webhooks signature of the body with the reviewer's "
+                       "webhook secret, with webhook-id and webhook-timestamp; or none, "
+                       "and the notification's `token` in the body"},
+    "inboundBasic": {
+        "type": "http", "scheme": "basic",
+        "description": "LAYBY_INBOUND_MAIL_SECRET as the password (or as a bearer token), "
+                       "when it is set"},
+}
+
+
+def _document(app: FastAPI, rt: Runtime) -> None:
+    """`/openapi.json`: FastAPI's document of the routes, with the security schemes the
+    routes name by hand, and the agents this gateway serves as the values `agent` takes."""
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                                 description=app.description)
+            components = schema.setdefault("components", {})
+            components.setdefault("securitySchemes", {}).update(_SCHEMES)
+            schemas = components.setdefault("schemas", {})
+            for model in (ErrorBody, Event):  # named by hand in `responses`
+                found = model.model_json_schema(by_alias=True,
+                                                ref_template="#/components/schemas/{model}")
+                schemas.update(found.pop("$defs", {}), **{model.__name__: found})
+            _require_tags(schema, schemas)
+            _absent_not_null(schema)
+            agents = {"type": "string", "enum": sorted(rt.agents)}
+            schemas["StartRun"]["properties"]["agent"] = agents
+            for parameter in schema["paths"]["/agui/{agent}"]["post"]["parameters"]:
+                if parameter["name"] == "agent":
+                    parameter["schema"] = {**parameter["schema"], **agents}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _absent_not_null(schema: dict[str, Any]) -> None:
+    """An optional header or query parameter is absent or a string, never JSON's null
+    (FastAPI writes `str | None` as "string or null", which a client would send as the
+    text "null")."""
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                options = parameter.get("schema", {}).get("anyOf", [])
+                kept = [o for o in options if o.get("type") != "null"]
+                if len(kept) == 1 and len(options) == 2:
+                    rest = {k: v for k, v in parameter["schema"].items() if k != "anyOf"}
+                    parameter["schema"] = {**kept[0], **rest}
+
+
+def _require_tags(node: Any, schemas: dict[str, Any]) -> None:
+    """A tagged union's tag (AG-UI's message `role`, a content part's `type`) has a default
+    in its models, yet a value without it cannot be told apart: the document requires it."""
+    if isinstance(node, dict):
+        tag = (node.get("discriminator") or {}).get("propertyName")
+        for ref in (node.get("discriminator") or {}).get("mapping", {}).values():
+            model = schemas.get(ref.rsplit("/", 1)[-1], {})
+            model["required"] = sorted({*model.get("required", []), tag})
+        for value in node.values():
+            _require_tags(value, schemas)
+    elif isinstance(node, list):
+        for value in node:
+            _require_tags(value, schemas)
 
 
 def _handle_errors(app: FastAPI) -> None:
@@ -98,10 +172,21 @@ def _handle_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        found = exc.errors()
         errors = [{"path": "/" + "/".join(str(p) for p in e["loc"][1:]), "message": e["msg"]}
-                  for e in exc.errors()]
+                  for e in found]
+        # The message names the first problem (a header, a query parameter, the body…), so
+        # a client that shows only the message still says what to fix.
+        first = found[0] if found else {"loc": ("request",), "msg": "invalid"}
+        where = " ".join(str(p) for p in first["loc"][:2]) if len(first["loc"]) > 1 \
+            else str(first["loc"][0])
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        name = {"header": "the header", "query": "the query parameter",
+                "path": "the path parameter", "body": "the body at"}
+        kind, _, rest = where.partition(" ")
+        label = f"{name.get(kind, kind)} {rest}".strip()
         return error_response(422, "invalid_request",
-                              "the request body or parameters are invalid", errors)
+                              f"the request is invalid: {label}: {first['msg']}{more}", errors)
 
 
 def _methods_of(app: FastAPI, scope: dict[str, Any]) -> list[str]:

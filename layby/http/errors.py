@@ -39,6 +39,47 @@ STATUS: dict[type[LaybyError], int] = {
 }
 
 
+# What each refusal means, as the API document says it.
+MEANING: dict[int, str] = {
+    400: "the body cannot be read: not JSON, or not a MIME mail",
+    401: "no valid credentials: a missing or unknown API key, or a bad signature",
+    403: "valid credentials that may not do this: a forged, expired or foreign token",
+    404: "no such run, interrupt or agent",
+    409: "not open any more: answered, expired, finished; or an idempotency key reused",
+    413: "the body is past its size limit (LAYBY_MAX_ANSWER_BYTES, LAYBY_MAX_MAIL_BYTES)",
+    422: "the body or a parameter is invalid; `detail` lists what and where",
+    503: "the store (or a setting) is away for now: try again after Retry-After",
+}
+_HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "Bearer"}},
+    503: {"Retry-After": {"schema": {"type": "integer"},
+                          "description": "seconds to wait before trying again"}},
+}
+
+
+ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorBody"}  # `app._document` adds it
+
+
+def event_stream(description: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A 200 of server-sent events, each event described as a reader sees it (its `data`
+    one JSON document of schema `data`)."""
+    return {"description": description, "content": {"text/event-stream": {"schema": {
+        "type": "object", "required": ["data"], "properties": {
+            "event": {"type": "string"}, "id": {"type": "string"},
+            "retry": {"type": "integer"},
+            "data": {"type": "string", "contentMediaType": "application/json",
+                     "contentSchema": data}}}}}}
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses` of a route that may refuse with `statuses`: each with the error
+    body's schema (JSON, whatever the route's own replies are) and its headers."""
+    return {status: {"description": MEANING[status],
+                     "content": {"application/json": {"schema": ERROR_SCHEMA}},
+                     **({"headers": _HEADERS[status]} if status in _HEADERS else {})}
+            for status in statuses}
+
+
 def status_of(exc: LaybyError) -> int:
     for cls in type(exc).__mro__:
         if cls in STATUS:

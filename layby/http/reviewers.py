@@ -15,9 +15,9 @@ import binascii
 import hmac
 import json
 import logging
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -33,17 +33,44 @@ from layby.errors import (
     Unavailable,
 )
 from layby.http.deps import Rt
-from layby.http.errors import status_of
+from layby.http.errors import ERROR_SCHEMA, documented, status_of
 from layby.inbox import answers, callbacks
 from layby.inbox import replies as inbox
 from layby.inbox.forms import DECISIONS, entry_from_form, form_for
 from layby.inbox.pages import render_review
 from layby.reviewers.tokens import BadToken, ExpiredToken
-from layby.wire import InterruptState
+from layby.wire import CallbackTaken, InterruptState, MailIgnored, MailTaken
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(include_in_schema=True, tags=["reviewers"])
+router = APIRouter(include_in_schema=True, tags=["reviewers"],
+                   responses=documented(422, 503))
+
+# What the document says of these routes, which read their bodies themselves (a signature
+# covers the exact bytes; a mail is MIME, not JSON).
+Token = Annotated[str, Path(max_length=200)]
+_PAGE = {"description": "the answer page, saying why when it takes no answer",
+         "content": {"text/html": {"schema": {"type": "string"}}}}
+# A path no route takes (a link cut or mangled past reading) gets the API's JSON 404, a
+# parameter out of its bounds the API's JSON 422.
+_PAGE_OR_JSON = {**_PAGE, "content": {**_PAGE["content"],
+                                      "application/json": {"schema": ERROR_SCHEMA}}}
+_FORM_BODY = {"required": True, "content": {"application/x-www-form-urlencoded": {"schema": {
+    "type": "object", "additionalProperties": {"type": "string"},
+    "properties": {"decision": {"type": "string", "enum": ["approve", "decline"]}},
+    "description": "the page's form: its fields follow what the interrupt asks for"}}}}
+_MAIL_FORM = {"type": "object", "additionalProperties": {"type": "string"}, "properties": {
+    "email": {"type": "string", "minLength": 1,
+              "description": "the raw MIME message (SendGrid)"},
+    "body-mime": {"type": "string", "minLength": 1,
+                  "description": "the raw MIME message (Mailgun)"},
+    "envelope": {"type": "string", "description": "JSON with the recipients in `to`"},
+    "recipient": {"type": "string", "description": "comma-separated recipients"}},
+    "anyOf": [{"required": ["email"]}, {"required": ["body-mime"]}]}
+_MAIL_BODY = {"required": True, "content": {
+    "message/rfc822": {"schema": {"type": "string", "format": "binary"}},
+    "multipart/form-data": {"schema": _MAIL_FORM},
+    "application/x-www-form-urlencoded": {"schema": _MAIL_FORM}}}
 
 
 
@@ -110,8 +137,10 @@ def _open(rt: Runtime, token: str, status: int) -> answers.Opened | HTMLResponse
     return _show(opened, state, status) if state else opened
 
 
-@router.get("/review/{token:path}", response_class=HTMLResponse)
-def review_page(token: str, rt: Rt, decision: str | None = None) -> HTMLResponse:
+@router.get("/review/{token:path}", response_class=HTMLResponse,
+            responses={403: _PAGE, 404: _PAGE_OR_JSON}, openapi_extra={"security": []})
+def review_page(token: Token, rt: Rt,
+                decision: Annotated[str | None, Query(max_length=20)] = None) -> HTMLResponse:
     """The request and its form. Never records anything: mail scanners open links."""
     opened = _open(rt, token, 200)
     if isinstance(opened, HTMLResponse):
@@ -119,8 +148,11 @@ def review_page(token: str, rt: Rt, decision: str | None = None) -> HTMLResponse
     return _show(opened, "open", decision=decision if decision in DECISIONS else None)
 
 
-@router.post("/review/{token:path}", response_class=HTMLResponse)
-async def review_answer(token: str, request: Request, rt: Rt) -> HTMLResponse:
+@router.post("/review/{token:path}", response_class=HTMLResponse,
+             responses={403: _PAGE, 404: _PAGE_OR_JSON, 409: _PAGE, 422: _PAGE_OR_JSON,
+                        **documented(413)},
+             openapi_extra={"security": [], "requestBody": _FORM_BODY})
+async def review_answer(token: Token, request: Request, rt: Rt) -> HTMLResponse:
     form = await request.form()  # the body is held to its limit (`layby.http.limits`)
     values = {k: v for k, v in form.items() if isinstance(v, str)}
     return await run_in_threadpool(_answer_page, rt, token, values)
@@ -144,7 +176,11 @@ def _answer_page(rt: Runtime, token: str, values: dict[str, str]) -> HTMLRespons
     return _show(answers.reopen(rt, opened), "done")
 
 
-@router.post("/callbacks/answers")
+@router.post("/callbacks/answers", response_model=CallbackTaken,
+             responses=documented(400, 401, 403, 404, 409, 413, 422),
+             openapi_extra={"security": [{"webhookSignature": []}, {}], "requestBody": {
+                 "required": True, "content": {"application/json": {
+                     "schema": callbacks.Callback.model_json_schema(by_alias=True)}}}})
 async def callback(request: Request, rt: Rt) -> JSONResponse:
     """A reviewer's system answers: signed per Standard Webhooks with the reviewer's secret
     (and `reviewer` naming them), or carrying the notification's `token`."""
@@ -159,14 +195,20 @@ async def callback(request: Request, rt: Rt) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(callbacks.receive, rt, body, raw, headers))
 
 
-@router.post("/inbound/email")
+@router.post("/inbound/email", response_model=MailTaken | MailIgnored,
+             responses=documented(400, 401, 403, 404, 409, 413, 422),
+             openapi_extra={"security": [{"HTTPBearer": []}, {"inboundBasic": []}, {}],
+                            "requestBody": _MAIL_BODY})
 async def inbound_email(request: Request, rt: Rt) -> JSONResponse:
     """Replies POSTed by a mail provider: raw MIME (`message/rfc822`, recipients in `?to=`),
     or a form with the raw mail in `email` (SendGrid) or `body-mime` (Mailgun) and the
     recipients in `envelope` or `recipient`."""
     _check_provider(rt, request)
-    raw = await request.body()
     recipients = list(request.query_params.getlist("to"))
+    # A forged or stale token in `?to=` is refused before a byte of the body is read:
+    # the server drops the rest of it unread.
+    await run_in_threadpool(inbox.check_envelope, rt, recipients)
+    raw = await request.body()
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.form(max_part_size=rt.settings.max_mail_bytes, max_files=10,
@@ -210,13 +252,15 @@ def _check_provider(rt: Runtime, request: Request) -> None:
 
 
 def _form_recipients(envelope: Any, recipient: Any) -> list[str]:
+    """The recipients a provider's form names. An `envelope` that is not JSON like
+    {"to": [...]} names none: the mail's own headers may still hold the reply address."""
     found: list[str] = []
     if isinstance(envelope, str) and envelope:
         try:
             to = json.loads(envelope).get("to") or []
             found += [to] if isinstance(to, str) else [str(t) for t in to]
         except (ValueError, AttributeError, TypeError):
-            raise Invalid("`envelope` must be JSON like {\"to\": [\"reply+…@…\"]}") from None
+            pass
     if isinstance(recipient, str) and recipient:
         found += [r.strip() for r in recipient.split(",")]
     return found

@@ -17,6 +17,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from layby.control import Runtime, commands
 from layby.errors import Invalid, Unauthorized
 from layby.generation.interrupts import ResumeEntry
+from layby.parking import Transition, Verdict
 from layby.wire import Body, Status
 from layby.inbox import answers
 from layby.reviewers.directory import Reviewer
@@ -34,14 +35,15 @@ class BadSignature(Unauthorized):
 class Callback(Body):
     """An answer POSTed by a reviewer's system."""
 
-    run_id: str
-    interrupt_id: str
+    run_id: str = Field(max_length=128)
+    interrupt_id: str = Field(max_length=128)
     status: str = Field(pattern="^(resolved|cancelled)$")
     payload: Any = None
     metadata: dict[str, Any] | None = None
-    reviewer: str | None = Field(None, description="the signing reviewer's id")
-    token: str | None = Field(None, description="the token from the notification, instead "
-                                                "of a signature")
+    reviewer: str | None = Field(None, max_length=200,
+                                 description="the signing reviewer's id")
+    token: str | None = Field(None, max_length=200, description="the token from the "
+                              "notification, instead of a signature")
 
 
 def receive(rt: Runtime, body: Callback, raw: bytes, headers: dict[str, str]
@@ -58,8 +60,8 @@ def receive(rt: Runtime, body: Callback, raw: bytes, headers: dict[str, str]
         reviewer = _signed(rt, body, raw, headers)
         opened = answers.open_for(rt, reviewer, body.run_id, body.interrupt_id)
         key = key or f"webhook-id:{headers.get('webhook-id', '')}"
-        answers.answer(rt, opened, entry, channel="webhook", idempotency_key=key)
-        return _answered(rt, opened)
+        result = answers.answer(rt, opened, entry, channel="webhook", idempotency_key=key)
+        return _answered(rt, opened, result)
     if not body.token:
         raise Unauthorized("sign the callback per Standard Webhooks with your webhook "
                            "secret (and set \"reviewer\"), or include the notification's "
@@ -68,8 +70,8 @@ def receive(rt: Runtime, body: Callback, raw: bytes, headers: dict[str, str]
     if (opened.run.id, opened.interrupt.id) != (body.run_id, body.interrupt_id):
         raise BadToken("this token was issued for another interrupt "
                        f"({opened.interrupt.id} of run {opened.run.id})")
-    answers.answer(rt, opened, entry, channel="webhook", idempotency_key=key)
-    return _answered(rt, opened)
+    result = answers.answer(rt, opened, entry, channel="webhook", idempotency_key=key)
+    return _answered(rt, opened, result)
 
 
 def verify(secret: str, body: bytes, headers: dict[str, str]) -> None:
@@ -105,12 +107,13 @@ def _signed(rt: Runtime, body: Callback, raw: bytes, headers: dict[str, str]) ->
     return reviewer
 
 
-def _answered(rt: Runtime, opened: answers.Opened) -> dict[str, Any]:
+def _answered(rt: Runtime, opened: answers.Opened, result: Transition) -> dict[str, Any]:
     """What a reviewer's system learns: its own answer as recorded, not the run's history
-    or anyone else's answers; `resumed` once no interrupt of the run waits any more (the
-    same for a retry as for the first callback)."""
+    or anyone else's answers; `resumed` when this answer was the last one the run waited
+    for (a retry learns it from where the run stands)."""
     run = commands.get_run(rt, opened.run.id)
     mine = next(i for i in run.interrupts if i.id == opened.interrupt.id)
+    resumed = bool(result.entries) if result.verdict is not Verdict.EXISTS \
+        else run.status is not Status.INTERRUPTED
     return {"runId": run.id, "interruptId": mine.id, "state": mine.state.value,
-            "answer": mine.answer.wire() if mine.answer else None,
-            "resumed": run.status is not Status.INTERRUPTED}
+            "answer": mine.answer.wire() if mine.answer else None, "resumed": resumed}

@@ -54,6 +54,15 @@ def token_of(message: Mail, envelope_recipients: list[str] | None) -> str:
                    "notification itself, keeping its Reply-To address")
 
 
+def check_envelope(rt: Runtime, envelope_recipients: list[str]) -> None:
+    """Refuse, before the mail is even read, one whose envelope names a reply token that
+    opens nothing (forged, unknown, expired: BadToken). A mail whose envelope holds no
+    token may still hold one in its headers, so it passes."""
+    token = next((t for t in map(token_from_address, envelope_recipients) if t), None)
+    if token is not None:
+        answers.open_token(rt, token)
+
+
 def receive(rt: Runtime, raw: bytes, envelope_recipients: list[str] | None = None
             ) -> Received:
     """Answer with a reply mail. Raises MailTooLarge, MalformedMail, BadToken/WrongSender,
@@ -64,8 +73,8 @@ def receive(rt: Runtime, raw: bytes, envelope_recipients: list[str] | None = Non
     # token is refused before the body is parsed at all.
     head = parse_mail(raw, headers_only=True)
     if head.automatic:
-        raise AutomaticReply(f"an automatic reply from {head.sender} (out of office, "
-                             "vacation) is not an answer; nothing was recorded")
+        raise AutomaticReply(f"an automatic reply from {head.sender or 'a robot'} (out of "
+                             "office, vacation) is not an answer; nothing was recorded")
     opened = answers.open_token(rt, token_of(head, envelope_recipients))
     message = parse_mail(raw)
     # The From header, not the envelope sender: providers rewrite the envelope (bounce

@@ -92,6 +92,10 @@ class Keys:
         return f"{self.prefix}:leases"
 
     @property
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"
+
+    @property
     def outbox(self) -> str:
         return f"{self.prefix}:outbox"
 

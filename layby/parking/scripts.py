@@ -1,7 +1,7 @@
 """Loads the Lua transition scripts in `lua/`, each registered once per client.
 
 Run scripts get the shared prelude (`lua/_prelude.lua`) and the KEYS layout it documents;
-scripts on global keys only (outbox, due notifications) stand alone.
+scripts on global keys only (outbox, due notifications, live workers) stand alone.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from importlib import resources
 from redis import Redis
 from redis.commands.core import Script
 
-RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "advance_turn", "park_run",
-               "complete_run", "fail_run", "cancel_run", "answer_interrupts",
+RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "advance_turn",
+               "park_run", "complete_run", "fail_run", "cancel_run", "answer_interrupts",
                "expire_interrupt", "requeue_run", "plan_notifications", "start_delivery",
                "finish_delivery", "retry_notifications")
 # Scripts on global keys only, without the prelude.
-STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications")
+STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
+                      "beat_worker", "reap_workers")
 
 # Upper bounds (seconds) of the latency histograms the scripts count in `stats`: park →
 # answer (people: seconds to days), last answer → a worker taking the run up (queues).

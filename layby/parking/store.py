@@ -53,7 +53,7 @@ class StoreConfig:
     prefix: str = "layby"
     retention_s: int = 7 * 24 * 3600
     idempotency_ttl_s: int = 24 * 3600
-    lease_ms: int = 10_000  # a claim lapses this long after its worker's last heartbeat
+    lease_ms: int = 6_000  # a claim lapses this long after its worker's last heartbeat
     lost_message_ms: int = 300_000  # queued or resuming this long: its message may be lost
     events_max: int = 2000
     outbox_grace_ms: int = 10_000
@@ -406,6 +406,32 @@ class Store:
         return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING),
                                               self.now_ms() - older_than_ms, limit)
 
+    def beat_worker(self, name: str) -> None:
+        """A worker process is alive: its reserved messages are its own for one lease."""
+        self._scripts["beat_worker"](keys=[self.keys.workers],
+                                     args=[name, self.config.lease_ms])
+
+    def reap_workers(self) -> list[tuple[str, int]]:
+        """Workers whose beat lapsed, once each, with their last beat (epoch ms)."""
+        raw = self._scripts["reap_workers"](keys=[self.keys.workers],
+                                            args=[self.config.lease_ms])
+        return [(_text(raw[i]), int(_text(raw[i + 1]))) for i in range(0, len(raw), 2)]
+
+    def forget_worker(self, name: str) -> None:
+        """A worker that stopped cleanly (its reserved messages went back to the queue)."""
+        self.redis.zrem(self.keys.workers, name)
+
+    def server_id(self) -> str:
+        """The Redis server's run id: a new one after a restart or a failover, when the
+        server may have lost the last writes before it (a task message among them)."""
+        return str(self.redis.info("server").get("run_id", ""))
+
+    def waiting(self, before_ms: int, limit: int = 200) -> list[str]:
+        """Every run queued or resuming since before `before_ms`, a page at a time: a
+        requeued run leaves the scan, its place in the index refreshed past it."""
+        return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING), before_ms,
+                                              limit)
+
     def retention_cutoff_ms(self) -> int:
         """Finished runs that ended before this are past retention."""
         return self.now_ms() - self.config.retention_s * 1000
@@ -413,6 +439,10 @@ class Store:
     def prune_finished(self) -> int:
         """Drop index entries of finished runs whose keys have expired."""
         return self.runs.prune_finished_before(self.retention_cutoff_ms())
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _stored(note: Notification) -> dict[str, Any]:

@@ -1,0 +1,165 @@
+"""What every scenario shares: its outcome (figures against targets), a layby system of
+its own on loopback, and the user's side of a run (start it, approve what it asks, read the
+demo ledger for side effects that happened twice)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from layby.ops.embedded import EmbeddedRedis
+from tests.harness import LaybySystem
+
+FINISHED = {"completed", "failed", "cancelled"}
+
+
+@dataclass
+class Outcome:
+    """A scenario's figures, and each target with whether it was met."""
+
+    name: str
+    figures: dict[str, Any] = field(default_factory=dict)
+    targets: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(self.targets.values())
+
+
+@dataclass
+class Size:
+    """How big a run of the suite is: `--short` for CI, the full one for the README."""
+
+    short: bool
+
+    def pick(self, short: Any, full: Any) -> Any:
+        return short if self.short else full
+
+
+# The settings' own defaults where the tests' harness shortens them: the figures are those
+# of a deployment as shipped.
+AS_SHIPPED = {"LAYBY_LEASE_S": "6", "LAYBY_LOST_MESSAGE_S": "300",
+              "LAYBY_VISIBILITY_TIMEOUT_S": "3600", "LAYBY_SWEEP_INTERVAL_S": "1.0",
+              "LAYBY_OUTBOX_GRACE_S": "10"}
+
+
+def system(folder: Path, server: EmbeddedRedis | None = None, workers: int = 2,
+           **env: str) -> tuple[LaybySystem, EmbeddedRedis]:
+    """A started layby system (worker, sweeper, gateway) on its own Valkey, with the
+    settings as shipped unless `env` says otherwise."""
+    server = server or EmbeddedRedis(folder / "valkey").start()
+    running = LaybySystem(server.url, folder / "system", worker_count=workers,
+                          env_overrides={**AS_SHIPPED, **env})
+    return running.start(), server
+
+
+def start_runs(system: LaybySystem, count: int, text: str = "Send {i} to Bob",
+               agent: str = "demo.transfer", batch: str = "runs") -> list[str]:
+    """Start `count` runs as a client that retries would: a retry after a 503 or a lost
+    reply carries the same Idempotency-Key, so it is the same run."""
+    with system.api() as api:
+        ids = []
+        for i in range(count):
+            reply = _retrying(lambda i=i: api.post(  # type: ignore[misc]
+                "/v1/runs", json={"agent": agent, "input": text.format(i=i + 1)},
+                headers={"Idempotency-Key": f"faults-{batch}-{i}"}))
+            ids.append(reply.json()["id"])
+        return ids
+
+
+def _retrying(call: Any, seconds: float = 60) -> httpx.Response:
+    """A request a user's client would retry: 503s (the store away) and lost connections."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            reply = call()
+            if reply.status_code < 500:
+                return reply  # type: ignore[no-any-return]
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the gateway kept failing for a minute")
+        time.sleep(0.2)
+
+
+class Approver(threading.Thread):
+    """Approves every open interrupt of `runs` as it appears (an Idempotency-Key per
+    interrupt, so a retry after a 503 is the same answer), and notes when each run ends."""
+
+    def __init__(self, system: LaybySystem, runs: Iterable[str]) -> None:
+        super().__init__(daemon=True)
+        self.system = system
+        self.pending = set(runs)
+        self.finished: dict[str, tuple[str, float]] = {}  # run → (status, when)
+        self.halt = threading.Event()
+        self.lock = threading.Lock()  # `track` adds runs from another thread
+
+    def run(self) -> None:
+        with self.system.api() as api:
+            while not self.halt.is_set():
+                with self.lock:
+                    todo = sorted(self.pending)
+                for run_id in todo:
+                    if self.halt.is_set():
+                        return
+                    self._visit(api, run_id)
+                time.sleep(0.2)
+
+    def track(self, runs: Iterable[str]) -> None:
+        """Approve these runs' interrupts too (runs started after the approver)."""
+        with self.lock:
+            self.pending.update(r for r in list(runs) if r not in self.finished)
+
+    def _visit(self, api: httpx.Client, run_id: str) -> None:
+        try:
+            reply = api.get(f"/v1/runs/{run_id}")
+            if reply.status_code != 200:
+                return
+            run = reply.json()
+            if run["status"] in FINISHED:
+                with self.lock:
+                    self.finished[run_id] = (run["status"], time.monotonic())
+                    self.pending.discard(run_id)
+                return
+            for intr in run["interrupts"]:
+                if intr["state"] == "open":
+                    api.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}",
+                             json={"status": "resolved", "payload": {"approved": True}},
+                             headers={"Idempotency-Key": f"approve-{intr['id']}"})
+        except httpx.HTTPError:
+            pass  # the gateway or the store away for a moment: the next pass retries
+
+    def wait(self, seconds: float) -> bool:
+        """Whether every run ended within `seconds`."""
+        deadline = time.monotonic() + seconds
+        while self.pending and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.halt.set()
+        self.join(10)
+        return not self.pending
+
+
+def transfers(system: LaybySystem, runs: Iterable[str]) -> tuple[int, int]:
+    """Of `runs`: how many moved money, and how many moved it more than once."""
+    wanted = set(runs)
+    counts = Counter(t["run"] for t in _retrying(
+        lambda: httpx.get(f"{system.base_url}/demo/ledger", timeout=30)).json()
+        .get("transfers", []) if t["run"] in wanted)
+    return len(counts), sum(1 for n in counts.values() if n > 1)
+
+
+def run_figures(runs: list[str], approver: Approver, system: LaybySystem
+                ) -> dict[str, Any]:
+    completed = sum(1 for s, _ in approver.finished.values() if s == "completed")
+    moved, twice = transfers(system, runs)
+    return {"runs": len(runs), "completed": completed,
+            "lost": len(runs) - len(approver.finished),
+            "failed": len(approver.finished) - completed,
+            "transfers": moved, "duplicate side effects": twice}

@@ -1,0 +1,207 @@
+"""What the reviewer scenarios share: a reviewed layby system of their own with every
+process at DEBUG (an SMTP server asking for a login, the inbound-mail webhook behind a
+secret, a webhook reviewer), runs parked on their approval, and each way one is answered
+(the API, the answer page, the inbound-mail webhook, an SMTP reply, a callback carrying
+Alice's or hookbot's token, a callback signed by hookbot), each reporting what it was told."""
+
+from __future__ import annotations
+
+import html
+import logging
+import re
+import smtplib
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from email.message import EmailMessage
+from pathlib import Path
+
+import httpx
+
+from layby.ops.embedded import EmbeddedRedis
+from tests.harness import LaybySystem
+from tests.reviewers import (
+    ReviewedSystem,
+    SmtpServer,
+    WebhookReceiver,
+    link_in,
+    reviewed_system,
+)
+from tests.test_reviewer_answers import (
+    ALICE,
+    callback_body,
+    compose,
+    hook_token,
+    notification,
+    post_callback,
+    reply_address,
+    signature_headers,
+    smtp_refusal,
+    smtp_send,
+    token_of,
+)
+
+SMTP_LOGIN = ("layby-mailer", "smtp-pass-Rq47-never-logged")
+INBOUND_SECRET = "inbound-secret-Vt93-never-logged"
+
+
+@contextmanager
+def reviewed(folder: Path) -> Iterator[ReviewedSystem]:
+    """A started reviewed system on a Valkey of its own, every process at DEBUG (the most
+    a log can say), stopped with its SMTP server and webhook receiver afterwards."""
+    # aiosmtpd warns of its own deprecated attribute at each login: noise in the report.
+    logging.getLogger("mail.log").setLevel(logging.ERROR)
+    server = EmbeddedRedis(folder / "valkey").start()
+    smtp = SmtpServer(login=SMTP_LOGIN).start()
+    hooks = WebhookReceiver().start()
+    system = LaybySystem(server.url, folder / "system", log_level="DEBUG")
+    try:
+        yield reviewed_system(system, folder / "system", smtp, hooks,
+                              LAYBY_SMTP_USERNAME=SMTP_LOGIN[0],
+                              LAYBY_SMTP_PASSWORD=SMTP_LOGIN[1],
+                              LAYBY_INBOUND_MAIL_SECRET=INBOUND_SECRET)
+    finally:
+        system.stop()
+        hooks.stop()
+        smtp.stop()
+        server.stop()
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A run waiting on its one approval, with what its reviewers were sent: Alice's mail
+    (its token in the reply address and the page link) and hookbot's webhook token."""
+
+    run_id: str
+    interrupt_id: str
+    mail: EmailMessage
+    hook_token: str
+
+    @property
+    def page(self) -> str:
+        return link_in(self.mail, "/review/").split("?")[0]
+
+
+def park(reviewed: ReviewedSystem, count: int, first: int = 1) -> list[Parked]:
+    """`count` demo.transfer runs, each parked on its approval and notified."""
+    ids = [reviewed.start_run("demo.transfer", f"Send {first + i} to Bob")["id"]
+           for i in range(count)]
+    parked = []
+    for run_id in ids:
+        reviewed.system.wait_status(run_id, "interrupted", timeout=60)
+        mail = notification(reviewed, run_id)
+        parked.append(Parked(run_id, mail["X-Layby-Interrupt"], mail,
+                             hook_token(reviewed, run_id)))
+    return parked
+
+
+# -- answering ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One answer sent and what came back. `note` is in the answer's payload, so the
+    recorded answer says whose it is; `code` is the HTTP status or the SMTP reply code
+    (0: no reply at all); `taken` whether the reply says the answer was recorded."""
+
+    channel: str
+    note: str
+    code: int
+    said: str
+    taken: bool
+
+
+def approve(reviewed: ReviewedSystem, run: Parked, channel: str, note: str) -> Attempt:
+    """Approve `run` through `channel`, with `note`."""
+    return SENDERS[channel](reviewed, run, note)
+
+
+def _by_api(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
+    return _http("api", note, lambda: reviewed.system.answer(
+        run.run_id, run.interrupt_id, payload={"approved": True, "note": note}))
+
+
+def _by_page(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
+    return _http("page", note, lambda: httpx.post(
+        run.page, data={"decision": "approve", "note": note}, timeout=60))
+
+
+def _by_inbound(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
+    raw = compose(run.mail, f"approve, {note}").as_bytes()
+    return _http("inbound", note, lambda: httpx.post(
+        f"{reviewed.system.base_url}/inbound/email", content=raw,
+        params={"to": reply_address(run.mail)}, timeout=60,
+        headers={"Content-Type": "message/rfc822",
+                 "Authorization": f"Bearer {INBOUND_SECRET}"}))
+
+
+def _by_token_callback(token_of_run: Callable[[Parked], str], name: str
+                       ) -> Callable[[ReviewedSystem, Parked, str], Attempt]:
+    """A reviewer's system that cannot sign, sending back the token it was given."""
+    def send(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
+        body = callback_body(run.run_id, run.interrupt_id, {"approved": True, "note": note},
+                             reviewer=None, token=token_of_run(run))
+        return _http(name, note, lambda: post_callback(reviewed, body))
+    return send
+
+
+def _by_signed_callback(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
+    # A webhook-id of its own (not one from the clock, which two threads may read alike):
+    # another answer, not a retry of someone else's.
+    body = callback_body(run.run_id, run.interrupt_id, {"approved": True, "note": note})
+    headers = signature_headers(body, webhook_id=f"msg_{uuid.uuid4().hex}")
+    return _http("signed callback", note, lambda: post_callback(reviewed, body, headers))
+
+
+def _by_smtp(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
+    raw = compose(run.mail, f"approve, {note}").as_bytes()
+    try:
+        said = smtp_send(reviewed.reply_port, raw, ALICE, reply_address(run.mail))
+    except (smtplib.SMTPRecipientsRefused, smtplib.SMTPResponseException) as exc:
+        code, why = smtp_refusal(exc)
+        return Attempt("smtp", note, code, why, False)
+    except (smtplib.SMTPException, OSError) as exc:
+        return Attempt("smtp", note, 0, repr(exc), False)
+    return Attempt("smtp", note, int(said[:3]), said, said.startswith("250 2.0.0 Answer "
+                                                                       "recorded"))
+
+
+SENDERS: dict[str, Callable[[ReviewedSystem, Parked, str], Attempt]] = {
+    "api": _by_api, "page": _by_page, "inbound": _by_inbound, "smtp": _by_smtp,
+    "mail token callback": _by_token_callback(lambda run: token_of(run.mail),
+                                              "mail token callback"),
+    "hook token callback": _by_token_callback(lambda run: run.hook_token,
+                                              "hook token callback"),
+    "signed callback": _by_signed_callback}
+# Every way a reviewer (or their system) answers, and the run's owner through the API.
+CHANNELS = tuple(SENDERS)
+
+
+def _http(channel: str, note: str, send: Callable[[], httpx.Response]) -> Attempt:
+    try:
+        reply = send()
+    except httpx.HTTPError as exc:
+        return Attempt(channel, note, 0, repr(exc), False)
+    return Attempt(channel, note, reply.status_code, _reason(reply),
+                   200 <= reply.status_code < 300 and not _ignored(reply))
+
+
+def _ignored(reply: httpx.Response) -> bool:
+    """A mail taken and dropped (an automatic reply): a 200 that recorded nothing."""
+    try:
+        return reply.json().get("ignored") is True  # type: ignore[no-any-return]
+    except (ValueError, AttributeError):
+        return False
+
+
+def _reason(reply: httpx.Response) -> str:
+    """What a reply says, in one line: a JSON error's message, the answer page's status
+    paragraph, or the start of the body."""
+    try:
+        return str(reply.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    status = re.search(r'<p class="status">(.*?)</p>', reply.text, re.DOTALL)
+    text = status.group(1) if status else reply.text
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())[:300]

@@ -1,0 +1,9 @@
+-- beat_worker: a worker process (Celery's main process, which holds the messages it has
+-- reserved) says it is alive: its entry in workers is pushed to now + lease.
+-- KEYS: 1 workers (zset: worker name → lease end, ms)
+-- ARGV: 1 worker name, 2 lease (ms)
+-- Returns the lease end.
+local t = redis.call('TIME')
+local until_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], until_ms, ARGV[1])
+return until_ms

@@ -1,0 +1,117 @@
+"""The API document is honest: `/openapi.json` says, for every operation, how it is
+secured, what it takes (JSON, forms, raw mail) and every status it can answer with the
+error body's schema; event streams are `text/event-stream`. Then Schemathesis, reading only
+that document, sends thousands of generated requests to a real gateway (every check, every
+phase, stateful links; with the API key and real run and interrupt ids, and without a
+key) and finds nothing: no 5xx, no undocumented status or content type, no valid request
+refused, no invalid one taken. Bounded here (`tests/schemathesis.toml`); the README gives
+the long run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from layby.ops.embedded import EmbeddedRedis
+from tests.harness import API_KEY
+from tests.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, own_reviewed
+
+CONFIG = Path(__file__).with_name("schemathesis.toml")
+DB = 10  # the reviewer tests' Valkey server, a database of this module's own
+KEYED = ("/v1/", "/agui/")
+
+
+@pytest.fixture(scope="module")
+def fuzzed(reviewer_redis: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[ReviewedSystem]:
+    """A reviewed system of this module's own: the fuzzer starts, answers and cancels
+    hundreds of runs, which no other test should see."""
+    with own_reviewed(reviewer_redis, tmp_path_factory.mktemp("fuzzed"), DB,
+                      SmtpServer().start(), WebhookReceiver().start()) as running:
+        yield running
+
+
+def _document(base_url: str) -> dict[str, Any]:
+    got = httpx.get(f"{base_url}/openapi.json", timeout=30)
+    assert got.status_code == 200
+    return got.json()  # type: ignore[no-any-return]
+
+
+def test_the_document_says_what_every_operation_takes_and_answers(
+        fuzzed: ReviewedSystem) -> None:
+    doc = _document(fuzzed.system.base_url)
+    schemes = doc["components"]["securitySchemes"]
+    assert {"HTTPBearer", "webhookSignature", "inboundBasic"} <= schemes.keys()
+    for path, operations in doc["paths"].items():
+        for method, op in operations.items():
+            where = f"{method.upper()} {path}"
+            assert op.get("operationId"), where
+            assert "security" in op, f"{where} does not say how it is secured"
+            responses = op["responses"]
+            assert "503" in responses, f"{where}: the store away is undocumented"
+            for status, response in responses.items():
+                if status.startswith(("4", "5")) and "application/json" in \
+                        response.get("content", {}):
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/ErrorBody"}, where
+            if path.startswith(KEYED):
+                assert op["security"] == [{"HTTPBearer": []}], where
+                assert {"401", "422"} <= responses.keys(), where
+            if method == "post" and path.startswith(KEYED):
+                assert "413" in responses, f"{where}: the body limit is undocumented"
+    paths = doc["paths"]
+    callback = paths["/callbacks/answers"]["post"]
+    assert callback["requestBody"]["content"]["application/json"]["schema"]["properties"][
+        "interruptId"]
+    assert callback["security"] == [{"webhookSignature": []}, {}]
+    inbound = paths["/inbound/email"]["post"]["requestBody"]["content"]
+    assert {"message/rfc822", "multipart/form-data",
+            "application/x-www-form-urlencoded"} <= inbound.keys()
+    assert "application/x-www-form-urlencoded" in \
+        paths["/review/{token}"]["post"]["requestBody"]["content"]
+    for stream in (paths["/v1/runs/{run_id}/events"]["get"],
+                   paths["/agui/{agent}"]["post"]):
+        assert list(stream["responses"]["200"]["content"]) == ["text/event-stream"]
+    assert "demo.transfer" in doc["components"]["schemas"]["StartRun"]["properties"][
+        "agent"]["enum"]
+    runs = paths["/v1/runs"]["get"]["parameters"]
+    bounds = {p["name"]: p["schema"] for p in runs}
+    assert bounds["limit"]["maximum"] == 500 and bounds["offset"]["maximum"] == 10_000
+
+
+def _schemathesis(base_url: str, tmp: Path, *args: str, extra_config: str = ""
+                  ) -> subprocess.CompletedProcess[str]:
+    config = tmp / "schemathesis.toml"
+    config.write_text(CONFIG.read_text() + extra_config)
+    return subprocess.run(
+        [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run",
+         f"{base_url}/openapi.json", "--max-examples", "10", "--workers", "2",
+         "--seed", "20261125", *args],
+        capture_output=True, text=True, timeout=600, cwd=tmp, check=False)
+
+
+def test_schemathesis_finds_nothing_with_the_key_and_real_ids(
+        fuzzed: ReviewedSystem, tmp_path: Path) -> None:
+    run_id = fuzzed.start_run("demo.transfer", "Send 70 to Ida")["id"]
+    (interrupt,) = fuzzed.system.open_interrupts(fuzzed.parked(run_id))
+    ids = f'\n[parameters]\nrun_id = "{run_id}"\ninterrupt_id = "{interrupt["id"]}"\n'
+
+    done = _schemathesis(fuzzed.system.base_url, tmp_path,
+                         "-H", f"Authorization: Bearer {API_KEY}", extra_config=ids)
+
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert "passed" in done.stdout and "Stateful" in done.stdout
+
+
+def test_schemathesis_finds_nothing_without_a_key(fuzzed: ReviewedSystem,
+                                                  tmp_path: Path) -> None:
+    done = _schemathesis(fuzzed.system.base_url, tmp_path)
+
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert "passed" in done.stdout
