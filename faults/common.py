@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +103,46 @@ class Approver(threading.Thread):
         self.lock = threading.Lock()  # `track` adds runs from another thread
 
     def run(self) -> None:
+        # Each pass reads the lists of waiting and finished runs, not every run: a pass
+        # stays short with a thousand runs going.
         with self.system.api() as api:
             while not self.halt.is_set():
-                with self.lock:
-                    todo = sorted(self.pending)
-                for run_id in todo:
-                    if self.halt.is_set():
-                        return
-                    self._visit(api, run_id)
+                try:
+                    waiting = self._listed(api, "interrupted")
+                    for run_id in sorted(waiting):
+                        if self.halt.is_set():
+                            return
+                        with self.lock:
+                            mine = run_id in self.pending
+                        if mine:
+                            self._visit(api, run_id)
+                    for status in sorted(FINISHED):
+                        self._note_finished(status, self._listed(api, status))
+                except (httpx.HTTPError, ValueError, KeyError):
+                    pass  # the gateway or the store away for a moment: the next pass retries
                 time.sleep(0.2)
+
+    @staticmethod
+    def _listed(api: httpx.Client, status: str) -> dict[str, str]:
+        """Runs in `status` (id → when they last changed), every page of them."""
+        found: dict[str, str] = {}
+        for offset in range(0, 10_001, 500):
+            page = api.get("/v1/runs", params={"status": status, "limit": 500,
+                                               "offset": offset}).json()["runs"]
+            found.update((r["id"], r["updatedAt"]) for r in page)
+            if len(page) < 500:
+                break
+        return found
+
+    def _note_finished(self, status: str, runs: dict[str, str]) -> None:
+        # When each ended, by the run's own clock, on this process's monotonic one.
+        offset = time.monotonic() - time.time()
+        with self.lock:
+            for run_id, updated in runs.items():
+                if run_id in self.pending:
+                    ended = datetime.fromisoformat(updated).timestamp() + offset
+                    self.finished[run_id] = (status, ended)
+                    self.pending.discard(run_id)
 
     def track(self, runs: Iterable[str]) -> None:
         """Approve these runs' interrupts too (runs started after the approver)."""

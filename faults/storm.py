@@ -1,6 +1,6 @@
 """The SIGKILL storm: workers die every 2-5 s (the whole worker with its pool, as when a
 machine disappears, or one pool child) while runs of a transfer go through their
-approvals; once approved, its step waits half a second before it moves the money
+approvals; once approved, its step waits 0.2 s before it moves the money
 (`test.careful_transfer`), so kills land on steps that are running. Figures: runs, completed, lost, duplicate transfers, the longest wait between a
 crash and the steps it interrupted running again, and the time from the last kill until
 every run finished."""
@@ -15,9 +15,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-import httpx
 import psutil
 
 from faults.common import Approver, Outcome, Size, run_figures, start_runs, system
@@ -31,7 +29,7 @@ def run(size: Size, folder: Path) -> Outcome:
     count, storm_s = size.pick((100, 30.0), (1000, 120.0))
     # Four pool processes: the steps mostly wait (as model calls do), and the queue must not
     # be what runs wait for.
-    layby, server = system(folder / "storm", workers=4, LAYBY_TEST_BEFORE_TRANSFER_S="0.5",
+    layby, server = system(folder / "storm", workers=4, LAYBY_TEST_BEFORE_TRANSFER_S="0.2",
                            LAYBY_AGENT_MODULES=AGENTS)
     try:
         # Runs arrive all through the storm, so every kill finds steps running.
@@ -41,28 +39,28 @@ def run(size: Size, folder: Path) -> Outcome:
         starter.start()
         approver = Approver(layby, [])
         approver.start()
-        waits: list[float] = []
-        kills = _storm(layby, storm_s, waits, approver, runs)
-        last_kill = time.monotonic()
+        hits: list[tuple[str, float]] = []
+        kills = _storm(layby, storm_s, hits, approver, runs)
+        last_kill, last_kill_wall = time.monotonic(), time.time()
         starter.join(120)
         approver.track(runs)
         finished = approver.wait(120)
-        _drain(waits)
+        waits = _reruns(layby, hits)
         outcome = Outcome(NAME, {**run_figures(runs, approver, layby), "kills": kills,
                                  "storm (s)": storm_s})
         ends = [at for _, at in approver.finished.values()]
-        longest = max(waits, default=0.0)
-        outcome.figures["longest crash-to-rerun wait (s)"] = round(longest, 1)
-        outcome.figures["last kill to every run finished (s)"] = \
+        longest, slowest = max(waits, default=(0.0, ""))
+        f = outcome.figures
+        f["steps a kill landed on"] = len(waits)
+        f["longest crash-to-rerun wait (s)"] = round(longest, 1)
+        f["last kill to every run finished (s)"] = \
             round(max(max(ends, default=last_kill) - last_kill, 0.0), 1) if finished \
             else "never"
-        outcome.figures["steps interrupted by a kill"] = len(waits)
         for run_id in sorted(approver.pending)[:3]:  # what a run that never ended shows
-            outcome.figures[f"unfinished {run_id}"] = [
-                layby.run(run_id)["status"], *_history(layby, run_id, last_kill)]
-        if longest >= 10 and _slowest:  # what it waited for, to see why
-            outcome.figures["slowest run's events after the kill"] = _history(layby, *_slowest)
-        f = outcome.figures
+            f[f"unfinished {run_id}"] = _history(layby, run_id, last_kill_wall)
+        if longest >= 10:  # what it waited for, to see why
+            killed_at = max(at for r, at in hits if r == slowest)
+            f["slowest run's events around its kill"] = _history(layby, slowest, killed_at)
         outcome.targets = {
             "all completed": f["completed"] == count,
             "0 lost": f["lost"] == 0,
@@ -78,20 +76,17 @@ def run(size: Size, folder: Path) -> Outcome:
         server.stop()
 
 
-_pending_watches: list[threading.Thread] = []
-_slowest: list[Any] = []  # the run that waited longest, and when its worker was killed
-
-
 def _arrive(layby: LaybySystem, count: int, seconds: float, runs: list[str]) -> None:
-    """Start `count` runs spread evenly over `seconds`."""
-    gap = seconds / count
+    """Start `count` runs spread evenly over `seconds` (on a schedule: a slow start does
+    not push the later ones past the storm)."""
+    began, gap = time.monotonic(), seconds / count
     for i in range(count):
         runs.extend(start_runs(layby, 1, agent="test.careful_transfer", batch=f"storm-{i}"))
-        time.sleep(gap)
+        time.sleep(max(0.0, began + (i + 1) * gap - time.monotonic()))
 
 
-def _storm(layby: LaybySystem, seconds: float, waits: list[float], approver: Approver,
-           runs: list[str]) -> int:
+def _storm(layby: LaybySystem, seconds: float, hits: list[tuple[str, float]],
+           approver: Approver, runs: list[str]) -> int:
     """Kill a worker (all of it, or one pool child) every 2-5 s for `seconds`; a dead
     worker is started again, as its process manager would."""
     rng = random.Random(20261125)
@@ -108,18 +103,15 @@ def _storm(layby: LaybySystem, seconds: float, waits: list[float], approver: App
         assert main is not None
         running = _running(layby)
         children = psutil.Process(main.pid).children()
-        if kills % 2 == 0 or not children:  # the whole worker: no goodbye
-            os.killpg(main.pid, signal.SIGKILL)
+        whole = kills % 2 == 0 or not children  # the whole worker: no goodbye
+        os.killpg(main.pid, signal.SIGKILL) if whole else \
+            os.kill(rng.choice(children).pid, signal.SIGKILL)
+        hits.extend((run_id, time.time()) for run_id in running)
+        kills += 1
+        if whole:
             main.wait()
             generation += 1
             layby.start_worker(f"worker-{generation}")
-        else:
-            os.kill(rng.choice(children).pid, signal.SIGKILL)
-        kills += 1
-        watch = threading.Thread(target=_watch, args=(layby, running, time.monotonic(),
-                                                      waits), daemon=True)
-        watch.start()
-        _pending_watches.append(watch)
     return kills
 
 
@@ -130,41 +122,27 @@ def _running(layby: LaybySystem) -> dict[str, int]:
     return {r["id"]: r["version"] for r in found["runs"]}
 
 
-def _watch(layby: LaybySystem, running: dict[str, int], killed_at: float,
-           waits: list[float]) -> None:
-    """How long until each step the kill may have interrupted moved on (committed, or
-    parked): the crash-to-rerun wait, the step itself included."""
-    left = dict(running)
+def _reruns(layby: LaybySystem, hits: list[tuple[str, float]]) -> list[tuple[float, str]]:
+    """For each step a kill landed on, the wait until the run's next step event (the step
+    taken up again: `run.started`; or its end, had it committed just before the kill),
+    read from the run's own events; with the run."""
+    waits = []
+    for run_id, killed_at in hits:
+        after = [at for at, kind in _events(layby, run_id) if at > killed_at
+                 and kind in ("run.started", "turn.committed", "run.interrupted",
+                              "run.completed", "run.failed")]
+        waits.append(((after[0] - killed_at) if after else float("inf"), run_id))
+    return waits
+
+
+def _events(layby: LaybySystem, run_id: str) -> list[tuple[float, str]]:
     with layby.api() as api:
-        while left and time.monotonic() - killed_at < 120:
-            for run_id, version in list(left.items()):
-                try:
-                    run: dict[str, Any] = api.get(f"/v1/runs/{run_id}").json()
-                except (httpx.HTTPError, ValueError):
-                    continue
-                if run["version"] > version or run["status"] not in ("running", "queued"):
-                    waits.append(time.monotonic() - killed_at)
-                    if waits[-1] >= max(waits):
-                        _slowest[:] = [run_id, killed_at]
-                    del left[run_id]
-            time.sleep(0.1)
-    waits.extend(120.0 for _ in left)
+        text = api.get(f"/v1/runs/{run_id}/events", params={"follow": "false"}).text
+    return [(datetime.fromisoformat(e["at"]).timestamp(), e["type"])
+            for e in (json.loads(line[6:]) for line in text.splitlines()
+                      if line.startswith("data: "))]
 
 
 def _history(layby: LaybySystem, run_id: str, killed_at: float) -> list[str]:
-    with layby.api() as api:
-        text = api.get(f"/v1/runs/{run_id}/events", params={"follow": "false"}).text
-    wall_kill = time.time() - (time.monotonic() - killed_at)
-    found = []
-    for line in text.splitlines():
-        if line.startswith("data: "):
-            event = json.loads(line[6:])
-            at = datetime.fromisoformat(event["at"]).timestamp()
-            found.append(f"{at - wall_kill:+.1f}s {event['type']}")
-    return found
+    return [f"{at - killed_at:+.1f}s {kind}" for at, kind in _events(layby, run_id)]
 
-
-def _drain(waits: list[float]) -> None:
-    for watch in _pending_watches:
-        watch.join(130)
-    _pending_watches.clear()
