@@ -74,9 +74,10 @@ def _after_worker_deaths(rt: Runtime) -> int:
 
 
 def _requeue_waiting(rt: Runtime, before_ms: int, why: str) -> int:
-    """Requeue every run queued or resuming since before `before_ms`, a page at a time."""
-    requeued, tried = 0, set()
-    while fresh := [r for r in rt.store.waiting(before_ms) if r not in tried]:
+    """Requeue every run queued or resuming since before `before_ms`, a page at a time (a
+    requeued run's place moves to now, past the cutoff, so the next page is new runs)."""
+    requeued, tried, cutoff = 0, set(), before_ms - 1
+    while fresh := [r for r in rt.store.waiting(cutoff) if r not in tried]:
         for run_id in fresh:
             tried.add(run_id)
             with about(run_id=run_id):
