@@ -20,13 +20,12 @@ from pathlib import Path
 import httpx
 
 from layby.ops.embedded import EmbeddedRedis
-from tests.harness import LaybySystem
 from tests.reviewers import (
     ReviewedSystem,
     SmtpServer,
     WebhookReceiver,
     link_in,
-    reviewed_system,
+    own_reviewed,
 )
 from tests.test_reviewer_answers import (
     ALICE,
@@ -53,18 +52,14 @@ def reviewed(folder: Path) -> Iterator[ReviewedSystem]:
     # aiosmtpd warns of its own deprecated attribute at each login: noise in the report.
     logging.getLogger("mail.log").setLevel(logging.ERROR)
     server = EmbeddedRedis(folder / "valkey").start()
-    smtp = SmtpServer(login=SMTP_LOGIN).start()
-    hooks = WebhookReceiver().start()
-    system = LaybySystem(server.url, folder / "system", log_level="DEBUG")
     try:
-        yield reviewed_system(system, folder / "system", smtp, hooks,
-                              LAYBY_SMTP_USERNAME=SMTP_LOGIN[0],
-                              LAYBY_SMTP_PASSWORD=SMTP_LOGIN[1],
-                              LAYBY_INBOUND_MAIL_SECRET=INBOUND_SECRET)
+        with own_reviewed(server, folder, 0, SmtpServer(login=SMTP_LOGIN).start(),
+                          WebhookReceiver().start(), log_level="DEBUG",
+                          LAYBY_SMTP_USERNAME=SMTP_LOGIN[0],
+                          LAYBY_SMTP_PASSWORD=SMTP_LOGIN[1],
+                          LAYBY_INBOUND_MAIL_SECRET=INBOUND_SECRET) as running:
+            yield running
     finally:
-        system.stop()
-        hooks.stop()
-        smtp.stop()
         server.stop()
 
 

@@ -253,12 +253,14 @@ def wait_gone(check: Callable[[], bool], seconds: float) -> None:
 
 @contextmanager
 def own_reviewed(server: EmbeddedRedis, tmp: Path, db: int, smtp: SmtpServer,
-                 hooks: WebhookReceiver, **env: str) -> Iterator[ReviewedSystem]:
+                 hooks: WebhookReceiver, log_level: str | None = None,
+                 **env: str) -> Iterator[ReviewedSystem]:
     """A reviewed system of its own on database `db`, stopped (with its SMTP server and
     webhook receiver) and flushed afterwards."""
     store = redis.Redis(port=server.port, db=db)
     store.flushdb()
-    system = LaybySystem(f"redis://127.0.0.1:{server.port}/{db}", tmp / f"db{db}")
+    system = LaybySystem(f"redis://127.0.0.1:{server.port}/{db}", tmp / f"db{db}",
+                         log_level=log_level)
     try:
         yield reviewed_system(system, tmp / f"db{db}", smtp, hooks, **env)
     finally:

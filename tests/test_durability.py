@@ -316,11 +316,7 @@ def test_after_a_store_restart_a_run_whose_message_was_lost_goes_on_at_once(
     try:
         system.start()
         store = _store(system)
-        run_id = f"run_{uuid.uuid4().hex}"
-        created = store.create_run(run_id, "demo.trivia", input="quiz me",
-                                   messages=[text_message("user", "quiz me")], metadata={},
-                                   idempotency_key=None)
-        store.ack_outbox([e.id for e in created.entries])  # as if published, then lost
+        run_id = _lost_message_run(store)
         store.redis.close()
         time.sleep(2)  # the sweeper has seen the server
         port = server.port
@@ -338,6 +334,17 @@ def test_after_a_store_restart_a_run_whose_message_was_lost_goes_on_at_once(
 
 
 # -- the outbox ----------------------------------------------------------------------------
+
+
+def _lost_message_run(store: Store) -> str:
+    """A run created and queued whose task message is gone: its outbox entry acked as if
+    published, and never published."""
+    run_id = f"run_{uuid.uuid4().hex}"
+    created = store.create_run(run_id, "demo.trivia", input="quiz me",
+                               messages=[text_message("user", "quiz me")], metadata={},
+                               idempotency_key=None)
+    store.ack_outbox([e.id for e in created.entries])
+    return run_id
 
 
 def _store(system: LaybySystem) -> Store:
@@ -382,11 +389,7 @@ def test_a_run_whose_message_was_lost_after_the_outbox_ack_is_requeued(
     the outbox entry is gone and so is the message. The sweeper finds the run waiting past
     LAYBY_LOST_MESSAGE_S and queues its step again."""
     store = _store(durable)
-    run_id = f"run_{uuid.uuid4().hex}"
-    created = store.create_run(run_id, "demo.trivia", input="quiz me",
-                               messages=[text_message("user", "quiz me")], metadata={},
-                               idempotency_key=None)
-    store.ack_outbox([e.id for e in created.entries])  # as if published, then lost
+    run_id = _lost_message_run(store)
     assert store.outbox.count() == 0
     lost_after_s = float(settings_of(durable).lost_message_s)
     started = time.monotonic()

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from layby.ops.embedded import EmbeddedRedis
-from tests.harness import API_KEY, LaybySystem, wait_until
+from tests.harness import API_KEY, wait_until
 from tests.reviewers import (
     HOOK_SECRET,
     TOKEN_KEYS,
@@ -25,7 +25,7 @@ from tests.reviewers import (
     WebhookReceiver,
     issued_tokens,
     link_in,
-    reviewed_system,
+    own_reviewed,
 )
 from tests.test_reviewer_answers import (
     callback_body,
@@ -48,26 +48,11 @@ INBOUND_SECRET = "inbound-secret-Hk22-never-logged"
 
 @pytest.fixture
 def chatty(reviewer_redis: EmbeddedRedis, tmp_path: Path) -> Any:
-    import redis
-
-    store = redis.Redis(port=reviewer_redis.port, db=DB)
-    store.flushdb()
-    smtp = SmtpServer(login=SMTP_LOGIN).start()
-    hooks = WebhookReceiver().start()
-    system = LaybySystem(f"redis://127.0.0.1:{reviewer_redis.port}/{DB}", tmp_path,
-                         log_level="DEBUG")
-    running = reviewed_system(system, tmp_path, smtp, hooks,
-                              LAYBY_SMTP_USERNAME=SMTP_LOGIN[0],
-                              LAYBY_SMTP_PASSWORD=SMTP_LOGIN[1],
-                              LAYBY_INBOUND_MAIL_SECRET=INBOUND_SECRET)
-    try:
+    with own_reviewed(reviewer_redis, tmp_path, DB, SmtpServer(login=SMTP_LOGIN).start(),
+                      WebhookReceiver().start(), log_level="DEBUG",
+                      LAYBY_SMTP_USERNAME=SMTP_LOGIN[0], LAYBY_SMTP_PASSWORD=SMTP_LOGIN[1],
+                      LAYBY_INBOUND_MAIL_SECRET=INBOUND_SECRET) as running:
         yield running
-    finally:
-        system.stop()
-        smtp.stop()
-        hooks.stop()
-        store.flushdb()
-        store.close()
 
 
 def _transfer(reviewed: ReviewedSystem, amount: int) -> tuple[str, Any]:

@@ -178,15 +178,15 @@ def _handle_errors(app: FastAPI) -> None:
         # The message names the first problem (a header, a query parameter, the body…), so
         # a client that shows only the message still says what to fix.
         first = found[0] if found else {"loc": ("request",), "msg": "invalid"}
-        where = " ".join(str(p) for p in first["loc"][:2]) if len(first["loc"]) > 1 \
-            else str(first["loc"][0])
+        kind, *at = (str(p) for p in first["loc"])
+        label = " ".join([_PLACES.get(kind, kind), *at[:1]])
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        name = {"header": "the header", "query": "the query parameter",
-                "path": "the path parameter", "body": "the body at"}
-        kind, _, rest = where.partition(" ")
-        label = f"{name.get(kind, kind)} {rest}".strip()
         return error_response(422, "invalid_request",
                               f"the request is invalid: {label}: {first['msg']}{more}", errors)
+
+
+_PLACES = {"header": "the header", "query": "the query parameter",
+           "path": "the path parameter", "body": "the body at"}
 
 
 def _methods_of(app: FastAPI, scope: dict[str, Any]) -> list[str]:

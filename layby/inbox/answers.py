@@ -34,14 +34,19 @@ class Opened:
         return self.interrupt.state is InterruptState.OPEN
 
 
-def open_token(rt: Runtime, token: str) -> Opened:
-    """The reviewer, run and interrupt behind `token`; BadToken says why not."""
+def verify_token(rt: Runtime, token: str) -> Grant:
+    """The grant behind `token` (one read); BadToken says why not."""
 
     def lookup(ref: str) -> Grant | None:
         raw = rt.store.grant(ref)
         return Grant.loads(raw) if raw else None
 
-    grant = tokens.verify(rt.reviewers.token_keys(), token, lookup)
+    return tokens.verify(rt.reviewers.token_keys(), token, lookup)
+
+
+def open_token(rt: Runtime, token: str) -> Opened:
+    """The reviewer, run and interrupt behind `token`; BadToken says why not."""
+    grant = verify_token(rt, token)
     reviewer = rt.reviewers.get(grant.reviewer)
     if reviewer is None:
         raise NotAllowed(f"reviewer {grant.reviewer!r} is no longer in the reviewer directory")

@@ -60,7 +60,7 @@ def check_envelope(rt: Runtime, envelope_recipients: list[str]) -> None:
     token may still hold one in its headers, so it passes."""
     token = next((t for t in map(token_from_address, envelope_recipients) if t), None)
     if token is not None:
-        answers.open_token(rt, token)
+        answers.verify_token(rt, token)
 
 
 def receive(rt: Runtime, raw: bytes, envelope_recipients: list[str] | None = None
