@@ -72,9 +72,11 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
             raise Conflict(f"run id {run_id!r} is already taken",
                            run_id=run_id, detail={"runId": result.run_id})
         return existing, False
-    rt.publish(result.entries)
+    # Read before publishing: a quick worker would otherwise show its first turn in the
+    # reply to the request that created the run (a 202 describes the run as accepted).
     view = store.view(run_id)
     assert view is not None
+    rt.publish(result.entries)
     return view, True
 
 
