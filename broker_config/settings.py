@@ -91,6 +91,8 @@ class Settings(BaseSettings):
 
     # -- reviewers (notifier/) --------------------------------------------------------------
     reviewers_file: Path | None = Field(None, description="TOML or YAML reviewer directory")
+    # Reviewer policy rules (layby.reviewers.policy); unset, the directory file's `rules`.
+    policy_file: Path | None = Field(None, description="TOML or YAML reviewer policy rules")
     # "kid:secret,kid2:secret2": the first signs reviewer tokens, all verify (rotation).
     # Unset: the file <data_dir>/token.keys, which `layby up` creates.
     token_keys: SecretStr | None = None

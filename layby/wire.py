@@ -63,28 +63,66 @@ class Answer(Wire):
                            payload=self.payload, metadata=self.metadata)
 
 
+class Delegation(Wire):
+    """A request handed from one reviewer to another: by that reviewer (a button on the
+    page, `delegate bob` by mail, a callback), or by the directory (`away_until`)."""
+
+    reviewer: str  # who handed it on
+    to: str
+    by: str  # "reviewer:<id>", "directory" (away), "api:<caller>"
+    channel: str
+    at: str
+    note: str | None = None
+
+
+class Escalated(Wire):
+    """An escalation level reached: its reviewers were asked."""
+
+    level: int  # 1 for the first level after the reviewers first asked
+    at: str
+
+
+class Review(Wire):
+    """How people review one interrupt: approvals so far, levels reached, hand-overs."""
+
+    approvals: list[Answer] = Field(default_factory=list)
+    escalations: list[Escalated] = Field(default_factory=list)
+    delegations: list[Delegation] = Field(default_factory=list)
+
+
 class InterruptView(Interrupt):
-    """An interrupt as readers see it: AG-UI's fields and layby's, where it stands, and who
-    answered it, how and when."""
+    """An interrupt as readers see it: AG-UI's fields and layby's, where it stands, who
+    answered it, how and when, and how its review went (approvals, escalation, hand-overs;
+    `rule` names the policy rule that routed or answered it)."""
 
     state: InterruptState
     answer: Answer | None = None
+    approvals: list[Answer] = Field(default_factory=list)
+    escalation_level: int = 0  # 0 while only the first reviewers are asked
+    escalations: list[Escalated] = Field(default_factory=list)
+    delegations: list[Delegation] = Field(default_factory=list)
 
     @classmethod
-    def of(cls, spec: Interrupt, answer: Answer | None, is_open: bool) -> InterruptView:
+    def of(cls, spec: Interrupt, answer: Answer | None, is_open: bool,
+           review: Review | None = None) -> InterruptView:
         if is_open:
             state = InterruptState.OPEN
         elif answer is None:  # closed unanswered: the run was cancelled while it waited
             state = InterruptState.CANCELLED
         else:
             state = answer.state
-        return cls(**dict(spec), state=state, answer=answer)
+        review = review or Review()
+        return cls(**dict(spec), state=state, answer=answer, approvals=review.approvals,
+                   escalation_level=max((e.level for e in review.escalations), default=0),
+                   escalations=review.escalations, delegations=review.delegations)
 
 
 class Notification(Wire):
     """One announcement of one interrupt to one reviewer on one channel, and how it went.
 
-    `kind` is "request" (when the run parks) or "reminder" (before the interrupt expires).
+    `kind` is "request" (when the run parks), "escalation" (to the next level, when nobody
+    answered in time) or "reminder" (every `remind_every`, and before the interrupt
+    expires).
     The token it carries is stored beside it, never shown.
     """
 
@@ -92,7 +130,9 @@ class Notification(Wire):
     interrupt_id: str
     reviewer: str
     channel: Literal["email", "webhook"]
-    kind: Literal["request", "reminder"] = "request"
+    # "escalation": a request to a level asked because nobody answered in time
+    kind: Literal["request", "reminder", "escalation"] = "request"
+    level: int = 0  # the escalation level whose reviewer this is (0: those asked first)
     state: Literal["pending", "sending", "retrying", "sent", "failed", "skipped"] = "pending"
     attempts: int = 0
     last_error: str | None = None

@@ -22,11 +22,13 @@ from layby.control.runtime import Runtime, worker_name
 from layby.generation.agents import Agent
 from layby.generation.answers import to_resume
 from layby.errors import ConfigError, ResumeError
-from layby.generation.interrupts import BACKGROUND_JOB
+from layby.control.commands import now_iso
+from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
 from layby.generation.messages import Message, dump_messages
 from layby.generation.providers.common import ProviderError
 from layby.generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
 from layby.parking import Store, Verdict
+from layby.wire import Answer, InterruptState
 from layby.tasks.heartbeat import Heartbeat
 from layby.tasks.jobs import starter
 
@@ -102,7 +104,7 @@ def _loop(rt: Runtime, beat: Heartbeat) -> str:
         started = time.monotonic()
         outcome = _take_step(store, agent, step)
         inline = time.monotonic() < budget_ends
-        done, version = _commit(rt, step, owner, outcome, inline=inline)
+        done, version = _commit(rt, agent, step, owner, outcome, inline=inline)
         beat.version = version  # a turn taken inline holds the claim at the new version
         log.info("run %s: %s in %.0f ms", run_id, type(outcome).__name__.lower(),
                  (time.monotonic() - started) * 1000)
@@ -164,7 +166,7 @@ def _resume_for(store: Store, step: Step):  # type: ignore[no-untyped-def]
                      {k: a.entry() for k, a in answers.items()})
 
 
-def _commit(rt: Runtime, step: Step, owner: str, outcome: Outcome,
+def _commit(rt: Runtime, agent: Agent, step: Step, owner: str, outcome: Outcome,
             *, inline: bool) -> tuple[bool, int]:
     """Commit one outcome; returns (finished with this task, the new version)."""
     store = rt.store
@@ -176,11 +178,14 @@ def _commit(rt: Runtime, step: Step, owner: str, outcome: Outcome,
             result = store.advance(step.run_id, step.version, owner, messages, event,
                                    inline=inline)
         case Park(messages=messages, interrupts=interrupts):
+            interrupts, by_rule = _under_policy(rt, agent, step, interrupts)
             event["interrupts"] = [i.wire() for i in interrupts]
-            # Background jobs answer themselves; anything else waits on people.
-            announce = any(i.reason != BACKGROUND_JOB for i in interrupts)
+            # Background jobs answer themselves, rules answer what they answer; anything
+            # else waits on people.
+            announce = any(i.reason != BACKGROUND_JOB and i.id not in by_rule
+                           for i in interrupts)
             result = store.park(step.run_id, step.version, owner, messages, interrupts, event,
-                                announce=announce)
+                                announce=announce, by_rule=by_rule)
         case Finish(messages=messages, result=text):
             event["result"] = text
             result = store.complete(step.run_id, step.version, owner, messages, text, event)
@@ -193,6 +198,31 @@ def _commit(rt: Runtime, step: Step, owner: str, outcome: Outcome,
     rt.publish(result.entries)
     keep_going = isinstance(outcome, Continue) and inline
     return not keep_going, result.version or step.version
+
+
+def _under_policy(rt: Runtime, agent: Agent, step: Step, interrupts: list[Interrupt]
+                  ) -> tuple[list[Interrupt], dict[str, Answer]]:
+    """The interrupts as the reviewer policy routes them, and the answers its rules give
+    (recorded by the park itself, so a rule's answer is given once and notifies nobody)."""
+    policy = rt.reviewers.policy()
+    if policy is None:
+        return interrupts, {}
+    routed: list[Interrupt] = []
+    by_rule: dict[str, Answer] = {}
+    for intr in interrupts:
+        decision = policy.decide(agent.name, intr, step.run_metadata,
+                                 agent.tool(intr.tool_name))
+        routed.append(decision.interrupt)
+        if decision.answer is not None:
+            entry = decision.answer
+            by_rule[intr.id] = Answer(
+                interrupt_id=intr.id, status=entry.status, payload=entry.payload,
+                metadata=entry.metadata, state=InterruptState(entry.status),
+                answered_by=f"policy:{decision.rule}", channel="policy",
+                answered_at=now_iso())
+            log.info("run %s: interrupt %s %s by rule %r", step.run_id, intr.id,
+                     "approved" if entry.status == "resolved" else "declined", decision.rule)
+    return routed, by_rule
 
 
 def _added(before: list[Message], after: list[Message]) -> list[Message]:

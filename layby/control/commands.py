@@ -118,14 +118,25 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
                               metadata=entry.metadata, state=InterruptState(entry.status),
                               answered_by=by, channel=channel, answered_at=now_iso(),
                               answer_id=request_id))
-    result = _recorded(rt.store.answer(run_id, records, require_all=require_all), run_id,
-                       records, by_id)
+    # Approvals of requests that need several are counted, each reviewer's once; a
+    # decline is an ordinary answer and closes the request.
+    votes = {r.interrupt_id: by_id[r.interrupt_id].required_approvals for r in records
+             if by_id[r.interrupt_id].required_approvals > 1 and approves(r.entry())}
+    result = _recorded(rt.store.answer(run_id, records, require_all=require_all,
+                                       votes=votes), run_id, records, by_id)
     for rec in records:
         log.info("interrupt %s of run %s %s by %s via %s", rec.interrupt_id, run_id,
                  rec.state.value, by, channel,
                  extra={"run_id": run_id, "interrupt_id": rec.interrupt_id})
     rt.publish(result.entries)
     return result
+
+
+def approves(entry: ResumeEntry) -> bool:
+    """Whether an answer says yes: resolved, and not `{"approved": false}` or `false`."""
+    payload = entry.payload
+    return entry.status == "resolved" and payload is not False and not (
+        isinstance(payload, dict) and payload.get("approved") is False)
 
 
 def _request_id(by: str, idempotency_key: str | None) -> str:
@@ -182,6 +193,17 @@ def _recorded(result: Transition, run_id: str, records: list[Answer],
             return Transition(Verdict.OK, result.version)
         raise not_open(run_id, by_id[result.interrupt_id or ""], result.first,
                        status=result.status.value if result.status else None)
+    if result.verdict is Verdict.AGAIN and result.first is not None:
+        first = result.first
+        if first.answer_id in {r.answer_id for r in records}:
+            return Transition(Verdict.EXISTS, result.version)  # this request, again
+        spec = by_id[result.interrupt_id or ""]
+        raise Conflict(f"{first.answered_by} already approved interrupt {spec.id} (via "
+                       f"{first.channel} at {first.answered_at}); it needs "
+                       f"{spec.required_approvals} approvals from different reviewers, so "
+                       "another reviewer must give the next one", run_id=run_id,
+                       detail={"interruptId": spec.id, "approval": first.wire(),
+                               "requiredApprovals": spec.required_approvals})
     if result.verdict is Verdict.INCOMPLETE:
         missing = sorted(set(result.still_open) - {r.interrupt_id for r in records})
         raise Invalid("a resume must answer every open interrupt; still open: "

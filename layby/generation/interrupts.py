@@ -43,6 +43,14 @@ class OnExpire(Wire):
     payload: Any = None  # the answer used by `resolve`
 
 
+class Escalation(Wire):
+    """One level of an escalation chain: who is asked once the request has waited `after_s`
+    seconds unanswered (earlier levels can still answer)."""
+
+    after_s: float
+    reviewers: list[str]
+
+
 class Interrupt(Wire):
     """One open question, approval or job. Field names follow AG-UI's `Interrupt`."""
 
@@ -65,6 +73,12 @@ class Interrupt(Wire):
     # The pydantic model the question was asked with (`module:Name`): a restarted tool gets
     # its answer as an instance of it.
     response_type: str | None = None
+    # How it is reviewed: approvals from distinct reviewers it needs, who is asked next when
+    # nobody answers, how often reviewers are reminded, and the policy rule that routed it.
+    required_approvals: int = 1
+    escalation: list[Escalation] | None = None
+    remind_every_s: float | None = None
+    rule: str | None = None
 
 
 class ResumeEntry(Wire):

@@ -108,6 +108,7 @@ class Ask:
     expires_at: datetime | None = None
     on_expire: OnExpire | None = None
     reviewers: list[str] | None = None
+    required_approvals: int = 1  # approvals from distinct reviewers before it is answered
 
 
 class ToolInterrupt(Exception):
@@ -166,9 +167,13 @@ class ToolContext:
                   response_schema: Any = None, metadata: dict[str, Any] | None = None,
                   expires_in: float | None = None, expires_at: datetime | None = None,
                   on_expire: OnExpire | None = None,
-                  reviewers: list[str] | None = None) -> NoReturn:
+                  reviewers: list[str] | None = None,
+                  required_approvals: int = 1) -> NoReturn:
+        if required_approvals < 1:
+            raise ValueError(f"required_approvals must be 1 or more, not {required_approvals}")
         raise ToolInterrupt(Ask(message, check_reason(reason), response_schema, metadata,
-                                expires_in, expires_at, on_expire, reviewers))
+                                expires_in, expires_at, on_expire, reviewers,
+                                required_approvals))
 
     def start_job(self, task: str, *args: Any, message: str | None = None,
                   expires_in: float | None = None, on_expire: OnExpire | None = None,
@@ -276,7 +281,8 @@ def _interrupt_ask(tool: Tool, ask: Ask, parsed: BaseModel) -> Ask:
     message = ask.message or next((v for v in dict(parsed).values() if isinstance(v, str)), None)
     return Ask(message, check_reason(ask.reason or tool.interrupt_reason or CONFIRMATION),
                ask.response_schema or tool.output_schema, ask.metadata,
-               ask.expires_in, ask.expires_at, ask.on_expire, ask.reviewers)
+               ask.expires_in, ask.expires_at, ask.on_expire, ask.reviewers,
+               ask.required_approvals)
 
 
 def _build(fn: Callable[..., Any], name: str | None, description: str | None,

@@ -217,6 +217,7 @@ def _interrupt(step: Step, tool: Tool, ctx: ToolContext, request: ToolRequest,
         tool_name=tool.name, tool_input=_normalized(tool, request.input),
         input_schema=tool.input_schema if mode is ResumeMode.RESTART else None,
         mode=mode, on_expire=ask.on_expire or OnExpire(), reviewers=ask.reviewers,
+        required_approvals=ask.required_approvals,
         # a restart runs while the parked model message is already in the history: it
         # belongs to that turn, not to the next one
         created_at=_iso(now), turn=step.turns_taken - (1 if ctx.restarted else 0))

@@ -13,6 +13,10 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 |              |        | version (field "v" holds that version)                  | commit            |
 | events       | stream | type, version, at (ms), data (JSON); capped             | same as run       |
 | notifications| hash   | notification id → Notification JSON (with its token)    | same as run       |
+| review       | hash   | how people review each interrupt (only runs asked under | same as run       |
+|              |        | a policy): "approval:<iid>:<by>" → approval JSON,       |                   |
+|              |        | "approvals:<iid>" → their count, "delegated:<iid>:<from>|                   |
+|              |        | " → delegation JSON, "escalated:<iid>:<level>" → when   |                   |
 
 Global:
 
@@ -37,7 +41,9 @@ Global:
 |                      |      | <what>_latency_le:<bound> (one bucket, not        |
 |                      |      | cumulative) for answer (park → answer, parked     |
 |                      |      | runs only) and resume (last answer → claimed),    |
-|                      |      | notifications_failed (sends out of attempts)      |
+|                      |      | notifications_failed (sends out of attempts),     |
+|                      |      | auto_answers:<rule> (interrupts answered by a     |
+|                      |      | policy rule), escalations:<level> (levels asked)  |
 
 Parked runs never expire. Finished runs expire `retention` seconds after they end; their
 index entries are pruned by the sweeper.
@@ -79,6 +85,9 @@ class Keys:
 
     def notifications(self, run_id: str) -> str:
         return f"{self.prefix}:{{{run_id}}}:notifications"
+
+    def review(self, run_id: str) -> str:
+        return f"{self.prefix}:{{{run_id}}}:review"
 
     def index(self, status: Status) -> str:
         return f"{self.prefix}:index:{status.value}"
@@ -124,4 +133,4 @@ class Keys:
         """The KEYS every transition script receives, in the order of `lua/_prelude.lua`."""
         return [*self.of_run(run_id), self.outbox, self.outbox_entries, self.leases,
                 self.deadlines, *(self.index(s) for s in Status), self.notifications(run_id),
-                self.notify_due, self.stats]
+                self.notify_due, self.stats, self.review(run_id)]

@@ -29,6 +29,7 @@ class Verdict(StrEnum):
     SKIPPED = "skipped"        # requeue: the run waits for nothing a requeue gives
     GONE = "gone"              # expiry: answered meanwhile, or the run is over
     LATER = "later"            # expiry: not due yet
+    AGAIN = "again"            # a reviewer's second approval of a request needing several
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class Transition:
     status: Status | None = None       # the run's status (stale, finished, conflict, skipped)
     run_id: str | None = None          # exists: the run holding the key
     interrupt_id: str | None = None    # unknown, conflict: the interrupt named
-    first: Answer | None = None        # conflict: the answer recorded first, if any
+    first: Answer | None = None        # conflict: the answer recorded first, if any;
+                                       # again: the reviewer's earlier approval
     still_open: tuple[str, ...] = ()   # incomplete: the interrupts left open
     owner: str | None = None           # busy: who holds the lease
     attempt: int | None = None         # claim: this attempt; exhausted: the attempts made
@@ -79,6 +81,9 @@ def refusal(reply: list[Any]) -> Transition:
         case Verdict.CONFLICT:
             return Transition(verdict, interrupt_id=first, status=_status(rest[2]),
                               first=Answer.model_validate_json(rest[1]) if rest[1] else None)
+        case Verdict.AGAIN:
+            return Transition(verdict, interrupt_id=first,
+                              first=Answer.model_validate_json(rest[1]))
         case Verdict.INCOMPLETE:
             return Transition(verdict, still_open=tuple(rest))
         case _:

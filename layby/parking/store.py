@@ -31,7 +31,18 @@ from layby.parking.registries import (
     now_ms,
 )
 from layby.parking.results import Transition
-from layby.wire import Answer, Event, InterruptView, Notification, RunSummary, RunView, Status
+from layby.wire import (
+    Answer,
+    Delegation,
+    Escalated,
+    Event,
+    InterruptView,
+    Notification,
+    Review,
+    RunSummary,
+    RunView,
+    Status,
+)
 
 
 @dataclass(frozen=True)
@@ -169,15 +180,18 @@ class Store:
 
     def park(self, run_id: str, version: int, owner: str, messages: list[Message],
              interrupts: list[Interrupt], event: dict[str, Any], *,
-             announce: bool = True) -> Transition:
-        """Park the run on `interrupts`; with `announce`, queue their notification."""
+             announce: bool = True, by_rule: dict[str, Answer] | None = None) -> Transition:
+        """Park the run on `interrupts`; with `announce`, queue their notification.
+        `by_rule`: the answers policy rules give (by interrupt id), recorded in the park."""
         triples: list[Any] = []
         for intr in interrupts:
             expiry = ""
             if intr.expires_at:
                 moment = datetime.fromisoformat(intr.expires_at.replace("Z", "+00:00"))
                 expiry = str(int(moment.timestamp() * 1000))
-            triples += [intr.id, _dumps(intr.wire()), expiry]
+            auto = (by_rule or {}).get(intr.id)
+            triples += [intr.id, _dumps(intr.wire()), expiry,
+                        _dumps(auto.wire()) if auto else "", intr.rule or ""]
         reply = self._run("park_run", run_id, version, owner, _dumps(dump_messages(messages)),
                           _dumps(event), self.tasks.resume_task, self.tasks.turn_queue,
                           self.tasks.notify_task if announce else "",
@@ -205,10 +219,13 @@ class Store:
         return results.committed(reply)
 
     def answer(self, run_id: str, answers: list[Answer], *, require_all: bool = False,
-               allow_early: bool = False) -> Transition:
+               allow_early: bool = False, votes: dict[str, int] | None = None) -> Transition:
+        """Record answers. `votes`: the interrupts whose answer here is an approval counted
+        toward several, with the approvals each needs (each reviewer's counts once)."""
         pairs: list[Any] = []
         for a in answers:
-            pairs += [a.interrupt_id, _dumps(a.wire())]
+            need = (votes or {}).get(a.interrupt_id, 1)
+            pairs += [a.interrupt_id, _dumps(a.wire()), need, a.answered_by if need > 1 else ""]
         reply = self._run("answer_interrupts", run_id, "1" if require_all else "0",
                           "1" if allow_early else "0", self.tasks.resume_task,
                           self.tasks.turn_queue, len(answers), *pairs)
@@ -331,6 +348,11 @@ class Store:
         pipe.hgetall(self.keys.answers(run_id))
         pipe.smembers(self.keys.open(run_id))
 
+    def reviews(self, run_id: str) -> dict[str, Review]:
+        """How people review each of the run's interrupts (only those under a policy, or
+        handed on, have anything)."""
+        return _reviews(self.redis.hgetall(self.keys.review(run_id)))
+
     def interrupt(self, run_id: str, interrupt_id: str) -> Interrupt | None:
         raw = self.redis.hget(self.keys.interrupts(run_id), interrupt_id)
         return Interrupt.model_validate_json(raw) if raw else None
@@ -341,15 +363,18 @@ class Store:
         pipe.hgetall(self.keys.run(run_id))
         self._read_interrupts(pipe, run_id)
         pipe.hvals(self.keys.notifications(run_id))
-        raw, *interrupts, notifications = pipe.execute()
+        pipe.hgetall(self.keys.review(run_id))
+        raw, *interrupts, notifications, review = pipe.execute()
         if not raw:
             return None
         specs, answers, open_ids = _interrupts(*interrupts)
+        reviews = _reviews(review)
         return RunView(
             id=raw["id"], agent=raw["agent"], status=Status(raw["status"]),
             version=int(raw["version"]), input=json.loads(raw.get("input") or "null"),
             messages=load_messages(json.loads(raw["messages"])),
-            interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids) for s in specs],
+            interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids,
+                                         reviews.get(s.id)) for s in specs],
             notifications=_notifications(notifications),
             result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
             metadata=json.loads(raw.get("metadata") or "{}"), created_at=iso(raw["created_at"]),
@@ -457,6 +482,26 @@ def _interrupts(specs: dict[str, str], answers: dict[str, str], open_ids: set[st
                    key=lambda i: (i.created_at or "", i.id))
     return (found, {k: Answer.model_validate_json(v) for k, v in answers.items()},
             set(open_ids))
+
+
+def _reviews(raw: dict[str, str]) -> dict[str, Review]:
+    """The review hash (parking.keys) read per interrupt, each list in time order."""
+    found: dict[str, Review] = {}
+    for field, value in raw.items():
+        kind, _, rest = field.partition(":")
+        interrupt_id, _, tail = rest.partition(":")
+        review = found.setdefault(interrupt_id, Review())
+        if kind == "approval":
+            review.approvals.append(Answer.model_validate_json(value))
+        elif kind == "delegated":
+            review.delegations.append(Delegation.model_validate_json(value))
+        elif kind == "escalated":
+            review.escalations.append(Escalated(level=int(tail), at=iso(value)))
+    for review in found.values():
+        review.approvals.sort(key=lambda a: a.answered_at)
+        review.delegations.sort(key=lambda d: d.at)
+        review.escalations.sort(key=lambda e: e.level)
+    return found
 
 
 def _notifications(raw: list[str]) -> list[Notification]:

@@ -1,8 +1,11 @@
-"""The reviewer configuration of one process: the directory (re-read when its file changes, so
-adding a reviewer needs no restart) and the token keys (re-parsed when the setting changes)."""
+"""The reviewer configuration of one process: the directory and the policy rules (each re-read
+when its file changes, so adding a reviewer or a rule needs no restart; rules that do not
+load leave the previous ones in force) and the token keys (re-parsed when the setting
+changes)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -10,7 +13,10 @@ from layby.broker_config import Settings, logs
 from layby.errors import ConfigError
 from layby.generation.interrupts import Interrupt
 from layby.reviewers.directory import Directory, Reviewer, load_directory
+from layby.reviewers.policy import Policy, load_rules
 from layby.reviewers.tokens import parse_keys
+
+log = logging.getLogger(__name__)
 
 
 class Reviewers:
@@ -21,6 +27,9 @@ class Reviewers:
         self._lock = threading.Lock()
         self._directory: tuple[tuple[Path | None, float | None], Directory] | None = None
         self._keys: tuple[str, dict[str, bytes]] | None = None
+        self._policy: tuple[object, Policy | None] | None = None
+        # Why the rules on disk are not the rules in force (None when they are).
+        self.policy_problem: str | None = None
 
     def directory(self) -> Directory:
         path = self.settings.reviewers_file
@@ -32,6 +41,41 @@ class Reviewers:
                                 if r.webhook for part in
                                 (r.webhook.secret, r.webhook.secret.removeprefix("whsec_"))))
             return self._directory[1]
+
+    def policy(self) -> Policy | None:
+        """The rules in force: re-read when their file (or the directory they are checked
+        against) changes; rules that do not load are refused, with the reason logged and
+        kept in `policy_problem`, and the previous rules stay."""
+        path = self.rules_file()
+        try:
+            directory = self.directory()
+        except ConfigError:
+            # A directory that does not load is reported where reviewers are needed (the
+            # notifier); runs still park, under the rules last loaded.
+            return self._policy[1] if self._policy else None
+        stamp = (path, _mtime(path), id(directory))
+        with self._lock:
+            if self._policy is not None and self._policy[0] == stamp:
+                return self._policy[1]
+            previous = self._policy[1] if self._policy else None
+            try:
+                policy = load_rules(path) if path else None
+                if policy is not None:
+                    policy.check(directory)
+            except ConfigError as exc:
+                if self.policy_problem != exc.message:
+                    log.error("%s; the %s stay in force", exc.message,
+                              f"{len(previous.rules)} previous rule(s)" if previous
+                              else "interrupts' own reviewers (no rules were loaded)")
+                self.policy_problem = exc.message
+                self._policy = (stamp, previous)
+                return previous
+            self.policy_problem = None
+            self._policy = (stamp, policy)
+            return policy
+
+    def rules_file(self) -> Path | None:
+        return self.settings.policy_file or self.settings.reviewers_file
 
     def get(self, reviewer_id: str) -> Reviewer | None:
         return self.directory().reviewers.get(reviewer_id)

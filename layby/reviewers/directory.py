@@ -121,6 +121,8 @@ def load_directory(path: Path | None) -> Directory:
         raise ConfigError(f"cannot read the reviewer directory {path}: {exc}") from exc
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text) or {}
+        if isinstance(data, dict):
+            data.pop("rules", None)  # policy rules may live here too (reviewers.policy)
         return Directory.model_validate(data)
     except ValidationError as exc:
         # Without the input values: a mistyped webhook secret must not reach any message.

@@ -1,7 +1,7 @@
 -- Shared by every transition script (prepended by parking/scripts.py).
 --
 -- KEYS, the same for every script that changes a run (parking.keys.Keys.for_scripts),
--- named here once; scripts use the names, and add KEYS from 21 on (documented in their
+-- named here once; scripts use the names, and add KEYS from 22 on (documented in their
 -- header). User JSON (messages, payloads) is stored and returned as opaque strings: cjson
 -- would round numbers and confuse empty arrays with objects.
 local RUN, INTERRUPTS, ANSWERS, OPEN = KEYS[1], KEYS[2], KEYS[3], KEYS[4]  -- hash hash hash set
@@ -12,8 +12,9 @@ local INDEX = {queued = KEYS[11], running = KEYS[12], interrupted = KEYS[13],  -
                resuming = KEYS[14], completed = KEYS[15], failed = KEYS[16],  -- run ids by
                cancelled = KEYS[17]}                                          -- state
 local NOTIFICATIONS, NOTIFY_DUE, STATS = KEYS[18], KEYS[19], KEYS[20]  -- hash, zset, hash
+local REVIEW = KEYS[21]  -- hash: approvals, delegations, escalations (parking.keys)
 -- What a finished run keeps until retention (the run's own keys).
-local RUN_KEYS = {RUN, INTERRUPTS, ANSWERS, OPEN, CHECKPOINTS, EVENTS, NOTIFICATIONS}
+local RUN_KEYS = {RUN, INTERRUPTS, ANSWERS, OPEN, CHECKPOINTS, EVENTS, NOTIFICATIONS, REVIEW}
 
 local FINISHED = {completed = true, failed = true, cancelled = true}
 local EVENTS_MAX = __EVENTS_MAX__

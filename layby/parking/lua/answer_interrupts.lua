@@ -1,13 +1,18 @@
 -- answer_interrupts: record answers to open interrupts; the answer that closes the last
--- one moves interrupted → resuming and queues exactly one resume.
--- Reads run, interrupts, answers, open. Writes answers, open, deadlines, events,
--- notifications and notify:due (skipped), stats; with the last answer run, index, outbox.
+-- one moves interrupted → resuming and queues exactly one resume. An interrupt that needs
+-- several approvals takes each reviewer's approval once and closes on the last one needed
+-- (or on anyone's decline, which is an ordinary answer here).
+-- Reads run, interrupts, answers, open, review. Writes answers, open, deadlines, events,
+-- review (approvals), notifications and notify:due (skipped), stats; with the last answer
+-- run, index, outbox.
 -- ARGV: 1 '1' if the answers must cover every open interrupt, 2 '1' to keep an answer for
 --       an interrupt not parked yet (a background job that finished first), 3 resume task,
---       4 queue, 5 count n, then n pairs: interrupt id, answer JSON
+--       4 queue, 5 count n, then n quads: interrupt id, answer JSON, approvals it needs,
+--       who approves ('' when the answer is not an approval counted toward several)
 -- Returns {'ok', version, entry or ''} | {'early'} | {'missing'} | {'finished', status} |
 --         {'unknown', id} |
 --         {'conflict', id, first answer JSON or '', run status} | {'incomplete', open ids…}
+--         | {'again', id, this reviewer's earlier approval JSON}
 local require_all, allow_early = ARGV[1], ARGV[2]
 local resume_task, queue, count = ARGV[3], ARGV[4], ARGV[5]
 if redis.call('EXISTS', RUN) == 0 then return {'missing'} end
@@ -15,11 +20,12 @@ local status = redis.call('HGET', RUN, 'status')
 -- A finished run takes no early answers: its keys already count down to expiry.
 if FINISHED[status] and allow_early == '1' then return {'finished', status} end
 local n = tonumber(count)
+-- Everything is checked before anything is written.
 for i = 0, n - 1 do
-  local iid = ARGV[6 + 2 * i]
+  local iid, voter = ARGV[6 + 4 * i], ARGV[9 + 4 * i]
   if redis.call('HEXISTS', INTERRUPTS, iid) == 0 then
     if allow_early == '1' then
-      redis.call('HSETNX', ANSWERS, iid, ARGV[7 + 2 * i])
+      redis.call('HSETNX', ANSWERS, iid, ARGV[7 + 4 * i])
       return {'early'}
     end
     return {'unknown', iid}
@@ -28,13 +34,34 @@ for i = 0, n - 1 do
     return {'conflict', iid, redis.call('HGET', ANSWERS, iid) or '',
             redis.call('HGET', RUN, 'status')}
   end
+  if voter ~= '' then
+    local earlier = redis.call('HGET', REVIEW, 'approval:' .. iid .. ':' .. voter)
+    if earlier then return {'again', iid, earlier} end
+  end
 end
 if require_all == '1' and redis.call('SCARD', OPEN) ~= n then
   local open = redis.call('SMEMBERS', OPEN)
   table.insert(open, 1, 'incomplete')
   return open
 end
+local now = now_ms()
 local answers = {}
-for i = 0, n - 1 do table.insert(answers, {ARGV[6 + 2 * i], ARGV[7 + 2 * i]}) end
-local v, entry = apply_answers(answers, resume_task, queue, now_ms())
+for i = 0, n - 1 do
+  local iid, answer, need, voter = ARGV[6 + 4 * i], ARGV[7 + 4 * i], ARGV[8 + 4 * i],
+                                   ARGV[9 + 4 * i]
+  local closes = true
+  if voter ~= '' then
+    redis.call('HSET', REVIEW, 'approval:' .. iid .. ':' .. voter, answer)
+    local got = redis.call('HINCRBY', REVIEW, 'approvals:' .. iid, 1)
+    if got < tonumber(need) then
+      closes = false
+      event('interrupt.approved', redis.call('HGET', RUN, 'version'),
+            cjson.encode({interruptId = iid, by = voter, approvals = got,
+                          requiredApprovals = tonumber(need)}), now)
+    end
+  end
+  if closes then table.insert(answers, {iid, answer}) end
+end
+if #answers == 0 then return {'ok', redis.call('HGET', RUN, 'version'), ''} end
+local v, entry = apply_answers(answers, resume_task, queue, now)
 return {'ok', v, entry}

@@ -1,10 +1,10 @@
 -- create_run: (nothing) → queued, version 1, with the first turn in the outbox.
 -- Reads the idempotency key, run. Writes run, idempotency key, index, events, outbox.
--- KEYS[21] idempotency key (string).
+-- KEYS[22] idempotency key (string).
 -- ARGV: 1 run id, 2 agent, 3 input JSON, 4 messages JSON, 5 metadata JSON,
 --       6 idempotency ttl (s), 7 turn task, 8 queue
 -- Returns {'created', entry} or {'exists', run id} (same idempotency key or run id).
-local IDEMPOTENCY = KEYS[21]  -- '' without an idempotency key
+local IDEMPOTENCY = KEYS[22]  -- '' without an idempotency key
 local new_id, agent, input, messages = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local metadata, idem_ttl_s, turn_task, queue = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local now = now_ms()

@@ -2,7 +2,7 @@
 -- once. A notification already planned (same id) is left as it is, so planning again after
 -- a crash sends nothing twice; its grant is stored only with a new notification.
 -- Reads run (status), notifications. Writes notifications, notify:due, grant keys, events.
--- KEYS from 21: one grant key per grant in ARGV.
+-- KEYS from 22: one grant key per grant in ARGV.
 -- ARGV: 1 count n, 2 count g, then n triples: notification id, Notification JSON, when to
 --       send (ms; '' for now), then g pairs: grant JSON, its lifetime (ms)
 -- Returns the ids planned by this call ({} when the run no longer waits).
@@ -28,7 +28,7 @@ end
 if #planned > 0 then
   local base = 3 + 3 * n
   for j = 0, g - 1 do
-    redis.call('SET', KEYS[21 + j], ARGV[base + 2 * j], 'PX', ARGV[base + 2 * j + 1], 'NX')
+    redis.call('SET', KEYS[22 + j], ARGV[base + 2 * j], 'PX', ARGV[base + 2 * j + 1], 'NX')
   end
   event('notifications.planned', redis.call('HGET', RUN, 'version'),
         cjson.encode({ids = planned}), now)
