@@ -29,7 +29,7 @@ from layby.generation.interrupts import (
 )
 from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
 from layby.generation.tools import Approval, Ask, ToolContext, interrupt_tool, tool
-from layby.wire import Event, InterruptView, RunSummary, RunView, Status
+from layby.wire import Answer, Delegation, Event, InterruptView, RunSummary, RunView, Status
 
 try:
     __version__ = _metadata.version("layby")
@@ -38,8 +38,9 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
 
 __all__ = [
     "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "TOOL_CALL",
-    "Agent", "Approval", "Ask", "AsyncClient", "Call", "Case", "Choose", "Client", "Conflict",
-    "Event", "InterruptView", "Invalid", "LaybyError", "NotFound", "OnExpire", "Reply",
+    "Agent", "Answer", "Approval", "Ask", "AsyncClient", "Call", "Case", "Choose", "Client",
+    "Conflict", "Delegation", "Event", "InterruptView", "Invalid", "LaybyError", "NotFound",
+    "OnExpire", "Reply",
     "ResumeEntry", "RunSummary", "RunView", "ScriptedModel", "Status", "ToolContext",
     "Unauthorized", "interrupt_tool", "tool",
 ]

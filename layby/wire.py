@@ -246,6 +246,7 @@ class CallbackTaken(Wire):
     state: InterruptState
     answer: Answer | None = None
     resumed: bool
+    delegated_to: str | None = None  # the callback handed the request on
 
 
 class MailTaken(Wire):
@@ -255,6 +256,7 @@ class MailTaken(Wire):
     interrupt_id: str
     reviewer: str
     resumed: bool
+    delegated_to: str | None = None  # the reply handed the request on (`delegate bob`)
 
 
 class MailIgnored(Wire):

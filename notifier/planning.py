@@ -1,6 +1,8 @@
-"""Planning announcements: when a run parks, which reviewers hear of which interrupt, on
-which channel, and when (now, and a reminder before expiry). Each notification gets an id
-made from what it announces, so planning twice plans nothing new."""
+"""Planning announcements: when a run parks (or a request is handed on), which reviewers
+hear of which interrupt, on which channel, and when: the first reviewers now, each
+escalation level at its time, reminders every `remind_every` and before expiry. Each
+notification gets an id made from what it announces, so planning twice plans nothing new;
+the store skips what is still to come once the interrupt is answered."""
 
 from __future__ import annotations
 
@@ -8,15 +10,17 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from layby.broker_config import Settings
 from layby.generation.interrupts import BACKGROUND_JOB
 from layby.reviewers import tokens
 from layby.reviewers.config import Reviewers
+from layby.reviewers import routing
+from layby.reviewers.routing import epoch
 from layby.reviewers.directory import Reviewer
 from layby.parking import Store
-from layby.wire import InterruptState, InterruptView, Notification, RunView, Status
+from layby.wire import Delegation, InterruptState, InterruptView, Notification, RunView, Status
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +38,13 @@ def channels_of(reviewer: Reviewer) -> list[str]:
     return [c for c in CHANNELS if getattr(reviewer, c)]
 
 
-def epoch(moment: str | None) -> float | None:
-    return datetime.fromisoformat(moment.replace("Z", "+00:00")).timestamp() if moment else None
+MAX_REMINDERS = 20  # repeated reminders planned per reviewer (`remind_every`)
 
 
 @dataclass
 class _Plan:
-    """What one planning records: notifications (each with when to send it, None for now)
-    and the grants of the tokens issued for them."""
+    """What one planning records: notifications (each with when to send it, None for now),
+    the grants of the tokens issued for them, and the hand-overs of reviewers away."""
 
     run: RunView
     settings: Settings
@@ -49,12 +52,16 @@ class _Plan:
     now: float = field(default_factory=time.time)
     notes: list[tuple[Notification, int | None]] = field(default_factory=list)
     grants: list[tuple[str, str, int]] = field(default_factory=list)
+    handovers: list[tuple[str, Delegation]] = field(default_factory=list)
 
     def token(self, intr: InterruptView, reviewer: Reviewer, expires: float | None) -> str:
         """The reviewer's token for `intr`: the one issued before, or a new one."""
         issued = next((n.token for n in self.run.notifications
                        if (n.interrupt_id, n.reviewer) == (intr.id, reviewer.id) and n.token),
                       None)
+        if issued is None:
+            issued = next((n.token for n, _ in self.notes
+                           if (n.interrupt_id, n.reviewer) == (intr.id, reviewer.id)), None)
         if issued is not None:
             return issued
         grant = tokens.Grant(self.run.id, intr.id, reviewer.id, self.run.version,
@@ -66,45 +73,88 @@ class _Plan:
         self.grants.append((ref, grant.dumps(), int(keep_s * 1000)))
         return token
 
-    def remind_at(self, expires: float | None) -> float | None:
-        if not (expires and self.settings.remind_before_s):
-            return None
-        at = expires - self.settings.remind_before_s
-        return at if at > self.now + 1 else None
+    def away_handovers(self, intr: InterruptView) -> InterruptView:
+        """`intr` with the requests of reviewers away handed to their delegates (recorded,
+        so the audit shows them and the delegate stays asked when the reviewer is back)."""
+        directory = self.reviewers.directory()
+        for _ in range(len(directory.reviewers)):
+            away = [a.reviewer for a in routing.everyone(directory, intr)
+                    if a.reviewer.away(self.now)]
+            if not away:
+                break
+            new = [Delegation(reviewer=r.id, to=r.delegate_to or "", by="directory",
+                              channel="directory", at=_iso(self.now),
+                              note=f"away until {r.away_until:%Y-%m-%d %H:%M %Z}".strip())
+                   for r in away]
+            self.handovers += [(intr.id, d) for d in new]
+            intr = intr.model_copy(update={"delegations": [*intr.delegations, *new]})
+        return intr
 
-    def announce(self, intr: InterruptView, reviewer: Reviewer) -> None:
-        expires = epoch(intr.expires_at)
+    def reminders(self, intr: InterruptView, start: float, expires: float | None
+                  ) -> list[tuple[str, float]]:
+        """(kind key, when) of each reminder: every `remind_every` while it waits (at most
+        MAX_REMINDERS), and LAYBY_REMIND_BEFORE_S before it expires."""
+        found: list[tuple[str, float]] = []
+        if intr.remind_every_s:
+            for k in range(1, MAX_REMINDERS + 1):
+                at = start + k * intr.remind_every_s
+                if expires is not None and at >= expires:
+                    break
+                if at > self.now + 1:
+                    found.append((f"reminder:{k}", at))
+        if expires and self.settings.remind_before_s:
+            at = expires - self.settings.remind_before_s
+            if at > self.now + 1:
+                found.append(("reminder", at))
+        return found
+
+    def announce(self, intr: InterruptView, asked: routing.Asked, expires: float | None,
+                 start: float) -> None:
+        reviewer = asked.reviewer
         token = self.token(intr, reviewer, expires)
-        remind_at = self.remind_at(expires)
+        first_kind = "request" if asked.level == 0 else "escalation"
+        first_at = None if asked.since <= self.now + 1 else asked.since
+        sends = [(first_kind, first_kind, first_at)]
+        sends += [(key, "reminder", at) for key, at in self.reminders(intr, start, expires)
+                  if at > asked.since]
         for channel in channels_of(reviewer):
-            for kind, at in (("request", None), ("reminder", remind_at)):
-                if kind == "reminder" and at is None:
-                    continue
+            for key, kind, at in sends:
                 note = Notification(  # type: ignore[arg-type]  (channel, kind)
-                    id=notification_id(self.run.id, intr.id, reviewer.id, channel, kind),
+                    id=notification_id(self.run.id, intr.id, reviewer.id, channel, key),
                     interrupt_id=intr.id, reviewer=reviewer.id, channel=channel, kind=kind,
-                    token=token)
+                    level=asked.level, token=token)
                 self.notes.append((note, None if at is None else int(at * 1000)))
 
 
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds") \
+        .replace("+00:00", "Z")
+
+
 def plan(store: Store, settings: Settings, reviewers: Reviewers, run_id: str) -> list[str]:
-    """Record the notifications of the run's open interrupts; returns the ids of requests
-    to send now (reminders wait in the store for their time)."""
+    """Record the notifications of the run's open interrupts (requests now, escalations
+    and reminders at their time); returns the ids of requests to send now (the rest wait
+    in the store for their time)."""
     view = store.view(run_id)
     if view is None or view.status is not Status.INTERRUPTED:
         return []
     planning = _Plan(view, settings, reviewers)
+    directory = reviewers.directory()
     for intr in view.interrupts:
         if intr.state is not InterruptState.OPEN or intr.reason == BACKGROUND_JOB:
             continue
-        people = [r for r in reviewers.asked_for(intr) if channels_of(r)]
+        intr = planning.away_handovers(intr)
+        asked = routing.everyone(directory, intr)
+        people = [a for a in asked if channels_of(a.reviewer)]
         if not people:
             log.warning("run %s: interrupt %s has no reviewer with an email or webhook; it "
                         "can be answered through /v1", run_id, intr.id,
                         extra={"interrupt_id": intr.id})
-        for reviewer in people:
-            planning.announce(intr, reviewer)
-    if not planning.notes:
+        start = epoch(intr.created_at) or planning.now
+        for one in people:
+            planning.announce(intr, one, epoch(intr.expires_at), start)
+    if not planning.notes and not planning.handovers:
         return []
-    new = set(store.plan_notifications(run_id, planning.notes, planning.grants))
+    new = set(store.plan_notifications(run_id, planning.notes, planning.grants,
+                                       planning.handovers))
     return [n.id for n, at in planning.notes if at is None and n.id in new]

@@ -179,7 +179,13 @@ def _commit(rt: Runtime, agent: Agent, step: Step, owner: str, outcome: Outcome,
                                    inline=inline)
         case Park(messages=messages, interrupts=interrupts):
             interrupts, by_rule = _under_policy(rt, agent, step, interrupts)
-            event["interrupts"] = [i.wire() for i in interrupts]
+            # What the run waits on; those a rule answered are listed apart (each also has
+            # its `interrupt.auto_answered` event).
+            event["interrupts"] = [i.wire() for i in interrupts if i.id not in by_rule]
+            if by_rule:
+                event["answeredByRule"] = [
+                    {"id": i.id, "rule": i.rule, "status": by_rule[i.id].status}
+                    for i in interrupts if i.id in by_rule]
             # Background jobs answer themselves, rules answer what they answer; anything
             # else waits on people.
             announce = any(i.reason != BACKGROUND_JOB and i.id not in by_rule

@@ -1,4 +1,5 @@
-"""What every way in can do to a run: start it, answer it, resume it, cancel it, requeue it.
+"""What every way in can do to a run: start it, answer it, hand a request on, resume it,
+cancel it, requeue it.
 
 The HTTP API, the `layby` command, the notifier's channels and Celery's `layby.start_run`
 all come through here: each command checks its input, commits one transition through
@@ -22,7 +23,8 @@ from layby.generation.interrupts import Interrupt, ResumeEntry
 from layby.generation.messages import Message, text_message
 from layby.generation.tools import Tool
 from layby.parking import RunRecord, Transition, Verdict
-from layby.wire import Answer, InterruptState, RunView
+from layby.reviewers import routing
+from layby.wire import Answer, Delegation, InterruptState, RunView
 from layby.control.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -247,6 +249,46 @@ def not_open(run_id: str, spec: Interrupt, first: Answer | None,
     return Conflict(f"interrupt {spec.id} was already {first.state.value} by "
                     f"{first.answered_by} via {first.channel} at {first.answered_at}",
                     run_id=run_id, detail={"interruptId": spec.id, "answer": first.wire()})
+
+
+def delegate(rt: Runtime, run_id: str, interrupt_id: str, *, reviewer: str, to: str,
+             by: str, channel: str, note: str | None = None) -> Transition:
+    """Hand `reviewer`'s part in an open interrupt to `to`, another reviewer of the
+    directory: `to` is asked (a fresh token and notification), `reviewer` no longer is."""
+    directory = rt.reviewers.directory()
+    run = get_run(rt, run_id)
+    intr = next((i for i in run.interrupts if i.id == interrupt_id), None)
+    if intr is None:
+        raise NotFound(f"run {run_id} has no interrupt {interrupt_id!r}", run_id=run_id)
+    if intr.state is not InterruptState.OPEN:
+        raise not_open(run_id, intr, intr.answer, status=run.status.value)
+    target = directory.reviewers.get(to)
+    if target is None:
+        raise Invalid(f"there is no reviewer {to!r} in the reviewer directory to hand this "
+                      "request to; use a reviewer's id", run_id=run_id)
+    if to == reviewer:
+        raise Invalid(f"{to} cannot hand a request to themselves", run_id=run_id)
+    if any(d.reviewer == to for d in intr.delegations):
+        raise Invalid(f"{target.label} handed this request on already; pick someone else",
+                      run_id=run_id)
+    if to in {r.id for r in rt.reviewers.asked_for(intr)}:
+        raise Invalid(f"{target.label} is already asked for this request; pick someone "
+                      "else", run_id=run_id)
+    handover = Delegation(reviewer=reviewer, to=to, by=by, channel=channel, at=now_iso(),
+                          note=note[:2000] if note else None)
+    result = rt.store.delegate(run_id, interrupt_id, handover)
+    if result.verdict is Verdict.AGAIN:
+        raise Conflict(f"{reviewer} already handed this request to "
+                       f"{routing.handed_to(intr, reviewer)}", run_id=run_id)
+    if result.verdict is Verdict.CONFLICT:
+        raise not_open(run_id, intr, result.first,
+                       status=result.status.value if result.status else None)
+    if not result.ok:
+        raise NotFound(f"run {run_id} is gone ({result.verdict})", run_id=run_id)
+    log.info("interrupt %s of run %s handed from %s to %s via %s", interrupt_id, run_id,
+             reviewer, to, channel, extra={"run_id": run_id, "interrupt_id": interrupt_id})
+    rt.publish(result.entries)
+    return result
 
 
 def answer_job(rt: Runtime, run_id: str, interrupt_id: str, *, task: str, result: Any = None,

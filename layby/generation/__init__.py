@@ -34,6 +34,7 @@ from layby.generation.interrupts import (
     CONFIRMATION,
     INPUT_REQUIRED,
     TOOL_CALL,
+    Escalation,
     ExpiryAction,
     Interrupt,
     OnExpire,
@@ -69,7 +70,8 @@ from layby.generation.turn import (
 __all__ = [
     "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "MAX_JSON_DEPTH", "TOOL_CALL",
     "Agent", "Approval", "Ask", "Call", "Case", "Choose", "ConfigError", "Conflict", "Continue", "EndRun",
-    "ExpiryAction", "Fail", "Finish", "Forbidden", "Interrupt", "Invalid", "InvalidAnswer", "JobRequest",
+    "Escalation", "ExpiryAction", "Fail", "Finish", "Forbidden", "Interrupt", "Invalid",
+    "InvalidAnswer", "JobRequest",
     "LaybyError", "Message", "Model", "ModelRequest", "ModelResponse", "NotFound", "OnExpire",
     "Outcome", "Park", "Part", "Reply", "RequestError", "Resume", "ResumeEntry", "ResumeError",
     "ResumeMode", "RunFailed", "ScriptedModel",

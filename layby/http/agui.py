@@ -164,10 +164,21 @@ def added_events(cursor: Cursor, start: int, messages: list[Message]) -> list[Ba
     return out
 
 
+# How people review it, carried in AG-UI's `metadata` under "layby" (AG-UI has no fields
+# for it): the rule that routed it, approvals needed and given, escalation, hand-overs.
+REVIEW_FIELDS = ("rule", "requiredApprovals", "approvals", "escalation", "escalationLevel",
+                 "delegations")
+
+
 def agui_interrupt(spec: dict[str, Any]) -> AguiInterrupt:
-    """AG-UI's Interrupt from a layby interrupt (wire form): AG-UI's fields only."""
-    return AguiInterrupt.model_validate({k: spec[k] for k in AGUI_FIELDS
-                                         if spec.get(k) is not None})
+    """AG-UI's Interrupt from a layby interrupt (wire form): AG-UI's fields, and how it is
+    reviewed in `metadata.layby`."""
+    fields = {k: spec[k] for k in AGUI_FIELDS if spec.get(k) is not None}
+    review = {k: spec[k] for k in REVIEW_FIELDS if spec.get(k) not in (None, [], 0)
+              and not (k == "requiredApprovals" and spec[k] == 1)}
+    if review:
+        fields["metadata"] = {**(fields.get("metadata") or {}), "layby": review}
+    return AguiInterrupt.model_validate(fields)
 
 
 def waits_on_people(interrupts: list[dict[str, Any]]) -> bool:

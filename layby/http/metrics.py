@@ -103,11 +103,22 @@ def _backlogs(g: gauges.Gauges) -> Iterator[Metric]:
 def _counters(stats: dict[str, str]) -> Iterator[Metric]:
     answers = CounterMetricFamily("layby_answers",
                                   "Answers recorded to interrupts, by channel "
-                                  "(expiries count under theirs)", labels=["channel"])
+                                  "(expiries count under theirs; rules under policy)",
+                                  labels=["channel"])
+    by_rule = CounterMetricFamily("layby_policy_auto_answers",
+                                  "Interrupts answered by a reviewer policy rule as the run "
+                                  "parked, by rule", labels=["rule"])
+    escalations = CounterMetricFamily("layby_escalations",
+                                      "Escalation levels asked because nobody answered in "
+                                      "time, by level", labels=["level"])
     for field, value in sorted(stats.items()):
-        if field.startswith("answers:"):
-            answers.add_metric([field.removeprefix("answers:")], float(value))
+        for family, prefix in ((answers, "answers:"), (by_rule, "auto_answers:"),
+                               (escalations, "escalations:")):
+            if field.startswith(prefix):
+                family.add_metric([field.removeprefix(prefix)], float(value))
     yield answers
+    yield by_rule
+    yield escalations
     yield CounterMetricFamily("layby_notifications_failed",
                               "Notifications that ran out of attempts",
                               value=float(stats.get("notifications_failed", 0)))

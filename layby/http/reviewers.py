@@ -109,17 +109,31 @@ def _closed_state(opened: answers.Opened) -> str | None:
     if intr.state is InterruptState.OPEN:
         if intr.expires_at and intr.expires_at < now_iso():
             return "expired"  # past its time; the sweeper applies the policy any moment
+        if any(a.answered_by == f"reviewer:{opened.reviewer.id}" for a in intr.approvals):
+            return "approved"  # theirs counted; the request waits for other reviewers
         return None
     if intr.state is InterruptState.EXPIRED:
         return "expired"
     return "answered" if intr.answer is not None else "cancelled"
 
 
-def _show(opened: answers.Opened, state: str, status: int = 200, **extra: Any) -> HTMLResponse:
+def _show(opened: answers.Opened, state: str, status: int = 200, rt: Runtime | None = None,
+          **extra: Any) -> HTMLResponse:
     form = form_for(opened.interrupt, extra.pop("decision", None)) if state == "open" else None
+    handover_to = _handover_to(rt, opened) if rt is not None and state == "open" else None
     return _page(render_review(agent=opened.run.agent, interrupt=opened.interrupt,
                                reviewer_label=opened.reviewer.label, state=state, form=form,
-                               **extra), status)
+                               handover_to=handover_to, **extra), status)
+
+
+def _handover_to(rt: Runtime, opened: answers.Opened) -> list[tuple[str, str]]:
+    """Whom the reviewer may hand the request to: reviewers who can be told (an email or a
+    webhook), not asked already, who have not handed it on themselves."""
+    asked = {r.id for r in rt.reviewers.asked_for(opened.interrupt)}
+    gave_up = {d.reviewer for d in opened.interrupt.delegations}
+    return [(r.id, f"{r.name} ({r.id})" if r.name else r.id)
+            for r in rt.reviewers.directory().reviewers.values()
+            if (r.email or r.webhook) and r.id not in asked | gave_up]
 
 
 # `:path` so that a mangled link (cut short after "/review/", or with a "/" in it) still gets
@@ -145,7 +159,7 @@ def review_page(token: Token, rt: Rt,
     opened = _open(rt, token, 200)
     if isinstance(opened, HTMLResponse):
         return opened
-    return _show(opened, "open", decision=decision if decision in DECISIONS else None)
+    return _show(opened, "open", rt=rt, decision=decision if decision in DECISIONS else None)
 
 
 @router.post("/review/{token:path}", response_class=HTMLResponse,
@@ -162,18 +176,29 @@ def _answer_page(rt: Runtime, token: str, values: dict[str, str]) -> HTMLRespons
     opened = _open(rt, token, 409)
     if isinstance(opened, HTMLResponse):
         return opened
+    handing_on = values.get("action") == "delegate"
     try:
+        if handing_on:
+            to = values.get("delegate_to", "").strip()
+            answers.delegate(rt, opened, to, channel="page",
+                             note=values.get("delegate_note", "").strip() or None)
+            target = rt.reviewers.get(to)
+            return _show(answers.reopen(rt, opened), "handed",
+                         message=target.label if target else to)
         entry = entry_from_form(opened.interrupt, values)
         answers.answer(rt, opened, entry, channel="page")
     except Invalid as exc:
         errors = (exc.detail or {}).get("errors") if isinstance(exc.detail, dict) else None
-        return _show(opened, "open", 422, errors=errors or [{"path": "", "message":
-                                                              exc.message}], values=values)
+        return _show(opened, "open", 422, rt=rt, errors=errors or [
+            {"path": "delegate_to" if handing_on else "", "message": exc.message}],
+            values=None if handing_on else values)
     except LaybyError as exc:  # refused as it was recorded: a rival answered first, …
         fresh = answers.reopen(rt, opened)
-        return _show(fresh, _closed_state(fresh) or "open", status_of(exc),
+        return _show(fresh, _closed_state(fresh) or "open", status_of(exc), rt=rt,
                      message=exc.message)
-    return _show(answers.reopen(rt, opened), "done")
+    fresh = answers.reopen(rt, opened)
+    # An approval that is not the last one needed leaves the request open.
+    return _show(fresh, "approved" if fresh.is_open else "done")
 
 
 @router.post("/callbacks/answers", response_model=CallbackTaken,
@@ -229,8 +254,9 @@ async def inbound_email(request: Request, rt: Rt) -> JSONResponse:
         # the reviewer directory): 503, so the provider delivers the reply again later.
         raise Unavailable("layby cannot take replies right now (a configuration problem on "
                           "its side); try again later") from exc
-    return JSONResponse({"runId": got.run_id, "interruptId": got.interrupt_id,
-                         "reviewer": got.reviewer, "resumed": got.resumed})
+    return JSONResponse(MailTaken(run_id=got.run_id, interrupt_id=got.interrupt_id,
+                                  reviewer=got.reviewer, resumed=got.resumed,
+                                  delegated_to=got.delegated_to).wire())
 
 
 def _check_provider(rt: Runtime, request: Request) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from layby.control import Runtime, commands
 from layby.errors import Invalid, NotFound
 from layby.generation.interrupts import ResumeEntry
-from layby.reviewers import tokens
+from layby.reviewers import routing, tokens
 from layby.reviewers.directory import Reviewer
 from layby.reviewers.tokens import BadToken, Grant
 from layby.parking import Transition
@@ -86,6 +86,10 @@ def _opened(rt: Runtime, grant: Grant, reviewer: Reviewer, run: RunView | None =
     if interrupt is None:
         raise NotFound(f"run {run.id} has no interrupt {grant.interrupt_id!r}", run_id=run.id)
     if reviewer.id not in {r.id for r in rt.reviewers.asked_for(interrupt)}:
+        handed = routing.handed_to(interrupt, reviewer.id)
+        if handed != reviewer.id:
+            raise NotAllowed(f"{reviewer.label} handed this request to {handed}; this link "
+                             "no longer answers it", run_id=run.id)
         raise NotAllowed(f"{reviewer.label} is not among the reviewers of this request",
                          run_id=run.id)
     return Opened(grant, reviewer, run, interrupt)
@@ -98,6 +102,15 @@ def refuse_if_closed(opened: Opened) -> None:
     if not opened.is_open:
         raise commands.not_open(opened.run.id, opened.interrupt, opened.interrupt.answer,
                                 status=opened.run.status.value)
+
+
+def delegate(rt: Runtime, opened: Opened, to: str, *, channel: str,
+             note: str | None = None) -> Transition:
+    """The opened reviewer hands the request to `to` (another reviewer of the directory)."""
+    refuse_if_closed(opened)
+    return commands.delegate(rt, opened.run.id, opened.interrupt.id,
+                             reviewer=opened.reviewer.id, to=to,
+                             by=f"reviewer:{opened.reviewer.id}", channel=channel, note=note)
 
 
 def answer(rt: Runtime, opened: Opened, entry: ResumeEntry, *, channel: str,

@@ -83,6 +83,8 @@ class ReplyHandler:
         except Exception:
             log.exception("reply from %s failed", envelope.mail_from)
             return "451 4.3.0 layby could not take this reply; try again later"
+        if got.delegated_to:
+            return f"250 2.0.0 Request of run {got.run_id} handed to {got.delegated_to}"
         log.info("reply from %s answered interrupt %s of run %s", envelope.mail_from,
                  got.interrupt_id, got.run_id,
                  extra={"run_id": got.run_id, "interrupt_id": got.interrupt_id})

@@ -10,6 +10,8 @@ States:
     expired    the request ran out of time; no form
     cancelled  the run was cancelled or is over; no form
     done       thanks after a successful answer: what was recorded, and that the run goes on
+    approved   this reviewer's approval is recorded, and the request waits for more
+    handed     this reviewer handed the request on: to whom; no form
     refused    the link is bad, expired or forged: `message` says why; no form
 """
 
@@ -28,7 +30,8 @@ from layby.inbox.forms import DECISIONS, PAYLOAD, Form
 from layby.reviewers.schemas import is_confirmation
 from layby.wire import InterruptView
 
-STATES = frozenset({"open", "answered", "expired", "cancelled", "done", "refused"})
+STATES = frozenset({"open", "answered", "expired", "cancelled", "done", "approved", "handed",
+                    "refused"})
 
 _env = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
@@ -42,13 +45,15 @@ _env = jinja2.Environment(
 def render_review(*, agent: str, interrupt: InterruptView | None, reviewer_label: str | None,
                   state: str, form: Form | None, errors: list[dict] | None = None,
                   values: Mapping[str, str] | None = None, message: str | None = None,
-                  decision: str | None = None) -> str:
+                  decision: str | None = None,
+                  handover_to: list[tuple[str, str]] | None = None) -> str:
     """The review page as HTML.
 
     `errors` are `{path, message}` items (from `notifier.forms.Invalid.detail["errors"]`);
     `values` are what was posted, shown again so nothing typed is lost; `message` is the
     reason on a `refused` page and an extra line elsewhere; `decision` is the button a link
-    preselected (`?decision=approve`).
+    preselected (`?decision=approve`); `handover_to` the (id, name) of the reviewers the
+    request can be handed to.
     """
     if state not in STATES:
         raise ValueError(f"unknown review page state {state!r}; expected one of {sorted(STATES)}")
@@ -70,6 +75,7 @@ def render_review(*, agent: str, interrupt: InterruptView | None, reviewer_label
         outcome=_outcome(interrupt) if interrupt is not None else None,
         answer=getattr(interrupt, "answer", None),
         recorded=_recorded(interrupt),
+        handover_to=handover_to or [],
     )
 
 

@@ -72,6 +72,20 @@ def read_answer(interrupt: Interrupt, text: str) -> ResumeEntry:
     return entry
 
 
+_HANDOVER = re.compile(r"^\s*(?:delegate|hand\s+(?:it\s+)?(?:on\s+)?)\s*(?:to\s+)?"
+                       r"<?([A-Za-z0-9][A-Za-z0-9_.+@-]{0,199}?)>?[.!]?\s*$", re.IGNORECASE)
+
+
+def read_handover(text: str) -> tuple[str, str | None] | None:
+    """`delegate bob` (or `delegate to bob@example.com`, `hand on to bob`) on the first
+    line: whom the reviewer hands the request to, and the rest of the reply as a note."""
+    first, _, rest = text.strip().partition("\n")
+    found = _HANDOVER.match(first)
+    if not found:
+        return None
+    return found.group(1), rest.strip()[:2000] or None
+
+
 def _resolved(interrupt: Interrupt, payload: Any) -> ResumeEntry:
     return ResumeEntry(interrupt_id=interrupt.id, status="resolved", payload=payload)
 

@@ -1,7 +1,8 @@
 """Email replies in: one reply mail (from the SMTP listener or the inbound-mail webhook)
 becomes one answer, or a refusal that says why. The token comes from the recipient
 address, the sender must be the reviewer the token was issued to, and the answer is read
-from the reply's first lines. A reply that cannot be read gets an email back."""
+from the reply's first lines; `delegate bob` there hands the request to another reviewer
+instead. A reply that cannot be read gets an email back."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from layby.inbox.mime import (
     reply_text,
     token_from_address,
 )
-from layby.inbox.reading import Unreadable, read_answer
+from layby.inbox.reading import Unreadable, read_answer, read_handover
 from layby.notifier import mail
 from layby.reviewers.schemas import how_to_answer
 from layby.reviewers.tokens import BadToken
@@ -41,6 +42,7 @@ class Received:
     interrupt_id: str
     reviewer: str
     resumed: bool
+    delegated_to: str | None = None
 
 
 def token_of(message: Mail, envelope_recipients: list[str] | None) -> str:
@@ -84,8 +86,12 @@ def receive(rt: Runtime, raw: bytes, envelope_recipients: list[str] | None = Non
                           f"to {opened.reviewer.label}; only they can answer it by email",
                           run_id=opened.run.id)
     answers.refuse_if_closed(opened)  # before reading: an unreadable late reply is late
+    text = reply_text(message.text)
+    handover = read_handover(text)
+    if handover is not None:
+        return _hand_on(rt, opened, message, *handover)
     try:
-        entry = read_answer(opened.interrupt, reply_text(message.text))
+        entry = read_answer(opened.interrupt, text)
         result = answers.answer(rt, opened, entry, channel="email")
     except (Unreadable, Invalid) as exc:
         # Invalid: read, but refused by the tool's own rules; to the reviewer, the same.
@@ -95,6 +101,23 @@ def receive(rt: Runtime, raw: bytes, envelope_recipients: list[str] | None = Non
         raise Unreadable(reason, run_id=opened.run.id, detail=exc.detail) from None
     return Received(opened.run.id, opened.interrupt.id, opened.reviewer.id,
                     bool(result.entries))
+
+
+def _hand_on(rt: Runtime, opened: answers.Opened, message: Mail, name: str,
+             note: str | None) -> Received:
+    """`delegate <reviewer>`: the request goes to that reviewer (by id or email address)."""
+    by_mail = rt.reviewers.directory().by_email(name) if "@" in name else None
+    to = by_mail.id if by_mail else name
+    try:
+        answers.delegate(rt, opened, to, channel="email", note=note)
+    except Invalid as exc:
+        reason = (f"{exc.message}\n\nTo hand a request on, reply with \"delegate\" and a "
+                  "reviewer's id or email address on the first line, for example "
+                  "\"delegate bob\".")
+        _mail_back(rt, message, reason)
+        raise Unreadable(reason, run_id=opened.run.id) from None
+    return Received(opened.run.id, opened.interrupt.id, opened.reviewer.id, False,
+                    delegated_to=to)
 
 
 def _mail_back(rt: Runtime, message: Mail, reason: str) -> None:

@@ -30,6 +30,9 @@ cli.add_typer(runs, name="runs")
 ops = typer.Typer(help="On-call work: stuck runs, failed notifications, purging.",
                   no_args_is_help=True)
 cli.add_typer(ops, name="ops")
+policy = typer.Typer(help="Reviewer policy rules: check a file, explain a decision.",
+                     no_args_is_help=True)
+cli.add_typer(policy, name="policy")
 
 
 def main() -> None:
@@ -570,6 +573,94 @@ def ops_purge(dry_run: Annotated[bool, typer.Option(
     else:
         typer.echo(f"purged {counts['pruned']} index entr"
                    f"{'y' if counts['pruned'] == 1 else 'ies'} ({found})")
+
+
+# -- reviewer policy ------------------------------------------------------------------------
+
+
+def _rules(path: Any) -> Any:
+    """The rules in `path` (or the configured file), checked against the directory."""
+    from pathlib import Path
+
+    from layby.errors import ConfigError
+    from layby.reviewers.directory import load_directory
+    from layby.reviewers.policy import load_rules
+
+    settings = Settings()
+    where = Path(path) if path else settings.policy_file or settings.reviewers_file
+    if where is None:
+        _fail("no rules to read: give a FILE, or set LAYBY_POLICY_FILE (or "
+              "LAYBY_REVIEWERS_FILE, with `[[rules]]` in it)")
+    try:
+        rules = load_rules(where)
+        # Checked against the configured directory, or against the file itself when the
+        # rules live in a directory file.
+        directory_file = settings.reviewers_file or where
+        rules.check(load_directory(directory_file))
+    except ConfigError as exc:
+        _fail(exc.message)
+    return rules
+
+
+@policy.command("check")
+def policy_check(file: Annotated[str, typer.Argument(help="a rules file (TOML or YAML)")]
+                 ) -> None:
+    """Validate a rules file: it parses, its conditions compile, the reviewers and groups
+    it names are in the directory (LAYBY_REVIEWERS_FILE). Exits 1 with the reason if not."""
+    rules = _rules(file)
+    typer.echo(f"{file}: {len(rules.rules)} rule(s), all valid")
+    for rule in rules.rules:
+        typer.echo(f"  {rule.name:24} {_summary(rule)}")
+
+
+@policy.command("explain")
+def policy_explain(
+        agent: Annotated[str, typer.Option(help="the agent's name")],
+        tool: Annotated[str, typer.Option(help="the tool's name")],
+        input: Annotated[str, typer.Option("--input", help="the tool's input, JSON")] = "{}",
+        metadata: Annotated[str, typer.Option(help="the run's metadata, JSON")] = "{}",
+        reason: Annotated[str, typer.Option(help="the interrupt's reason")] = CONFIRMATION,
+        file: Annotated[str | None, typer.Option(help="a rules file (default: the "
+                                                 "configured one)")] = None) -> None:
+    """Which rule decides an interrupt of TOOL with this input, and why each rule before
+    it did not."""
+    try:
+        tool_input, run_metadata = json.loads(input), json.loads(metadata)
+    except json.JSONDecodeError as exc:
+        _fail(f"--input and --metadata take JSON: {exc}")
+    if not isinstance(run_metadata, dict):
+        _fail("--metadata takes a JSON object")
+    rules = _rules(file)
+    rule, checks = rules.evaluate(agent, tool, reason, tool_input, run_metadata)
+    for check in checks:
+        typer.echo(f"  {'match' if check.matched else 'skip ':5}  {check.rule:24} {check.why}")
+    if rule is None:
+        typer.echo("no rule matches: asked as the tool asks (its reviewers, or the "
+                   "default group)")
+    else:
+        typer.echo(f"rule {rule.name!r} decides: {_summary(rule)}")
+
+
+def _summary(rule: Any) -> str:
+    if rule.action == "approve":
+        return "approve at once (nobody is asked)"
+    if rule.action == "decline":
+        return f"decline at once ({rule.note or 'no reason given'})"
+    parts = [f"ask {', '.join(rule.reviewers) if rule.reviewers else 'the tool’s reviewers'}"]
+    if rule.required_approvals and rule.required_approvals > 1:
+        parts.append(f"{rule.required_approvals} approvals needed")
+    parts += [f"after {_duration(level.after)} also {', '.join(level.to)}"
+              for level in rule.escalate]
+    if rule.remind_every:
+        parts.append(f"remind every {_duration(rule.remind_every)}")
+    return "; ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 
 if __name__ == "__main__":

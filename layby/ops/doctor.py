@@ -8,6 +8,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 import redis.sentinel
@@ -211,6 +212,8 @@ def check_reviewers(settings: Settings) -> list[Check]:
     except Exception as exc:  # noqa: BLE001  (any failure to load is the finding)
         checks.append(Check("reviewer directory", False,
                             f"{settings.reviewers_file} does not load: {exc}"))
+        directory = None
+    checks += check_policy(settings, directory)
     spec = settings.resolved_token_keys()
     if not spec:
         needed = settings.reviewers_file is not None
@@ -224,6 +227,27 @@ def check_reviewers(settings: Settings) -> list[Check]:
         except ValueError as exc:
             checks.append(Check("token keys", False, f"LAYBY_TOKEN_KEYS is invalid: {exc}"))
     return checks
+
+
+def check_policy(settings: Settings, directory: Any) -> list[Check]:
+    """The reviewer policy rules: refused ones leave the previous rules in force in running
+    processes, so a broken file is easy to miss without this."""
+    from layby.errors import ConfigError
+    from layby.reviewers.policy import load_rules
+
+    path = settings.policy_file or settings.reviewers_file
+    if path is None:
+        return []
+    try:
+        rules = load_rules(path)
+        if directory is not None:
+            rules.check(directory)
+    except ConfigError as exc:
+        return [Check("policy rules", False, f"{exc.message}; running processes keep the "
+                                             "rules they loaded before (`layby policy check`)")]
+    if not rules.rules and settings.policy_file is None:
+        return []  # a directory without rules: nothing to report
+    return [Check("policy rules", True, f"{path}: {len(rules.rules)} rule(s)")]
 
 
 def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,

@@ -15,7 +15,7 @@ from redis.commands.core import Script
 RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "advance_turn",
                "park_run", "complete_run", "fail_run", "cancel_run", "answer_interrupts",
                "expire_interrupt", "requeue_run", "plan_notifications", "start_delivery",
-               "finish_delivery", "retry_notifications")
+               "finish_delivery", "retry_notifications", "delegate_interrupt")
 # Scripts on global keys only, without the prelude.
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
                       "beat_worker", "reap_workers")

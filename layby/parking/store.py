@@ -30,7 +30,7 @@ from layby.parking.registries import (
     RunIndex,
     now_ms,
 )
-from layby.parking.results import Transition
+from layby.parking.results import Transition, Verdict
 from layby.wire import (
     Answer,
     Delegation,
@@ -77,6 +77,7 @@ class StoreConfig:
 # result): lost at a failover, the caller would have been told something that is not so.
 # The others are redone by the sweeper or a redelivery if lost.
 ACKNOWLEDGED = frozenset({"create_run", "park_run", "answer_interrupts", "expire_interrupt",
+                          "delegate_interrupt",
                           "complete_run", "fail_run", "cancel_run"})
 # First elements of the replies of scripts that wrote something.
 WROTE = frozenset({"created", "ok", "failed", "early"})
@@ -231,6 +232,16 @@ class Store:
                           self.tasks.turn_queue, len(answers), *pairs)
         return results.committed(reply)
 
+    def delegate(self, run_id: str, interrupt_id: str, handover: Delegation) -> Transition:
+        """Hand an open interrupt from `handover.reviewer` to `handover.to`; the
+        announcement task is queued to tell the new reviewer. AGAIN: handed on before."""
+        reply = self._run("delegate_interrupt", run_id, interrupt_id, handover.reviewer,
+                          _dumps(handover.wire()), self.tasks.notify_task,
+                          self.tasks.notify_queue)
+        if reply[0] == Verdict.AGAIN:
+            return Transition(Verdict.AGAIN, interrupt_id=interrupt_id)
+        return results.committed(reply)
+
     def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None) -> Transition:
         reply = self._run("expire_interrupt", run_id, answer.interrupt_id, _dumps(answer.wire()),
                           _dumps(fail_error) if fail_error else "", self.tasks.resume_task,
@@ -246,15 +257,19 @@ class Store:
     # -- notifications -------------------------------------------------------------------
 
     def plan_notifications(self, run_id: str, planned: list[tuple[Notification, int | None]],
-                           grants: list[tuple[str, str, int]]) -> list[str]:
-        """Record notifications (each with when to send it in epoch ms, None for now) and
-        the grants of their new tokens (ref, grant JSON, lifetime in ms; opaque here).
-        Returns the ids that were not planned before."""
-        argv: list[Any] = [len(planned), len(grants)]
+                           grants: list[tuple[str, str, int]],
+                           handovers: list[tuple[str, Delegation]] = ()) -> list[str]:
+        """Record notifications (each with when to send it in epoch ms, None for now), the
+        grants of their new tokens (ref, grant JSON, lifetime in ms; opaque here) and the
+        hand-overs of reviewers away (interrupt id, delegation). Returns the ids that were
+        not planned before."""
+        argv: list[Any] = [len(planned), len(grants), len(handovers)]
         for note, at in planned:
             argv += [note.id, _dumps(_stored(note)), "" if at is None else at]
         for _, grant, ttl_ms in grants:
             argv += [grant, max(1000, ttl_ms)]
+        for interrupt_id, handover in handovers:
+            argv += [interrupt_id, handover.reviewer, _dumps(handover.wire())]
         reply = self._run("plan_notifications", run_id, *argv,
                           extra_keys=tuple(self.keys.grant(ref) for ref, _, _ in grants))
         return [str(x) for x in reply]

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 from layby.broker_config import Settings, logs
 from layby.errors import ConfigError
-from layby.generation.interrupts import Interrupt
+from layby.reviewers import routing
 from layby.reviewers.directory import Directory, Reviewer, load_directory
 from layby.reviewers.policy import Policy, load_rules
 from layby.reviewers.tokens import parse_keys
+from layby.wire import InterruptView
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +82,11 @@ class Reviewers:
     def get(self, reviewer_id: str) -> Reviewer | None:
         return self.directory().reviewers.get(reviewer_id)
 
-    def asked_for(self, interrupt: Interrupt) -> list[Reviewer]:
-        """Who may answer `interrupt` through the reviewer channels: the people and groups
-        it names, or the default group."""
-        return self.directory().resolve(interrupt.reviewers)
+    def asked_for(self, interrupt: InterruptView) -> list[Reviewer]:
+        """Who may answer `interrupt` through the reviewer channels now: its first
+        reviewers (or the default group), the escalation levels reached, each replaced by
+        whom they handed it to (`layby.reviewers.routing`)."""
+        return routing.asked_now(self.directory(), interrupt, time.time())
 
     def token_keys(self) -> dict[str, bytes]:
         spec = self.settings.resolved_token_keys()

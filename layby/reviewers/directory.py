@@ -14,6 +14,12 @@ Read from the TOML or YAML file named by `LAYBY_REVIEWERS_FILE`:
     [groups]
     ops = ["alice", "payments-bot"]
 
+A reviewer away says until when and who takes their new requests:
+
+    [reviewers.alice]
+    away_until = 2026-12-31T00:00:00Z
+    delegate_to = "bob"
+
 An interrupt names people and groups (`ctx.interrupt(reviewers=[...])`); with none, the
 default group is asked. Webhook secrets stay in this file: they are never logged, stored
 in Redis or sent in a task.
@@ -24,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import tomllib
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -68,10 +75,17 @@ class Reviewer(BaseModel):
     name: str | None = None
     email: str | None = Field(None, pattern=r"^[^@\s]+@[^@\s]+$")
     webhook: Webhook | None = None
+    # Away: until then, new requests for this reviewer go to `delegate_to` instead.
+    away_until: datetime | None = None
+    delegate_to: str | None = None
 
     @property
     def label(self) -> str:
         return self.name or self.id
+
+    def away(self, now: float) -> bool:
+        return bool(self.delegate_to and self.away_until
+                    and self.away_until.timestamp() > now)
 
 
 class Directory(BaseModel):
@@ -85,6 +99,13 @@ class Directory(BaseModel):
     def _consistent(self) -> Directory:
         for rid, reviewer in self.reviewers.items():
             reviewer.id = rid
+        for rid, reviewer in self.reviewers.items():
+            if reviewer.delegate_to is not None and (
+                    reviewer.delegate_to not in self.reviewers or reviewer.delegate_to == rid):
+                raise ValueError(f"reviewer {rid!r}: delegate_to {reviewer.delegate_to!r} "
+                                 "is not another reviewer of the directory")
+            if reviewer.away_until is not None and reviewer.away_until.tzinfo is None:
+                reviewer.away_until = reviewer.away_until.replace(tzinfo=UTC)
         for group, members in self.groups.items():
             unknown = [m for m in members if m not in self.reviewers]
             if unknown:

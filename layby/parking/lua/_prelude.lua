@@ -82,14 +82,16 @@ local function close_open_interrupts()
 end
 
 -- Notifications not sent yet of closed interrupts (`closed`: a set of their ids; nil for
--- every interrupt) are skipped now, not when their time comes, so operators never see them
--- as pending. One pass over the run's notifications, however many interrupts closed.
-local function skip_notifications(closed)
+-- every interrupt), or only those to one `reviewer` (who handed the request on), are
+-- skipped now, not when their time comes, so operators never see them as pending. One
+-- pass over the run's notifications, however many interrupts closed.
+local function skip_notifications(closed, reviewer)
   local raw = redis.call('HGETALL', NOTIFICATIONS)
   for i = 1, #raw, 2 do
     local rec = cjson.decode(raw[i + 1])
     if (rec.state == 'pending' or rec.state == 'retrying')
-        and (closed == nil or closed[rec.interruptId]) then
+        and (closed == nil or closed[rec.interruptId])
+        and (reviewer == nil or rec.reviewer == reviewer) then
       rec.state = 'skipped'
       redis.call('HSET', NOTIFICATIONS, raw[i], cjson.encode(rec))
       redis.call('ZREM', NOTIFY_DUE, run_id() .. ' ' .. raw[i])

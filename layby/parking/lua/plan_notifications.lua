@@ -1,19 +1,31 @@
 -- plan_notifications: record the announcements of a parked run's open interrupts, each
--- once. A notification already planned (same id) is left as it is, so planning again after
--- a crash sends nothing twice; its grant is stored only with a new notification.
--- Reads run (status), notifications. Writes notifications, notify:due, grant keys, events.
+-- once, and the hand-overs of reviewers away. A notification already planned (same id) is
+-- left as it is, so planning again after a crash sends nothing twice; its grant is stored
+-- only with a new notification; a hand-over is recorded once per reviewer and interrupt.
+-- Reads run (status), notifications, review. Writes notifications, notify:due, grant keys,
+-- review (hand-overs), events.
 -- KEYS from 22: one grant key per grant in ARGV.
--- ARGV: 1 count n, 2 count g, then n triples: notification id, Notification JSON, when to
---       send (ms; '' for now), then g pairs: grant JSON, its lifetime (ms)
+-- ARGV: 1 count n, 2 count g, 3 count d, then n triples: notification id, Notification
+--       JSON, when to send (ms; '' for now), then g pairs: grant JSON, its lifetime (ms),
+--       then d triples: interrupt id, the reviewer away, Delegation JSON
 -- Returns the ids planned by this call ({} when the run no longer waits).
-local count, grant_count = ARGV[1], ARGV[2]
 if redis.call('HGET', RUN, 'status') ~= 'interrupted' then return {} end
 local now = now_ms()
 local id = run_id()
-local n, g = tonumber(count), tonumber(grant_count)
+local version = redis.call('HGET', RUN, 'version')
+local n, g, d = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local base_grants, base_handovers = 4 + 3 * n, 4 + 3 * n + 2 * g
+for k = 0, d - 1 do
+  local iid, from, record = ARGV[base_handovers + 3 * k], ARGV[base_handovers + 3 * k + 1],
+                            ARGV[base_handovers + 3 * k + 2]
+  if redis.call('SISMEMBER', OPEN, iid) == 1
+      and redis.call('HSETNX', REVIEW, 'delegated:' .. iid .. ':' .. from, record) == 1 then
+    event('interrupt.delegated', version, record, now)
+  end
+end
 local planned = {}
 for i = 0, n - 1 do
-  local nid, raw, at = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
+  local nid, raw, at = ARGV[4 + 3 * i], ARGV[5 + 3 * i], ARGV[6 + 3 * i]
   if redis.call('HEXISTS', NOTIFICATIONS, nid) == 0 then
     local rec = cjson.decode(raw)
     rec.due = (at == '') and now or tonumber(at)
@@ -26,11 +38,10 @@ for i = 0, n - 1 do
   end
 end
 if #planned > 0 then
-  local base = 3 + 3 * n
   for j = 0, g - 1 do
-    redis.call('SET', KEYS[22 + j], ARGV[base + 2 * j], 'PX', ARGV[base + 2 * j + 1], 'NX')
+    redis.call('SET', KEYS[22 + j], ARGV[base_grants + 2 * j], 'PX',
+               ARGV[base_grants + 2 * j + 1], 'NX')
   end
-  event('notifications.planned', redis.call('HGET', RUN, 'version'),
-        cjson.encode({ids = planned}), now)
+  event('notifications.planned', version, cjson.encode({ids = planned}), now)
 end
 return planned

@@ -2,7 +2,8 @@
 -- sender died) → sending, with a new send deadline. An interrupt that is no longer open is
 -- not announced: skipped. A notification out of attempts is failed.
 -- Reads notifications, run (version), open. Writes notifications, notify:due, events and
--- stats (when it gives up).
+-- stats (when it gives up, and when an escalation level is first asked), review
+-- (escalated levels).
 -- ARGV: 1 notification id, 2 send deadline (ms from now), 3 max attempts, 4 run id
 -- Returns {'ok', Notification JSON} | {'later'} | {'done', state} | {'failed'}
 local deadline_ms, max_attempts, the_run = ARGV[2], ARGV[3], ARGV[4]
@@ -32,6 +33,15 @@ if tonumber(rec.attempts) >= tonumber(max_attempts) then
                     .. 'last never finished (' .. (rec.lastError or 'the sender stopped') .. ')',
                     v, now)
   return {'failed'}
+end
+if rec.kind == 'escalation' then
+  -- The level's first request to go out marks it reached: one event and one count a level.
+  local level = tonumber(rec.level or 0)
+  if redis.call('HSETNX', REVIEW, 'escalated:' .. rec.interruptId .. ':' .. level, now) == 1 then
+    stat('escalations:' .. level)
+    event('interrupt.escalated', v, cjson.encode({interruptId = rec.interruptId,
+                                                  level = level}), now)
+  end
 end
 rec.state = 'sending'
 rec.attempts = tonumber(rec.attempts) + 1
