@@ -9,7 +9,17 @@ from pathlib import Path
 from layby.broker_config import Settings
 from layby.control.connections import redis_client
 from layby.demo.agents import ask_question, compile_report
-from layby.generation import Agent, Ask, Call, Reply, ScriptedModel, ToolContext, interrupt_tool, tool
+from layby.generation import (
+    Agent,
+    Approval,
+    Ask,
+    Call,
+    Reply,
+    ScriptedModel,
+    ToolContext,
+    interrupt_tool,
+    tool,
+)
 
 
 @tool
@@ -51,6 +61,21 @@ def sign_off(ctx: ToolContext, who: str) -> dict:
 named = Agent(name="test.named", tools=(sign_off,), model=ScriptedModel(steps=[
     Reply(calls=[Call(name="sign_off", input={"who": "{input}"})]),
     Reply(text="Signed off."),
+]))
+
+
+@tool
+def two_keys(ctx: ToolContext, action: str) -> dict:
+    """A launch that two different people must approve (`required_approvals`)."""
+    if not ctx.restarted:
+        ctx.interrupt(f"Launch {action}?", response_schema=Approval, reviewers=["everyone"],
+                      required_approvals=2)
+    return {"launched": action if ctx.resumed.approved else None}
+
+
+quorum = Agent(name="test.quorum", tools=(two_keys,), model=ScriptedModel(steps=[
+    Reply(calls=[Call(name="two_keys", input={"action": "{input}"})]),
+    Reply(text="Launched: {two_keys[launched]}"),
 ]))
 
 

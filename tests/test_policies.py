@@ -12,6 +12,7 @@ stream, who got mail, `/metrics`, and what `layby policy` and `layby doctor` pri
 from __future__ import annotations
 
 import json
+import os
 import smtplib
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from layby.ops.embedded import EmbeddedRedis
 from tests.browser import launch
-from tests.harness import API_KEY, wait_until
+from tests.harness import API_KEY, ROOT, wait_until
 from tests.reviewers import (
     ReviewedSystem,
     SmtpServer,
@@ -77,6 +78,13 @@ tool = "transfer_funds"
 when = "input.amount >= 500 && input.amount < 1000"
 reviewers = ["alice"]
 escalate = [{ after = "3s", to = ["bob"] }]
+
+[[rules]]
+name = "reminded"
+tool = "transfer_funds"
+when = "input.amount >= 400 && input.amount < 500"
+reviewers = ["alice"]
+remind_every = "2s"
 
 [[rules]]
 name = "large-transfers"
@@ -333,6 +341,50 @@ def test_an_answer_before_the_delay_means_nobody_else_is_asked(policed: Reviewed
     assert escalation and all(n["state"] == "skipped" for n in escalation)
 
 
+def test_reminders_repeat_until_someone_answers(policed: ReviewedSystem) -> None:
+    run_id = transfer(policed, 450)
+    intr = the_interrupt(policed.system.wait_status(run_id, "interrupted", timeout=60))
+    assert intr["remindEveryS"] == 2.0
+    mails = wait_until(lambda: len(m := policed.smtp.mails_to(ALICE, run_id)) >= 3 and m, 30,
+                       what="a request and two reminders")
+    assert reply(policed, mails[0], "approve").startswith("250 2.0.0 Answer")
+    policed.system.wait_status(run_id, "completed", timeout=60)
+    sent = len(policed.smtp.mails_to(ALICE, run_id))
+    wait_gone(lambda: len(policed.smtp.mails_to(ALICE, run_id)) > sent, 5)
+    kinds = [n["kind"] for n in policed.system.run(run_id)["notifications"]]
+    assert kinds.count("request") == 1 and kinds.count("reminder") >= 3
+
+
+def test_a_tool_asks_for_two_approvals_and_the_client_shows_them(policed: ReviewedSystem
+                                                                 ) -> None:
+    from layby import Client
+
+    with Client(policed.system.base_url, api_key=API_KEY) as client:
+        run = client.start("test.quorum", input="rocket")
+        run = client.wait(run.id, until="interrupted", timeout=60)
+        intr = run.open_interrupts[0]
+        assert (intr.required_approvals, intr.rule) == (2, "default")
+        for key in VOTER_KEYS[:2]:
+            with Client(policed.system.base_url, api_key=key) as voter:
+                voter.answer(run.id, intr.id, payload={"approved": True})
+        done = client.wait(run.id, until="completed", timeout=60)
+    assert done.result == "Launched: rocket"
+    (answered,) = done.interrupts
+    assert [a.answered_by for a in answered.approvals] == \
+        [f"api-key:{k[:4]}…" for k in VOTER_KEYS[:2]]
+
+
+def test_ag_ui_interrupts_carry_how_they_are_reviewed(policed: ReviewedSystem) -> None:
+    from layby.http.agui import agui_interrupt
+
+    run_id = transfer(policed, 2100)
+    intr = the_interrupt(policed.system.wait_status(run_id, "interrupted", timeout=60))
+    shown = agui_interrupt(intr).model_dump(by_alias=True, exclude_none=True)
+    assert shown["metadata"]["layby"] == {"rule": "large-transfers", "requiredApprovals": 2}
+    assert shown["metadata"]["to"] == "Bob"  # the tool's own metadata stays
+    assert policed.system.answer(run_id, intr["id"], status="cancelled").status_code == 200
+
+
 # -- delegation ---------------------------------------------------------------------------
 
 
@@ -479,3 +531,25 @@ def test_a_broken_rules_file_is_refused_and_the_old_rules_stay(policed: Reviewed
     assert "skip   small-transfers" in explained.stdout
     assert "rule 'large-transfers' decides: ask approvers; 2 approvals needed" in \
         explained.stdout
+
+
+def test_the_readme_example_file_checks_and_explains() -> None:
+    example = ROOT / "examples" / "policies" / "reviewers.toml"
+    env = {**os.environ, "LAYBY_REVIEWERS_FILE": str(example)}
+    env.pop("LAYBY_POLICY_FILE", None)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "layby.ops.cli", "policy", *args],
+                              env=env, capture_output=True, text=True, timeout=60, check=False)
+
+    checked = cli("check", str(example))
+    assert checked.returncode == 0, checked.stderr
+    assert "4 rule(s), all valid" in checked.stdout
+    explained = cli("explain", "--agent", "shop.support", "--tool", "refund", "--input",
+                    '{"amount": 2000}')
+    assert explained.returncode == 0, explained.stderr
+    assert "rule 'large-refunds' decides: ask ops; 2 approvals needed; after 30m also " \
+           "leads; after 2h also oncall; remind every 1h" in explained.stdout
+    declined = cli("explain", "--agent", "shop.support", "--tool", "transfer_funds",
+                   "--input", '{"amount": 500}', "--metadata", '{"country": "XX"}')
+    assert "rule 'blocked-countries' decides: decline at once" in declined.stdout
