@@ -75,6 +75,9 @@ def register(rt: Runtime) -> Celery:
     jobs.connect(rt)
     context.connect()
     _beat_while_up(rt)
+    # The reviewer policy, read now in the main process: pool children forked from it start
+    # with these rules, so a rules file broken later leaves every child the rules it had.
+    rt.reviewers.policy()
     return app
 
 

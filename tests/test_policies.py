@@ -27,6 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from layby.ops.embedded import EmbeddedRedis
+from layby.ops.supervisor import sweeper_argv
 from tests.browser import launch
 from tests.harness import API_KEY, ROOT, wait_until
 from tests.reviewers import (
@@ -339,6 +340,27 @@ def test_an_answer_before_the_delay_means_nobody_else_is_asked(policed: Reviewed
     escalation = [n for n in policed.system.run(run_id)["notifications"]
                   if n["kind"] == "escalation"]
     assert escalation and all(n["state"] == "skipped" for n in escalation)
+
+
+def test_an_escalation_due_while_worker_and_sweeper_are_dead_fires_once(
+        policed: ReviewedSystem) -> None:
+    system = policed.system
+    run_id = transfer(policed, 750)
+    intr = the_interrupt(system.wait_status(run_id, "interrupted", timeout=60))
+    notification(policed, run_id, intr["id"])  # alice is asked
+    system.procs["sweeper"].kill()
+    system.procs["worker"].kill()
+    time.sleep(4)  # bob's level falls due while nothing runs
+    assert policed.smtp.mails_to(BOB, run_id) == []
+    system.start_worker()
+    system._start("sweeper", sweeper_argv(system.settings))
+    wait_until(lambda: policed.smtp.mails_to(BOB, run_id), 60, what="the escalation to bob")
+    wait_gone(lambda: len(policed.smtp.mails_to(BOB, run_id)) > 1, 4)
+    assert len(events_of(policed, run_id, "interrupt.escalated")) == 1
+    shown = layby_cli(policed, "runs", "show", run_id)
+    assert "rule escalating" in shown.stdout and "escalated to level 1" in shown.stdout
+    assert system.answer(run_id, intr["id"], status="cancelled").status_code == 200
+    system.wait_status(run_id, "completed", timeout=60)
 
 
 def test_reminders_repeat_until_someone_answers(policed: ReviewedSystem) -> None:

@@ -395,6 +395,17 @@ def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
                f"{intr.answer.answered_at}" if intr.answer else "")
         typer.echo(f"  interrupt {intr.id} [{intr.reason}] {intr.state.value}{who}: "
                    f"{intr.message or ''}")
+        if intr.rule:
+            typer.echo(f"    rule {intr.rule}")
+        if intr.required_approvals > 1:
+            typer.echo(f"    approvals {len(intr.approvals)} of {intr.required_approvals}: "
+                       + (", ".join(f"{a.answered_by} via {a.channel}" for a in intr.approvals)
+                          or "none yet"))
+        if intr.escalation_level:
+            typer.echo(f"    escalated to level {intr.escalation_level}")
+        for handed in intr.delegations:
+            typer.echo(f"    handed from {handed.reviewer} to {handed.to} by {handed.by} "
+                       f"via {handed.channel} at {handed.at}")
     if view.result:
         typer.echo(f"result: {view.result}")
     if view.error:

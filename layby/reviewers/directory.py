@@ -32,6 +32,7 @@ import binascii
 import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import (
@@ -133,28 +134,36 @@ class Directory(BaseModel):
                      if r.email and r.email.lower() == address), None)
 
 
-def load_directory(path: Path | None) -> Directory:
-    if path is None:
-        return Directory()
+def read_file(path: Path, what: str) -> Any:
+    """The data in a TOML or YAML file (by its suffix); ConfigError naming `what` and where
+    it breaks. Never quotes the file: a broken line may hold a webhook secret."""
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"cannot read the reviewer directory {path}: {exc}") from exc
+        raise ConfigError(f"cannot read {what}: {exc}") from exc
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text) or {}
-        if isinstance(data, dict):
-            data.pop("rules", None)  # policy rules may live here too (reviewers.policy)
+        return tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text) or {}
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{what} is not valid YAML{where}: "
+                          f"{exc.problem or exc.context}") from None
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{what} is invalid: {exc}") from None
+
+
+def load_directory(path: Path | None) -> Directory:
+    if path is None:
+        return Directory()
+    data = read_file(path, f"the reviewer directory {path}")
+    if isinstance(data, dict):
+        data.pop("rules", None)  # policy rules may live here too (reviewers.policy)
+    try:
         return Directory.model_validate(data)
     except ValidationError as exc:
         # Without the input values: a mistyped webhook secret must not reach any message.
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
                              for e in exc.errors(include_input=False, include_url=False))
         raise ConfigError(f"the reviewer directory {path} is invalid: {problems}") from None
-    except yaml.MarkedYAMLError as exc:
-        # PyYAML's own text quotes the broken line, which may hold a secret: where and what.
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"the reviewer directory {path} is not valid YAML{where}: "
-                          f"{exc.problem or exc.context}") from None
-    except (tomllib.TOMLDecodeError, yaml.YAMLError, ValueError) as exc:
+    except ValueError as exc:
         raise ConfigError(f"the reviewer directory {path} is invalid: {exc}") from None

@@ -34,13 +34,11 @@ from __future__ import annotations
 import fnmatch
 import logging
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import celpy
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -54,7 +52,7 @@ from layby.errors import ConfigError
 from layby.generation.answers import check_answer
 from layby.generation.interrupts import BACKGROUND_JOB, Escalation, Interrupt, ResumeEntry
 from layby.generation.tools import Tool
-from layby.reviewers.directory import Directory
+from layby.reviewers.directory import Directory, read_file
 from layby.reviewers.schemas import has_approved
 
 log = logging.getLogger(__name__)
@@ -69,7 +67,8 @@ def seconds(value: Any) -> float:
     """A duration as written in a rule file: a number of seconds, or "90s", "30m", "2h",
     "1d"."""
     if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or text like '30m', '2h', '1d'")
+        # ValueError, not TypeError: pydantic reports only ValueErrors as validation errors.
+        raise ValueError("a duration is a number of seconds or text like '30m', '2h', '1d'")  # noqa: TRY004
     if isinstance(value, int | float):
         found = float(value)
     else:
@@ -291,37 +290,23 @@ def _answer_of(rule: Rule, interrupt: Interrupt) -> ResumeEntry:
 def load_rules(path: Path) -> Policy:
     """The rules in `path` (TOML or YAML), compiled; ConfigError naming the rule and the
     problem when they cannot be used."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the rules in {path}: {exc}") from exc
-    try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text) or {}
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"the rules in {path} are not valid TOML: {exc}") from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"the rules in {path} are not valid YAML{where}: "
-                          f"{exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"the rules in {path} are not valid YAML: {exc}") from None
+    data = read_file(path, f"the rules file {path}")
     if not isinstance(data, dict):
-        raise ConfigError(f"the rules in {path} must be a table with a `rules` list")
+        raise ConfigError(f"the rules file {path} must be a table with a `rules` list")
     try:
         parsed = RuleFile.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"the rules in {path} are invalid: "
+        raise ConfigError(f"the rules file {path} is invalid: "
                           f"{_problems(exc, data.get('rules'))}") from None
     names = [r.name for r in parsed.rules]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ConfigError(f"the rules in {path} name {twice} more than once; rule names are "
+        raise ConfigError(f"the rules file {path} names {twice} more than once; rule names are "
                           "what the audit records, so each must be unique")
     try:
         return Policy(parsed.rules, str(path))
     except ConfigError as exc:
-        raise ConfigError(f"the rules in {path} are invalid: {exc.message}") from None
+        raise ConfigError(f"the rules file {path} is invalid: {exc.message}") from None
 
 
 def _problems(exc: ValidationError, raw: Any) -> str:

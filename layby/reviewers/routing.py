@@ -24,7 +24,7 @@ class Asked:
 
 
 def epoch(moment: str | None) -> float | None:
-    return datetime.fromisoformat(moment.replace("Z", "+00:00")).timestamp() if moment else None
+    return datetime.fromisoformat(moment).timestamp() if moment else None
 
 
 def levels(intr: InterruptView) -> list[tuple[int, float, list[str] | None]]:
