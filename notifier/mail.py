@@ -49,11 +49,16 @@ def notification_mail(settings: Settings, run: RunView, interrupt: Interrupt,
     asks = "asks for your approval" if confirmation else "asks you"
     message = interrupt.message or f"{interrupt.tool_name} needs an answer"
     reminder = note.kind == "reminder"
-    subject = ("Reminder: " if reminder else "") + \
+    escalated = note.kind == "escalation"
+    subject = ("Reminder: " if reminder else "Escalated: " if escalated else "") + \
         f"[layby] {run.agent} {asks}: {_shorten(message, 90)}"
+    handed = next((d for d in getattr(interrupt, "delegations", []) if d.to == reviewer.id),
+                  None)
     page = page_url(settings, note.token)
     context = {
         "subject": subject, "reminder": reminder, "agent": run.agent, "asks": asks,
+        "escalated": escalated, "handed_by": handed.reviewer if handed else None,
+        "handed_note": handed.note if handed else None,
         "message": message, "tool_name": interrupt.tool_name,
         "tool_input": json.dumps(interrupt.tool_input, indent=2, ensure_ascii=False)
         if interrupt.tool_input not in (None, {}) else "",

@@ -33,7 +33,8 @@ def notification_body(settings: Settings, run: RunView, interrupt: Interrupt,
                       reviewer: Reviewer, note: Notification) -> dict[str, Any]:
     assert note.token is not None
     return {
-        "type": f"interrupt.{'reminder' if note.kind == 'reminder' else 'requested'}",
+        "type": {"reminder": "interrupt.reminder", "escalation": "interrupt.escalated"}
+        .get(note.kind, "interrupt.requested"),
         "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds")
         .replace("+00:00", "Z"),
         "data": {
@@ -49,9 +50,10 @@ def notification_body(settings: Settings, run: RunView, interrupt: Interrupt,
                 "pageUrl": page_url(settings, note.token),
                 "expiresAt": interrupt.expires_at,
                 "how": "POST {runId, interruptId, status: resolved|cancelled, payload, "
-                       "metadata} to callbackUrl, signed with your webhook secret per "
-                       "Standard Webhooks and with \"reviewer\" set to your id, or carrying "
-                       "\"token\".",
+                       "metadata} to callbackUrl (or {runId, interruptId, delegateTo} to "
+                       "hand the request to another reviewer), signed with your webhook "
+                       "secret per Standard Webhooks and with \"reviewer\" set to your id, "
+                       "or carrying \"token\".",
             },
         },
     }

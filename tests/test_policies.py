@@ -49,6 +49,7 @@ from tests.test_reviewer_answers import (
     reply,
     signature_headers,
     signed_callback,
+    text_of,
     transfers_of,
 )
 
@@ -314,6 +315,8 @@ def test_an_unanswered_request_escalates_to_bob_who_answers_it(policed: Reviewed
     assert policed.smtp.mails_to(BOB, run_id) == []
     bob_mail = wait_until(lambda: policed.smtp.mails_to(BOB, run_id), 30,
                           what="the escalation to bob")[0]
+    assert str(bob_mail["Subject"]).strip().startswith("Escalated: [layby] demo.transfer")
+    assert "Nobody answered this request in time" in text_of(bob_mail)
     escalated = policed.system.run(run_id)
     assert the_interrupt(escalated)["escalationLevel"] == 1
     (event,) = events_of(policed, run_id, "interrupt.escalated")
@@ -430,6 +433,7 @@ def test_alice_hands_a_request_to_bob_on_the_page_and_her_link_stops_working(
         browser.close()
     bob_mail = wait_until(lambda: policed.smtp.mails_to(BOB, run_id), 30,
                           what="the request to bob")[0]
+    assert "alice handed this request to you: I am off today." in text_of(bob_mail)
     # Alice's link no longer answers: refused, saying to whom she handed it.
     refused = httpx.post(alice_link, data={"decision": "approve"}, timeout=30)
     assert refused.status_code == 403 and "handed this request to bob" in refused.text
