@@ -14,6 +14,8 @@ from layby.generation import (
     Approval,
     Ask,
     Call,
+    Case,
+    Choose,
     Reply,
     ScriptedModel,
     ToolContext,
@@ -77,6 +79,22 @@ quorum = Agent(name="test.quorum", tools=(two_keys,), model=ScriptedModel(steps=
     Reply(calls=[Call(name="two_keys", input={"action": "{input}"})]),
     Reply(text="Launched: {two_keys[launched]}"),
 ]))
+
+
+@tool(requires_approval=lambda amount, **_: amount > 100)
+def refund(order: str, amount: int) -> dict:
+    """Refund an order; amounts over 100 need approval (which policy rules may give)."""
+    return {"status": "refunded", "order": order, "amount": amount}
+
+
+refunds = Agent(name="test.refunds", tools=(refund,), model=ScriptedModel(
+    input_pattern=r"refund (?P<amount>\d+) on order (?P<order>\w+)",
+    steps=[
+        Reply(calls=[Call(name="refund", input={"order": "{order}", "amount": "{amount}"})]),
+        Choose(cases=[Case(tool="refund", field="status", equals="refunded",
+                           reply=Reply(text="Refunded {amount}."))],
+               otherwise=Reply(text="Declined: {refund[reason]}.")),
+    ]))
 
 
 # -- for the review page tests: a request whose words are full of HTML ------------------

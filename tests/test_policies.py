@@ -68,6 +68,12 @@ action = "approve"
 note = "small enough"
 
 [[rules]]
+name = "gated-refunds"
+tool = "refund"
+when = "input.amount <= 500"
+action = "approve"
+
+[[rules]]
 name = "no-crypto"
 tool = "transfer_funds"
 when = "input.to == 'crypto'"
@@ -187,6 +193,27 @@ def test_a_small_transfer_is_approved_by_rule_and_nobody_is_mailed(policed: Revi
     assert done["notifications"] == []
     assert metric(policed, "layby_policy_auto_answers_total",
                   rule="small-transfers") == before + 1
+
+
+def test_rules_refine_what_requires_approval_declares(policed: ReviewedSystem) -> None:
+    def refund(text: str) -> dict[str, Any]:
+        run_id = policed.start_run("test.refunds", text)["id"]
+        return policed.system.wait_status(run_id, "completed", "interrupted", timeout=60)
+
+    small = refund("refund 50 on order 7")  # under the tool's own limit: nobody asked
+    assert (small["result"], small["interrupts"]) == ("Refunded 50.", [])
+    routine = refund("refund 300 on order 8")  # the tool asks, a rule approves
+    assert routine["result"] == "Refunded 300."
+    assert the_interrupt(routine)["answer"]["answeredBy"] == "policy:gated-refunds"
+    large = refund("refund 900 on order 9")  # the tool asks, no rule answers: a person
+    assert large["status"] == "interrupted"
+    intr = the_interrupt(large)
+    assert intr["rule"] == "default" and intr["metadata"] == {"layby:approval": True}
+    assert policed.system.answer(large["id"], intr["id"],
+                                 payload={"approved": False, "note": "too much"}) \
+        .status_code == 200
+    assert policed.system.wait_status(large["id"], "completed", timeout=60)["result"] == \
+        "Declined: too much."
 
 
 def test_a_rule_declines_with_its_reason(policed: ReviewedSystem) -> None:
