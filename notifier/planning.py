@@ -10,16 +10,16 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from layby.broker_config import Settings
+
 from layby.generation.interrupts import BACKGROUND_JOB
-from layby.reviewers import tokens
-from layby.reviewers.config import Reviewers
-from layby.reviewers import routing
-from layby.reviewers.routing import epoch
-from layby.reviewers.directory import Reviewer
 from layby.parking import Store
+from layby.parking.clock import iso
+from layby.reviewers import routing, tokens
+from layby.reviewers.config import Reviewers
+from layby.reviewers.directory import Reviewer
+from layby.reviewers.routing import epoch
 from layby.wire import Delegation, InterruptState, InterruptView, Notification, RunView, Status
 
 log = logging.getLogger(__name__)
@@ -78,12 +78,13 @@ class _Plan:
         so the audit shows them and the delegate stays asked when the reviewer is back)."""
         directory = self.reviewers.directory()
         for _ in range(len(directory.reviewers)):
+            gone = {d.reviewer for d in intr.delegations}  # handed on already
             away = [a.reviewer for a in routing.everyone(directory, intr)
-                    if a.reviewer.away(self.now)]
+                    if a.reviewer.away(self.now) and a.reviewer.id not in gone]
             if not away:
                 break
             new = [Delegation(reviewer=r.id, to=r.delegate_to or "", by="directory",
-                              channel="directory", at=_iso(self.now),
+                              channel="directory", at=iso(int(self.now * 1000)),
                               note=f"away until {r.away_until:%Y-%m-%d %H:%M %Z}".strip())
                    for r in away]
             self.handovers += [(intr.id, d) for d in new]
@@ -124,11 +125,6 @@ class _Plan:
                     interrupt_id=intr.id, reviewer=reviewer.id, channel=channel, kind=kind,
                     level=asked.level, token=token)
                 self.notes.append((note, None if at is None else int(at * 1000)))
-
-
-def _iso(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds") \
-        .replace("+00:00", "Z")
 
 
 def plan(store: Store, settings: Settings, reviewers: Reviewers, run_id: str) -> list[str]:
