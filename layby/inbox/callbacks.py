@@ -9,9 +9,10 @@ not taken is taken afresh, so its retry gets the real reason.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from layby.control import Runtime, commands
@@ -42,10 +43,13 @@ class Callback(Body):
 
     run_id: str = Field(max_length=128)
     interrupt_id: str = Field(max_length=128)
-    status: str | None = Field(None, pattern="^(resolved|cancelled)$",
-                               description="the answer; leave out with `delegateTo`")
-    delegate_to: str | None = Field(None, max_length=200, description="hand the request "
-                                    "to this reviewer of the directory instead of answering")
+    # Documented as strings, not nullable: the one a callback leaves out is absent, and a
+    # null would count as given under the document's `oneOf`.
+    status: Annotated[str, Field(pattern="^(resolved|cancelled)$")] | SkipJsonSchema[None] = (
+        Field(None, description="the answer; leave out with `delegateTo`"))
+    delegate_to: Annotated[str, Field(max_length=200)] | SkipJsonSchema[None] = Field(
+        None, description="hand the request to this reviewer of the directory instead of "
+                          "answering")
     payload: Any = None
     metadata: dict[str, Any] | None = None
     reviewer: str | None = Field(None, max_length=200,
