@@ -88,7 +88,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
            "LAYBY_DATA_DIR": str(parts.folder / "data")}
     # The runtime (built below) and the worker both read these.
     os.environ.update(env)
-    from bench import measure, report
+    from bench import costs, measure, report
     from layby.control import build
 
     load_before = report.load_average()
@@ -113,18 +113,39 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
               f"{args.runs} chains and {args.runs} runs in {args.rounds} round(s), then "
               f"{args.runs} runs one at a time", file=sys.stderr)
 
+        r = store.redis
         rounds = []
+        spent = {"layby": costs.Counters(), "baseline": costs.Counters()}
         for n in _split(args.runs, args.rounds):
             # ABBA: the order flips every round, so a load that drifts (another program on
             # the machine, the append-only file growing) weighs on both sides alike
             first_chains = len(rounds) % 2 == 0
             if first_chains:
-                chains = measure.celery_chains(store, n, hops, args.in_flight, args.timeout)
-            cycles = measure.layby_cycles(rt, n, args.in_flight, args.timeout)
+                chains, cost = costs.counted(r, lambda: measure.celery_chains(
+                    store, n, hops, args.in_flight, args.timeout))
+                spent["baseline"] += cost
+            cycles, cost = costs.counted(r, lambda: measure.layby_cycles(
+                rt, n, args.in_flight, args.timeout))
+            spent["layby"] += cost
             if not first_chains:
-                chains = measure.celery_chains(store, n, hops, args.in_flight, args.timeout)
+                chains, cost = costs.counted(r, lambda: measure.celery_chains(
+                    store, n, hops, args.in_flight, args.timeout))
+                spent["baseline"] += cost
             rounds.append((cycles, chains))
         at_rest = measure.layby_cycles(rt, args.runs, 1, args.timeout)
+        baseline_at_rest = measure.celery_latency(store, args.runs, args.timeout)
+        # Untimed: which scripts and tasks a cycle takes, read off MONITOR.
+        k = min(args.runs, 50)
+        seen = {
+            "layby": costs.under_monitor(r, store.script_names(), k, lambda: (
+                measure.layby_cycles(rt, k, args.in_flight, args.timeout))),
+            "baseline": costs.under_monitor(r, {}, k, lambda: measure.celery_chains(
+                store, k, hops, args.in_flight, args.timeout)),
+        }
+        completed = {"layby": sum(c.completed for c, _ in rounds),
+                     "baseline": sum(ch.completed for _, ch in rounds)}
+        cost_figures = {side: {**costs.per_item(spent[side], completed[side]),
+                               **seen[side].summary()} for side in spent}
 
         settings = {"runs": args.runs, "concurrency": args.concurrency,
                     "in_flight": args.in_flight, "rounds": len(rounds),
@@ -133,13 +154,13 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
                     "redis": "embedded" if parts.embedded else parts.redis_url,
                     "redis_url": parts.redis_url,
                     "worker": " ".join(worker.argv[1:]), "key_prefix": prefix}
-        r = store.redis
         try:
             config = r.config_get("append*")
         except redis.exceptions.ResponseError:  # CONFIG is often disabled on managed servers
             config = {}
         facts = report.machine(r.info("server"), config, load_before)
-        return report.summarize(rounds, at_rest, settings, facts)
+        return report.summarize(rounds, at_rest, settings, facts, cost_figures,
+                                baseline_at_rest)
     finally:
         if not parts.embedded:
             _delete_keys(store, prefix, parts)

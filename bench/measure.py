@@ -192,6 +192,21 @@ def celery_chains(store: Store, chains: int, hops: int, in_flight: int,
     return ChainOutcome(chains, hops, wall, completed)
 
 
+def celery_latency(store: Store, tasks: int, timeout_s: float) -> list[int]:
+    """Publish → start of N one-hop tasks, one at a time (ms, the Redis server's clock: read
+    just before `apply_async`, and by the task as it starts)."""
+    done_key = f"{store.config.prefix}:bench:latency:{uuid.uuid4().hex}"
+    waits = []
+    for _ in range(tasks):
+        hop.si(done_key, None, store.now_ms()).set(queue=TURNS).apply_async()
+        got = store.redis.blpop([done_key], timeout=timeout_s)
+        if got is None:
+            raise BenchError(f"a one-hop task did not start within {timeout_s} s")
+        waits.append(int(got[1]))
+    store.redis.delete(done_key)
+    return waits
+
+
 def wait_for_worker(store: Store, alive: Any, timeout_s: float = 90.0) -> float:
     """Until the worker runs a task (one chain of one hop); returns the seconds it took."""
     started = time.monotonic()

@@ -94,7 +94,8 @@ def _latency(outcome: LaybyOutcome) -> dict[str, Any] | None:
 
 
 def summarize(rounds: list[tuple[LaybyOutcome, ChainOutcome]], at_rest: LaybyOutcome,
-              settings: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
+              settings: dict[str, Any], facts: dict[str, Any], costs: dict[str, Any],
+              baseline_at_rest: list[int]) -> dict[str, Any]:
     layby, baseline = _combined(rounds)
     cycle_times = [c.cycle_ms for c in layby.cycles if c.cycle_ms is not None]
     cycle_ms = distribution(cycle_times) if cycle_times else None
@@ -116,6 +117,9 @@ def summarize(rounds: list[tuple[LaybyOutcome, ChainOutcome]], at_rest: LaybyOut
                    for lay, ch in rounds],
         "answer_to_continuation_ms": _latency(layby),
         "answer_to_continuation_at_rest_ms": _latency(at_rest),
+        "baseline_publish_to_start_at_rest_ms": (distribution(baseline_at_rest)
+                                                 if baseline_at_rest else None),
+        "costs": costs,
         "at_rest": {"runs": at_rest.runs, "completed": at_rest.completed},
         "latency_clock": LATENCY_CLOCK,
         "settings": settings,
@@ -128,6 +132,8 @@ def table(result: dict[str, Any]) -> str:
     nan = float("nan")
     lat = result["answer_to_continuation_ms"] or {}
     rest = result["answer_to_continuation_at_rest_ms"] or {}
+    base_rest = result["baseline_publish_to_start_at_rest_ms"] or {}
+    lay_cost, base_cost = result["costs"]["layby"], result["costs"]["baseline"]
     cyc = lay["cycle_ms"] or {}
     spread = [r["ratio"] for r in result["rounds"]]
     rows = [
@@ -145,6 +151,23 @@ def table(result: dict[str, Any]) -> str:
                                       f"{rest.get('p50', nan):.0f} ms one at a time"),
         ("answer → continuation p99", f"{lat.get('p99', nan):.0f} ms under load, "
                                       f"{rest.get('p99', nan):.0f} ms one at a time"),
+        ("publish → start (bare Celery)", f"{base_rest.get('p50', nan):.0f} / "
+                                          f"{base_rest.get('p99', nan):.0f} ms p50 / p99, "
+                                          "one at a time"),
+        ("client round trips", f"{lay_cost.get('round_trips', nan)} per cycle, "
+                               f"{base_cost.get('round_trips', nan)} per bare chain"),
+        ("server commands", f"{lay_cost.get('commands', nan)} per cycle, "
+                            f"{base_cost.get('commands', nan)} per bare chain (Lua's "
+                            "included)"),
+        ("EVALSHA per cycle", f"{lay_cost.get('evalsha', nan)}: " + ", ".join(
+            f"{name} {n:g}" for name, n in lay_cost.get("evalsha_by_script", {}).items())),
+        ("Celery tasks per cycle", f"{lay_cost.get('tasks_per_cycle', nan)}: " + ", ".join(
+            f"{name} {n:g}" for name, n in lay_cost.get("tasks_by_name", {}).items())
+            + f" ({lay_cost.get('task_messages_pushed_by_scripts', 0):g} pushed by "
+              "transition scripts); per bare chain "
+              f"{base_cost.get('tasks_per_cycle', nan)}"),
+        ("PUBLISH (task events)", f"{lay_cost.get('publish', nan)} per cycle, "
+                                  f"{base_cost.get('publish', nan)} per bare chain"),
         ("whole cycle p50 / p99", f"{cyc.get('p50', nan):.0f} / {cyc.get('p99', nan):.0f} ms "
                                   "under load"),
         ("N (runs = chains)", str(s["runs"])),

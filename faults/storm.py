@@ -39,7 +39,7 @@ def run(size: Size, folder: Path) -> Outcome:
         starter.start()
         approver = Approver(layby, [])
         approver.start()
-        hits: list[tuple[str, float]] = []
+        hits: list[tuple[str, float, float]] = []
         kills = _storm(layby, storm_s, hits, approver, runs)
         last_kill, last_kill_wall = time.monotonic(), time.time()
         starter.join(120)
@@ -59,7 +59,7 @@ def run(size: Size, folder: Path) -> Outcome:
         for run_id in sorted(approver.pending)[:3]:  # what a run that never ended shows
             f[f"unfinished {run_id}"] = _history(layby, run_id, last_kill_wall)
         if longest >= 10:  # what it waited for, to see why
-            killed_at = max(at for r, at in hits if r == slowest)
+            killed_at = max(at for r, _, at in hits if r == slowest)
             f["slowest run's events around its kill"] = _history(layby, slowest, killed_at)
         outcome.targets = {
             "all completed": f["completed"] == count,
@@ -85,7 +85,7 @@ def _arrive(layby: LaybySystem, count: int, seconds: float, runs: list[str]) -> 
         time.sleep(max(0.0, began + (i + 1) * gap - time.monotonic()))
 
 
-def _storm(layby: LaybySystem, seconds: float, hits: list[tuple[str, float]],
+def _storm(layby: LaybySystem, seconds: float, hits: list[tuple[str, float, float]],
            approver: Approver, runs: list[str]) -> int:
     """Kill a worker (all of it, or one pool child) every 2-5 s for `seconds`; a dead
     worker is started again, as its process manager would."""
@@ -101,12 +101,12 @@ def _storm(layby: LaybySystem, seconds: float, hits: list[tuple[str, float]],
         name = "worker" if generation == 0 else f"worker-{generation}"
         main = layby.procs[name].process
         assert main is not None
-        running = _running(layby)
+        seen_at, running = time.time(), _running(layby)
         children = psutil.Process(main.pid).children()
         whole = kills % 2 == 0 or not children  # the whole worker: no goodbye
         os.killpg(main.pid, signal.SIGKILL) if whole else \
             os.kill(rng.choice(children).pid, signal.SIGKILL)
-        hits.extend((run_id, time.time()) for run_id in running)
+        hits.extend((run_id, seen_at, time.time()) for run_id in running)
         kills += 1
         if whole:
             main.wait()
@@ -122,15 +122,22 @@ def _running(layby: LaybySystem) -> dict[str, int]:
     return {r["id"]: r["version"] for r in found["runs"]}
 
 
-def _reruns(layby: LaybySystem, hits: list[tuple[str, float]]) -> list[tuple[float, str]]:
+STEP_EVENTS = ("run.started", "turn.committed", "run.interrupted", "run.completed",
+               "run.failed")
+
+
+def _reruns(layby: LaybySystem, hits: list[tuple[str, float, float]]
+            ) -> list[tuple[float, str]]:
     """For each step a kill landed on, the wait until the run's next step event (the step
     taken up again: `run.started`; or its end, had it committed just before the kill),
-    read from the run's own events; with the run."""
+    read from the run's own events; with the run. A step that committed between the look
+    at the running runs and the kill was done before the kill: it is not counted."""
     waits = []
-    for run_id, killed_at in hits:
-        after = [at for at, kind in _events(layby, run_id) if at > killed_at
-                 and kind in ("run.started", "turn.committed", "run.interrupted",
-                              "run.completed", "run.failed")]
+    for run_id, seen_at, killed_at in hits:
+        events = [(at, kind) for at, kind in _events(layby, run_id) if kind in STEP_EVENTS]
+        if any(seen_at < at <= killed_at for at, _ in events):
+            continue
+        after = [at for at, _ in events if at > killed_at]
         waits.append(((after[0] - killed_at) if after else float("inf"), run_id))
     return waits
 

@@ -2,7 +2,12 @@
 hear of which interrupt, on which channel, and when: the first reviewers now, each
 escalation level at its time, reminders every `remind_every` and before expiry. Each
 notification gets an id made from what it announces, so planning twice plans nothing new;
-the store skips what is still to come once the interrupt is answered."""
+the store skips what is still to come once the interrupt is answered.
+
+`for_park` plans in the step that parks, before its commit, and the park records the plan
+in the same transition (no task in between); `plan` plans a parked run again (the
+announcement task, for runs whose park could not plan: a reviewer directory that did not
+load, say)."""
 
 from __future__ import annotations
 
@@ -13,14 +18,14 @@ from dataclasses import dataclass, field
 
 from layby.broker_config import Settings
 
-from layby.generation.interrupts import BACKGROUND_JOB
-from layby.parking import Store
+from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
+from layby.parking import Announcements, Store
 from layby.parking.clock import iso
 from layby.reviewers import routing, tokens
 from layby.reviewers.config import Reviewers
 from layby.reviewers.directory import Reviewer
 from layby.reviewers.routing import epoch
-from layby.wire import Delegation, InterruptState, InterruptView, Notification, RunView, Status
+from layby.wire import Delegation, InterruptState, InterruptView, Notification, Status
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +47,22 @@ MAX_REMINDERS = 20  # repeated reminders planned per reviewer (`remind_every`)
 
 
 @dataclass
-class _Plan:
-    """What one planning records: notifications (each with when to send it, None for now),
-    the grants of the tokens issued for them, and the hand-overs of reviewers away."""
+class _Plan(Announcements):
+    """One planning: the announcements it makes (notifications, each with when to send it,
+    None for now; the grants of the tokens issued for them; the hand-overs of reviewers
+    away), for run `run_id` at `version`, which has sent `sent` before."""
 
-    run: RunView
-    settings: Settings
-    reviewers: Reviewers
+    run_id: str = ""
+    version: int = 0
+    sent: list[Notification] = field(default_factory=list)
+    settings: Settings | None = None
+    reviewers: Reviewers | None = None
     now: float = field(default_factory=time.time)
-    notes: list[tuple[Notification, int | None]] = field(default_factory=list)
-    grants: list[tuple[str, str, int]] = field(default_factory=list)
-    handovers: list[tuple[str, Delegation]] = field(default_factory=list)
 
     def token(self, intr: InterruptView, reviewer: Reviewer, expires: float | None) -> str:
         """The reviewer's token for `intr`: the one issued before, or a new one."""
-        issued = next((n.token for n in self.run.notifications
+        assert self.settings is not None and self.reviewers is not None
+        issued = next((n.token for n in self.sent
                        if (n.interrupt_id, n.reviewer) == (intr.id, reviewer.id) and n.token),
                       None)
         if issued is None:
@@ -64,7 +70,7 @@ class _Plan:
                            if (n.interrupt_id, n.reviewer) == (intr.id, reviewer.id)), None)
         if issued is not None:
             return issued
-        grant = tokens.Grant(self.run.id, intr.id, reviewer.id, self.run.version,
+        grant = tokens.Grant(self.run_id, intr.id, reviewer.id, self.version,
                              int(expires or self.now + self.settings.token_ttl_s))
         ref, token = tokens.issue(self.reviewers.token_keys(), grant)
         # Stored past the token's own expiry, so that an expired link still opens a page
@@ -76,6 +82,7 @@ class _Plan:
     def away_handovers(self, intr: InterruptView) -> InterruptView:
         """`intr` with the requests of reviewers away handed to their delegates (recorded,
         so the audit shows them and the delegate stays asked when the reviewer is back)."""
+        assert self.reviewers is not None
         directory = self.reviewers.directory()
         for _ in range(len(directory.reviewers)):
             gone = {d.reviewer for d in intr.delegations}  # handed on already
@@ -95,6 +102,7 @@ class _Plan:
                   ) -> list[tuple[str, float]]:
         """(kind key, when) of each reminder: every `remind_every` while it waits (at most
         MAX_REMINDERS), and LAYBY_REMIND_BEFORE_S before it expires."""
+        assert self.settings is not None
         found: list[tuple[str, float]] = []
         if intr.remind_every_s:
             for k in range(1, MAX_REMINDERS + 1):
@@ -121,22 +129,21 @@ class _Plan:
         for channel in channels_of(reviewer):
             for key, kind, at in sends:
                 note = Notification(  # type: ignore[arg-type]  (channel, kind)
-                    id=notification_id(self.run.id, intr.id, reviewer.id, channel, key),
+                    id=notification_id(self.run_id, intr.id, reviewer.id, channel, key),
                     interrupt_id=intr.id, reviewer=reviewer.id, channel=channel, kind=kind,
                     level=asked.level, token=token)
                 self.notes.append((note, None if at is None else int(at * 1000)))
 
 
-def plan(store: Store, settings: Settings, reviewers: Reviewers, run_id: str) -> list[str]:
-    """Record the notifications of the run's open interrupts (requests now, escalations
-    and reminders at their time); returns the ids of requests to send now (the rest wait
-    in the store for their time)."""
-    view = store.view(run_id)
-    if view is None or view.status is not Status.INTERRUPTED:
-        return []
-    planning = _Plan(view, settings, reviewers)
+def announcements(settings: Settings, reviewers: Reviewers, run_id: str, version: int,
+                  interrupts: list[InterruptView], sent: list[Notification] = ()
+                  ) -> Announcements:
+    """The announcements of `interrupts` (those open and waiting on people) of run `run_id`
+    at `version`, which has sent `sent` before."""
+    planning = _Plan(run_id=run_id, version=version, sent=list(sent), settings=settings,
+                     reviewers=reviewers)
     directory = reviewers.directory()
-    for intr in view.interrupts:
+    for intr in interrupts:
         if intr.state is not InterruptState.OPEN or intr.reason == BACKGROUND_JOB:
             continue
         intr = planning.away_handovers(intr)
@@ -149,8 +156,33 @@ def plan(store: Store, settings: Settings, reviewers: Reviewers, run_id: str) ->
         start = epoch(intr.created_at) or planning.now
         for one in people:
             planning.announce(intr, one, epoch(intr.expires_at), start)
-    if not planning.notes and not planning.handovers:
+    return Announcements(planning.notes, planning.grants, planning.handovers)
+
+
+def for_park(settings: Settings, reviewers: Reviewers, run_id: str, version: int,
+             interrupts: list[Interrupt]) -> Announcements | None:
+    """The announcements of the interrupts a run is about to park on (at `version`, the
+    park's); None when they cannot be planned now (the reviewer directory does not load):
+    the park then queues the announcement task, which tries until it can."""
+    try:
+        return announcements(settings, reviewers, run_id, version,
+                             [InterruptView.of(i, None, True) for i in interrupts])
+    except Exception:  # noqa: BLE001  (never lose the park over its announcements)
+        log.exception("run %s: could not plan the announcements as it parks; the "
+                      "announcement task will", run_id)
+        return None
+
+
+def plan(store: Store, settings: Settings, reviewers: Reviewers, run_id: str) -> list[str]:
+    """Record the notifications of a parked run's open interrupts (requests now, escalations
+    and reminders at their time); returns the ids of requests whose delivery the caller
+    must queue (with the broker on the store's server, the store queued them)."""
+    view = store.view(run_id)
+    if view is None or view.status is not Status.INTERRUPTED:
         return []
-    new = set(store.plan_notifications(run_id, planning.notes, planning.grants,
-                                       planning.handovers))
-    return [n.id for n, at in planning.notes if at is None and n.id in new]
+    plan = announcements(settings, reviewers, run_id, view.version, view.interrupts,
+                         view.notifications)
+    if not plan:
+        return []
+    _, dispatch = store.plan_notifications(run_id, plan)
+    return dispatch

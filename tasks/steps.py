@@ -1,11 +1,16 @@
 """Advancing a run: claim it, take steps with `generation`, commit each through `parking`.
 
 A step is a model turn, or the resume of a parked turn once every interrupt has an answer.
-After a `Continue` the next turn is taken in the same task while the time budget lasts
-(fewer hops), else published. A heartbeat keeps the claim while a step runs
-(`tasks.heartbeat`). Everything here may run twice: the claim refuses stale or duplicate
-messages, checkpoints keep a redelivered step from calling the model or a finished tool
-again, and every commit is a compare-and-set on the run's version.
+The claim reads everything the step needs; the commit writes the outcome and queues what
+follows, each one round trip. After a `Continue` the next turn is taken in the same task
+while the time budget lasts (fewer hops), else queued; a resume that only applied answers
+is not even committed before the turn after it (a step run again reaches it again). A
+heartbeat keeps the claim while a step runs (`tasks.heartbeat`). When a run parks, its
+announcements are planned here and recorded by the park itself.
+
+Everything here may run twice: the claim refuses stale or duplicate messages, checkpoints
+keep a redelivered step from calling the model or a finished tool again where that could
+repeat a side effect, and every commit is a compare-and-set on the run's version.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
@@ -27,7 +32,8 @@ from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
 from layby.generation.messages import Message, dump_messages
 from layby.generation.providers.common import ProviderError
 from layby.generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
-from layby.parking import Store, Verdict
+from layby.notifier import delivery, planning
+from layby.parking import Announcements, RunRecord, Store, Verdict
 from layby.wire import Answer, InterruptState
 from layby.tasks.heartbeat import Heartbeat
 from layby.tasks.jobs import starter
@@ -41,6 +47,9 @@ class LostClaim(Exception):
 
 @dataclass
 class StoreCheckpoints:
+    """A step's results: durable ones saved in the store at once (each save renews the
+    claim), the others kept in memory until the commit, which follows."""
+
     store: Store
     run_id: str
     version: int
@@ -50,8 +59,9 @@ class StoreCheckpoints:
     def get(self, key: str) -> Any | None:
         return self.saved.get(key)
 
-    def put(self, key: str, value: Any) -> None:
-        if not self.store.save_checkpoint(self.run_id, self.version, self.owner, key, value):
+    def put(self, key: str, value: Any, *, durable: bool = True) -> None:
+        if durable and not self.store.save_checkpoint(self.run_id, self.version, self.owner,
+                                                      key, value):
             raise LostClaim(f"run {self.run_id} moved on while version {self.version} ran")
         self.saved[key] = value
 
@@ -70,10 +80,11 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
     if not claim.ok:
         log.info("run %s v%s: %s, nothing to do", run_id, version, claim.verdict)
         return claim.verdict.value
+    assert claim.record is not None
     try:
         with Heartbeat(store, run_id, version, owner,
                        rt.settings.heartbeat_interval_s) as beat:
-            return _loop(rt, beat)
+            return _loop(rt, beat, claim.record)
     except LostClaim as lost:
         log.info("%s", lost)
         return "stale"
@@ -83,39 +94,50 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
         raise
 
 
-def _loop(rt: Runtime, beat: Heartbeat) -> str:
-    store, run_id, version, owner = rt.store, beat.run_id, beat.version, beat.owner
+def _loop(rt: Runtime, beat: Heartbeat, record: RunRecord) -> str:
+    store, run_id, owner = rt.store, beat.run_id, beat.owner
     budget_ends = time.monotonic() + rt.settings.turn_budget_s
+    agent = rt.agents.get(record.agent)
+    if agent is None:
+        store.fail(run_id, {"code": "unknown_agent",
+                            "message": f"no agent named {record.agent!r} is loaded on "
+                                       "this worker; check LAYBY_AGENT_MODULES"},
+                   version=record.version, owner=owner)
+        return "failed"
+    committed = record.messages  # the history as the store holds it
+    step = _step(rt, record.version, owner, record.messages, record.metadata,
+                 record.checkpoints, run_id)
     while True:
-        record = store.record(run_id)
-        if record is None:
-            return "missing"
-        agent = rt.agents.get(record.agent)
-        if agent is None:
-            store.fail(run_id, {"code": "unknown_agent",
-                                "message": f"no agent named {record.agent!r} is loaded on "
-                                           "this worker; check LAYBY_AGENT_MODULES"},
-                       version=version, owner=owner)
-            return "failed"
-        step = Step(run_id, version, record.messages, record.metadata,
-                    checkpoints=StoreCheckpoints(store, run_id, version, owner,
-                                                 store.checkpoints(run_id, version)),
-                    jobs=starter(rt.celery))
         started = time.monotonic()
-        outcome = _take_step(store, agent, step)
+        outcome = _take_step(store, agent, step, record)
         inline = time.monotonic() < budget_ends
-        done, version = _commit(rt, agent, step, owner, outcome, inline=inline)
-        beat.version = version  # a turn taken inline holds the claim at the new version
+        if isinstance(outcome, Continue) and outcome.replayable and inline:
+            # Nothing ran: the next turn goes on from here, at the same version, and one
+            # commit covers both.
+            step = replace(step, history=outcome.messages)
+            continue
+        done, version = _commit(rt, agent, step, committed, owner, outcome, inline=inline)
         log.info("run %s: %s in %.0f ms", run_id, type(outcome).__name__.lower(),
                  (time.monotonic() - started) * 1000)
         if done:
             return type(outcome).__name__.lower()
+        # A turn taken inline holds the claim at the new version.
+        beat.version = version
+        committed = outcome.messages
+        step = _step(rt, version, owner, outcome.messages, step.run_metadata, {}, run_id)
 
 
-def _take_step(store: Store, agent: Agent, step: Step) -> Outcome:
+def _step(rt: Runtime, version: int, owner: str, history: list[Message],
+          metadata: dict[str, Any], saved: dict[str, Any], run_id: str) -> Step:
+    return Step(run_id, version, history, metadata,
+                checkpoints=StoreCheckpoints(rt.store, run_id, version, owner, dict(saved)),
+                jobs=starter(rt.celery))
+
+
+def _take_step(store: Store, agent: Agent, step: Step, record: RunRecord) -> Outcome:
     try:
         if _is_parked(step.history):
-            return resume_turn(agent, step, _resume_for(store, step))
+            return resume_turn(agent, step, _resume_for(store, step, record))
         return _model_turn_with_retries(agent, step)
     except ResumeError as exc:
         return Fail(step.history, "invalid_resume", exc.message)
@@ -159,18 +181,22 @@ def _is_parked(history: list[Message]) -> bool:
                 and any(p.meta("interrupt") is not None for p in last.tool_requests))
 
 
-def _resume_for(store: Store, step: Step):  # type: ignore[no-untyped-def]
+def _resume_for(store: Store, step: Step, record: RunRecord):  # type: ignore[no-untyped-def]
     waiting = {p.meta("interrupt", {}).get("id") for p in step.history[-1].tool_requests}
-    specs, answers, _ = store.interrupts(step.run_id)
+    if record.parked_on is not None:  # read by the claim
+        specs, answers = record.parked_on, record.answers
+    else:  # parked by an older layby, which did not record what it waited on
+        specs, answers, _ = store.interrupts(step.run_id)
     return to_resume([s for s in specs if s.id in waiting],
                      {k: a.entry() for k, a in answers.items()})
 
 
-def _commit(rt: Runtime, agent: Agent, step: Step, owner: str, outcome: Outcome,
-            *, inline: bool) -> tuple[bool, int]:
-    """Commit one outcome; returns (finished with this task, the new version)."""
+def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], owner: str,
+            outcome: Outcome, *, inline: bool) -> tuple[bool, int]:
+    """Commit one outcome (`committed`: the history the store holds, which the event's
+    messages follow); returns (finished with this task, the new version)."""
     store = rt.store
-    added = _added(step.history, outcome.messages)
+    added = _added(committed, outcome.messages)
     event: dict[str, Any] = {"messages": dump_messages(added), "from": len(outcome.messages)
                              - len(added)}
     match outcome:
@@ -186,12 +212,13 @@ def _commit(rt: Runtime, agent: Agent, step: Step, owner: str, outcome: Outcome,
                 event["answeredByRule"] = [
                     {"id": i.id, "rule": i.rule, "status": by_rule[i.id].status}
                     for i in interrupts if i.id in by_rule]
-            # Background jobs answer themselves, rules answer what they answer; anything
-            # else waits on people.
-            announce = any(i.reason != BACKGROUND_JOB and i.id not in by_rule
-                           for i in interrupts)
+            # Background jobs answer themselves, rules answer what they answer; the rest
+            # waits on people, told in the park itself.
+            asking = [i for i in interrupts if i.reason != BACKGROUND_JOB and i.id not in by_rule]
+            plan = planning.for_park(rt.settings, rt.reviewers, step.run_id, step.version + 1,
+                                     asking) if asking else Announcements()
             result = store.park(step.run_id, step.version, owner, messages, interrupts, event,
-                                announce=announce, by_rule=by_rule)
+                                plan=plan, by_rule=by_rule)
         case Finish(messages=messages, result=text):
             event["result"] = text
             result = store.complete(step.run_id, step.version, owner, messages, text, event)
@@ -202,6 +229,8 @@ def _commit(rt: Runtime, agent: Agent, step: Step, owner: str, outcome: Outcome,
         raise LostClaim(f"run {step.run_id}: commit of version {step.version} refused "
                         f"({result.verdict}: the run is {result.status or 'gone'})")
     rt.publish(result.entries)
+    if result.dispatch:
+        delivery.dispatch(rt.celery, [(step.run_id, n) for n in result.dispatch])
     keep_going = isinstance(outcome, Continue) and inline
     return not keep_going, result.version or step.version
 

@@ -8,6 +8,7 @@ import ast
 import importlib
 import inspect
 import json
+import time
 from typing import Any
 
 import pytest
@@ -60,17 +61,26 @@ RUN = "run-1"
 
 
 class MemoryCheckpoints:
-    """Checkpoints kept as JSON text, so anything Redis could not store fails here too."""
+    """Checkpoints kept as JSON text, so anything Redis could not store fails here too.
+
+    As a step's checkpoints are after its worker died: the durable ones only (the others
+    live in the worker's memory until the commit). `kept_only_in_memory` lists the others.
+    """
 
     def __init__(self) -> None:
         self.data: dict[str, str] = {}
+        self.kept_only_in_memory: list[str] = []
 
     def get(self, key: str) -> Any | None:
         raw = self.data.get(key)
         return None if raw is None else json.loads(raw)
 
-    def put(self, key: str, value: Any) -> None:
-        self.data[key] = json.dumps(value)
+    def put(self, key: str, value: Any, *, durable: bool = True) -> None:
+        text = json.dumps(value)  # fails here for what Redis could not store
+        if durable:
+            self.data[key] = text
+        else:
+            self.kept_only_in_memory.append(key)
 
 
 class CountingModel:
@@ -653,44 +663,90 @@ def test_a_tool_can_end_the_run():
 # --- 9. checkpoints ---------------------------------------------------------------------------
 
 
+def make_slow(name: str, value: Any, log: list[str], seconds: float = 0.3):
+    @tool(name=name)
+    def slow() -> Any:
+        """A plain tool that takes its time, and records each run."""
+        time.sleep(seconds)
+        log.append(name)
+        return value
+
+    return slow
+
+
 def test_a_turn_run_twice_with_its_checkpoints_calls_nothing_twice():
+    # `lookup` ends while `slow` still runs: its outcome is kept, and so is the model's
+    # reply that tools act on. A step run again calls neither again.
     runs: list[str] = []
     model = CountingModel(ScriptedModel(steps=[Reply(calls=[
         Call(name="lookup", ref="look"),
+        Call(name="slow", ref="s"),
         Call(name="ask_user", input={"question": "ok?"}, ref="q"),
     ])]))
-    agent = Agent("a", model, tools=(make_counter("lookup", {"n": 1}, runs), ask_user))
+    agent = Agent("a", model, tools=(make_counter("lookup", {"n": 1}, runs),
+                                     make_slow("slow", "done", runs), ask_user))
     checkpoints = MemoryCheckpoints()
 
     first = model_turn(agent, start(checkpoints=checkpoints))
+    assert set(checkpoints.data) == {"model", "tool:look"}
     again = model_turn(agent, start(checkpoints=checkpoints))
 
     assert model.calls == 1
-    assert runs == ["lookup"]
-    assert isinstance(again, Park)
+    # `slow` ended last, then the commit followed: only a step run again (its commit lost
+    # with its worker) runs it again, as it would run it again after a crash just before
+    # a save; its idempotency key is the same both times.
+    assert runs == ["lookup", "slow", "slow"]
+    assert isinstance(again, Park) and isinstance(first, Park)
     assert again.messages == first.messages
-    assert again.interrupts == first.interrupts
+    # An ask is asked again alike (only the moment it was made differs).
+    assert [i.model_copy(update={"created_at": None}) for i in again.interrupts] == \
+        [i.model_copy(update={"created_at": None}) for i in first.interrupts]
 
-    # without the checkpoints, the same step does call both again
+    # without the checkpoints, the same step does call everything again
     model_turn(agent, start(checkpoints=MemoryCheckpoints()))
-    assert model.calls == 2 and runs == ["lookup", "lookup"]
+    assert model.calls == 2 and runs == ["lookup", "slow", "slow", "lookup", "slow"]
+
+
+def test_results_the_commit_follows_at_once_stay_in_memory():
+    # One tool that only asks: nothing acts on the reply, and the ask is recomputed alike.
+    model = ScriptedModel(steps=[Reply(calls=[
+        Call(name="ask_user", input={"question": "ok?"}, ref="q")])])
+    checkpoints = MemoryCheckpoints()
+    parked = model_turn(Agent("a", model, tools=(ask_user,)), start(checkpoints=checkpoints))
+    assert isinstance(parked, Park)
+    assert checkpoints.data == {}
+    assert sorted(checkpoints.kept_only_in_memory) == ["model", "tool:q"]
 
 
 def test_a_resume_run_twice_with_its_checkpoints_runs_the_restart_once():
+    # Two restarts: the one that ends first is kept while the other still runs.
     log: list = []
+
+    @tool
+    def slow_gate(ctx: ToolContext) -> str:
+        """Approved first, then slow."""
+        if not ctx.restarted:
+            ctx.interrupt("go?", reason=CONFIRMATION)
+        time.sleep(0.3)
+        return "done"
+
     model = ScriptedModel(steps=[Reply(calls=[
-        Call(name="transfer", input={"amount": 9, "to": "bob"}, ref="t1")])])
-    agent = Agent("bank", model, tools=(make_transfer(log),))
+        Call(name="transfer", input={"amount": 9, "to": "bob"}, ref="t1"),
+        Call(name="slow_gate", ref="s1")])])
+    agent = Agent("bank", model, tools=(make_transfer(log), slow_gate))
     parked = model_turn(agent, start())
+    assert isinstance(parked, Park)
     checkpoints = MemoryCheckpoints()
-    resume = Resume(restart=[restart("transfer", "t1", resumed={"by": "al"})])
+    resume = Resume(restart=[restart("transfer", "t1", resumed={"by": "al"}),
+                             restart("slow_gate", "s1", resumed={"by": "al"})])
 
     first = resume_turn(agent, next_step(parked.messages, 2, checkpoints), resume)
     again = resume_turn(agent, next_step(parked.messages, 2, checkpoints), resume)
 
-    assert isinstance(again, Continue)
+    assert isinstance(again, Continue) and not again.replayable
     assert again.messages == first.messages
-    assert len(log) == 2  # the first run and one restart
+    assert len(log) == 2  # the first run and one restart: the second step reads it back
+    assert "tool:t1" in checkpoints.data
 
 
 def test_a_finished_turn_replayed_from_checkpoints_gives_the_same_messages():
@@ -704,7 +760,18 @@ def test_a_finished_turn_replayed_from_checkpoints_gives_the_same_messages():
 
     assert isinstance(first, Continue) and isinstance(again, Continue)
     assert again.messages == first.messages
-    assert (model.calls, runs) == (1, ["ping"])
+    # The reply `ping` acts on is kept; `ping` itself ended last (the commit follows).
+    assert (model.calls, runs) == (1, ["ping", "ping"])
+
+
+def test_a_resume_that_only_applies_answers_needs_no_commit_of_its_own():
+    model = ScriptedModel(steps=[Reply(calls=[
+        Call(name="ask_user", input={"question": "Which city?"}, ref="q1")])])
+    agent = Agent("a", model, tools=(ask_user,))
+    parked = model_turn(agent, start())
+    resumed = resume_turn(agent, next_step(parked.messages, 2),
+                          Resume(respond=[respond("ask_user", "q1", "Paris")]))
+    assert isinstance(resumed, Continue) and resumed.replayable
 
 
 # --- 10. cancelled answers ----------------------------------------------------------------------

@@ -143,7 +143,7 @@ def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem)
     # notification out of attempts counts in `stats`, read by the collector.
     from layby.http.metrics import render
     from layby.control.runtime import TASK_NAMES
-    from layby.parking import Store, StoreConfig
+    from layby.parking import Announcements, Store, StoreConfig
     from layby.wire import Notification
 
     client = redis.Redis.from_url(system.redis_url, decode_responses=True)
@@ -153,7 +153,9 @@ def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem)
                                                  "version": 1})
     client.sadd(store.keys.open(run_id), "i1")
     note = Notification(id="n1", interrupt_id="i1", reviewer="alice", channel="email")
-    assert store.plan_notifications(run_id, [(note, None)], [("ref-1", "{}", 60_000)]) == ["n1"]
+    # A store without the task messages (the broker elsewhere): the caller dispatches.
+    assert store.plan_notifications(run_id, Announcements(
+        [(note, None)], [("ref-1", "{}", 60_000)])) == (["n1"], ["n1"])
     assert client.get(store.keys.grant("ref-1")) == "{}"
     status, started = store.start_delivery(run_id, "n1", deadline_ms=60_000, max_attempts=1)
     assert status == "ok" and started is not None
@@ -161,7 +163,7 @@ def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem)
     assert client.hget(store.keys.stats, "notifications_failed") == "1"
     # A sender that died on its last attempt: the next start records the failure.
     dead = Notification(id="n2", interrupt_id="i1", reviewer="bob", channel="email")
-    assert store.plan_notifications(run_id, [(dead, None)], []) == ["n2"]
+    assert store.plan_notifications(run_id, Announcements([(dead, None)])) == (["n2"], ["n2"])
     assert store.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "ok"
     assert store.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "failed"
     text = render(client, store.keys).decode()

@@ -22,9 +22,9 @@ from layby.errors import Conflict, Invalid, NotFound, TooLarge
 from layby.generation.interrupts import Interrupt, ResumeEntry
 from layby.generation.messages import Message, text_message
 from layby.generation.tools import Tool
-from layby.parking import RunRecord, Transition, Verdict
+from layby.parking import RunRecord, Transition, Verdict, iso
 from layby.reviewers import routing
-from layby.wire import Answer, Delegation, InterruptState, RunView
+from layby.wire import Answer, Delegation, InterruptState, RunView, Status
 from layby.control.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -74,12 +74,14 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
             raise Conflict(f"run id {run_id!r} is already taken",
                            run_id=run_id, detail={"runId": result.run_id})
         return existing, False
-    # Read before publishing: a quick worker would otherwise show its first turn in the
-    # reply to the request that created the run (a 202 describes the run as accepted).
-    view = store.view(run_id)
-    assert view is not None
     rt.publish(result.entries)
-    return view, True
+    # The run as accepted, from what was written (a read could show a quick worker's
+    # first turn in the reply to the request that created the run).
+    created = iso(result.created_at or 0)
+    return RunView(id=run_id, agent=agent, status=Status.QUEUED, version=1, input=input,
+                   messages=messages, interrupts=[], metadata=metadata or {},
+                   created_at=created,
+                   updated_at=created), True
 
 
 def get_run(rt: Runtime, run_id: str) -> RunView:
@@ -100,12 +102,11 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     The same request again with the same `idempotency_key` (a client retrying after a lost
     reply or a 503) is its own answer, not a rival's: verdict EXISTS, nothing recorded.
     """
-    record = rt.store.record(run_id)
+    record, specs, answers, open_ids = rt.store.answerable(run_id)
     if record is None:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if not entries:
         raise Invalid("no answers given: `resume` needs one entry per open interrupt")
-    specs, answers, open_ids = rt.store.interrupts(run_id)
     by_id = {s.id: s for s in specs}
     request_id = _request_id(by, idempotency_key)
     if idempotency_key is not None and _already_given(run_id, entries, answers, request_id):

@@ -158,18 +158,18 @@ def requeue_stuck(rt: Runtime, *, limit: int = 200) -> tuple[list[Requeued], int
 def retry_notifications(rt: Runtime, run_ids: list[str]) -> dict[str, list[str]]:
     """Failed notifications of these runs back to pending, and their deliveries queued.
     Returns run id → the notification ids sent again."""
-    retried = {run_id: rt.store.retry_notifications(run_id) for run_id in run_ids}
-    if not any(retried.values()):
-        return retried
-    try:
-        with rt.celery.producer_or_acquire() as producer:
-            for run_id, ids in retried.items():
-                for nid in ids:
+    found = {run_id: rt.store.retry_notifications(run_id) for run_id in run_ids}
+    # The store queued the deliveries itself, unless the broker is elsewhere.
+    dispatch = [(run_id, nid) for run_id, (_, ids) in found.items() for nid in ids]
+    if dispatch:
+        try:
+            with rt.celery.producer_or_acquire() as producer:
+                for run_id, nid in dispatch:
                     rt.celery.send_task(DELIVER_TASK, args=[run_id, nid], queue=NOTIFY,
                                         producer=producer)
-    except Exception:  # noqa: BLE001  (each is due in the store: the sweeper queues it)
-        log.exception("could not queue the retried notifications; the sweeper will")
-    return retried
+        except Exception:  # noqa: BLE001  (each is due in the store: the sweeper queues it)
+            log.exception("could not queue the retried notifications; the sweeper will")
+    return {run_id: retried for run_id, (retried, _) in found.items()}
 
 
 def interrupted_runs(store: Store, *, limit: int = 200) -> list[str]:

@@ -5,8 +5,11 @@ Nothing here runs at import: a process (the `layby` command, the gateway's facto
 Celery entry module `layby.tasks.app`, the test kit) calls `build()` once. The store is made
 on first use and made again in a forked child (sockets are not shared across a fork).
 
-Publishing sends outbox entries to the broker, then acks them in the store; if the broker
-is away the entries stay in the outbox and the sweeper publishes them later.
+The broker is the store's server, so the store's transitions push the tasks that follow
+them themselves (`layby.broker_config.messages` makes the messages). Publishing is for the
+outbox, when they cannot: it sends outbox entries to the broker, then acks them in the
+store; if the broker is away the entries stay in the outbox and the sweeper publishes them
+later.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Iterable
 from celery import Celery
 
 from layby.broker_config import (
+    DELIVER_TASK,
     NOTIFY,
     NOTIFY_TASK,
     RESUME_RUN,
@@ -29,6 +33,7 @@ from layby.broker_config import (
     Settings,
     make_celery,
 )
+from layby.broker_config.messages import templates
 from layby.control.connections import redis_client
 from layby.generation.agents import Agent, load_agents
 from layby.parking import OutboxEntry, Store, StoreConfig, TaskNames
@@ -43,10 +48,16 @@ ACKED_BY_THE_TASK = frozenset({NOTIFY_TASK})
 
 
 TASK_NAMES = TaskNames(turn_task=RUN_TURN, resume_task=RESUME_RUN, turn_queue=TURNS,
-                       notify_task=NOTIFY_TASK, notify_queue=NOTIFY)
+                       notify_task=NOTIFY_TASK, notify_queue=NOTIFY, deliver_task=DELIVER_TASK)
 
 
-def store_config(settings: Settings) -> StoreConfig:
+def store_config(settings: Settings, celery: Celery | None = None) -> StoreConfig:
+    """The store's settings; with the `celery` app whose broker is the store's server, the
+    transitions push the tasks that follow them themselves."""
+    messages = None
+    if celery is not None:
+        messages = {kind: (t.queue_key, t.message)
+                    for kind, t in templates(celery, settings.broker_key_prefix).items()}
     return StoreConfig(TASK_NAMES, prefix=settings.key_prefix, retention_s=settings.retention_s,
                        idempotency_ttl_s=settings.idempotency_ttl_s,
                        lease_ms=int(settings.lease_s * 1000),
@@ -54,7 +65,8 @@ def store_config(settings: Settings) -> StoreConfig:
                        events_max=settings.events_max,
                        outbox_grace_ms=int(settings.outbox_grace_s * 1000),
                        min_replicas_ack=settings.redis_min_replicas_ack,
-                       replica_ack_timeout_ms=int(settings.redis_replica_ack_timeout_s * 1000))
+                       replica_ack_timeout_ms=int(settings.redis_replica_ack_timeout_s * 1000),
+                       messages=messages)
 
 
 class Runtime:
@@ -85,7 +97,7 @@ class Runtime:
         with self._store_lock:
             if self._store is None or self._store[0] != os.getpid():
                 self._store = (os.getpid(), Store(redis_client(self.settings),
-                                                  store_config(self.settings)))
+                                                  store_config(self.settings, self.celery)))
             return self._store[1]
 
     @property

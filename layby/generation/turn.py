@@ -10,6 +10,7 @@ call the model or a finished tool twice) and background jobs through a `JobStart
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,18 +40,24 @@ log = logging.getLogger(__name__)
 
 
 class Checkpoints(Protocol):
-    """Results saved within one version of a run, read back when a step runs again."""
+    """Results saved within one version of a run, read back when a step runs again.
+
+    `durable`: whether losing the result could make a second run of the step repeat a side
+    effect (a model reply that tools with bodies will act on, a tool's outcome while
+    others of its turn still run). The rest can be kept in memory: the step's commit
+    follows at once, and a step run again computes them again without harm.
+    """
 
     def get(self, key: str) -> Any | None: ...
 
-    def put(self, key: str, value: Any) -> None: ...
+    def put(self, key: str, value: Any, *, durable: bool = True) -> None: ...
 
 
 class NoCheckpoints:
     def get(self, key: str) -> Any | None:
         return None
 
-    def put(self, key: str, value: Any) -> None:
+    def put(self, key: str, value: Any, *, durable: bool = True) -> None:
         pass
 
 
@@ -74,6 +81,9 @@ class Step:
 @dataclass
 class Continue:
     messages: list[Message]
+    # Nothing ran to reach it (a resume that only applied answers): a step run again
+    # reaches it again, so it needs no commit of its own before the next turn.
+    replayable: bool = False
 
 
 @dataclass
@@ -130,7 +140,10 @@ def model_turn(agent: Agent, step: Step) -> Outcome:
         request = ModelRequest(messages=step.history, system=agent.system,
                                tools=[t.definition() for t in agent.tools], config=agent.config)
         message = _with_refs(agent.model.generate(request).message, step.turns_taken)
-        step.checkpoints.put("model", message.wire())
+        # Tools with bodies act on this reply: a step run again must see the same one.
+        step.checkpoints.put("model", message.wire(), durable=any(
+            _acts(agent, p.tool_request.name) for p in message.tool_requests
+            if p.tool_request is not None))
     calls = message.tool_requests
     if not calls:
         return Finish([*step.history, message], message.text)
@@ -159,17 +172,34 @@ class _Call:
     restart: Part | None  # the restart entry, when the tool runs again with an answer
 
 
+def _acts(agent: Agent, name: str) -> bool:
+    """Whether calling tool `name` runs code of its own (an interrupt tool only asks)."""
+    tool = agent.tool(name)
+    return tool is not None and not tool.is_interrupt
+
+
 def _run_calls(agent: Agent, step: Step,
                calls: list[tuple[ToolRequest, Part | None]]) -> dict[str, CallResult]:
+    running = [len(calls)]
+    lock = threading.Lock()
+
     def one(call: tuple[ToolRequest, Part | None]) -> tuple[str, CallResult]:
         request, restart = call
         ref = request.ref or ""
         key = f"tool:{ref}"
         saved = step.checkpoints.get(key)
         if saved is not None:
+            with lock:
+                running[0] -= 1
             return ref, CallResult.load(saved)
         result = _run_one(agent, step, request, restart)
-        step.checkpoints.put(key, result.dump())
+        with lock:
+            running[0] -= 1
+            others = running[0]
+        # The last call to end is followed by the commit; one that ends while others still
+        # run is kept, so a step run again does not repeat what it did.
+        step.checkpoints.put(key, result.dump(),
+                             durable=others > 0 and _acts(agent, request.name))
         return ref, result
 
     if len(calls) == 1:
@@ -368,8 +398,11 @@ def resume_turn(agent: Agent, step: Step, resume: Resume) -> Outcome:
                                      run_id=step.run_id, ref=ref)
     results = _run_calls(agent, step, to_run) if to_run else {}
     message = _replace_inputs(message, {r.ref or "": r for r, _ in to_run})
-    return _settle(step, message, message.tool_requests, results, resumed=True,
-                   responses=known)
+    outcome = _settle(step, message, message.tool_requests, results, resumed=True,
+                      responses=known)
+    if isinstance(outcome, Continue) and not to_run:
+        outcome.replayable = True
+    return outcome
 
 
 def _replace_inputs(message: Message, requests: dict[str, ToolRequest]) -> Message:

@@ -144,6 +144,6 @@ def _answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], caller: str, *
                              require_all=require_all, idempotency_key=key)
     run = commands.get_run(rt, run_id)
     # A retry's answers were taken before: the run resumed then if it left `interrupted`.
-    resumed = bool(result.entries) if result.verdict is not Verdict.EXISTS \
+    resumed = result.resumed if result.verdict is not Verdict.EXISTS \
         else run.status is not Status.INTERRUPTED
     return Answered(run=run, resumed=resumed).wire()

@@ -168,7 +168,7 @@ def _answered(rt: Runtime, opened: answers.Opened, result: Transition | None, *,
     if result is None:
         resumed = False
     else:
-        resumed = bool(result.entries) if result.verdict is not Verdict.EXISTS \
+        resumed = result.resumed if result.verdict is not Verdict.EXISTS \
             else run.status is not Status.INTERRUPTED
     answer = mine.answer or next((a for a in mine.approvals if a.answered_by ==
                                   f"reviewer:{opened.reviewer.id}"), None)

@@ -100,7 +100,7 @@ def receive(rt: Runtime, raw: bytes, envelope_recipients: list[str] | None = Non
         _mail_back(rt, message, reason)
         raise Unreadable(reason, run_id=opened.run.id, detail=exc.detail) from None
     return Received(opened.run.id, opened.interrupt.id, opened.reviewer.id,
-                    bool(result.entries))
+                    result.resumed)
 
 
 def _hand_on(rt: Runtime, opened: answers.Opened, message: Mail, name: str,

@@ -5,9 +5,10 @@ Every state change is one atomic Lua script named after its transition (`parking
 """
 
 from layby.parking.keys import Keys
-from layby.parking.records import OutboxEntry
+from layby.parking.records import Announcements, OutboxEntry, RunRecord
 from layby.parking.results import Verdict, Transition
-from layby.parking.store import NotReplicated, RunRecord, Store, StoreConfig, TaskNames, iso
+from layby.parking.store import NotReplicated, Store, StoreConfig, TaskNames, iso
 
-__all__ = ["Keys", "NotReplicated", "Verdict", "OutboxEntry", "RunRecord", "Store",
+__all__ = ["Announcements", "Keys", "NotReplicated", "Verdict", "OutboxEntry", "RunRecord",
+           "Store",
            "StoreConfig", "TaskNames", "Transition", "iso"]

@@ -1,11 +1,15 @@
-"""What the store hands its callers besides the API's shapes (`layby.wire`): outbox entries,
-the Celery messages a transition queued, to publish after it."""
+"""What the store hands its callers besides the API's shapes (`layby.wire`): outbox entries
+(the Celery messages a transition queued, to publish after it, when the broker is not the
+store's server), a run as a worker's claim reads it, and announcements to record."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from layby.generation.messages import Wire
+from layby.generation.interrupts import Interrupt
+from layby.generation.messages import Message, Wire
+from layby.wire import Answer, Delegation, Notification, Status
 
 
 class OutboxEntry(Wire):
@@ -13,3 +17,35 @@ class OutboxEntry(Wire):
     task: str
     queue: str
     args: list[Any]
+
+
+@dataclass
+class RunRecord:
+    """A run as a worker needs it to take a step, all of it read by the claim."""
+
+    id: str
+    agent: str
+    status: Status
+    version: int
+    messages: list[Message]
+    metadata: dict[str, Any]
+    checkpoints: dict[str, Any] = field(default_factory=dict)
+    # A parked turn: the interrupts it waits on, and their answers. None when the park did
+    # not record them (a run parked by an older layby): read them apart.
+    parked_on: list[Interrupt] | None = None
+    answers: dict[str, Answer] = field(default_factory=dict)
+
+
+@dataclass
+class Announcements:
+    """What one planning records (`layby.notifier.planning` makes it): notifications, each
+    with when to send it (epoch ms, None for now); the grants of their new tokens (ref,
+    grant JSON, lifetime in ms; opaque here); the hand-overs of reviewers away (interrupt
+    id, delegation)."""
+
+    notes: list[tuple[Notification, int | None]] = field(default_factory=list)
+    grants: list[tuple[str, str, int]] = field(default_factory=list)
+    handovers: list[tuple[str, Delegation]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.notes or self.handovers)

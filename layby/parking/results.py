@@ -4,12 +4,15 @@ into `Transition`s with named fields."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from layby.parking.records import OutboxEntry
+from layby.generation.interrupts import Interrupt
+from layby.generation.messages import load_messages
+from layby.parking.records import OutboxEntry, RunRecord
 from layby.wire import Answer, Status
 
 
@@ -49,6 +52,11 @@ class Transition:
     owner: str | None = None           # busy: who holds the lease
     attempt: int | None = None         # claim: this attempt; exhausted: the attempts made
     claimed_from: Status | None = None  # claim: the status the run was claimed from
+    record: RunRecord | None = None    # claim: the run, as the step needs it
+    created_at: int | None = None      # create: when (ms, the server's clock)
+    planned: tuple[str, ...] = ()      # park, delegate: notifications planned
+    dispatch: tuple[str, ...] = ()     # …of which the caller must queue the delivery
+    resumed: bool = False              # answer, expire, park: the run resumes (queued)
 
     @property
     def ok(self) -> bool:
@@ -91,29 +99,48 @@ def refusal(reply: list[Any]) -> Transition:
 
 
 def committed(reply: list[Any]) -> Transition:
-    """`{'ok' | 'failed', version, entries…}`, or a refusal."""
+    """`{'ok' | 'failed', version, entry or '', {planned…}, {to dispatch…}, resumed}`
+    (those after the entry when the transition has them), or a refusal."""
     if reply[0] in (Verdict.OK, Verdict.FAILED):
-        return Transition(Verdict(reply[0]), int(reply[1]), entries_of(reply[2:]))
+        entries = entries_of(reply[2:3])
+        planned = tuple(str(x) for x in reply[3]) if len(reply) > 3 else ()
+        dispatch = tuple(str(x) for x in reply[4]) if len(reply) > 4 else ()
+        return Transition(Verdict(reply[0]), int(reply[1]), entries, planned=planned,
+                          dispatch=dispatch, resumed=len(reply) > 5 and reply[5] == "1")
     return refusal(reply)
 
 
-def claimed(reply: list[Any], version: int) -> Transition:
-    """claim_run's `{'ok', previous status, lease until, attempt}`, or a refusal."""
-    if reply[0] == Verdict.OK:
-        return Transition(Verdict.OK, version, claimed_from=_status(reply[1]),
-                          attempt=int(reply[3]))
-    return refusal(reply)
+def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
+    """claim_run's `{'ok', previous status, lease until, attempt, agent, messages, metadata,
+    {checkpoints}, waiting, {interrupts}, {answers}}`, or a refusal."""
+    if reply[0] != Verdict.OK:
+        return refusal(reply)
+    _, status, _, attempt, agent, messages, metadata, saved, waiting, specs, answers = reply
+    parked_on = None
+    found: dict[str, Answer] = {}
+    if waiting:
+        parked_on = [Interrupt.model_validate_json(s) for s in specs if s]
+        found = {a.interrupt_id: a for a in (Answer.model_validate_json(x)
+                                             for x in answers if x)}
+    record = RunRecord(run_id, agent, Status.RUNNING, version,
+                       load_messages(json.loads(messages)), json.loads(metadata or "{}"),
+                       checkpoints={saved[i]: json.loads(saved[i + 1])
+                                    for i in range(0, len(saved), 2)},
+                       parked_on=parked_on, answers=found)
+    return Transition(Verdict.OK, version, claimed_from=_status(status),
+                      attempt=int(attempt), record=record)
 
 
 def created(reply: list[Any], run_id: str) -> Transition:
-    """create_run's `{'created', entry}`, or `{'exists', run id}`."""
+    """create_run's `{'created', entry or '', created at}`, or `{'exists', run id}`."""
     if reply[0] == "created":
-        return Transition(Verdict.OK, 1, entries_of(reply[1:]), run_id=run_id)
+        return Transition(Verdict.OK, 1, entries_of(reply[1:2]), run_id=run_id,
+                          created_at=int(reply[2]))
     return refusal(reply)
 
 
 def requeued(reply: list[Any]) -> Transition:
-    """requeue_run's `{'ok', entry}`, or a refusal."""
+    """requeue_run's `{'ok', entry or ''}`, or a refusal."""
     if reply[0] == Verdict.OK:
-        return Transition(Verdict.OK, entries=entries_of(reply[1:]))
+        return Transition(Verdict.OK, entries=entries_of(reply[1:2]))
     return refusal(reply)

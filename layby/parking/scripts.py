@@ -1,11 +1,16 @@
 """Loads the Lua transition scripts in `lua/`, each registered once per client.
 
-Run scripts get the shared prelude (`lua/_prelude.lua`) and the KEYS layout it documents;
-scripts on global keys only (outbox, due notifications, live workers) stand alone.
+Run scripts get the task queueing (`lua/_queue.lua`) and the shared prelude
+(`lua/_prelude.lua`) and the KEYS layout it documents; scripts on global keys only
+(outbox, due notifications, live workers) stand alone, or with the queueing alone when they
+queue tasks. Settings the scripts need are written into their source: scripts of one
+configuration have one SHA1 whichever process loads them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
@@ -16,9 +21,10 @@ RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "adv
                "park_run", "complete_run", "fail_run", "cancel_run", "answer_interrupts",
                "expire_interrupt", "requeue_run", "plan_notifications", "start_delivery",
                "finish_delivery", "retry_notifications", "delegate_interrupt")
-# Scripts on global keys only, without the prelude.
+# Scripts on global keys only, without the prelude; those that queue tasks get `_queue`.
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
                       "beat_worker", "reap_workers")
+QUEUEING_SCRIPTS = ("claim_due_notifications",)
 
 # Upper bounds (seconds) of the latency histograms the scripts count in `stats`: park →
 # answer (people: seconds to days), last answer → a worker taking the run up (queues).
@@ -28,9 +34,46 @@ LATENCY_BUCKETS_S: dict[str, tuple[float, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class QueuedTask:
+    """A task the scripts queue: its name and queue, and, when the broker is the store's
+    server, the key of its queue and the message to push there (with placeholders)."""
+
+    task: str
+    queue: str
+    key: str | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class ScriptSettings:
+    events_max: int
+    outbox_grace_ms: int
+    lost_message_ms: int
+    tasks: Mapping[str, QueuedTask]  # by kind: turn, resume, notify, deliver
+
+
 def _lua_buckets() -> str:
     return "{" + ", ".join(f"{what} = {{{', '.join(repr(b) for b in bounds)}}}"
                            for what, bounds in LATENCY_BUCKETS_S.items()) + "}"
+
+
+def _lua_string(text: str) -> str:
+    """`text` as a Lua long string, whatever it holds."""
+    level = 1
+    while f"]{'=' * level}]" in text:
+        level += 1
+    return f"[{'=' * level}[{text}]{'=' * level}]"
+
+
+def _lua_tasks(tasks: Mapping[str, QueuedTask]) -> str:
+    rows = []
+    for kind, t in tasks.items():
+        fields = [f"task = {_lua_string(t.task)}", f"queue = {_lua_string(t.queue)}"]
+        if t.key is not None and t.message is not None:
+            fields += [f"key = {_lua_string(t.key)}", f"message = {_lua_string(t.message)}"]
+        rows.append(f"{kind} = {{{', '.join(fields)}}}")
+    return "{" + ", ".join(rows) + "}"
 
 
 @cache
@@ -38,16 +81,17 @@ def _source(name: str) -> str:
     return (resources.files("layby.parking") / "lua" / f"{name}.lua").read_text()
 
 
-def source(name: str, *, events_max: int, outbox_grace_ms: int) -> str:
+def source(name: str, settings: ScriptSettings) -> str:
+    queue = (_source("_queue").replace("__TASKS__", _lua_tasks(settings.tasks))
+             .replace("__LOST_MESSAGE_MS__", str(settings.lost_message_ms)))
     if name in STANDALONE_SCRIPTS:
-        return _source(name)
-    prelude = (_source("_prelude").replace("__EVENTS_MAX__", str(events_max))
-               .replace("__OUTBOX_GRACE_MS__", str(outbox_grace_ms))
+        return queue + "\n" + _source(name) if name in QUEUEING_SCRIPTS else _source(name)
+    prelude = (_source("_prelude").replace("__EVENTS_MAX__", str(settings.events_max))
+               .replace("__OUTBOX_GRACE_MS__", str(settings.outbox_grace_ms))
                .replace("__LATENCY_BUCKETS_S__", _lua_buckets()))
-    return prelude + "\n" + _source(name)
+    return queue + "\n" + prelude + "\n" + _source(name)
 
 
-def register(client: Redis, *, events_max: int, outbox_grace_ms: int) -> dict[str, Script]:
-    return {name: client.register_script(source(name, events_max=events_max,
-                                                outbox_grace_ms=outbox_grace_ms))
+def register(client: Redis, settings: ScriptSettings) -> dict[str, Script]:
+    return {name: client.register_script(source(name, settings))
             for name in (*RUN_SCRIPTS, *STANDALONE_SCRIPTS)}

@@ -1,7 +1,10 @@
 """The Redis store of runs: every state change is one Lua script (see `lua/`), reads are plain.
 
-Each transition method returns a small result; `entries` are outbox entries the caller must
-publish and then `ack_outbox`. The store never publishes: it knows Redis, not the broker.
+Each transition method returns a small result. When the broker is the store's server (the
+config carries the task messages, made by `layby.broker_config.messages`), a transition
+queues the task that follows it in the same script; otherwise `entries` are outbox entries
+the caller must publish and then `ack_outbox`. The store never talks to Celery: it knows
+Redis, and the messages come made.
 
 With `min_replicas_ack`, the transitions someone is told about (`ACKNOWLEDGED`) are
 followed by WAIT on the same connection, so what was acknowledged survives a failover.
@@ -10,7 +13,8 @@ followed by WAIT on the same connection, so what was acknowledged survives a fai
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +25,8 @@ from layby.generation.messages import Message, dump_messages, load_messages
 from layby.parking import events, results, scripts
 from layby.parking.clock import iso
 from layby.parking.keys import Keys
-from layby.parking.records import OutboxEntry
+from layby.parking.records import Announcements, OutboxEntry, RunRecord
+from layby.parking.scripts import QueuedTask, ScriptSettings
 from layby.parking.registries import (
     Deadlines,
     DueNotifications,
@@ -56,6 +61,17 @@ class TaskNames:
     turn_queue: str
     notify_task: str
     notify_queue: str
+    deliver_task: str
+
+    def queued(self, messages: Mapping[str, tuple[str, str]] | None) -> dict[str, QueuedTask]:
+        """The tasks as the scripts queue them, by kind; `messages` (kind → queue key,
+        message template) when the broker is the store's server."""
+        named = {"turn": (self.turn_task, self.turn_queue),
+                 "resume": (self.resume_task, self.turn_queue),
+                 "notify": (self.notify_task, self.notify_queue),
+                 "deliver": (self.deliver_task, self.notify_queue)}
+        return {kind: QueuedTask(task, queue, *(messages or {}).get(kind, (None, None)))
+                for kind, (task, queue) in named.items()}
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,13 @@ class StoreConfig:
     max_attempts: int = 5
     min_replicas_ack: int = 0  # WAIT for this many replicas after ACKNOWLEDGED transitions
     replica_ack_timeout_ms: int = 1000
+    # By task kind (turn, resume, notify, deliver): the queue's key and the message to push,
+    # when the broker is the store's server; None: transitions fill the outbox instead.
+    messages: Mapping[str, tuple[str, str]] | None = field(default=None, compare=False)
+
+    @property
+    def pushes_tasks(self) -> bool:
+        return bool(self.messages)
 
 
 # Transitions whose outcome is told to someone (a 202, an answer taken, a reviewer asked, a
@@ -93,18 +116,6 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-@dataclass
-class RunRecord:
-    """A run as a worker needs it to take a step."""
-
-    id: str
-    agent: str
-    status: Status
-    version: int
-    messages: list[Message]
-    metadata: dict[str, Any]
-
-
 class Store:
     def __init__(self, client: Redis, config: StoreConfig) -> None:
         self.redis = client
@@ -116,8 +127,14 @@ class Store:
         self.leases = Leases(client, self.keys.leases)
         self.outbox = OutboxRegistry(client, self.keys.outbox)
         self.due_notifications = DueNotifications(client, self.keys.notify_due)
-        self._scripts = scripts.register(client, events_max=self.config.events_max,
-                                         outbox_grace_ms=self.config.outbox_grace_ms)
+        self._scripts = scripts.register(client, ScriptSettings(
+            events_max=config.events_max, outbox_grace_ms=config.outbox_grace_ms,
+            lost_message_ms=config.lost_message_ms,
+            tasks=config.tasks.queued(config.messages)))
+
+    def script_names(self) -> dict[str, str]:
+        """Each script's SHA1 (as EVALSHA names it) and its name: for MONITOR's readers."""
+        return {script.sha: name for name, script in self._scripts.items()}
 
     def _run(self, name: str, run_id: str, *argv: Any, extra_keys: tuple[str, ...] = ()) -> list:
         keys = [*self.keys.for_scripts(run_id), *extra_keys]
@@ -145,14 +162,16 @@ class Store:
         idem = self.keys.idempotency(idempotency_key) if idempotency_key else ""
         reply = self._run("create_run", run_id, run_id, agent, _dumps(input),
                           _dumps(dump_messages(messages)), _dumps(metadata),
-                          self.config.idempotency_ttl_s, self.tasks.turn_task,
-                          self.tasks.turn_queue, extra_keys=(idem,))
+                          self.config.idempotency_ttl_s, extra_keys=(idem,))
         return results.created(reply, run_id)
 
     def claim(self, run_id: str, version: int, owner: str) -> Transition:
+        """Claim the run's step at `version`; when it applies, `record` holds all the step
+        needs (messages, metadata, this version's checkpoints, a parked turn's interrupts
+        and answers)."""
         reply = self._run("claim_run", run_id, version, owner, self.config.lease_ms,
                           self.config.max_attempts)
-        return results.claimed(reply, version)
+        return results.claimed(reply, run_id, version)
 
     def renew(self, run_id: str, version: int, owner: str) -> bool:
         """The heartbeat of the worker holding the claim: False when the claim is not its
@@ -176,14 +195,16 @@ class Store:
                 event: dict[str, Any], *, inline: bool) -> Transition:
         reply = self._run("advance_turn", run_id, version, owner,
                           _dumps(dump_messages(messages)), _dumps(event), "1" if inline else "0",
-                          self.config.lease_ms, self.tasks.turn_task, self.tasks.turn_queue)
+                          self.config.lease_ms)
         return results.committed(reply)
 
     def park(self, run_id: str, version: int, owner: str, messages: list[Message],
              interrupts: list[Interrupt], event: dict[str, Any], *,
-             announce: bool = True, by_rule: dict[str, Answer] | None = None) -> Transition:
-        """Park the run on `interrupts`; with `announce`, queue their notification.
-        `by_rule`: the answers policy rules give (by interrupt id), recorded in the park."""
+             plan: Announcements | None = None,
+             by_rule: dict[str, Answer] | None = None) -> Transition:
+        """Park the run on `interrupts` and record `plan`, the announcements of those that
+        wait on people (None: queue the announcement task to plan them). `by_rule`: the
+        answers policy rules give (by interrupt id), recorded in the park."""
         triples: list[Any] = []
         for intr in interrupts:
             expiry = ""
@@ -193,10 +214,10 @@ class Store:
             auto = (by_rule or {}).get(intr.id)
             triples += [intr.id, _dumps(intr.wire()), expiry,
                         _dumps(auto.wire()) if auto else "", intr.rule or ""]
+        argv, grant_keys = self._plan_argv(plan or Announcements())
         reply = self._run("park_run", run_id, version, owner, _dumps(dump_messages(messages)),
-                          _dumps(event), self.tasks.resume_task, self.tasks.turn_queue,
-                          self.tasks.notify_task if announce else "",
-                          self.tasks.notify_queue, len(interrupts), *triples)
+                          _dumps(event), "1" if plan is None else "0", len(interrupts),
+                          *triples, *argv, extra_keys=grant_keys)
         return results.committed(reply)
 
     def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
@@ -228,55 +249,59 @@ class Store:
             need = (votes or {}).get(a.interrupt_id, 1)
             pairs += [a.interrupt_id, _dumps(a.wire()), need, a.answered_by if need > 1 else ""]
         reply = self._run("answer_interrupts", run_id, "1" if require_all else "0",
-                          "1" if allow_early else "0", self.tasks.resume_task,
-                          self.tasks.turn_queue, len(answers), *pairs)
+                          "1" if allow_early else "0", len(answers), *pairs)
         return results.committed(reply)
 
-    def delegate(self, run_id: str, interrupt_id: str, handover: Delegation) -> Transition:
-        """Hand an open interrupt from `handover.reviewer` to `handover.to`; the
-        announcement task is queued to tell the new reviewer. AGAIN: handed on before."""
+    def delegate(self, run_id: str, interrupt_id: str, handover: Delegation,
+                 plan: Announcements | None = None) -> Transition:
+        """Hand an open interrupt from `handover.reviewer` to `handover.to`, recording
+        `plan`, the new reviewer's announcements (None: queue the announcement task to plan
+        them). AGAIN: handed on before."""
+        argv, grant_keys = self._plan_argv(plan or Announcements())
         reply = self._run("delegate_interrupt", run_id, interrupt_id, handover.reviewer,
-                          _dumps(handover.wire()), self.tasks.notify_task,
-                          self.tasks.notify_queue)
+                          _dumps(handover.wire()), "1" if plan is None else "0", *argv,
+                          extra_keys=grant_keys)
         if reply[0] == Verdict.AGAIN:
             return Transition(Verdict.AGAIN, interrupt_id=interrupt_id)
         return results.committed(reply)
 
     def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None) -> Transition:
         reply = self._run("expire_interrupt", run_id, answer.interrupt_id, _dumps(answer.wire()),
-                          _dumps(fail_error) if fail_error else "", self.tasks.resume_task,
-                          self.tasks.turn_queue, self.config.retention_s, run_id)
+                          _dumps(fail_error) if fail_error else "", self.config.retention_s)
         return results.committed(reply)
 
     def requeue(self, run_id: str, *, owner: str = "") -> Transition:
         """Queue the run's pending step again. `owner`: '' once its lease lapsed, '*' now."""
-        reply = self._run("requeue_run", run_id, self.tasks.turn_task,
-                          self.tasks.resume_task, self.tasks.turn_queue, run_id, owner)
+        reply = self._run("requeue_run", run_id, owner)
         return results.requeued(reply)
 
     # -- notifications -------------------------------------------------------------------
 
-    def plan_notifications(self, run_id: str, planned: list[tuple[Notification, int | None]],
-                           grants: list[tuple[str, str, int]],
-                           handovers: list[tuple[str, Delegation]] = ()) -> list[str]:
-        """Record notifications (each with when to send it in epoch ms, None for now), the
-        grants of their new tokens (ref, grant JSON, lifetime in ms; opaque here) and the
-        hand-overs of reviewers away (interrupt id, delegation). Returns the ids that were
-        not planned before."""
-        argv: list[Any] = [len(planned), len(grants), len(handovers)]
-        for note, at in planned:
+    def _plan_argv(self, plan: Announcements) -> tuple[list[Any], tuple[str, ...]]:
+        """`plan` as the scripts read it (`record_plan` in lua/_prelude.lua), and the keys
+        of its grants."""
+        argv: list[Any] = [len(plan.notes), len(plan.grants), len(plan.handovers)]
+        for note, at in plan.notes:
             argv += [note.id, _dumps(_stored(note)), "" if at is None else at]
-        for _, grant, ttl_ms in grants:
+        for _, grant, ttl_ms in plan.grants:
             argv += [grant, max(1000, ttl_ms)]
-        for interrupt_id, handover in handovers:
+        for interrupt_id, handover in plan.handovers:
             argv += [interrupt_id, handover.reviewer, _dumps(handover.wire())]
-        reply = self._run("plan_notifications", run_id, *argv,
-                          extra_keys=tuple(self.keys.grant(ref) for ref, _, _ in grants))
-        return [str(x) for x in reply]
+        return argv, tuple(self.keys.grant(ref) for ref, _, _ in plan.grants)
+
+    def plan_notifications(self, run_id: str, plan: Announcements) -> tuple[list[str],
+                                                                               list[str]]:
+        """Record `plan` for a parked run. Returns the ids that were not planned before, and
+        those of them whose delivery the caller must queue (the broker elsewhere)."""
+        argv, grant_keys = self._plan_argv(plan)
+        planned, dispatch = self._run("plan_notifications", run_id, *argv,
+                                      extra_keys=grant_keys)
+        return [str(x) for x in planned], [str(x) for x in dispatch]
 
     def claim_due_notifications(self, limit: int = 100,
                                 retry_ms: int = 10_000) -> list[tuple[str, str]]:
-        """(run id, notification id) of notifications due to be sent."""
+        """Queue the deliveries of notifications due to be sent; returns (run id,
+        notification id) of those the caller must queue itself (the broker elsewhere)."""
         raw = self._scripts["claim_due_notifications"](keys=[self.keys.notify_due],
                                                        args=[limit, retry_ms])
         return [tuple(m.split(" ", 1)) for m in raw]  # type: ignore[misc]
@@ -297,11 +322,13 @@ class Store:
         return str(reply[0])
 
     def retry_notifications(self, run_id: str, notification_ids: list[str] | None = None
-                            ) -> list[str]:
+                            ) -> tuple[list[str], list[str]]:
         """Failed notifications of a parked run (those named, or all) back to pending with
-        their attempts reset, due now. Returns the ids to dispatch."""
-        reply = self._run("retry_notifications", run_id, run_id, *(notification_ids or []))
-        return [str(x) for x in reply]
+        their attempts reset, delivered now. Returns the ids retried, and those of them
+        whose delivery the caller must queue (the broker elsewhere)."""
+        retried, dispatch = self._run("retry_notifications", run_id,
+                                      *(notification_ids or []))
+        return [str(x) for x in retried], [str(x) for x in dispatch]
 
     def notifications(self, run_id: str) -> list[Notification]:
         return _notifications(self.redis.hvals(self.keys.notifications(run_id)))
@@ -352,6 +379,18 @@ class Store:
             return None
         return RunRecord(raw[0], raw[1], Status(raw[2]), int(raw[3]),
                          load_messages(json.loads(raw[4])), json.loads(raw[5] or "{}"))
+
+    def answerable(self, run_id: str) -> tuple[RunRecord | None, list[Interrupt],
+                                               dict[str, Answer], set[str]]:
+        """What an answer is checked against, in one round trip: the run, its interrupts,
+        their answers and which are open."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hmget(self.keys.run(run_id), "id", "agent", "status", "version", "metadata")
+        self._read_interrupts(pipe, run_id)
+        raw, *found = pipe.execute()
+        record = None if raw[0] is None else RunRecord(
+            raw[0], raw[1], Status(raw[2]), int(raw[3]), [], json.loads(raw[4] or "{}"))
+        return (record, *_interrupts(*found))
 
     def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
         pipe = self.redis.pipeline(transaction=True)

@@ -1,26 +1,26 @@
 -- advance_turn: running → running (next turn taken by this worker, lease renewed)
---                       | queued (next turn published through the outbox).
--- Reads run (status, version, lease). Writes run (messages, version, lease), checkpoints, events,
--- leases, index, outbox.
+--                       | queued (next turn queued).
+-- Reads run (status, version, lease). Writes run (messages, version, lease), checkpoints,
+-- events, leases, index; queues the turn.
 -- ARGV: 1 version, 2 owner, 3 messages JSON, 4 event data JSON, 5 '1' to keep the lease,
---       6 lease (ms), 7 turn task, 8 queue
--- Returns {'ok', new version, entry or ''} | {'stale', …} | {'missing'}
+--       6 lease (ms)
+-- Returns {'ok', new version, outbox entry or ''} | {'stale', …} | {'missing'}
 local version, owner, messages, event_data = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local keep_lease, lease_ms, turn_task, queue = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local keep_lease, lease_ms = ARGV[5], ARGV[6]
 local refused = check_claim(version, owner)
 if refused then return refused end
 local now = now_ms()
-redis.call('HSET', RUN, 'messages', messages)
-local v = bump(now)
+local v = tonumber(version) + 1
 redis.call('DEL', CHECKPOINTS)
-event('turn.committed', v, event_data, now)
 if keep_lease == '1' then
   local until_ms = now + tonumber(lease_ms)
-  redis.call('HSET', RUN, 'lease_until', until_ms)
-  redis.call('ZADD', LEASES, until_ms, run_id())
-  redis.call('HSET', CHECKPOINTS, 'v', v)
+  redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
+             'attempts', 0, 'lease_until', until_ms)
+  redis.call('ZADD', LEASES, until_ms, ID)
+  event('turn.committed', v, event_data, now)
   return {'ok', v, ''}
 end
-release_lease()
-set_status('queued', now)
-return {'ok', v, outbox('turn', turn_task, queue, v, now)}
+commit_step(version, messages, now)
+event('turn.committed', v, event_data, now)
+set_status('queued', now, 'running')
+return {'ok', v, enqueue('turn', v, now)}

@@ -6,26 +6,26 @@
 -- review (approvals), notifications and notify:due (skipped), stats; with the last answer
 -- run, index, outbox.
 -- ARGV: 1 '1' if the answers must cover every open interrupt, 2 '1' to keep an answer for
---       an interrupt not parked yet (a background job that finished first), 3 resume task,
---       4 queue, 5 count n, then n quads: interrupt id, answer JSON, approvals it needs,
---       who approves ('' when the answer is not an approval counted toward several)
--- Returns {'ok', version, entry or ''} | {'early'} | {'missing'} | {'finished', status} |
+--       an interrupt not parked yet (a background job that finished first), 3 count n,
+--       then n quads: interrupt id, answer JSON, approvals it needs, who approves ('' when
+--       the answer is not an approval counted toward several)
+-- Returns {'ok', version, outbox entry or '', {}, {}, '1' if the run resumes} | {'early'} |
+--         {'missing'} | {'finished', status} |
 --         {'unknown', id} |
 --         {'conflict', id, first answer JSON or '', run status} | {'incomplete', open ids…}
 --         | {'again', id, this reviewer's earlier approval JSON}
-local require_all, allow_early = ARGV[1], ARGV[2]
-local resume_task, queue, count = ARGV[3], ARGV[4], ARGV[5]
-if redis.call('EXISTS', RUN) == 0 then return {'missing'} end
+local require_all, allow_early, count = ARGV[1], ARGV[2], ARGV[3]
 local status = redis.call('HGET', RUN, 'status')
+if not status then return {'missing'} end
 -- A finished run takes no early answers: its keys already count down to expiry.
 if FINISHED[status] and allow_early == '1' then return {'finished', status} end
 local n = tonumber(count)
 -- Everything is checked before anything is written.
 for i = 0, n - 1 do
-  local iid, voter = ARGV[6 + 4 * i], ARGV[9 + 4 * i]
+  local iid, voter = ARGV[4 + 4 * i], ARGV[7 + 4 * i]
   if redis.call('HEXISTS', INTERRUPTS, iid) == 0 then
     if allow_early == '1' then
-      redis.call('HSETNX', ANSWERS, iid, ARGV[7 + 4 * i])
+      redis.call('HSETNX', ANSWERS, iid, ARGV[5 + 4 * i])
       return {'early'}
     end
     return {'unknown', iid}
@@ -47,8 +47,8 @@ end
 local now = now_ms()
 local answers = {}
 for i = 0, n - 1 do
-  local iid, answer, need, voter = ARGV[6 + 4 * i], ARGV[7 + 4 * i], ARGV[8 + 4 * i],
-                                   ARGV[9 + 4 * i]
+  local iid, answer, need, voter = ARGV[4 + 4 * i], ARGV[5 + 4 * i], ARGV[6 + 4 * i],
+                                   ARGV[7 + 4 * i]
   local closes = true
   if voter ~= '' then
     redis.call('HSET', REVIEW, 'approval:' .. iid .. ':' .. voter, answer)
@@ -62,6 +62,6 @@ for i = 0, n - 1 do
   end
   if closes then table.insert(answers, {iid, answer}) end
 end
-if #answers == 0 then return {'ok', redis.call('HGET', RUN, 'version'), ''} end
-local v, entry = apply_answers(answers, resume_task, queue, now)
-return {'ok', v, entry}
+if #answers == 0 then return {'ok', redis.call('HGET', RUN, 'version'), '', {}, {}, '0'} end
+local v, entry, resumed = apply_answers(answers, now)
+return {'ok', v, entry, {}, {}, resumed and '1' or '0'}

@@ -5,12 +5,12 @@
 -- ARGV: 1 event data JSON ({by, reason}), 2 retention (s)
 -- Returns {'ok', new version} | {'finished', status} | {'missing'}
 local event_data, retention_s = ARGV[1], ARGV[2]
-if redis.call('EXISTS', RUN) == 0 then return {'missing'} end
 local status = redis.call('HGET', RUN, 'status')
+if not status then return {'missing'} end
 if FINISHED[status] then return {'finished', status} end
 local now = now_ms()
 redis.call('HSET', RUN, 'error', event_data)
 local v = bump(now)
-finish('cancelled', now, tonumber(retention_s))
+finish('cancelled', now, tonumber(retention_s), status)
 event('run.cancelled', v, event_data, now)
 return {'ok', v}

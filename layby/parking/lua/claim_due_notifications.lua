@@ -1,17 +1,26 @@
--- claim_due_notifications: notifications whose send is due (a lost publish, a retry after
--- its backoff, a reminder, a sender that died), each pushed back by a retry delay so that
--- two sweepers do not publish the same one at once. The notification's own record says
--- whether it is really due (start_delivery.lua).
+-- claim_due_notifications: notifications whose send is due (a retry after its backoff, a
+-- reminder, an escalation, a sender that died, a lost message), each pushed back so that
+-- nobody queues it again meanwhile: with the broker on this server its delivery is pushed
+-- here and it is due again only if that message is lost (LOST_MESSAGE_MS); otherwise the
+-- caller dispatches it, and it is due again after a retry delay. The notification's own
+-- record says whether it is really due (start_delivery.lua).
 -- KEYS: 1 notify:due (zset)
 -- ARGV: 1 max entries, 2 retry delay (ms)
--- Reads and writes notify:due.
--- Returns "<run id> <notification id>" members.
+-- Reads and writes notify:due; pushes delivery tasks.
+-- Returns the "<run id> <notification id>" members the caller must dispatch.
 local NOTIFY_DUE = KEYS[1]
 local limit, retry_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', NOTIFY_DUE, '-inf', now, 'LIMIT', 0, limit)
+local dispatch = {}
 for _, member in ipairs(due) do
-  redis.call('ZADD', NOTIFY_DUE, now + retry_ms, member)
+  local run, nid = string.match(member, '^(%S+) (%S+)$')
+  if run and push('deliver', run, nil, nid) then
+    redis.call('ZADD', NOTIFY_DUE, now + LOST_MESSAGE_MS, member)
+  else
+    redis.call('ZADD', NOTIFY_DUE, now + retry_ms, member)
+    table.insert(dispatch, member)
+  end
 end
-return due
+return dispatch

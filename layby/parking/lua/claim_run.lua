@@ -1,38 +1,73 @@
--- claim_run: queued | resuming | running (lease lapsed) → running, under a lease.
--- Reads run. Writes run (lease, attempts, status), leases, index, events, checkpoints, stats.
+-- claim_run: queued | resuming | running (lease lapsed) → running, under a lease, and
+-- everything the step needs, so the worker reads nothing else before it works.
+-- Reads run, checkpoints, interrupts and answers (those the run parked on). Writes run
+-- (lease, attempts, status), leases, index, events, checkpoints (dropped when they belong
+-- to a version that never committed), stats.
 -- ARGV: 1 expected version, 2 owner, 3 lease (ms), 4 most attempts at one version
--- Returns {'ok', previous status, lease until, attempt} | {'stale', status, version} |
---         {'busy', owner, lease until} | {'exhausted', attempts} | {'missing'}
+-- Returns {'ok', previous status, lease until, attempt, agent, messages JSON, metadata JSON,
+--          {checkpoint name, value JSON, …}, waiting ('' if never recorded: an older park),
+--          {Interrupt JSON of each waiting id}, {its answer JSON or ''}}
+--       | {'stale', status, version} | {'busy', owner, lease until}
+--       | {'exhausted', attempts} | {'missing'}
 local expected, claimer, lease_ms, max_attempts = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local now = now_ms()
-if redis.call('EXISTS', RUN) == 0 then return {'missing'} end
 local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'lease_until',
-                      'updated_at')
-local status, version, owner, lease_until = st[1], st[2], st[3], tonumber(st[4] or '0')
+                      'updated_at', 'attempts', 'agent', 'messages', 'metadata', 'waiting')
+local status, version, owner = st[1], st[2], st[3]
+if not version then return {'missing'} end
 if version ~= expected or not (status == 'queued' or status == 'resuming'
                               or status == 'running') then
   return {'stale', status, version}
 end
-if status == 'running' and owner and owner ~= claimer and lease_until > now then
-  return {'busy', owner, lease_until}
+local now = now_ms()
+if status == 'running' and owner and owner ~= claimer and tonumber(st[4] or '0') > now then
+  return {'busy', owner, st[4]}
 end
 -- Attempts are counted before running, so a step that kills its worker every time ends.
-local attempt = redis.call('HINCRBY', RUN, 'attempts', 1)
-if attempt > tonumber(max_attempts) then return {'exhausted', attempt - 1} end
+local attempt = tonumber(st[6] or '0') + 1
+if attempt > tonumber(max_attempts) then
+  redis.call('HSET', RUN, 'attempts', attempt)
+  return {'exhausted', attempt - 1}
+end
 local until_ms = now + tonumber(lease_ms)
-redis.call('HSET', RUN, 'lease_owner', claimer, 'lease_until', until_ms)
-redis.call('ZADD', LEASES, until_ms, run_id())
+if status ~= 'running' then
+  redis.call('HSET', RUN, 'lease_owner', claimer, 'lease_until', until_ms, 'attempts', attempt,
+             'status', 'running', 'updated_at', now)
+  redis.call('ZREM', INDEX[status], ID)
+  redis.call('ZADD', INDEX.running, now, ID)
+  event('run.started', version, cjson.encode({from = status}), now)
+else
+  redis.call('HSET', RUN, 'lease_owner', claimer, 'lease_until', until_ms, 'attempts', attempt)
+end
+redis.call('ZADD', LEASES, until_ms, ID)
 if status == 'resuming' then
   -- The last answer set updated_at: this is how long the continuation waited for a worker.
   observe('resume', now - tonumber(st[5] or now))
 end
-if status ~= 'running' then
-  set_status('running', now)
-  event('run.started', version, cjson.encode({from = status}), now)
+-- Checkpoints belong to one version: those of a version that never committed are dropped.
+local saved = redis.call('HGETALL', CHECKPOINTS)
+local checkpoints = {}
+for i = 1, #saved, 2 do
+  if saved[i] == 'v' and saved[i + 1] ~= version then
+    redis.call('DEL', CHECKPOINTS)
+    checkpoints = {}
+    break
+  elseif saved[i] ~= 'v' then
+    table.insert(checkpoints, saved[i])
+    table.insert(checkpoints, saved[i + 1])
+  end
 end
--- Checkpoints belong to one version: drop those of a version that never committed.
-if redis.call('HGET', CHECKPOINTS, 'v') ~= version then
-  redis.call('DEL', CHECKPOINTS)
-  redis.call('HSET', CHECKPOINTS, 'v', version)
+-- A parked turn resumes with the interrupts it waited on and their answers.
+local specs, answers = {}, {}
+local waiting = st[10] or ''
+if waiting ~= '' then
+  local ids = {}
+  for iid in string.gmatch(waiting, '%S+') do table.insert(ids, iid) end
+  local found = redis.call('HMGET', INTERRUPTS, unpack(ids))
+  local given = redis.call('HMGET', ANSWERS, unpack(ids))
+  for i = 1, #ids do
+    table.insert(specs, found[i] or '')
+    table.insert(answers, given[i] or '')
+  end
 end
-return {'ok', status, until_ms, attempt}
+return {'ok', status, until_ms, attempt, st[7] or '', st[8] or '[]', st[9] or '{}',
+        checkpoints, st[10] or '', specs, answers}

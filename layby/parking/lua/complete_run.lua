@@ -8,8 +8,7 @@ local result, event_data, retention_s = ARGV[4], ARGV[5], ARGV[6]
 local refused = check_claim(version, owner)
 if refused then return refused end
 local now = now_ms()
-redis.call('HSET', RUN, 'messages', messages, 'result', result)
-local v = bump(now)
-finish('completed', now, tonumber(retention_s))
+local v = commit_step(version, messages, now, {'result', result, 'waiting', ''})
+finish('completed', now, tonumber(retention_s), 'running')
 event('run.completed', v, event_data, now)
 return {'ok', v}

@@ -1,22 +1,24 @@
--- create_run: (nothing) → queued, version 1, with the first turn in the outbox.
--- Reads the idempotency key, run. Writes run, idempotency key, index, events, outbox.
+-- create_run: (nothing) → queued, version 1, its first turn queued.
+-- Reads the idempotency key, run. Writes run, idempotency key, index, events; queues the
+-- first turn.
 -- KEYS[22] idempotency key (string).
 -- ARGV: 1 run id, 2 agent, 3 input JSON, 4 messages JSON, 5 metadata JSON,
---       6 idempotency ttl (s), 7 turn task, 8 queue
--- Returns {'created', entry} or {'exists', run id} (same idempotency key or run id).
+--       6 idempotency ttl (s)
+-- Returns {'created', outbox entry or '', created at (ms)} or {'exists', run id} (same
+-- idempotency key or run id).
 local IDEMPOTENCY = KEYS[22]  -- '' without an idempotency key
 local new_id, agent, input, messages = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local metadata, idem_ttl_s, turn_task, queue = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local metadata, idem_ttl_s = ARGV[5], ARGV[6]
 local now = now_ms()
 if IDEMPOTENCY ~= '' then
   local existing = redis.call('GET', IDEMPOTENCY)
   if existing then return {'exists', existing} end
 end
 if redis.call('EXISTS', RUN) == 1 then return {'exists', new_id} end
-redis.call('HSET', RUN, 'id', new_id, 'agent', agent, 'version', 1,
+redis.call('HSET', RUN, 'id', new_id, 'agent', agent, 'version', 1, 'status', 'queued',
            'input', input, 'messages', messages, 'metadata', metadata,
            'created_at', now, 'updated_at', now)
-set_status('queued', now)
+redis.call('ZADD', INDEX.queued, now, ID)
 if IDEMPOTENCY ~= '' then redis.call('SET', IDEMPOTENCY, new_id, 'EX', tonumber(idem_ttl_s)) end
 event('run.created', 1, cjson.encode({agent = agent}), now)
-return {'created', outbox('turn', turn_task, queue, 1, now)}
+return {'created', enqueue('turn', 1, now), now}

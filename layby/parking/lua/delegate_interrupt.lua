@@ -1,15 +1,19 @@
 -- delegate_interrupt: a reviewer hands an open interrupt to another reviewer. Recorded once
 -- per reviewer and interrupt; what was still to be sent to the one handing it on is
--- skipped; the announcement task is queued again, and plans the new reviewer's request.
--- Reads run, open, review. Writes review, notifications and notify:due (skipped), events,
--- outbox.
--- ARGV: 1 interrupt id, 2 the reviewer handing it on, 3 Delegation JSON, 4 notify task,
---       5 notify queue
--- Returns {'ok', version, entry} | {'missing'} | {'again', id} (handed on before) |
---         {'conflict', id, first answer JSON or '', run status}
-local iid, from, record, notify_task, notify_queue = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-if redis.call('EXISTS', RUN) == 0 then return {'missing'} end
-local status = redis.call('HGET', RUN, 'status')
+-- skipped; the new reviewer's request is recorded and delivered in the same step (or, when
+-- the caller could not plan it, the announcement task is queued to plan it).
+-- Reads run, open, review. Writes review, notifications, notify:due, grant keys, events;
+-- queues deliveries (or the announcement task).
+-- KEYS from 22: the plan's grant keys.
+-- ARGV: 1 interrupt id, 2 the reviewer handing it on, 3 Delegation JSON, 4 '1' to queue the
+--       announcement task instead of a plan, then the plan (record_plan) from 5
+-- Returns {'ok', version, outbox entry or '', {notifications planned},
+--          {notifications the caller must dispatch}} | {'missing'} | {'again', id} (handed
+--          on before) | {'conflict', id, first answer JSON or '', run status}
+local iid, from, record, announce = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local st = redis.call('HMGET', RUN, 'status', 'version')
+local status, v = st[1], st[2]
+if not v then return {'missing'} end
 if status ~= 'interrupted' or redis.call('SISMEMBER', OPEN, iid) == 0 then
   return {'conflict', iid, redis.call('HGET', ANSWERS, iid) or '', status}
 end
@@ -18,6 +22,7 @@ if redis.call('HSETNX', REVIEW, 'delegated:' .. iid .. ':' .. from, record) == 0
 end
 local now = now_ms()
 skip_notifications({[iid] = true}, from)
-local v = redis.call('HGET', RUN, 'version')
 event('interrupt.delegated', v, record, now)
-return {'ok', v, outbox('notify', notify_task, notify_queue, v, now)}
+if announce == '1' then return {'ok', v, enqueue('notify', v, now), {}, {}} end
+local planned, dispatch = record_plan(5, 22, v, now)
+return {'ok', v, '', planned, dispatch}

@@ -3,22 +3,23 @@
 -- Reads deadlines, run, open. Writes deadlines, answers, open, events, stats; resumes
 -- (run, index, outbox) or fails the run (as fail_run does).
 -- ARGV: 1 interrupt id, 2 answer JSON (state "expired"), 3 error JSON to fail the run
---       ('' to apply the answer and go on), 4 resume task, 5 queue, 6 retention (s), 7 run id
--- Returns {'ok', version, entry or ''} | {'failed', version} | {'gone'} (answered, or the
+--       ('' to apply the answer and go on), 4 retention (s)
+-- Returns {'ok', version, outbox entry or '', {}, {}, '1' if the run resumes} |
+-- {'failed', version} | {'gone'} (answered, or the
 -- run is over: the deadline is dropped) | {'later'} (not due yet)
 local interrupt_id, answer, fail_error = ARGV[1], ARGV[2], ARGV[3]
-local resume_task, queue, retention_s, the_run = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local retention_s = ARGV[4]
 local now = now_ms()
-local member = the_run .. ' ' .. interrupt_id
+local member = ID .. ' ' .. interrupt_id
 local due = redis.call('ZSCORE', DEADLINES, member)
 if due and tonumber(due) > now then return {'later'} end
-if not run_id() or redis.call('SISMEMBER', OPEN, interrupt_id) == 0 then
+if redis.call('SISMEMBER', OPEN, interrupt_id) == 0 then
   redis.call('ZREM', DEADLINES, member)
   return {'gone'}
 end
 if fail_error == '' then
-  local v, entry = apply_answers({{interrupt_id, answer}}, resume_task, queue, now)
-  return {'ok', v, entry}
+  local v, entry, resumed = apply_answers({{interrupt_id, answer}}, now)
+  return {'ok', v, entry, {}, {}, resumed and '1' or '0'}
 end
 redis.call('SREM', OPEN, interrupt_id)
 redis.call('HSET', ANSWERS, interrupt_id, answer)

@@ -9,16 +9,15 @@ if owner ~= '' then
   local refused = check_claim(version, owner)
   if refused then return refused end
 end
-if redis.call('EXISTS', RUN) == 0 then return {'missing'} end
-local status = redis.call('HGET', RUN, 'status')
+local st = redis.call('HMGET', RUN, 'status', 'version')
+local status = st[1]
+if not st[2] then return {'missing'} end
 if FINISHED[status] then return {'finished', status} end
-if version ~= '' and redis.call('HGET', RUN, 'version') ~= version then
-  return {'stale', status, redis.call('HGET', RUN, 'version')}
-end
+if version ~= '' and st[2] ~= version then return {'stale', status, st[2]} end
 local now = now_ms()
 redis.call('HSET', RUN, 'error', error_json)
 if messages ~= '' then redis.call('HSET', RUN, 'messages', messages) end
 local v = bump(now)
-finish('failed', now, tonumber(retention_s))
+finish('failed', now, tonumber(retention_s), status)
 event('run.failed', v, error_json, now)
 return {'ok', v}

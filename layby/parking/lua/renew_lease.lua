@@ -10,5 +10,5 @@ local refused = check_claim(version, owner)
 if refused then return refused end
 local until_ms = now_ms() + tonumber(lease_ms)
 redis.call('HSET', RUN, 'lease_until', until_ms)
-redis.call('ZADD', LEASES, until_ms, run_id())
+redis.call('ZADD', LEASES, until_ms, ID)
 return {'ok', until_ms}

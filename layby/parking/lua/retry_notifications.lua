@@ -1,19 +1,19 @@
 -- retry_notifications: an operator sends failed notifications again. failed → pending,
--- attempts 0, due now (ZADD notify:due), only while the run is interrupted and the
--- notification's interrupt is still open; others are left as they are.
--- Reads run (status), notifications, open. Writes notifications, notify:due, events.
--- ARGV: 1 run id, then the notification ids to retry (none: every failed one of the run)
--- Returns the ids set back to pending.
-local the_run = ARGV[1]
-if redis.call('HGET', RUN, 'status') ~= 'interrupted' then return {} end
+-- attempts 0, delivered now, only while the run is interrupted and the notification's
+-- interrupt is still open; others are left as they are.
+-- Reads run (status), notifications, open. Writes notifications, notify:due, events;
+-- pushes delivery tasks.
+-- ARGV: the notification ids to retry (none: every failed one of the run)
+-- Returns {{the ids set back to pending}, {those the caller must dispatch}}.
+if redis.call('HGET', RUN, 'status') ~= 'interrupted' then return {{}, {}} end
 local now = now_ms()
 local ids = {}
-if #ARGV > 1 then
-  for i = 2, #ARGV do table.insert(ids, ARGV[i]) end
+if #ARGV > 0 then
+  for i = 1, #ARGV do table.insert(ids, ARGV[i]) end
 else
   ids = redis.call('HKEYS', NOTIFICATIONS)
 end
-local retried = {}
+local retried, dispatch = {}, {}
 for _, nid in ipairs(ids) do
   local raw = redis.call('HGET', NOTIFICATIONS, nid)
   if raw then
@@ -24,8 +24,7 @@ for _, nid in ipairs(ids) do
       rec.due = now
       rec.lastError = nil
       redis.call('HSET', NOTIFICATIONS, nid, cjson.encode(rec))
-      -- The caller dispatches them now; the sweeper's copy waits out the grace time.
-      redis.call('ZADD', NOTIFY_DUE, now + OUTBOX_GRACE_MS, the_run .. ' ' .. nid)
+      if not deliver_now(nid, now) then table.insert(dispatch, nid) end
       table.insert(retried, nid)
     end
   end
@@ -34,4 +33,4 @@ if #retried > 0 then
   event('notifications.retried', redis.call('HGET', RUN, 'version'),
         cjson.encode({ids = retried}), now)
 end
-return retried
+return {retried, dispatch}

@@ -1,0 +1,79 @@
+"""Task messages made ahead, for the store's transition scripts to push themselves.
+
+When the broker and the store are one Redis server (layby's only layout), the script that
+commits a transition can put the next task on its queue in the same atomic step: no
+publish after the commit, nothing for the sweeper to republish, one round trip fewer. A
+template is the message exactly as kombu's Redis transport writes it (the JSON envelope
+LPUSHed to the queue's key, Celery's task protocol 2 headers from Celery itself), with
+placeholders the script fills in:
+
+| placeholder | replaced by                                         |
+|-------------|-----------------------------------------------------|
+| `@@R@@`     | the run id                                          |
+| `@@V@@`     | the run's version (a JSON number)                   |
+| `@@N@@`     | a notification id (`layby.notify.deliver`)          |
+| `@@T@@`     | the task id (`<run>:<kind>:<version>`, or the note) |
+| `@@D@@`     | kombu's delivery tag, unique per message            |
+
+The body is the task's JSON as is, without kombu's base64 (a message says how its body is
+encoded, and kombu reads an unencoded one as it is): Lua has no base64, and the version
+goes inside the body. Such a message sends no `task-sent` event; Flower shows the task from
+`task-received` on.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+
+from celery import Celery
+
+from layby.broker_config.names import DELIVER_TASK, NOTIFY, NOTIFY_TASK, RESUME_RUN, RUN_TURN, TURNS
+
+RUN, VERSION, NOTE, TASK_ID, TAG = "@@R@@", "@@V@@", "@@N@@", "@@T@@", "@@D@@"
+
+
+@dataclass(frozen=True)
+class Template:
+    """One task's message: the key of its queue (with the broker's key prefix) and the
+    envelope with placeholders."""
+
+    queue_key: str
+    message: str
+
+
+def template(app: Celery, task: str, queue: str, args: tuple[str, str],
+             key_prefix: str = "") -> Template:
+    """The message of `task` on `queue` with `args` (placeholders; `VERSION` stands for a
+    number)."""
+    # The origin names the host, not the process: a template is written into the scripts'
+    # source, and one per process would load a new copy of every script each restart.
+    made = app.amqp.as_task_v2(TASK_ID, task, args=list(args), kwargs={}, root_id=TASK_ID,
+                               argsrepr=repr(list(args)), kwargsrepr="{}",
+                               origin=f"layby@{socket.gethostname()}")
+    body = json.dumps(made.body)  # what kombu's json serializer writes
+    envelope = {
+        "body": body,
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": made.headers,
+        "properties": {**made.properties, "reply_to": "", "delivery_mode": 2,
+                       "delivery_info": {"exchange": "", "routing_key": queue},
+                       "priority": 0, "delivery_tag": TAG},
+    }
+    text = json.dumps(envelope)
+    # The version is a number: unquote its placeholder, in the body's escaped JSON and in
+    # argsrepr.
+    text = text.replace(f'\\"{VERSION}\\"', VERSION).replace(f"'{VERSION}'", VERSION)
+    return Template(key_prefix + queue, text)
+
+
+def templates(app: Celery, key_prefix: str = "") -> dict[str, Template]:
+    """The tasks layby's transitions queue, by the kind of step they take."""
+    return {
+        "turn": template(app, RUN_TURN, TURNS, (RUN, VERSION), key_prefix),
+        "resume": template(app, RESUME_RUN, TURNS, (RUN, VERSION), key_prefix),
+        "notify": template(app, NOTIFY_TASK, NOTIFY, (RUN, VERSION), key_prefix),
+        "deliver": template(app, DELIVER_TASK, NOTIFY, (RUN, NOTE), key_prefix),
+    }

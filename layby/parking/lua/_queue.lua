@@ -1,0 +1,37 @@
+-- Task messages pushed by the scripts themselves (prepended by parking/scripts.py to the
+-- run scripts and to the global ones that queue tasks).
+--
+-- When the broker is this server, a script that commits a transition puts the next task on
+-- its queue in the same atomic step: the message is in the server's data (and append-only
+-- file) exactly when the change is, so nothing is published after the commit and nothing
+-- is published twice. The messages come made (layby.broker_config.messages) with
+-- placeholders: @@R@@ run id, @@V@@ version, @@N@@ notification id, @@T@@ task id,
+-- @@D@@ delivery tag.
+
+-- By kind (turn, resume, notify, deliver): the task and its queue, and, when the broker is
+-- this server, `key` (the queue's list) and `message`.
+local TASKS = __TASKS__
+-- A pushed message is in its queue for good: only a lost server loses it, so whatever
+-- watches for a lost one (notify:due, the outbox of notify tasks) waits this long.
+local LOST_MESSAGE_MS = __LOST_MESSAGE_MS__
+
+local function fill(template, run, version, note, task_id, tag)
+  local function plain(s) return (string.gsub(s, '%%', '%%%%')) end
+  local out = string.gsub(template, '@@R@@', plain(run))
+  out = string.gsub(out, '@@V@@', plain(version))
+  out = string.gsub(out, '@@N@@', plain(note))
+  out = string.gsub(out, '@@T@@', plain(task_id))
+  return (string.gsub(out, '@@D@@', plain(tag)))
+end
+
+-- Push the task of `kind` for `run` (at `version`, or about notification `note`); false
+-- when the broker is elsewhere (nothing pushed).
+local function push(kind, run, version, note)
+  local task = TASKS[kind]
+  if not task.message then return false end
+  local task_id = note or (run .. ':' .. kind .. ':' .. version)
+  local t = redis.call('TIME')
+  redis.call('LPUSH', task.key, fill(task.message, run, tostring(version or ''), note or '',
+                                     task_id, task_id .. ':' .. t[1] .. t[2]))
+  return true
+end
