@@ -123,16 +123,24 @@ def layby_cycles(rt: Runtime, runs: int, in_flight: int, timeout_s: float) -> La
             cycle = active[key]
             done = False
             for event_id, fields in entries:
-                streams[key] = event_id
-                done = _on_event(rt, cycle, fields) or done
+                streams[key] = max(streams[key], event_id, key=_stream_id)
+                done = _on_event(rt, cycle, fields, streams, key) or done
             if done:
                 finished.append(active.pop(key))
                 del streams[key]
     return LaybyOutcome(runs, time.perf_counter() - started, finished)
 
 
-def _on_event(rt: Runtime, cycle: Cycle, fields: dict[str, str]) -> bool:
-    """Note the event's time, answer an interrupt; True when the run is over."""
+def _stream_id(event_id: str) -> tuple[int, int]:
+    ms, _, seq = event_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _on_event(rt: Runtime, cycle: Cycle, fields: dict[str, str], streams: dict[str, str],
+              key: str) -> bool:
+    """Note the event's time, answer an interrupt; True when the run is over. An answer
+    follows the stream from after the events it wrote itself (as a client that follows a
+    run's events from its own last write does): they are not read back."""
     kind, at = fields["type"], int(fields["at"])
     if kind == "run.created":
         cycle.created_at = at
@@ -146,7 +154,10 @@ def _on_event(rt: Runtime, cycle: Cycle, fields: dict[str, str]) -> bool:
         data = json.loads(fields["data"])
         entries = [ResumeEntry(interrupt_id=i["id"], status="resolved", payload=True)
                    for i in data.get("interrupts", [])]
-        commands.answer(rt, cycle.run_id, entries, by="bench", channel="bench")
+        answered = commands.answer(rt, cycle.run_id, entries, by="bench", channel="bench")
+        if answered.resumed and answered.event_id:
+            cycle.resuming_at = answered.at  # the `at` of the run.resuming it wrote
+            streams[key] = max(streams[key], answered.event_id, key=_stream_id)
     elif kind == "run.resuming":
         cycle.resuming_at = at
     elif kind == "run.completed":

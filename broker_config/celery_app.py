@@ -25,6 +25,7 @@ from celery import Celery, signals
 from kombu import Exchange, Queue
 
 from layby.broker_config import logs, transport
+from layby.broker_config.events import CONSUMER
 from layby.broker_config.names import (
     JOBS,
     NOTIFY,
@@ -80,8 +81,11 @@ def celery_config(settings: Settings) -> dict[str, object]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # Task events for Flower, one message a task (broker_config.events), unless a
+        # deployment turns them off.
+        "worker_send_task_events": settings.task_events,
+        "task_send_sent_event": settings.task_events,
+        "worker_consumer": CONSUMER,
         "task_ignore_result": True,
         "task_serializer": "json",
         "accept_content": ["json"],

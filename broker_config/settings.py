@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     outbox_grace_s: float = 10.0
     sweep_interval_s: float = 1.0
     events_max: int = 2000
+    # Celery's task events (what Flower shows of tasks), one PUBLISH a task. Off, Flower
+    # still shows workers, queues and their control.
+    task_events: bool = True
     # Every request body but a mail's, and whatever a caller puts into a run.
     max_answer_bytes: int = Field(256 * 1024, gt=0)
     # A reply mail, by SMTP (refused with 552) or POSTed to /inbound/email (413).

@@ -77,7 +77,7 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
     rt.publish(result.entries)
     # The run as accepted, from what was written (a read could show a quick worker's
     # first turn in the reply to the request that created the run).
-    created = iso(result.created_at or 0)
+    created = iso(result.at or 0)
     return RunView(id=run_id, agent=agent, status=Status.QUEUED, version=1, input=input,
                    messages=messages, interrupts=[], metadata=metadata or {},
                    created_at=created,
@@ -125,8 +125,10 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     # decline is an ordinary answer and closes the request.
     votes = {r.interrupt_id: by_id[r.interrupt_id].required_approvals for r in records
              if by_id[r.interrupt_id].required_approvals > 1 and approves(r.entry())}
+    deadlines = {r.interrupt_id for r in records if by_id[r.interrupt_id].expires_at}
     result = _recorded(rt.store.answer(run_id, records, require_all=require_all,
-                                       votes=votes), run_id, records, by_id)
+                                       votes=votes, deadlines=deadlines),
+                       run_id, records, by_id)
     for rec in records:
         log.info("interrupt %s of run %s %s by %s via %s", rec.interrupt_id, run_id,
                  rec.state.value, by, channel,

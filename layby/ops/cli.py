@@ -452,7 +452,7 @@ def runs_answer(run_id: str, interrupt_id: Annotated[str | None, typer.Argument(
         entry = ResumeEntry(interrupt_id=interrupt_id, status="resolved", payload=value,
                             metadata=metadata or None)
     result = commands.answer(_rt(), run_id, [entry], by=f"cli:{_user()}", channel="cli")
-    typer.echo(f"answered {interrupt_id}" + ("; the run resumes" if result.entries else
+    typer.echo(f"answered {interrupt_id}" + ("; the run resumes" if result.resumed else
                                              "; other interrupts are still open"))
 
 

@@ -53,10 +53,11 @@ class Transition:
     attempt: int | None = None         # claim: this attempt; exhausted: the attempts made
     claimed_from: Status | None = None  # claim: the status the run was claimed from
     record: RunRecord | None = None    # claim: the run, as the step needs it
-    created_at: int | None = None      # create: when (ms, the server's clock)
     planned: tuple[str, ...] = ()      # park, delegate: notifications planned
     dispatch: tuple[str, ...] = ()     # …of which the caller must queue the delivery
     resumed: bool = False              # answer, expire, park: the run resumes (queued)
+    at: int | None = None              # create, answer: when it applied (ms, server clock)
+    event_id: str | None = None        # create, answer: the last event it wrote
 
     @property
     def ok(self) -> bool:
@@ -106,7 +107,9 @@ def committed(reply: list[Any]) -> Transition:
         planned = tuple(str(x) for x in reply[3]) if len(reply) > 3 else ()
         dispatch = tuple(str(x) for x in reply[4]) if len(reply) > 4 else ()
         return Transition(Verdict(reply[0]), int(reply[1]), entries, planned=planned,
-                          dispatch=dispatch, resumed=len(reply) > 5 and reply[5] == "1")
+                          dispatch=dispatch, resumed=len(reply) > 5 and reply[5] == "1",
+                          at=int(reply[6]) if len(reply) > 6 else None,
+                          event_id=str(reply[7]) if len(reply) > 7 and reply[7] else None)
     return refusal(reply)
 
 
@@ -132,10 +135,11 @@ def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
 
 
 def created(reply: list[Any], run_id: str) -> Transition:
-    """create_run's `{'created', entry or '', created at}`, or `{'exists', run id}`."""
+    """create_run's `{'created', entry or '', created at, event id}`, or
+    `{'exists', run id}`."""
     if reply[0] == "created":
         return Transition(Verdict.OK, 1, entries_of(reply[1:2]), run_id=run_id,
-                          created_at=int(reply[2]))
+                          at=int(reply[2]), event_id=str(reply[3]))
     return refusal(reply)
 
 

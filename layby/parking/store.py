@@ -241,13 +241,16 @@ class Store:
         return results.committed(reply)
 
     def answer(self, run_id: str, answers: list[Answer], *, require_all: bool = False,
-               allow_early: bool = False, votes: dict[str, int] | None = None) -> Transition:
+               allow_early: bool = False, votes: dict[str, int] | None = None,
+               deadlines: set[str] | None = None) -> Transition:
         """Record answers. `votes`: the interrupts whose answer here is an approval counted
-        toward several, with the approvals each needs (each reviewer's counts once)."""
+        toward several, with the approvals each needs (each reviewer's counts once).
+        `deadlines`: the interrupts that expire, when the caller knows (None: any may)."""
         pairs: list[Any] = []
         for a in answers:
             need = (votes or {}).get(a.interrupt_id, 1)
-            pairs += [a.interrupt_id, _dumps(a.wire()), need, a.answered_by if need > 1 else ""]
+            pairs += [a.interrupt_id, _dumps(a.wire()), need, a.answered_by if need > 1 else "",
+                      "1" if deadlines is None or a.interrupt_id in deadlines else "0"]
         reply = self._run("answer_interrupts", run_id, "1" if require_all else "0",
                           "1" if allow_early else "0", len(answers), *pairs)
         return results.committed(reply)
@@ -383,24 +386,34 @@ class Store:
     def answerable(self, run_id: str) -> tuple[RunRecord | None, list[Interrupt],
                                                dict[str, Answer], set[str]]:
         """What an answer is checked against, in one round trip: the run, its interrupts,
-        their answers and which are open."""
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hmget(self.keys.run(run_id), "id", "agent", "status", "version", "metadata")
+        their answers and which are open. (The answer's script checks again what can have
+        changed since: no transaction needed here.)"""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(self.keys.run(run_id), "id", "agent", "status", "version", "metadata",
+                   "open")
         self._read_interrupts(pipe, run_id)
-        raw, *found = pipe.execute()
+        raw, specs, answers = pipe.execute()
         record = None if raw[0] is None else RunRecord(
             raw[0], raw[1], Status(raw[2]), int(raw[3]), [], json.loads(raw[4] or "{}"))
-        return (record, *_interrupts(*found))
+        return (record, *_interrupts(specs, answers, self._open(run_id, raw[5])))
 
     def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
         pipe = self.redis.pipeline(transaction=True)
+        pipe.hget(self.keys.run(run_id), "open")
         self._read_interrupts(pipe, run_id)
-        return _interrupts(*pipe.execute())
+        open_field, specs, answers = pipe.execute()
+        return _interrupts(specs, answers, self._open(run_id, open_field))
 
     def _read_interrupts(self, pipe: Any, run_id: str) -> None:
         pipe.hgetall(self.keys.interrupts(run_id))
         pipe.hgetall(self.keys.answers(run_id))
-        pipe.smembers(self.keys.open(run_id))
+
+    def _open(self, run_id: str, field: str | None) -> set[str]:
+        """The run's open interrupts from its `open` field; a run of an older layby that has
+        no such field keeps them in a set of their own."""
+        if field is None:
+            return set(self.redis.smembers(self.keys.open(run_id)))
+        return set(field.split())
 
     def reviews(self, run_id: str) -> dict[str, Review]:
         """How people review each of the run's interrupts (only those under a policy, or
@@ -418,10 +431,10 @@ class Store:
         self._read_interrupts(pipe, run_id)
         pipe.hvals(self.keys.notifications(run_id))
         pipe.hgetall(self.keys.review(run_id))
-        raw, *interrupts, notifications, review = pipe.execute()
+        raw, found, given, notifications, review = pipe.execute()
         if not raw:
             return None
-        specs, answers, open_ids = _interrupts(*interrupts)
+        specs, answers, open_ids = _interrupts(found, given, self._open(run_id, raw.get("open")))
         reviews = _reviews(review)
         return RunView(
             id=raw["id"], agent=raw["agent"], status=Status(raw["status"]),
@@ -441,14 +454,13 @@ class Store:
         pipe = self.redis.pipeline(transaction=False)
         for run_id, _ in scored:
             pipe.hmget(self.keys.run(run_id), "id", "agent", "status", "version",
-                       "created_at", "updated_at")
-            pipe.scard(self.keys.open(run_id))
-        replies = pipe.execute()
+                       "created_at", "updated_at", "open")
         out = []
-        for raw, open_count in zip(replies[::2], replies[1::2], strict=True):
+        for raw in pipe.execute():
             if raw[0] is not None:  # expired after retention; the sweeper prunes the index
                 out.append(RunSummary(id=raw[0], agent=raw[1], status=Status(raw[2]),
-                                      version=int(raw[3]), open_interrupts=open_count,
+                                      version=int(raw[3]),
+                                      open_interrupts=len(self._open(raw[0], raw[6])),
                                       created_at=iso(raw[4]), updated_at=iso(raw[5])))
         return out
 
@@ -464,7 +476,8 @@ class Store:
     def lease_of(self, run_id: str) -> tuple[str | None, int | None]:
         """Who holds the run's claim, and until when (ms)."""
         owner, until = self.redis.hmget(self.keys.run(run_id), "lease_owner", "lease_until")
-        return owner, int(until) if until else None
+        # A commit leaves them empty ('' and 0) rather than deleting them (one call fewer).
+        return owner or None, int(until) if until and until != "0" else None
 
     def status_of(self, run_id: str) -> tuple[Status | None, int | None]:
         """The run's status and when it last changed (ms)."""

@@ -13,8 +13,9 @@ local INDEX = {queued = KEYS[11], running = KEYS[12], interrupted = KEYS[13],  -
                cancelled = KEYS[17]}                                          -- state
 local NOTIFICATIONS, NOTIFY_DUE, STATS = KEYS[18], KEYS[19], KEYS[20]  -- hash, zset, hash
 local REVIEW = KEYS[21]  -- hash: approvals, delegations, escalations (parking.keys)
--- What a finished run keeps until retention (the run's own keys).
-local RUN_KEYS = {RUN, INTERRUPTS, ANSWERS, OPEN, CHECKPOINTS, EVENTS, NOTIFICATIONS, REVIEW}
+-- What a finished run keeps until retention (the run's own keys; `finish` drops the open
+-- set of an older layby and the checkpoints).
+local RUN_KEYS = {RUN, INTERRUPTS, ANSWERS, EVENTS, NOTIFICATIONS, REVIEW}
 -- The run's id, read off its key (`<prefix>:{<run id>}:run`): no call needed.
 local ID = string.match(RUN, ':{([^}]*)}:run$')
 
@@ -37,9 +38,13 @@ local function set_status(new, now, old)
   redis.call('HSET', RUN, 'status', new, 'updated_at', now)
 end
 
+-- Appends to the run's events; returns the new entry's id (LAST_EVENT keeps the latest,
+-- which transitions return so their caller can follow the stream from after them).
+local LAST_EVENT = ''
 local function event(kind, version, data, now)
-  redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_MAX, '*',
-             'type', kind, 'version', version, 'at', now, 'data', data or '{}')
+  LAST_EVENT = redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_MAX, '*',
+                          'type', kind, 'version', version, 'at', now, 'data', data or '{}')
+  return LAST_EVENT
 end
 
 -- Queue the task of `kind` (turn, resume, notify: args run id and version; deliver: run id
@@ -51,7 +56,7 @@ end
 -- long as a lost message would.
 local function enqueue(kind, version, now, note)
   local entry_id = note or (ID .. ':' .. kind .. ':' .. version)
-  local pushed = push(kind, ID, version, note)
+  local pushed = push(kind, ID, version, note, now)
   if pushed and kind ~= 'notify' then return '' end
   local task = TASKS[kind]
   local args = note and {ID, note} or {ID, tonumber(version)}
@@ -66,16 +71,10 @@ end
 -- true, or, with the broker elsewhere, false: the caller dispatches it, and the sweeper's
 -- copy waits out the grace time.
 local function deliver_now(nid, now)
-  local pushed = push('deliver', ID, nil, nid)
+  local pushed = push('deliver', ID, nil, nid, now)
   redis.call('ZADD', NOTIFY_DUE, now + (pushed and LOST_MESSAGE_MS or OUTBOX_GRACE_MS),
              ID .. ' ' .. nid)
   return pushed
-end
-
-local function bump(now)
-  local v = redis.call('HINCRBY', RUN, 'version', 1)
-  redis.call('HSET', RUN, 'updated_at', now, 'attempts', 0)
-  return v
 end
 
 local function release_lease()
@@ -83,41 +82,70 @@ local function release_lease()
   redis.call('ZREM', LEASES, ID)
 end
 
--- The caller must hold the claim on `version` (see claim_run.lua).
+-- The run's open interrupts are its field `open` (ids, space-separated). A run parked by
+-- an older layby keeps them in a set of their own (OPEN), read while the field is absent
+-- and moved into it by the next write (`open_field`). Returns the ids in order, and a set.
+local function parse_open(raw)
+  local ids, set = {}, {}
+  if raw == nil or raw == false then
+    ids = redis.call('SMEMBERS', OPEN)
+  else
+    for iid in string.gmatch(raw, '%S+') do table.insert(ids, iid) end
+  end
+  for _, iid in ipairs(ids) do set[iid] = true end
+  return ids, set
+end
+
+local function read_open() return parse_open(redis.call('HGET', RUN, 'open')) end
+
+-- `ids` as the run's `open` field (to HSET), its legacy set dropped when `raw` says so.
+local function open_field(ids, raw)
+  if raw == nil or raw == false then redis.call('DEL', OPEN) end
+  return table.concat(ids, ' ')
+end
+
+local function without(ids, gone)
+  local kept = {}
+  for _, iid in ipairs(ids) do if not gone[iid] then table.insert(kept, iid) end end
+  return kept
+end
+
+-- The caller must hold the claim on `version` (see claim_run.lua). Returns nil and the run
+-- as the commit needs it ({status, version, owner, checkpointed, open, noted}) when it does.
 local function check_claim(version, owner)
-  local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner')
+  local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'checkpointed',
+                        'open', 'noted')
   if not st[2] then return {'missing'} end
   if st[1] ~= 'running' or st[2] ~= version or st[3] ~= owner then
     return {'stale', st[1] or '', st[2] or '', st[3] or ''}
   end
-  return nil
+  return nil, {checkpointed = st[4] == '1', open = st[5], noted = st[6]}
 end
 
 -- A step's commit: the claim released, the messages and the next version written at once
--- (the caller checked the claim, so the version is `version` + 1).
-local function commit_step(version, messages, now, extra)
+-- (the caller checked the claim, so the version is `version` + 1), with `extra` fields.
+-- `checkpointed`: the step saved checkpoints (to drop now).
+local function commit_step(version, messages, now, checkpointed, extra)
   local v = tonumber(version) + 1
   redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
-             'attempts', 0, unpack(extra or {}))
-  redis.call('HDEL', RUN, 'lease_owner', 'lease_until')
+             'attempts', 0, 'lease_owner', '', 'lease_until', 0, 'checkpointed', '',
+             unpack(extra or {}))
   redis.call('ZREM', LEASES, ID)
-  redis.call('DEL', CHECKPOINTS)
+  if checkpointed then redis.call('DEL', CHECKPOINTS) end
   return v
 end
 
-local function close_open_interrupts()
-  local id = run_id()
-  for _, iid in ipairs(redis.call('SMEMBERS', OPEN)) do
-    redis.call('ZREM', DEADLINES, id .. ' ' .. iid)
-  end
-  redis.call('DEL', OPEN)
+local function drop_deadlines(ids)
+  for _, iid in ipairs(ids) do redis.call('ZREM', DEADLINES, ID .. ' ' .. iid) end
 end
 
 -- Notifications not sent yet of closed interrupts (`closed`: a set of their ids; nil for
 -- every interrupt), or only those to one `reviewer` (who handed the request on), are
 -- skipped now, not when their time comes, so operators never see them as pending. One
--- pass over the run's notifications, however many interrupts closed.
-local function skip_notifications(closed, reviewer)
+-- pass over the run's notifications, however many interrupts closed. `noted`: the run's
+-- field, '0' while it has none (absent on runs of an older layby: look).
+local function skip_notifications(closed, reviewer, noted)
+  if noted == '0' then return end
   local raw = redis.call('HGETALL', NOTIFICATIONS)
   for i = 1, #raw, 2 do
     local rec = cjson.decode(raw[i + 1])
@@ -126,20 +154,39 @@ local function skip_notifications(closed, reviewer)
         and (reviewer == nil or rec.reviewer == reviewer) then
       rec.state = 'skipped'
       redis.call('HSET', NOTIFICATIONS, raw[i], cjson.encode(rec))
-      redis.call('ZREM', NOTIFY_DUE, run_id() .. ' ' .. raw[i])
+      redis.call('ZREM', NOTIFY_DUE, ID .. ' ' .. raw[i])
     end
   end
 end
 
--- `lease_held`: the caller knows the run holds a claim to release ('running'); nil: check.
-local function finish(status, now, retention_s, old_status)
-  skip_notifications(nil)
-  set_status(status, now, old_status)
-  release_lease()
-  close_open_interrupts()
-  redis.call('DEL', CHECKPOINTS)
+-- The end of a run, in two parts around the caller's write of the run: `ending` drops what
+-- waits (deadlines, notifications not sent, the open interrupts) and returns the run's
+-- fields to write; `count_down` moves it in the index and starts its keys' retention.
+-- `run`: {open, noted} as read.
+local function ending(status, now, run)
+  skip_notifications(nil, nil, run.noted)
+  drop_deadlines(parse_open(run.open))
+  return {'status', status, 'updated_at', now, 'open', open_field({}, run.open)}
+end
+
+local function count_down(status, old_status, now, retention_s, noted)
+  if old_status and INDEX[old_status] then redis.call('ZREM', INDEX[old_status], ID) end
+  redis.call('ZADD', INDEX[status], now, ID)
   -- EXPIRE on a key that does not exist does nothing: no need to look first.
-  for _, key in ipairs(RUN_KEYS) do redis.call('EXPIRE', key, retention_s) end
+  for _, key in ipairs(RUN_KEYS) do
+    if key ~= NOTIFICATIONS or noted ~= '0' then redis.call('EXPIRE', key, retention_s) end
+  end
+end
+
+-- The end of a run that holds no claim of the caller's (fail, cancel, expire): its claim,
+-- if any, released and its checkpoints dropped too. `run`: {open, noted} as read.
+local function finish(status, now, retention_s, old_status, run, extra)
+  local fields = ending(status, now, run)
+  for _, x in ipairs(extra or {}) do table.insert(fields, x) end
+  redis.call('HSET', RUN, unpack(fields))
+  release_lease()
+  redis.call('DEL', CHECKPOINTS)
+  count_down(status, old_status, now, retention_s, run.noted)
 end
 
 -- Counters read by /metrics (parking.keys documents the fields).
@@ -173,39 +220,43 @@ local function observe(what, ms)
   end
 end
 
--- Record answers (each {interrupt id, answer JSON}, all checked to be open); resume if
--- none stays open. Returns the new version, the outbox entry ('' while it waits, or when
--- the resume was pushed) and whether the run resumes.
-local function apply_answers(answers, now)
-  local id = run_id()
+-- Record answers (each {interrupt id, answer JSON, '1' when it may have a deadline}, all
+-- checked to be open); resume if none stays open. `run`: the run's status, version,
+-- updated_at, open and noted fields as the caller read them. Returns the new version, the
+-- outbox entry ('' while it waits, or when the resume was pushed) and whether the run
+-- resumes.
+local function apply_answers(answers, now, run)
+  local status, version, updated_at, open_raw = run[1], run[2], run[3], run[4]
   -- While a run is interrupted its updated_at is when it parked: answers are not changes
   -- of status.
-  local parked_at = nil
-  if redis.call('HGET', RUN, 'status') == 'interrupted' then
-    parked_at = tonumber(redis.call('HGET', RUN, 'updated_at'))
-  end
+  local parked_at = status == 'interrupted' and tonumber(updated_at) or nil
   local closed = {}
-  for _, pair in ipairs(answers) do
-    local ok, decoded = pcall(cjson.decode, pair[2])
+  for _, answer in ipairs(answers) do
+    local iid, text, deadline = answer[1], answer[2], answer[3]
+    local ok, decoded = pcall(cjson.decode, text)
     local channel = (ok and type(decoded) == 'table' and type(decoded.channel) == 'string'
                      and decoded.channel) or 'unknown'
     stat('answers:' .. channel)
     if parked_at then observe('answer', now - parked_at) end
-    redis.call('SREM', OPEN, pair[1])
-    redis.call('HSET', ANSWERS, pair[1], pair[2])
-    redis.call('ZREM', DEADLINES, id .. ' ' .. pair[1])
-    closed[pair[1]] = true
-    event('interrupt.answered', redis.call('HGET', RUN, 'version'), pair[2], now)
+    redis.call('HSET', ANSWERS, iid, text)
+    if deadline ~= '0' then redis.call('ZREM', DEADLINES, ID .. ' ' .. iid) end
+    closed[iid] = true
+    event('interrupt.answered', version, text, now)
   end
-  skip_notifications(closed)
-  if redis.call('SCARD', OPEN) == 0
-      and redis.call('HGET', RUN, 'status') == 'interrupted' then
-    local v = bump(now)
-    set_status('resuming', now, 'interrupted')
+  skip_notifications(closed, nil, run[5])
+  local open = without(parse_open(open_raw), closed)
+  local field = open_field(open, open_raw)
+  if #open == 0 and status == 'interrupted' then
+    local v = tonumber(version) + 1
+    redis.call('HSET', RUN, 'open', field, 'version', v, 'status', 'resuming',
+               'updated_at', now, 'attempts', 0)
+    redis.call('ZREM', INDEX.interrupted, ID)
+    redis.call('ZADD', INDEX.resuming, now, ID)
     event('run.resuming', v, '{}', now)
     return v, enqueue('resume', v, now), true
   end
-  return tonumber(redis.call('HGET', RUN, 'version')), '', false
+  redis.call('HSET', RUN, 'open', field)
+  return tonumber(version), '', false
 end
 
 -- Record the announcements planned for the run's open interrupts, from ARGV[base] on
@@ -215,16 +266,18 @@ end
 -- KEYS[grant_key] on. A notification planned before (same id) is left as it is, so
 -- planning again after a crash sends nothing twice; its grant is stored only with a new
 -- notification; a hand-over is recorded once per reviewer and interrupt. Requests due now
--- are delivered (`deliver_now`). Returns the ids planned by this call, and those the
--- caller must dispatch itself (the broker elsewhere).
-local function record_plan(base, grant_key, version, now)
+-- are delivered (`deliver_now`). `open`: the set of open interrupt ids; `mark`: set the
+-- run's `noted` field when something was planned (the park sets it itself). Returns the
+-- ids planned by this call, and those the caller must dispatch itself (the broker
+-- elsewhere).
+local function record_plan(base, grant_key, version, now, open, mark)
   local n, g, d = tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
   local first = base + 3
   local base_grants, base_handovers = first + 3 * n, first + 3 * n + 2 * g
   for k = 0, d - 1 do
     local iid, from, record = ARGV[base_handovers + 3 * k], ARGV[base_handovers + 3 * k + 1],
                               ARGV[base_handovers + 3 * k + 2]
-    if redis.call('SISMEMBER', OPEN, iid) == 1
+    if open[iid]
         and redis.call('HSETNX', REVIEW, 'delegated:' .. iid .. ':' .. from, record) == 1 then
       event('interrupt.delegated', version, record, now)
     end
@@ -246,6 +299,7 @@ local function record_plan(base, grant_key, version, now)
     end
   end
   if #planned > 0 then
+    if mark then redis.call('HSET', RUN, 'noted', '1') end
     for j = 0, g - 1 do
       redis.call('SET', KEYS[grant_key + j], ARGV[base_grants + 2 * j], 'PX',
                  ARGV[base_grants + 2 * j + 1], 'NX')

@@ -24,14 +24,15 @@ local function fill(template, run, version, note, task_id, tag)
   return (string.gsub(out, '@@D@@', plain(tag)))
 end
 
--- Push the task of `kind` for `run` (at `version`, or about notification `note`); false
--- when the broker is elsewhere (nothing pushed).
-local function push(kind, run, version, note)
+-- Push the task of `kind` for `run` (at `version`, or about notification `note`) at `now`
+-- (ms); false when the broker is elsewhere (nothing pushed). kombu's delivery tag must be
+-- unique among messages in flight: the task id and the moment make it so (a task id is
+-- pushed again only by a requeue, long after).
+local function push(kind, run, version, note, now)
   local task = TASKS[kind]
   if not task.message then return false end
   local task_id = note or (run .. ':' .. kind .. ':' .. version)
-  local t = redis.call('TIME')
   redis.call('LPUSH', task.key, fill(task.message, run, tostring(version or ''), note or '',
-                                     task_id, task_id .. ':' .. t[1] .. t[2]))
+                                     task_id, task_id .. ':' .. now))
   return true
 end

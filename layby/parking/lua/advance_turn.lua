@@ -7,20 +7,25 @@
 -- Returns {'ok', new version, outbox entry or ''} | {'stale', …} | {'missing'}
 local version, owner, messages, event_data = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local keep_lease, lease_ms = ARGV[5], ARGV[6]
-local refused = check_claim(version, owner)
+local refused, run = check_claim(version, owner)
 if refused then return refused end
+local checkpointed = run.checkpointed
 local now = now_ms()
 local v = tonumber(version) + 1
-redis.call('DEL', CHECKPOINTS)
 if keep_lease == '1' then
   local until_ms = now + tonumber(lease_ms)
   redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
              'attempts', 0, 'lease_until', until_ms)
   redis.call('ZADD', LEASES, until_ms, ID)
+  if checkpointed then
+    redis.call('DEL', CHECKPOINTS)
+    redis.call('HSET', RUN, 'checkpointed', '')
+  end
   event('turn.committed', v, event_data, now)
   return {'ok', v, ''}
 end
-commit_step(version, messages, now)
+commit_step(version, messages, now, checkpointed, {'status', 'queued'})
+redis.call('ZREM', INDEX.running, ID)
+redis.call('ZADD', INDEX.queued, now, ID)
 event('turn.committed', v, event_data, now)
-set_status('queued', now, 'running')
 return {'ok', v, enqueue('turn', v, now)}

@@ -7,61 +7,63 @@
 -- run, index, outbox.
 -- ARGV: 1 '1' if the answers must cover every open interrupt, 2 '1' to keep an answer for
 --       an interrupt not parked yet (a background job that finished first), 3 count n,
---       then n quads: interrupt id, answer JSON, approvals it needs, who approves ('' when
---       the answer is not an approval counted toward several)
--- Returns {'ok', version, outbox entry or '', {}, {}, '1' if the run resumes} | {'early'} |
+--       then n quintuples: interrupt id, answer JSON, approvals it needs, who approves (''
+--       when the answer is not an approval counted toward several), '0' when the interrupt
+--       has no deadline to drop
+-- Returns {'ok', version, outbox entry or '', {}, {}, '1' if the run resumes, when (ms),
+--          the id of the last event written} | {'early'} |
 --         {'missing'} | {'finished', status} |
 --         {'unknown', id} |
 --         {'conflict', id, first answer JSON or '', run status} | {'incomplete', open ids…}
 --         | {'again', id, this reviewer's earlier approval JSON}
 local require_all, allow_early, count = ARGV[1], ARGV[2], ARGV[3]
-local status = redis.call('HGET', RUN, 'status')
+local run = redis.call('HMGET', RUN, 'status', 'version', 'updated_at', 'open', 'noted')
+local status = run[1]
 if not status then return {'missing'} end
 -- A finished run takes no early answers: its keys already count down to expiry.
 if FINISHED[status] and allow_early == '1' then return {'finished', status} end
 local n = tonumber(count)
+local open_ids, open = parse_open(run[4])
 -- Everything is checked before anything is written.
 for i = 0, n - 1 do
-  local iid, voter = ARGV[4 + 4 * i], ARGV[7 + 4 * i]
-  if redis.call('HEXISTS', INTERRUPTS, iid) == 0 then
-    if allow_early == '1' then
-      redis.call('HSETNX', ANSWERS, iid, ARGV[5 + 4 * i])
-      return {'early'}
+  local iid, voter = ARGV[4 + 5 * i], ARGV[7 + 5 * i]
+  if not open[iid] then
+    if redis.call('HEXISTS', INTERRUPTS, iid) == 0 then
+      if allow_early == '1' then
+        redis.call('HSETNX', ANSWERS, iid, ARGV[5 + 5 * i])
+        return {'early'}
+      end
+      return {'unknown', iid}
     end
-    return {'unknown', iid}
-  end
-  if redis.call('SISMEMBER', OPEN, iid) == 0 then
-    return {'conflict', iid, redis.call('HGET', ANSWERS, iid) or '',
-            redis.call('HGET', RUN, 'status')}
+    return {'conflict', iid, redis.call('HGET', ANSWERS, iid) or '', status}
   end
   if voter ~= '' then
     local earlier = redis.call('HGET', REVIEW, 'approval:' .. iid .. ':' .. voter)
     if earlier then return {'again', iid, earlier} end
   end
 end
-if require_all == '1' and redis.call('SCARD', OPEN) ~= n then
-  local open = redis.call('SMEMBERS', OPEN)
-  table.insert(open, 1, 'incomplete')
-  return open
+if require_all == '1' and #open_ids ~= n then
+  table.insert(open_ids, 1, 'incomplete')
+  return open_ids
 end
 local now = now_ms()
 local answers = {}
 for i = 0, n - 1 do
-  local iid, answer, need, voter = ARGV[4 + 4 * i], ARGV[5 + 4 * i], ARGV[6 + 4 * i],
-                                   ARGV[7 + 4 * i]
+  local iid, answer, need, voter = ARGV[4 + 5 * i], ARGV[5 + 5 * i], ARGV[6 + 5 * i],
+                                   ARGV[7 + 5 * i]
   local closes = true
   if voter ~= '' then
     redis.call('HSET', REVIEW, 'approval:' .. iid .. ':' .. voter, answer)
     local got = redis.call('HINCRBY', REVIEW, 'approvals:' .. iid, 1)
     if got < tonumber(need) then
       closes = false
-      event('interrupt.approved', redis.call('HGET', RUN, 'version'),
+      event('interrupt.approved', run[2],
             cjson.encode({interruptId = iid, by = voter, approvals = got,
                           requiredApprovals = tonumber(need)}), now)
     end
   end
-  if closes then table.insert(answers, {iid, answer}) end
+  if closes then table.insert(answers, {iid, answer, ARGV[8 + 5 * i]}) end
 end
-if #answers == 0 then return {'ok', redis.call('HGET', RUN, 'version'), '', {}, {}, '0'} end
-local v, entry, resumed = apply_answers(answers, now)
-return {'ok', v, entry, {}, {}, resumed and '1' or '0'}
+if #answers == 0 then return {'ok', run[2], '', {}, {}, '0', now, LAST_EVENT} end
+local v, entry, resumed = apply_answers(answers, now, run)
+return {'ok', v, entry, {}, {}, resumed and '1' or '0', now, LAST_EVENT}

@@ -5,12 +5,13 @@
 -- ARGV: 1 event data JSON ({by, reason}), 2 retention (s)
 -- Returns {'ok', new version} | {'finished', status} | {'missing'}
 local event_data, retention_s = ARGV[1], ARGV[2]
-local status = redis.call('HGET', RUN, 'status')
+local st = redis.call('HMGET', RUN, 'status', 'open', 'noted', 'version')
+local status = st[1]
 if not status then return {'missing'} end
 if FINISHED[status] then return {'finished', status} end
 local now = now_ms()
-redis.call('HSET', RUN, 'error', event_data)
-local v = bump(now)
-finish('cancelled', now, tonumber(retention_s), status)
+local v = tonumber(st[4]) + 1
+finish('cancelled', now, tonumber(retention_s), status, {open = st[2], noted = st[3]},
+       {'error', event_data, 'version', v, 'attempts', 0})
 event('run.cancelled', v, event_data, now)
 return {'ok', v}

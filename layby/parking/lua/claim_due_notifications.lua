@@ -16,7 +16,7 @@ local due = redis.call('ZRANGEBYSCORE', NOTIFY_DUE, '-inf', now, 'LIMIT', 0, lim
 local dispatch = {}
 for _, member in ipairs(due) do
   local run, nid = string.match(member, '^(%S+) (%S+)$')
-  if run and push('deliver', run, nil, nid) then
+  if run and push('deliver', run, nil, nid, now) then
     redis.call('ZADD', NOTIFY_DUE, now + LOST_MESSAGE_MS, member)
   else
     redis.call('ZADD', NOTIFY_DUE, now + retry_ms, member)

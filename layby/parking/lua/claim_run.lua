@@ -11,7 +11,8 @@
 --       | {'exhausted', attempts} | {'missing'}
 local expected, claimer, lease_ms, max_attempts = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'lease_until',
-                      'updated_at', 'attempts', 'agent', 'messages', 'metadata', 'waiting')
+                      'updated_at', 'attempts', 'agent', 'messages', 'metadata', 'waiting',
+                      'checkpointed')
 local status, version, owner = st[1], st[2], st[3]
 if not version then return {'missing'} end
 if version ~= expected or not (status == 'queued' or status == 'resuming'
@@ -44,16 +45,21 @@ if status == 'resuming' then
   observe('resume', now - tonumber(st[5] or now))
 end
 -- Checkpoints belong to one version: those of a version that never committed are dropped.
-local saved = redis.call('HGETALL', CHECKPOINTS)
+-- Only a step that saved some has them (`checkpointed`, or an older layby's claim, which
+-- left no mark: `attempt` > 1 looks then).
 local checkpoints = {}
-for i = 1, #saved, 2 do
-  if saved[i] == 'v' and saved[i + 1] ~= version then
-    redis.call('DEL', CHECKPOINTS)
-    checkpoints = {}
-    break
-  elseif saved[i] ~= 'v' then
-    table.insert(checkpoints, saved[i])
-    table.insert(checkpoints, saved[i + 1])
+if st[11] == '1' or attempt > 1 then
+  local saved = redis.call('HGETALL', CHECKPOINTS)
+  for i = 1, #saved, 2 do
+    if saved[i] == 'v' and saved[i + 1] ~= version then
+      redis.call('DEL', CHECKPOINTS)
+      redis.call('HSET', RUN, 'checkpointed', '')
+      checkpoints = {}
+      break
+    elseif saved[i] ~= 'v' then
+      table.insert(checkpoints, saved[i])
+      table.insert(checkpoints, saved[i + 1])
+    end
   end
 end
 -- A parked turn resumes with the interrupts it waited on and their answers.

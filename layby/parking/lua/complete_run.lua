@@ -5,10 +5,12 @@
 -- Returns {'ok', new version} | {'stale', …} | {'missing'}
 local version, owner, messages = ARGV[1], ARGV[2], ARGV[3]
 local result, event_data, retention_s = ARGV[4], ARGV[5], ARGV[6]
-local refused = check_claim(version, owner)
+local refused, run = check_claim(version, owner)
 if refused then return refused end
 local now = now_ms()
-local v = commit_step(version, messages, now, {'result', result, 'waiting', ''})
-finish('completed', now, tonumber(retention_s), 'running')
+local fields = ending('completed', now, run)
+for _, x in ipairs({'result', result, 'waiting', ''}) do table.insert(fields, x) end
+local v = commit_step(version, messages, now, run.checkpointed, fields)
+count_down('completed', 'running', now, tonumber(retention_s), run.noted)
 event('run.completed', v, event_data, now)
 return {'ok', v}

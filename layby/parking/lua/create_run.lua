@@ -4,8 +4,8 @@
 -- KEYS[22] idempotency key (string).
 -- ARGV: 1 run id, 2 agent, 3 input JSON, 4 messages JSON, 5 metadata JSON,
 --       6 idempotency ttl (s)
--- Returns {'created', outbox entry or '', created at (ms)} or {'exists', run id} (same
--- idempotency key or run id).
+-- Returns {'created', outbox entry or '', created at (ms), its event's id} or
+-- {'exists', run id} (same idempotency key or run id).
 local IDEMPOTENCY = KEYS[22]  -- '' without an idempotency key
 local new_id, agent, input, messages = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local metadata, idem_ttl_s = ARGV[5], ARGV[6]
@@ -17,8 +17,8 @@ end
 if redis.call('EXISTS', RUN) == 1 then return {'exists', new_id} end
 redis.call('HSET', RUN, 'id', new_id, 'agent', agent, 'version', 1, 'status', 'queued',
            'input', input, 'messages', messages, 'metadata', metadata,
-           'created_at', now, 'updated_at', now)
+           'created_at', now, 'updated_at', now, 'open', '', 'noted', '0')
 redis.call('ZADD', INDEX.queued, now, ID)
 if IDEMPOTENCY ~= '' then redis.call('SET', IDEMPOTENCY, new_id, 'EX', tonumber(idem_ttl_s)) end
 event('run.created', 1, cjson.encode({agent = agent}), now)
-return {'created', enqueue('turn', 1, now), now}
+return {'created', enqueue('turn', 1, now), now, LAST_EVENT}

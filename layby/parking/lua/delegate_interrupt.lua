@@ -11,18 +11,19 @@
 --          {notifications the caller must dispatch}} | {'missing'} | {'again', id} (handed
 --          on before) | {'conflict', id, first answer JSON or '', run status}
 local iid, from, record, announce = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local st = redis.call('HMGET', RUN, 'status', 'version')
+local st = redis.call('HMGET', RUN, 'status', 'version', 'open', 'noted')
 local status, v = st[1], st[2]
 if not v then return {'missing'} end
-if status ~= 'interrupted' or redis.call('SISMEMBER', OPEN, iid) == 0 then
+local _, open = parse_open(st[3])
+if status ~= 'interrupted' or not open[iid] then
   return {'conflict', iid, redis.call('HGET', ANSWERS, iid) or '', status}
 end
 if redis.call('HSETNX', REVIEW, 'delegated:' .. iid .. ':' .. from, record) == 0 then
   return {'again', iid}
 end
 local now = now_ms()
-skip_notifications({[iid] = true}, from)
+skip_notifications({[iid] = true}, from, st[4])
 event('interrupt.delegated', v, record, now)
 if announce == '1' then return {'ok', v, enqueue('notify', v, now), {}, {}} end
-local planned, dispatch = record_plan(5, 22, v, now)
+local planned, dispatch = record_plan(5, 22, v, now, open, true)
 return {'ok', v, '', planned, dispatch}

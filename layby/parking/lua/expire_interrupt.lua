@@ -13,19 +13,20 @@ local now = now_ms()
 local member = ID .. ' ' .. interrupt_id
 local due = redis.call('ZSCORE', DEADLINES, member)
 if due and tonumber(due) > now then return {'later'} end
-if redis.call('SISMEMBER', OPEN, interrupt_id) == 0 then
+local run = redis.call('HMGET', RUN, 'status', 'version', 'updated_at', 'open', 'noted')
+local _, open = parse_open(run[4])
+if not run[1] or not open[interrupt_id] then
   redis.call('ZREM', DEADLINES, member)
   return {'gone'}
 end
 if fail_error == '' then
-  local v, entry, resumed = apply_answers({{interrupt_id, answer}}, now)
+  local v, entry, resumed = apply_answers({{interrupt_id, answer, '1'}}, now, run)
   return {'ok', v, entry, {}, {}, resumed and '1' or '0'}
 end
-redis.call('SREM', OPEN, interrupt_id)
 redis.call('HSET', ANSWERS, interrupt_id, answer)
-event('interrupt.answered', redis.call('HGET', RUN, 'version'), answer, now)
-redis.call('HSET', RUN, 'error', fail_error)
-local v = bump(now)
-finish('failed', now, tonumber(retention_s))
+event('interrupt.answered', run[2], answer, now)
+local v = tonumber(run[2]) + 1
+finish('failed', now, tonumber(retention_s), run[1], {open = run[4], noted = run[5]},
+       {'error', fail_error, 'version', v, 'attempts', 0})
 event('run.failed', v, fail_error, now)
 return {'failed', v}

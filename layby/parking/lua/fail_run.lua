@@ -9,15 +9,18 @@ if owner ~= '' then
   local refused = check_claim(version, owner)
   if refused then return refused end
 end
-local st = redis.call('HMGET', RUN, 'status', 'version')
+local st = redis.call('HMGET', RUN, 'status', 'version', 'open', 'noted')
 local status = st[1]
 if not st[2] then return {'missing'} end
 if FINISHED[status] then return {'finished', status} end
 if version ~= '' and st[2] ~= version then return {'stale', status, st[2]} end
 local now = now_ms()
-redis.call('HSET', RUN, 'error', error_json)
-if messages ~= '' then redis.call('HSET', RUN, 'messages', messages) end
-local v = bump(now)
-finish('failed', now, tonumber(retention_s), status)
+local v = tonumber(st[2]) + 1
+local extra = {'error', error_json, 'version', v, 'attempts', 0}
+if messages ~= '' then
+  table.insert(extra, 'messages')
+  table.insert(extra, messages)
+end
+finish('failed', now, tonumber(retention_s), status, {open = st[3], noted = st[4]}, extra)
 event('run.failed', v, error_json, now)
 return {'ok', v}

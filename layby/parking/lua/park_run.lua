@@ -16,43 +16,64 @@
 --       | {'stale', …} | {'missing'}
 local version, owner, messages, event_data = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local announce, count = ARGV[5], tonumber(ARGV[6])
-local refused = check_claim(version, owner)
+local refused, run = check_claim(version, owner)
 if refused then return refused end
+local open_raw = run.open
+-- Whether the run has notifications from now on (the plan's count is its first argument).
+local plan_base = 7 + 5 * count
+local noted = (run.noted ~= '0' or tonumber(ARGV[plan_base]) > 0) and '1' or '0'
 local now = now_ms()
-local waiting = {}
-for i = 0, count - 1 do table.insert(waiting, ARGV[7 + 5 * i]) end
-local v = commit_step(version, messages, now, {'waiting', table.concat(waiting, ' ')})
-local by_rule = {}
+local waiting, specs = {}, {}
 for i = 0, count - 1 do
-  local iid, spec, expiry = ARGV[7 + 5 * i], ARGV[8 + 5 * i], ARGV[9 + 5 * i]
+  table.insert(waiting, ARGV[7 + 5 * i])
+  table.insert(specs, ARGV[7 + 5 * i])
+  table.insert(specs, ARGV[8 + 5 * i])
+end
+if count > 0 then redis.call('HSET', INTERRUPTS, unpack(specs)) end
+-- Answers given before the park (background jobs that finished first) stand.
+local early = count > 0 and redis.call('HMGET', ANSWERS, unpack(waiting)) or {}
+local open, open_set = parse_open(open_raw)
+local by_rule, rule_answers = {}, {}
+for i = 0, count - 1 do
+  local iid, expiry = ARGV[7 + 5 * i], ARGV[9 + 5 * i]
   local auto, rule = ARGV[10 + 5 * i], ARGV[11 + 5 * i]
-  redis.call('HSET', INTERRUPTS, iid, spec)
-  if redis.call('HEXISTS', ANSWERS, iid) == 0 then
+  if not early[i + 1] then
     if auto ~= '' then
       -- Answered by rule, in the park itself: nobody is asked, nothing can answer it twice.
-      redis.call('HSET', ANSWERS, iid, auto)
+      table.insert(rule_answers, iid)
+      table.insert(rule_answers, auto)
       table.insert(by_rule, {auto, rule})
-    else
-      redis.call('SADD', OPEN, iid)
+    elseif not open_set[iid] then
+      table.insert(open, iid)
+      open_set[iid] = true
       if expiry ~= '' then redis.call('ZADD', DEADLINES, tonumber(expiry), ID .. ' ' .. iid) end
     end
   end
 end
-set_status('interrupted', now, 'running')
-event('run.interrupted', v, event_data, now)
+if #rule_answers > 0 then redis.call('HSET', ANSWERS, unpack(rule_answers)) end
+local resumes = #open == 0
+local v = commit_step(version, messages, now, run.checkpointed, {
+  'waiting', table.concat(waiting, ' '), 'open', open_field(open, open_raw),
+  'status', resumes and 'resuming' or 'interrupted', 'noted', noted})
+if resumes then v = v + 1 end
+redis.call('ZREM', INDEX.running, ID)
+event('run.interrupted', resumes and v - 1 or v, event_data, now)
 for _, pair in ipairs(by_rule) do
   stat('answers:policy')
   stat('auto_answers:' .. pair[2])
-  event('interrupt.auto_answered', v, pair[1], now)
+  event('interrupt.auto_answered', resumes and v - 1 or v, pair[1], now)
 end
-if redis.call('SCARD', OPEN) == 0 then
-  local rv = bump(now)
-  set_status('resuming', now, 'interrupted')
-  event('run.resuming', rv, '{}', now)
-  return {'ok', rv, enqueue('resume', rv, now), {}, {}, '1'}
+if resumes then
+  -- Everything was answered already: on to the resume (a version of its own, as an answer
+  -- closing the last open interrupt makes).
+  redis.call('HSET', RUN, 'version', v)
+  redis.call('ZADD', INDEX.resuming, now, ID)
+  event('run.resuming', v, '{}', now)
+  return {'ok', v, enqueue('resume', v, now), {}, {}, '1'}
 end
+redis.call('ZADD', INDEX.interrupted, now, ID)
 if announce == '1' then return {'ok', v, enqueue('notify', v, now), {}, {}} end
-local planned, dispatch = record_plan(7 + 5 * count, 22, v, now)
+local planned, dispatch = record_plan(plan_base, 22, v, now, open_set, false)
 -- The stream of a parked run is copied into an exact fit: the first entry of a stream
 -- reserves room for many more (4 KB with the defaults), which would stay reserved for
 -- however long the run waits.

@@ -5,7 +5,9 @@
 -- pushes delivery tasks.
 -- ARGV: the notification ids to retry (none: every failed one of the run)
 -- Returns {{the ids set back to pending}, {those the caller must dispatch}}.
-if redis.call('HGET', RUN, 'status') ~= 'interrupted' then return {{}, {}} end
+local st = redis.call('HMGET', RUN, 'status', 'open')
+if st[1] ~= 'interrupted' then return {{}, {}} end
+local _, open = parse_open(st[2])
 local now = now_ms()
 local ids = {}
 if #ARGV > 0 then
@@ -18,7 +20,7 @@ for _, nid in ipairs(ids) do
   local raw = redis.call('HGET', NOTIFICATIONS, nid)
   if raw then
     local rec = cjson.decode(raw)
-    if rec.state == 'failed' and redis.call('SISMEMBER', OPEN, rec.interruptId) == 1 then
+    if rec.state == 'failed' and open[rec.interruptId] then
       rec.state = 'pending'
       rec.attempts = 0
       rec.due = now

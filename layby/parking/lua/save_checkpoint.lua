@@ -1,8 +1,8 @@
 -- save_checkpoint: keep one result of the current version (model reply, a tool's outcome),
 -- when losing it could repeat a side effect (tasks.steps says when). A step that keeps
 -- saving results keeps its claim: each save renews the lease.
--- Reads run (claim). Writes checkpoints (with the version they belong to), run (lease),
--- leases.
+-- Reads run (claim). Writes checkpoints (with the version they belong to), run (lease, and
+-- `checkpointed`, which tells the claim and the commit there are some), leases.
 -- ARGV: 1 version, 2 owner, 3 field, 4 value JSON, 5 lease (ms)
 -- Returns {'ok'} | {'stale', …} | {'missing'}
 local version, owner, field, value, lease_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -10,6 +10,6 @@ local refused = check_claim(version, owner)
 if refused then return refused end
 redis.call('HSET', CHECKPOINTS, 'v', version, field, value)
 local until_ms = now_ms() + tonumber(lease_ms)
-redis.call('HSET', RUN, 'lease_until', until_ms)
+redis.call('HSET', RUN, 'lease_until', until_ms, 'checkpointed', '1')
 redis.call('ZADD', LEASES, until_ms, ID)
 return {'ok'}

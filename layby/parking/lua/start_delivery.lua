@@ -20,8 +20,10 @@ if rec.state == 'sent' or rec.state == 'failed' or rec.state == 'skipped' then
   return {'done', rec.state}
 end
 local now = now_ms()
-local v = redis.call('HGET', RUN, 'version')
-if redis.call('SISMEMBER', OPEN, rec.interruptId) == 0 then
+local st = redis.call('HMGET', RUN, 'version', 'open')
+local v = st[1]
+local _, open = parse_open(st[2])
+if not open[rec.interruptId] then
   rec.state = 'skipped'
   redis.call('HSET', NOTIFICATIONS, nid, cjson.encode(rec))
   redis.call('ZREM', NOTIFY_DUE, member)
