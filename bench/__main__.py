@@ -43,7 +43,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=120.0,
                    help="give up when nothing moves for this many seconds (default 120)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    p.add_argument("--http", action="store_true",
+                   help="also drive N cycles through a gateway with layby.AsyncClient "
+                        "(following each run's event stream) and report them beside the "
+                        "direct path")
+    p.add_argument("--parked", default="",
+                   help="first park this many runs (a comma-separated list: levels, each "
+                        "measured: parks/s, answers, list pages, memory per parked run), "
+                        "then measure on top of them")
     args = p.parse_args(argv)
+    try:
+        args.parked = sorted({int(x) for x in args.parked.split(",") if x.strip()})
+    except ValueError:
+        p.error("--parked takes whole numbers, comma-separated (e.g. 1000,100000)")
+    if any(n < 1 for n in args.parked):
+        p.error("--parked levels must be at least 1")
     if min(args.runs, args.concurrency, args.rounds) < 1 or args.warmup < 0:
         p.error("--runs, --concurrency and --rounds must be at least 1, --warmup at least 0")
     args.in_flight = args.in_flight or 4 * args.concurrency
@@ -88,7 +102,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
            "LAYBY_DATA_DIR": str(parts.folder / "data")}
     # The runtime (built below) and the worker both read these.
     os.environ.update(env)
-    from bench import costs, measure, report
+    from bench import costs, http, measure, report, scale
     from layby.control import build
 
     load_before = report.load_average()
@@ -106,6 +120,10 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
               f"{'an embedded Valkey' if parts.embedded else parts.redis_url}", file=sys.stderr)
         measure.wait_for_worker(store, worker.alive)
 
+        levels = []
+        for wanted in args.parked:
+            print(f"bench: parking runs until {wanted} are parked", file=sys.stderr)
+            levels.append(scale.level(rt, wanted, args.timeout))
         warm = measure.layby_cycles(rt, args.warmup, args.in_flight, args.timeout)
         hops = max(c.claims for c in warm.cycles)
         measure.celery_chains(store, args.warmup, hops, args.in_flight, args.timeout)
@@ -133,6 +151,18 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
                 spent["baseline"] += cost
             rounds.append((cycles, chains))
         at_rest = measure.layby_cycles(rt, args.runs, 1, args.timeout)
+        over_http = None
+        if args.http:
+            key = uuid.uuid4().hex
+            url = parts.start_gateway({**os.environ, "LAYBY_API_KEYS": key,
+                                       "PYTHONPATH": path})
+            http.cycles(url, key, args.warmup, args.in_flight, args.timeout)
+            outcome, cost = costs.counted(r, lambda: http.cycles(
+                url, key, args.runs, args.in_flight, args.timeout))
+            over_http = {"runs": outcome.runs, "completed": outcome.completed,
+                         "wall_s": round(outcome.wall_s, 4),
+                         "cycles_per_s": round(outcome.per_s, 2),
+                         **costs.per_item(cost, outcome.completed)}
         baseline_at_rest = measure.celery_latency(store, args.runs, args.timeout)
         # Untimed: which scripts and tasks a cycle takes, read off MONITOR.
         k = min(args.runs, 50)
@@ -159,8 +189,16 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
         except redis.exceptions.ResponseError:  # CONFIG is often disabled on managed servers
             config = {}
         facts = report.machine(r.info("server"), config, load_before)
-        return report.summarize(rounds, at_rest, settings, facts, cost_figures,
-                                baseline_at_rest)
+        result = report.summarize(rounds, at_rest, settings, facts, cost_figures,
+                                  baseline_at_rest)
+        if levels:
+            result["parked"] = report.scale_summary(levels)
+        if over_http:
+            direct = result["layby"]["cycles_per_s"]
+            over_http["over_direct"] = round(over_http["cycles_per_s"] / direct, 3) \
+                if direct else 0.0
+            result["http"] = over_http
+        return result
     finally:
         if not parts.embedded:
             _delete_keys(store, prefix, parts)

@@ -14,16 +14,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+from bench import BenchError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
 class Worker:
-    """One `celery -A broker_config worker` in its own process group, logging to a file."""
+    """A process of the bench's (the worker, the gateway) in its own process group,
+    logging to a file."""
 
     argv: list[str]
     env: dict[str, str]
@@ -74,6 +78,7 @@ class Parts:
     folder: Path | None = None
     server: object | None = None  # gateway.embedded.EmbeddedRedis
     worker: Worker | None = None
+    gateway: Worker | None = None
     embedded: bool = False
     _stopped: bool = field(default=False, repr=False)
 
@@ -101,12 +106,40 @@ class Parts:
         self.worker = Worker(argv, env, self.folder / "worker.log").start()
         return self.worker
 
+    def start_gateway(self, env: dict[str, str]) -> str:
+        """The gateway (uvicorn, as `layby gateway` runs it) on a free loopback port;
+        returns its URL once it answers."""
+        import socket
+        import urllib.request
+
+        from layby.ops.supervisor import gateway_argv
+
+        assert self.folder is not None
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.gateway = Worker(gateway_argv("127.0.0.1", port), env,
+                              self.folder / "gateway.log").start()
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not self.gateway.alive():
+                raise BenchError(f"the gateway exited:\n{self.gateway.tail()}")
+            try:
+                with urllib.request.urlopen(f"{url}/healthz", timeout=1):
+                    return url
+            except OSError:
+                time.sleep(0.2)
+        raise BenchError(f"the gateway did not answer within 60 s:\n{self.gateway.tail()}")
+
     def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
+            if self.gateway is not None:
+                self.gateway.stop()
             if self.worker is not None:
                 self.worker.stop()
             if self.server is not None:

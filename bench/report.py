@@ -127,6 +127,39 @@ def summarize(rounds: list[tuple[LaybyOutcome, ChainOutcome]], at_rest: LaybyOut
     }
 
 
+def scale_summary(levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """The levels' figures, and how the last compares with the first (1.0: flat)."""
+    def p50(level: dict[str, Any], key: str) -> float | None:
+        found = level.get(key)
+        return found["p50"] if found else None
+
+    first, last = levels[0], levels[-1]
+    ratios = {}
+    for key in ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms", "answer_ms"):
+        a, b = p50(first, key), p50(last, key)
+        if a and b:
+            ratios[key] = round(b / a, 3)
+    if first["parks_per_s"] and last["parks_per_s"]:
+        ratios["park_time"] = round(first["parks_per_s"] / last["parks_per_s"], 3)
+    return {"levels": levels, "last_over_first": ratios}
+
+
+def _scale_rows(parked: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for lv in parked["levels"]:
+        ans = lv.get("answer_ms") or {}
+        rows.append((f"{lv['level']} parked", (
+            f"{lv['parks_per_s']} parks/s; answer p50 {ans.get('p50', float('nan')):.2f} ms; "
+            f"list p50 first / deep / all states {lv['list_first_page_ms']['p50']:.2f} / "
+            f"{lv['list_deep_page_ms']['p50']:.2f} / {lv['list_all_states_ms']['p50']:.2f} "
+            f"ms; {lv['memory_per_parked_run']:.0f} B per parked run (history "
+            f"{lv['history_bytes']:.0f} B, budget {lv['memory_budget']:.0f} B)")))
+    if len(parked["levels"]) > 1:
+        rows.append(("last / first level", ", ".join(
+            f"{k} {v:.2f}" for k, v in parked["last_over_first"].items())))
+    return rows
+
+
 def table(result: dict[str, Any]) -> str:
     lay, base, s, m = result["layby"], result["baseline"], result["settings"], result["machine"]
     nan = float("nan")
@@ -179,6 +212,14 @@ def table(result: dict[str, Any]) -> str:
         ("server", f"{m['server']}, appendonly {m['appendonly']}, appendfsync "
                    f"{m['appendfsync']} ({'embedded' if s['embedded'] else s['redis']})"),
     ]
+    if result.get("http"):
+        h = result["http"]
+        rows.append(("over HTTP (layby.AsyncClient)", (
+            f"{h['cycles_per_s']:.1f} cycles/s ({h['completed']}/{h['runs']}), "
+            f"{h['over_direct']:.3f} of the direct path; {h.get('round_trips', 0)} round "
+            f"trips and {h.get('commands', 0)} commands per cycle")))
+    if result.get("parked"):
+        rows += _scale_rows(result["parked"])
     width = max(len(k) for k, _ in rows)
     lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
     notes = [f"  hops: {HOPS_EXPLAINED}",

@@ -151,11 +151,19 @@ def _status(value: Status | str) -> Status:
                       f"{[s.value for s in Status]}") from None
 
 
-def _list(status: Status | str | None, limit: int, offset: int) -> _Call:
-    params: dict[str, Any] = {"limit": limit, "offset": offset}
+def _list(status: Status | str | None, limit: int, offset: int = 0,
+          cursor: str | None = None) -> _Call:
+    params: dict[str, Any] = {"limit": limit}
+    if offset:
+        params["offset"] = offset
+    if cursor is not None:
+        params["cursor"] = cursor
     if status is not None:
         params["status"] = _status(status).value
     return _Call("GET", "/v1/runs", params=params)
+
+
+PAGE = 200  # runs a page when the client follows the cursor itself
 
 
 def _answer(run_id: str, interrupt_id: str, payload: Any, status: AnswerStatus,
@@ -366,8 +374,24 @@ class Client:
 
     def list(self, status: Status | str | None = None, *, limit: int = 50,
              offset: int = 0) -> builtins.list[RunSummary]:
-        """Runs, newest first (in one state, or all)."""
+        """Runs, newest first (in one state, or all): the first `limit` (up to 500) after
+        `offset` (up to 1,000; `iter_runs` and `page` go deeper)."""
         return _reply(self._send(_list(status, limit, offset)), RunList).runs
+
+    def page(self, status: Status | str | None = None, *, limit: int = 50,
+             cursor: str | None = None) -> RunList:
+        """One page of runs, newest first; its `next_cursor` asks for the next one."""
+        return _reply(self._send(_list(status, limit, cursor=cursor)), RunList)
+
+    def iter_runs(self, status: Status | str | None = None) -> Iterator[RunSummary]:
+        """Every run (in one state, or all), newest first, a page at a time."""
+        cursor: str | None = None
+        while True:
+            found = self.page(status, limit=PAGE, cursor=cursor)
+            yield from found.runs
+            if found.next_cursor is None:
+                return
+            cursor = found.next_cursor
 
     def answer(self, run_id: str, interrupt_id: str, payload: Any = None, *,
                status: AnswerStatus = "resolved",
@@ -492,6 +516,21 @@ class AsyncClient:
     async def list(self, status: Status | str | None = None, *, limit: int = 50,
                    offset: int = 0) -> builtins.list[RunSummary]:
         return _reply(await self._send(_list(status, limit, offset)), RunList).runs
+
+    async def page(self, status: Status | str | None = None, *, limit: int = 50,
+                   cursor: str | None = None) -> RunList:
+        return _reply(await self._send(_list(status, limit, cursor=cursor)), RunList)
+
+    async def iter_runs(self, status: Status | str | None = None
+                        ) -> AsyncIterator[RunSummary]:
+        cursor: str | None = None
+        while True:
+            found = await self.page(status, limit=PAGE, cursor=cursor)
+            for run in found.runs:
+                yield run
+            if found.next_cursor is None:
+                return
+            cursor = found.next_cursor
 
     async def answer(self, run_id: str, interrupt_id: str, payload: Any = None, *,
                      status: AnswerStatus = "resolved",

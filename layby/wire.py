@@ -228,7 +228,11 @@ class CancelBody(Body):
 
 
 class RunList(Wire):
+    """A page of runs, newest first; `next_cursor` asks for the page after it (None: no
+    more)."""
+
     runs: list[RunSummary]
+    next_cursor: str | None = None
 
 
 class Answered(Wire):

@@ -58,6 +58,7 @@ def _after_a_restart(rt: Runtime) -> int:
         return 0
     log.warning("the store is a new server (restarted, or failed over): requeueing every "
                 "waiting run")
+    store.redue_queued_notifications()
     return _requeue_waiting(rt, store.now_ms(), "the store restarted")
 
 
@@ -68,8 +69,10 @@ def _after_worker_deaths(rt: Runtime) -> int:
     for name, last_beat_ms in rt.store.reap_workers():
         log.warning("worker %s stopped beating (last beat %.1f s ago): requeueing every "
                     "waiting run", name, (rt.store.now_ms() - last_beat_ms) / 1000)
-        # Up to its death, a lease after its last beat, it may have reserved any of them.
+        # Up to its death, a lease after its last beat, it may have reserved any of them,
+        # and deliveries of notifications too.
         requeued += _requeue_waiting(rt, rt.store.now_ms(), f"worker {name} died")
+        rt.store.redue_queued_notifications()
     return requeued
 
 

@@ -46,7 +46,7 @@ def test_json_logs_carry_run_and_interrupt_ids(isolated) -> None:
 
     # The worker: its task lines (Celery's own "received"/"succeeded" included) name the
     # run and the task, every line parses, and the banner is gone.
-    tasks = {"layby.run_turn", "layby.notify.interrupts", "layby.resume_run"}
+    tasks = {"layby.run_turn", "layby.resume_run"}
     worker = wait_until(lambda: tasks <= {w.get("task_name") for w in about_the_run("worker")}
                         and about_the_run("worker"), what="worker lines about the run's tasks")
     assert all(w.get("task_id") for w in worker)

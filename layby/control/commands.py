@@ -84,6 +84,15 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
                    updated_at=created), True
 
 
+def require_run(rt: Runtime, run_id: str) -> Status:
+    """The run's status; NotFound as `get_run` says it, without reading the whole run."""
+    status, _ = rt.store.status_of(run_id)
+    if status is None:
+        raise NotFound(f"no run {run_id!r} (unknown, or finished and past retention)",
+                       run_id=run_id)
+    return status
+
+
 def get_run(rt: Runtime, run_id: str) -> RunView:
     view = rt.store.view(run_id)
     if view is None:

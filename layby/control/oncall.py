@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layby.parking import Store, Verdict
-from layby.wire import Status
 from layby.broker_config import DELIVER_TASK, NOTIFY
 from layby.control.runtime import Runtime
 
@@ -50,8 +49,8 @@ def _seconds(ms: int) -> str:
 
 
 def stuck(rt: Runtime, *, limit: int = 200) -> list[Finding]:
-    """Everything that looks stuck, at most `limit` of each kind (and of the parked runs
-    scanned for failed notifications)."""
+    """Everything that looks stuck, at most `limit` of each kind (every parked run is
+    looked at for failed notifications)."""
     store = rt.store
     return [*lapsed(store, limit), *waiting(store, limit), *overdue_outbox(store, limit),
             *failed_notifications(store, limit)]
@@ -102,12 +101,15 @@ def overdue_outbox(store: Store, limit: int = 200) -> list[Finding]:
 
 
 def failed_notifications(store: Store, limit: int = 200) -> list[Finding]:
-    """Failed notifications of parked runs: scans the newest `limit` interrupted runs."""
-    found = []
-    for run_id in interrupted_runs(store, limit=limit):
-        for note in store.notifications(run_id):
+    """Failed notifications of parked runs, the first `limit` of them: every parked run is
+    looked at, a page at a time."""
+    found: list[Finding] = []
+    for run_id, notes in store.notifications_of_parked():
+        for note in notes:
             if note.state != "failed":
                 continue
+            if len(found) >= limit:
+                return found
             found.append(Finding(
                 NOTIFICATION_FAILED, run_id,
                 f"notification {note.id} ({note.kind} of {note.interrupt_id} to "
@@ -172,8 +174,10 @@ def retry_notifications(rt: Runtime, run_ids: list[str]) -> dict[str, list[str]]
     return {run_id: retried for run_id, (retried, _) in found.items()}
 
 
-def interrupted_runs(store: Store, *, limit: int = 200) -> list[str]:
-    return [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, limit)]
+def with_failed_notifications(store: Store) -> list[str]:
+    """Every parked run with a failed notification."""
+    return [run_id for run_id, notes in store.notifications_of_parked()
+            if any(n.state == "failed" for n in notes)]
 
 
 def purge(store: Store, *, dry_run: bool = False) -> dict[str, int]:

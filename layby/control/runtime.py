@@ -126,6 +126,7 @@ class Runtime:
                           len(entries))
             return 0
         self.store.ack_outbox([e.id for e in entries if e.task not in ACKED_BY_THE_TASK])
+        self.store.hold_outbox([e.id for e in entries if e.task in ACKED_BY_THE_TASK])
         return len(entries)
 
 

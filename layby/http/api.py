@@ -17,6 +17,7 @@ from layby.control import Runtime, commands
 from layby.errors import Invalid
 from layby.generation.interrupts import ResumeEntry
 from layby.parking import Verdict
+from layby.parking.registries import CURSOR
 from layby.http.deps import Caller, Rt, SaneBody
 from layby.http.errors import documented, event_stream
 from layby.http.events import EVENT_ID, sse
@@ -33,8 +34,9 @@ from layby.wire import (
 
 # Every /v1 route needs the key, may meet a body past its limit or a store away.
 router = APIRouter(prefix="/v1", tags=["runs"], responses=documented(401, 422, 503))
-# Deeper pages cost Redis more the deeper they go: past this, narrow by status instead.
-MAX_OFFSET = 10_000
+# An offset costs Redis more the deeper it goes (all states' lists are merged up to it):
+# deeper pages follow the cursor, which costs the same at any depth.
+MAX_OFFSET = 1000
 VIEW = {"response_model_by_alias": True, "response_model_exclude_none": True}
 # Ids as layby makes them (run ids as callers may choose them: `commands.RUN_ID`).
 RunId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
@@ -68,12 +70,24 @@ def start_run(body: StartRun, rt: Rt, _: Caller, idempotency_key: IdempotencyKey
 
 
 @router.get("/runs", response_model=RunList, response_model_by_alias=True,
-            operation_id="listRuns")
+            operation_id="listRuns", responses=documented(400))
 def list_runs(rt: Rt, _: Caller, status: Status | None = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
-              offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> dict[str, Any]:
-    runs = rt.store.list_runs(status, limit=limit, offset=offset)
-    return RunList(runs=runs).wire()
+              cursor: Annotated[str | None, Query(
+                  max_length=150, pattern=CURSOR.pattern, description="the `nextCursor` of "
+                  "the page before: pages cost the same however deep")] = None,
+              # The bound is documented, and checked below with a message that says what
+              # to do instead.
+              offset: Annotated[int, Query(ge=0, json_schema_extra={"maximum": MAX_OFFSET},
+                                           description=f"runs to skip, at most {MAX_OFFSET}: "
+                                           "deeper, follow `nextCursor`")] = 0
+              ) -> dict[str, Any]:
+    if offset > MAX_OFFSET:
+        raise Invalid(f"offset {offset} is past {MAX_OFFSET}: deeper pages are read with the "
+                      "cursor (pass each page's `nextCursor` as `cursor`), which costs the "
+                      "same at any depth", detail={"maxOffset": MAX_OFFSET})
+    runs, after = rt.store.list_page(status, limit=limit, cursor=cursor, offset=offset)
+    return RunList(runs=runs, next_cursor=after).wire()
 
 
 @router.get("/runs/{run_id}", response_model=RunView, operation_id="getRun", **VIEW,
@@ -115,12 +129,12 @@ def cancel(run_id: RunId, rt: Rt, caller: Caller, body: CancelBody | None = None
                 **documented(404)})
 async def events(run_id: RunId, rt: Rt, _: Caller,
                  last_event_id: Annotated[str | None, Header(
-                     max_length=41, json_schema_extra={"pattern": EVENT_ID.pattern},
+                     max_length=39, json_schema_extra={"pattern": EVENT_ID.pattern},
                      description="the `id` of the last event read: the stream goes on "
                                  "after it")] = None,
                  follow: bool = True) -> StreamingResponse:
     # 404 before the stream starts; off the event loop, which serves every open stream.
-    await run_in_threadpool(commands.get_run, rt, run_id)
+    await run_in_threadpool(commands.require_run, rt, run_id)
     if last_event_id is not None and not EVENT_ID.match(last_event_id):
         raise Invalid(f"Last-Event-ID {last_event_id[:100]!r} is not an event id "
                       "(give the `id:` of an event this stream sent, like 1700000000000-0)")

@@ -27,6 +27,7 @@ from layby.errors import LaybyError, Unauthorized
 from layby.http import agui, api, mailbox, reviewers
 from layby.http.deps import Caller, Rt, bearer, check_key
 from layby.http.errors import error_response, refusal, why_redis_is_away
+from layby.http.events import close_clients
 from layby.http.limits import LimitBodies
 from layby.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from layby.http.metrics import render as render_metrics
@@ -55,6 +56,7 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await close_clients(rt)
             if exporter is not None:
                 exporter.shutdown()
                 exporter.server_close()
@@ -205,19 +207,27 @@ def _middleware(app: FastAPI, rt: Runtime) -> None:
 
     # Innermost: it sees what the app makes of a body cut at its limit.
     app.add_middleware(LimitBodies, limit_of=limit_of)
-
-    @app.middleware("http")
-    async def _key_first(request: Request, call_next: Any) -> Any:
-        # FastAPI parses a body before it runs dependencies: without this, a caller with no
-        # key would get a 422 describing the route's schema instead of a 401.
-        if request.url.path.startswith(("/v1/", "/agui/")):
-            try:
-                check_key(rt, await bearer(request))
-            except Unauthorized as exc:
-                return error_response(401, "unauthorized", exc.message)
-        return await call_next(request)
-
+    app.add_middleware(_KeyFirst, rt=rt)
     app.add_middleware(_LogIds)
+
+
+class _KeyFirst:
+    """The API key checked before anything reads the body: FastAPI parses a body before it
+    runs dependencies, so a caller with no key would get a 422 describing the route's
+    schema instead of a 401. Plain ASGI (a streamed reply passes through untouched)."""
+
+    def __init__(self, app: Any, rt: Runtime) -> None:
+        self.app = app
+        self.rt = rt
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path", "").startswith(("/v1/", "/agui/")):
+            try:
+                check_key(self.rt, await bearer(Request(scope)))
+            except Unauthorized as exc:
+                await error_response(401, "unauthorized", exc.message)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _plain_routes(app: FastAPI) -> None:

@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import sys
+from collections.abc import Iterator
 from typing import Annotated, Any, NoReturn
 
 import redis
@@ -19,7 +20,8 @@ from layby.broker_config import SWEEP, Settings, logs, worker_queues
 from layby.control import Runtime, build
 from layby.errors import LaybyError
 from layby.generation.interrupts import CONFIRMATION, ResumeEntry
-from layby.wire import InterruptView, RunView, Status
+from layby.parking import Store
+from layby.wire import InterruptView, RunSummary, RunView, Status
 
 # No locals in tracebacks: they would print settings and keys.
 cli = typer.Typer(help="layby: durable interrupts for agent runs on Celery and Redis.",
@@ -363,11 +365,28 @@ def _user() -> str:
 
 @runs.command("ls")
 def runs_ls(status: Annotated[Status | None, typer.Option(help="only runs in this state")] = None,
-            limit: Annotated[int, typer.Option(min=1)] = 50) -> None:
-    """List runs, newest first."""
-    for r in _rt().store.list_runs(status, limit=limit):
+            limit: Annotated[int, typer.Option(min=1, help="at most this many")] = 50,
+            every: Annotated[bool, typer.Option("--all", help="every run, however many")]
+            = False) -> None:
+    """List runs, newest first, a page at a time."""
+    for r in _every_run(_rt().store, status, None if every else limit):
         waiting = f"  {r.open_interrupts} open" if r.open_interrupts else ""
         typer.echo(f"{r.id}  {r.status.value:11}  {r.agent:16} {r.updated_at}{waiting}")
+
+
+def _every_run(store: Store, status: Status | None, limit: int | None
+               ) -> Iterator[RunSummary]:
+    """Runs, newest first, following the list's cursor (each page costs the same)."""
+    cursor: str | None = None
+    left = limit
+    while left is None or left > 0:
+        size = 500 if left is None else min(500, left)
+        page, cursor = store.list_page(status, limit=size, cursor=cursor)
+        yield from page
+        if left is not None:
+            left -= len(page)
+        if cursor is None:
+            return
 
 
 @runs.command("show")
@@ -547,8 +566,7 @@ def ops_retry_notifications(run_id: Annotated[str | None, typer.Argument(
                                 help="the run (or --all)")] = None,
                             all_runs: Annotated[bool, typer.Option(
                                 "--all", help="every parked run's failed notifications")
-                            ] = False,
-                            limit: Annotated[int, typer.Option(min=1)] = 200) -> None:
+                            ] = False) -> None:
     """Send a parked run's failed notifications again, with their attempts reset."""
     from layby.control import commands, oncall
 
@@ -561,7 +579,7 @@ def ops_retry_notifications(run_id: Annotated[str | None, typer.Argument(
                   "are sent again")
         run_ids = [run_id]
     else:
-        run_ids = oncall.interrupted_runs(_rt().store, limit=limit)
+        run_ids = oncall.with_failed_notifications(_rt().store)
     retried = oncall.retry_notifications(_rt(), run_ids)
     for rid, ids in retried.items():
         for nid in ids:

@@ -5,13 +5,21 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 | key          | type   | holds                                                   | lifetime          |
 |--------------|--------|---------------------------------------------------------|-------------------|
 | run          | hash   | id, agent, status, version, messages (JSON), input,     | until retention   |
-|              |        | metadata, result, error, lease_owner, lease_until, …    | after the end     |
+|              |        | metadata, result, error, lease_owner, lease_until ('' / | after the end     |
+|              |        | 0 when unclaimed), attempts, open (ids of interrupts    |                   |
+|              |        | waiting for an answer, space-separated), waiting (ids   |                   |
+|              |        | of those the last park waited on), checkpointed ('1'    |                   |
+|              |        | while the step saved checkpoints), noted ('0' while the |                   |
+|              |        | run has no notifications), …                            |                   |
 | interrupts   | hash   | interrupt id → Interrupt JSON (immutable once written)  | same              |
 | answers      | hash   | interrupt id → answer JSON (first answer only)          | same              |
-| open         | set    | ids of interrupts still waiting for an answer           | same              |
+| open         | set    | only runs of an older layby, which kept open interrupts | same              |
+|              |        | here: read while the run has no `open` field, dropped   |                   |
+|              |        | by the next write                                       |                   |
 | checkpoints  | hash   | "model", "tool:<ref>" → results within the current      | cleared at every  |
 |              |        | version (field "v" holds that version)                  | commit            |
-| events       | stream | type, version, at (ms), data (JSON); capped             | same as run       |
+| events       | stream | type, version, at (ms), data (JSON); capped; copied to  | same as run       |
+|              |        | an exact fit when the run parks                         |                   |
 | notifications| hash   | notification id → Notification JSON (with its token)    | same as run       |
 | review       | hash   | how people review each interrupt (only runs asked under | same as run       |
 |              |        | a policy): "approval:<iid>:<by>" → approval JSON,       |                   |
@@ -26,10 +34,14 @@ Global:
 | deadlines            | zset | "<run_id> <interrupt_id>" scored by expiry (ms)   |
 | leases               | zset | running run ids scored by lease end (ms)          |
 | outbox               | zset | outbox entry ids scored by when to (re)publish    |
+|                      |      | (only what a transition could not push itself:    |
+|                      |      | the broker elsewhere, or announcement tasks, which|
+|                      |      | ack their entry once done)                        |
 | outbox:entries       | hash | entry id → {"task", "queue", "args"} JSON         |
 | idem:<key>           | str  | run id for an idempotency key; expires (24 h)     |
 | notify:due           | zset | "<run_id> <notification id>" scored by when to    |
-|                      |      | (re)send: now, a retry's backoff, a reminder      |
+|                      |      | (re)send: a retry's backoff, a reminder; once its |
+|                      |      | delivery is queued, when a lost message would be  |
 | grant:<ref>          | str  | a reviewer token's grant (JSON); expires with it  |
 | seen:<what>          | str  | something taken once: a callback's webhook-id     |
 |                      |      | (past the replay tolerance), a reply mail that    |
@@ -44,6 +56,10 @@ Global:
 |                      |      | notifications_failed (sends out of attempts),     |
 |                      |      | auto_answers:<rule> (interrupts answered by a     |
 |                      |      | policy rule), escalations:<level> (levels asked)  |
+
+Besides its own keys, the store's scripts push task messages onto the broker's queues
+(`<LAYBY_BROKER_KEY_PREFIX>layby.turns`, `…layby.notify`: kombu's lists), when the broker
+is this server (`layby.broker_config.messages`).
 
 Parked runs never expire. Finished runs expire `retention` seconds after they end; their
 index entries are pruned by the sweeper.

@@ -16,10 +16,13 @@ API's lists and `/metrics`.
 
 from __future__ import annotations
 
+import heapq
+import re
 from typing import Any
 
 from redis import Redis
 
+from layby.errors import Invalid
 from layby.parking.keys import Keys
 from layby.wire import FINISHED, Status
 
@@ -59,8 +62,35 @@ def first_scored(reply: list[tuple[str, float]]) -> tuple[str, int] | None:
     return (reply[0][0], int(reply[0][1])) if reply else None
 
 
+# Where a page ended: the last item's score (its last change, ms) and id. Readable rather
+# than opaque, so that its form (CURSOR) says everything that makes one usable.
+CURSOR = re.compile(r"^(\d{1,15})\.([A-Za-z0-9_.-]{1,128})$")
+
+
+class BadCursor(Invalid):
+    """A list cursor this store did not make."""
+
+    def __init__(self, cursor: str) -> None:
+        super().__init__(f"the cursor {cursor[:80]!r} is not one a page of this list gave: "
+                         "start again without `cursor`, then pass each page's `nextCursor`",
+                         code="invalid_cursor")
+
+
+def cursor_of(run_id: str, score: int) -> str:
+    """The cursor of a page that ended with run `run_id`, changed at `score`."""
+    return f"{score}.{run_id}"
+
+
+def _from_cursor(cursor: str) -> tuple[int, str]:
+    found = CURSOR.match(cursor)
+    if found is None:
+        raise BadCursor(cursor)
+    return int(found.group(1)), found.group(2)
+
+
 class RunIndex:
-    """Runs by state, one sorted set per state (`index:<state>`)."""
+    """Runs by state, one sorted set per state (`index:<state>`), scored by their last
+    change; newest first, runs changed in the same millisecond by id (descending)."""
 
     def __init__(self, client: Redis, keys: Keys) -> None:
         self.client = client
@@ -68,14 +98,51 @@ class RunIndex:
 
     def newest(self, status: Status | None, limit: int, offset: int = 0
                ) -> list[tuple[str, int]]:
-        """(run id, last change) of the newest runs in `status` (any state when None)."""
-        statuses = [status] if status else list(Status)
+        """(run id, last change) of the newest runs in `status` (any state when None),
+        from `offset` on. One state's page costs the same at any depth; all states' merge
+        reads every state's first offset + limit runs (callers bound the offset)."""
+        if status is not None:
+            found = self.client.zrevrange(self.of[status].key, offset, offset + limit - 1,
+                                          withscores=True)
+            return [(run_id, int(score)) for run_id, score in found]
         pipe = self.client.pipeline(transaction=False)
-        for s in statuses:
+        for s in Status:
             pipe.zrevrange(self.of[s].key, 0, offset + limit - 1, withscores=True)
         scored = sorted(((run_id, int(score)) for found in pipe.execute()
-                         for run_id, score in found), key=lambda p: -p[1])
+                         for run_id, score in found), key=lambda p: (-p[1], _desc(p[0])))
         return scored[offset:offset + limit]
+
+    def page(self, status: Status | None, limit: int, cursor: str | None = None
+             ) -> tuple[list[tuple[str, int]], str | None]:
+        """A page of (run id, last change), newest first, after `cursor` (a page's
+        `next`), and the cursor of the page after it (None at the end). Its cost does not
+        depend on how deep it is: each state's set is read from the cursor's score on."""
+        statuses = [status] if status else list(Status)
+        top, after = ("+inf", None) if cursor is None else _from_cursor(cursor)
+        pipe = self.client.pipeline(transaction=False)
+        for s in statuses:
+            if after is not None:
+                # Runs changed in the cursor's millisecond sort by id: skip those served.
+                pipe.zcount(self.of[s].key, top, top)
+            pipe.zrevrangebyscore(self.of[s].key, top, "-inf", 0, limit + 1, withscores=True)
+        replies = pipe.execute()
+        if after is not None:
+            ties = replies[0::2]
+            replies = replies[1::2]
+            if any(t > 0 for t in ties):  # read again, past the ties
+                pipe = self.client.pipeline(transaction=False)
+                for s, t in zip(statuses, ties, strict=True):
+                    pipe.zrevrangebyscore(self.of[s].key, top, "-inf", 0, limit + 1 + t,
+                                          withscores=True)
+                replies = pipe.execute()
+        merged = heapq.merge(*[[(run_id, int(score)) for run_id, score in found]
+                               for found in replies],
+                             key=lambda p: (-p[1], _desc(p[0])))
+        items = [p for p in merged
+                 if after is None or p[1] < top or (p[1] == top and p[0] < after)]
+        page = items[:limit]
+        more = len(items) > limit
+        return page, cursor_of(*page[-1]) if more and page else None
 
     def waiting_since_before(self, statuses: tuple[Status, ...], cutoff_ms: int,
                              limit: int) -> list[str]:
@@ -98,6 +165,11 @@ class RunIndex:
         for s in sorted(FINISHED):
             pipe.zremrangebyscore(self.of[s].key, "-inf", cutoff_ms)
         return sum(pipe.execute())
+
+
+def _desc(run_id: str) -> tuple[int, ...]:
+    """A key that sorts ids in descending order, as ZREVRANGE does within one score."""
+    return (*(-b for b in run_id.encode()), 1)  # the 1: a prefix sorts after what extends it
 
 
 class Deadlines(Registry):

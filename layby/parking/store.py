@@ -13,7 +13,7 @@ followed by WAIT on the same connection, so what was acknowledged survives a fai
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -33,6 +33,7 @@ from layby.parking.registries import (
     Leases,
     OutboxRegistry,
     RunIndex,
+    cursor_of,
     now_ms,
 )
 from layby.parking.results import Transition, Verdict
@@ -309,6 +310,17 @@ class Store:
                                                        args=[limit, retry_ms])
         return [tuple(m.split(" ", 1)) for m in raw]  # type: ignore[misc]
 
+    def redue_queued_notifications(self) -> int:
+        """Notifications whose delivery was queued (due again only once a lost message would
+        be), made due now: after a store restart or a worker's death, their messages may be
+        gone. One that is not due yet goes back to its time when its delivery starts."""
+        now = self.now_ms()
+        members = self.due_notifications.client.zrangebyscore(
+            self.keys.notify_due, f"({now}", now + self.config.lost_message_ms)
+        if members:
+            self.redis.zadd(self.keys.notify_due, dict.fromkeys(members, now), xx=True)
+        return len(members)
+
     def start_delivery(self, run_id: str, notification_id: str, *, deadline_ms: int,
                        max_attempts: int) -> tuple[str, Notification | None]:
         reply = self._run("start_delivery", run_id, notification_id, deadline_ms,
@@ -336,6 +348,21 @@ class Store:
     def notifications(self, run_id: str) -> list[Notification]:
         return _notifications(self.redis.hvals(self.keys.notifications(run_id)))
 
+    def notifications_of_parked(self, page: int = 500) -> Iterator[tuple[str, list[Notification]]]:
+        """(run id, its notifications) of every parked run that has some, a page of the
+        index at a time (one round trip a page, the same cost at any depth)."""
+        cursor: str | None = None
+        while True:
+            scored, cursor = self.runs.page(Status.INTERRUPTED, page, cursor)
+            pipe = self.redis.pipeline(transaction=False)
+            for run_id, _ in scored:
+                pipe.hvals(self.keys.notifications(run_id))
+            for (run_id, _), raw in zip(scored, pipe.execute(), strict=True):
+                if raw:
+                    yield run_id, _notifications(raw)
+            if cursor is None:
+                return
+
     def notification(self, run_id: str, notification_id: str) -> Notification | None:
         raw = self.redis.hget(self.keys.notifications(run_id), notification_id)
         return _notification(raw) if raw else None
@@ -356,6 +383,14 @@ class Store:
         raw = self._scripts["claim_outbox"](keys=[self.keys.outbox, self.keys.outbox_entries],
                                             args=[limit, retry_ms])
         return list(results.entries_of(raw))
+
+    def hold_outbox(self, entry_ids: list[str]) -> None:
+        """Entries published whose task acks them itself once done: due again only if the
+        message was lost (LAYBY_LOST_MESSAGE_S), not after the grace time, so that one still
+        queued is not published again."""
+        if entry_ids:
+            due = self.now_ms() + self.config.lost_message_ms
+            self.redis.zadd(self.keys.outbox, dict.fromkeys(entry_ids, due), xx=True)
 
     def ack_outbox(self, entry_ids: list[str]) -> None:
         if entry_ids:
@@ -450,7 +485,25 @@ class Store:
     def list_runs(self, status: Status | None = None, *, limit: int = 50,
                   offset: int = 0) -> list[RunSummary]:
         """Newest first; all states when `status` is None."""
-        scored = self.runs.newest(status, limit, offset)
+        return self._summaries(self.runs.newest(status, limit, offset))
+
+    def list_page(self, status: Status | None = None, *, limit: int = 50,
+                  cursor: str | None = None, offset: int = 0
+                  ) -> tuple[list[RunSummary], str | None]:
+        """A page of runs, newest first, `offset` runs after `cursor` (or after the top),
+        and the next page's cursor (None at the end). Raises `BadCursor` for a cursor the
+        store did not make."""
+        if offset and cursor is None:
+            scored = self.runs.newest(status, limit + 1, offset)
+            after = cursor_of(*scored[limit - 1]) if len(scored) > limit else None
+            return self._summaries(scored[:limit]), after
+        scored, after = self.runs.page(status, limit + offset, cursor)
+        scored = scored[offset:]
+        if after is not None and scored:
+            after = cursor_of(*scored[-1])
+        return self._summaries(scored), after
+
+    def _summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
         pipe = self.redis.pipeline(transaction=False)
         for run_id, _ in scored:
             pipe.hmget(self.keys.run(run_id), "id", "agent", "status", "version",
@@ -554,8 +607,8 @@ def _interrupts(specs: dict[str, str], answers: dict[str, str], open_ids: set[st
 def _reviews(raw: dict[str, str]) -> dict[str, Review]:
     """The review hash (parking.keys) read per interrupt, each list in time order."""
     found: dict[str, Review] = {}
-    for field, value in raw.items():
-        kind, _, rest = field.partition(":")
+    for name, value in raw.items():
+        kind, _, rest = name.partition(":")
         interrupt_id, _, tail = rest.partition(":")
         review = found.setdefault(interrupt_id, Review())
         if kind == "approval":

@@ -29,7 +29,11 @@ if not open[rec.interruptId] then
   redis.call('ZREM', NOTIFY_DUE, member)
   return {'done', 'skipped'}
 end
-if tonumber(rec.due) > now then return {'later'} end
+if tonumber(rec.due) > now then
+  -- Queued early (a sweep after a restart queues what may have been lost): back to its time.
+  redis.call('ZADD', NOTIFY_DUE, rec.due, member)
+  return {'later'}
+end
 if tonumber(rec.attempts) >= tonumber(max_attempts) then
   fail_notification(nid, rec, member, 'gave up after ' .. rec.attempts .. ' attempts; the '
                     .. 'last never finished (' .. (rec.lastError or 'the sender stopped') .. ')',

@@ -1,0 +1,70 @@
+"""The same cycles through the gateway (`--http`): the bench starts a gateway process
+(uvicorn, as `layby gateway` runs it) on loopback and drives each cycle with
+`layby.AsyncClient`, as a service would: start the run, follow its event stream (SSE, no
+polling) until it parks, answer, follow it until it completes. Figure: completed cycles
+over wall time, beside the direct path's measured in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from bench import BenchError
+from bench.agents import AGENT
+from layby import AsyncClient
+
+
+@dataclass
+class HttpOutcome:
+    runs: int
+    completed: int
+    wall_s: float
+
+    @property
+    def per_s(self) -> float:
+        return self.completed / self.wall_s if self.wall_s > 0 else 0.0
+
+
+async def _cycle(client: AsyncClient, n: int) -> bool:
+    run = await client.start(AGENT, input=f"http {n}")
+    after = None
+    async for event in client.events(run.id):
+        after = event.id
+        if event.type == "run.interrupted":
+            for intr in event.data.get("interrupts", []):
+                await client.answer(run.id, intr["id"], True)
+        elif event.type == "run.completed":
+            return True
+        elif event.type in ("run.failed", "run.cancelled"):
+            raise BenchError(f"run {run.id} ended {event.type} over HTTP: {event.data}")
+    del after
+    return False
+
+
+async def _cycles(url: str, key: str, runs: int, in_flight: int, timeout_s: float
+                  ) -> HttpOutcome:
+    async with AsyncClient(url, key) as client:
+        queue = iter(range(runs))
+        done = 0
+
+        async def lane() -> None:
+            nonlocal done
+            for n in queue:
+                if await asyncio.wait_for(_cycle(client, n), timeout_s):
+                    done += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(in_flight)))
+        return HttpOutcome(runs, done, time.perf_counter() - started)
+
+
+def cycles(url: str, key: str, runs: int, in_flight: int, timeout_s: float) -> HttpOutcome:
+    """N cycles over HTTP, `in_flight` at once, on uvloop when it is there (as uvicorn
+    runs the gateway, and as a service would run its client)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(_cycles(url, key, runs, in_flight, timeout_s))
+    return uvloop.run(_cycles(url, key, runs, in_flight, timeout_s))

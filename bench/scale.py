@@ -1,0 +1,147 @@
+"""Parked runs at scale (`--parked N[,M…]`): park runs with the product's own start path,
+then measure what must not grow with their number: an answer, a page of the list (the
+first, one deep in, all states at once), a park, and the memory each parked run takes.
+
+Runs are started through `control.commands.start_run`, many at once (a thread pool), and
+parked by the bench's worker; a level is reached when the index of interrupted runs holds
+that many. Memory per parked run is the server's `used_memory` grown while a level's runs
+were parked, over their number; `MEMORY USAGE` of a sample splits it by key.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from bench import BenchError
+from bench.agents import AGENT
+from bench.report import distribution
+from layby.control import Runtime, commands
+from layby.generation.interrupts import ResumeEntry
+from layby.parking import Store
+from layby.parking.registries import cursor_of
+from layby.wire import Status
+
+SAMPLES = 200  # timed calls of each kind a level
+
+
+def park(rt: Runtime, count: int, timeout_s: float) -> None:
+    """Start `count` runs of the bench agent and wait until they are all parked."""
+    store = rt.store
+    index = store.runs.of[Status.INTERRUPTED]
+    target = index.count() + count
+
+    def start(i: int) -> None:
+        commands.start_run(rt, AGENT, input=f"parked {i}")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for done in pool.map(start, range(count), chunksize=256):
+            del done
+    last, last_change = index.count(), time.monotonic()
+    while last < target:
+        time.sleep(0.5)
+        now = index.count()
+        if now != last:
+            last, last_change = now, time.monotonic()
+        elif time.monotonic() - last_change > timeout_s:
+            raise BenchError(f"parking stalled at {now} of {target} interrupted runs")
+
+
+PROBE_PARKS = 500  # runs parked, timed, at each level
+
+
+def timed_park(rt: Runtime, count: int, timeout_s: float) -> float:
+    """Parks per second of `count` more runs (started at once, parked by the worker)."""
+    started = time.perf_counter()
+    park(rt, count, timeout_s)
+    return round(count / (time.perf_counter() - started), 1)
+
+
+def level(rt: Runtime, wanted: int, timeout_s: float) -> dict[str, Any]:
+    """Park runs until `wanted` are parked (the last PROBE_PARKS of them timed), then
+    measure memory and probe answers and lists."""
+    store = rt.store
+    have = store.runs.of[Status.INTERRUPTED].count()
+    used_before = int(store.redis.info("memory")["used_memory"])
+    bulk = max(0, wanted - have - PROBE_PARKS)
+    if bulk:
+        park(rt, bulk, timeout_s)
+    parks_per_s = timed_park(rt, max(0, wanted - have - bulk), timeout_s)
+    used_after = int(store.redis.info("memory")["used_memory"])
+    added = max(0, wanted - have)
+    sample = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, 50)]
+    history = history_bytes(store, sample)
+    per_run = memory_per_run(used_before, used_after, added)
+    figures = {"level": wanted, "parks_per_s": parks_per_s,
+               "memory_per_parked_run": per_run, "history_bytes": history,
+               "memory_budget": round(1.5 * history + 1024, 1),
+               "memory_by_key": breakdown(store, sample)}
+    return {**figures, **probe(rt)}
+
+
+def memory_per_run(before: int, after: int, runs: int) -> float:
+    return round((after - before) / runs, 1) if runs else 0.0
+
+
+def breakdown(store: Store, sample: list[str]) -> dict[str, float]:
+    """Mean bytes per parked run by key (`MEMORY USAGE`), over `sample`."""
+    parts = {"run": store.keys.run, "interrupts": store.keys.interrupts,
+             "answers": store.keys.answers, "events": store.keys.events,
+             "notifications": store.keys.notifications, "review": store.keys.review}
+    pipe = store.redis.pipeline(transaction=False)
+    for run_id in sample:
+        for key_of in parts.values():
+            pipe.memory_usage(key_of(run_id), samples=0)
+    found = pipe.execute()
+    totals = dict.fromkeys(parts, 0)
+    for i, value in enumerate(found):
+        totals[list(parts)[i % len(parts)]] += value or 0
+    return {k: round(v / max(1, len(sample)), 1) for k, v in totals.items() if v}
+
+
+def history_bytes(store: Store, sample: list[str]) -> float:
+    """Mean size of the sample's serialized histories (the `messages` JSON as stored)."""
+    pipe = store.redis.pipeline(transaction=False)
+    for run_id in sample:
+        pipe.hstrlen(store.keys.run(run_id), "messages")
+    sizes = pipe.execute()
+    return round(sum(sizes) / max(1, len(sizes)), 1)
+
+
+def probe(rt: Runtime) -> dict[str, Any]:
+    """Times (ms) of list pages at the top and deep in, and of answers, on what is parked
+    now. The answered runs resume and finish on the worker."""
+    store = rt.store
+    index = store.runs.of[Status.INTERRUPTED]
+    parked = index.count()
+    deep = store.redis.zrevrange(index.key, parked // 2, parked // 2, withscores=True)
+    deep_cursor = cursor_of(deep[0][0], int(deep[0][1])) if deep else None
+
+    def timed(call: Any) -> float:
+        started = time.perf_counter()
+        call()
+        return (time.perf_counter() - started) * 1000
+
+    first = [timed(lambda: store.list_page(Status.INTERRUPTED, limit=50))
+             for _ in range(SAMPLES)]
+    middle = [timed(lambda: store.list_page(Status.INTERRUPTED, limit=50, cursor=deep_cursor))
+              for _ in range(SAMPLES)]
+    every = [timed(lambda: store.list_page(None, limit=50)) for _ in range(SAMPLES)]
+    # Answer parked runs taken from deep in the index, each once.
+    victims = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, SAMPLES,
+                                                         offset=parked // 3)]
+    answers = []
+    for run_id in victims:
+        view = store.view(run_id)
+        if view is None or not view.open_interrupts:
+            continue
+        entries = [ResumeEntry(interrupt_id=i.id, status="resolved", payload=True)
+                   for i in view.open_interrupts]
+        answers.append(timed(lambda: commands.answer(rt, run_id, entries, by="bench",
+                                                     channel="bench")))
+    return {"parked": parked,
+            "list_first_page_ms": distribution(first),
+            "list_deep_page_ms": distribution(middle),
+            "list_all_states_ms": distribution(every),
+            "answer_ms": distribution(answers) if answers else None}

@@ -1,0 +1,200 @@
+"""The lean cycle, as users and operators see it: lists that page by cursor at any depth,
+one delivery task per notification however long the queue waits, parked runs that keep
+only what they hold, and the tasks a cycle takes.
+
+Real parts: a Valkey server, workers, the sweeper and the gateway as subprocesses, an SMTP
+server and a webhook receiver for the notifications.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from layby import Client
+from layby.broker_config import JOBS, NOTIFY, TURNS
+from layby.ops.embedded import EmbeddedRedis
+from layby.ops.supervisor import worker_argv
+from layby.parking import BadCursor, Keys
+from layby.parking.registries import RunIndex
+from layby.wire import Status
+from tests.harness import API_KEY, LaybySystem, wait_until
+from tests.reviewers import SmtpServer, WebhookReceiver, reviewed_system
+
+
+def _park(system: LaybySystem, count: int, agent: str = "demo.trivia") -> list[str]:
+    ids = [system.start_run(agent, f"Ask me question {i}")["id"] for i in range(count)]
+    for run_id in ids:
+        system.wait_status(run_id, "interrupted")
+    return ids
+
+
+# -- lists, a page at a time ---------------------------------------------------------------
+
+
+def test_lists_page_by_cursor_through_the_api_the_client_and_the_command(isolated: Any
+                                                                          ) -> None:
+    system = isolated().start()
+    parked = _park(system, 7)
+    with system.api() as api:
+        seen: list[str] = []
+        cursor = None
+        pages = 0
+        while True:
+            params: dict[str, Any] = {"status": "interrupted", "limit": 3}
+            if cursor:
+                params["cursor"] = cursor
+            reply = api.get("/v1/runs", params=params)
+            assert reply.status_code == 200, reply.text
+            body = reply.json()
+            seen += [r["id"] for r in body["runs"]]
+            pages += 1
+            cursor = body.get("nextCursor")
+            if cursor is None:
+                break
+        # every parked run once, in pages of 3
+        assert sorted(seen) == sorted(parked) and len(seen) == 7 and pages == 3
+
+        refused = api.get("/v1/runs", params={"cursor": "not-a-cursor"})
+        assert refused.status_code == 422
+        assert refused.json()["error"]["detail"][0]["path"] == "/cursor"
+        deep = api.get("/v1/runs", params={"offset": 5000})
+        assert deep.status_code == 422
+        assert "nextCursor" in deep.text
+        # a cursor and an offset: that many runs further on
+        first = api.get("/v1/runs", params={"status": "interrupted", "limit": 2}).json()
+        both = api.get("/v1/runs", params={"status": "interrupted", "limit": 2, "offset": 1,
+                                           "cursor": first["nextCursor"]}).json()
+        assert [r["id"] for r in both["runs"]] == seen[3:5]
+        # an offset page also says where to go on
+        offset_page = api.get("/v1/runs", params={"status": "interrupted", "limit": 2,
+                                                   "offset": 2}).json()
+        assert [r["id"] for r in offset_page["runs"]] == seen[2:4]
+        after = api.get("/v1/runs", params={"status": "interrupted", "limit": 2,
+                                            "cursor": offset_page["nextCursor"]}).json()
+        assert [r["id"] for r in after["runs"]] == seen[4:6]
+
+    with Client(system.base_url, API_KEY) as client:
+        assert [r.id for r in client.iter_runs("interrupted")] == seen
+        page = client.page("interrupted", limit=4)
+        assert [r.id for r in page.runs] == seen[:4] and page.next_cursor
+
+    listed = subprocess.run([sys.executable, "-m", "layby.ops.cli", "runs", "ls", "--status",
+                             "interrupted", "--all"], env=system.env, capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == seen
+
+
+def test_a_page_goes_on_past_runs_that_changed_in_the_same_millisecond(
+        redis_server: EmbeddedRedis) -> None:
+    client = redis.Redis(port=redis_server.port, db=14, decode_responses=True)
+    client.flushdb()
+    try:
+        runs = RunIndex(client, Keys("ties"))
+        # Nine runs, three changing in each of three milliseconds; and in another state.
+        for i in range(9):
+            client.zadd(runs.of[Status.INTERRUPTED].key, {f"run-{i}": 1000 + i // 3})
+        client.zadd(runs.of[Status.COMPLETED].key, {"run-x": 1001})
+        every = [run_id for run_id, _ in runs.newest(None, 20)]
+        assert len(every) == 10
+        for size in (1, 2, 4):
+            got, cursor = [], None
+            while True:
+                page, cursor = runs.page(None, size, cursor)
+                got += [run_id for run_id, _ in page]
+                if cursor is None:
+                    break
+            assert got == every, size
+        with pytest.raises(BadCursor) as refused:
+            runs.page(None, 2, "not a cursor")
+        assert "nextCursor" in refused.value.message
+    finally:
+        client.flushdb()
+        client.close()
+
+
+# -- one delivery task per notification -------------------------------------------------
+
+
+class _NoNotifyWorker(LaybySystem):
+    """A system whose worker does not take notifications: they wait in their queue."""
+
+    def start_worker(self, name: str = "worker") -> Any:
+        proc = self._start(name, worker_argv(self.settings, [TURNS, JOBS, "celery"],
+                                             self.worker_count, "INFO"))
+        wait_until(lambda: "ready." in proc.output(), 40, what=f"{name} to be ready")
+        return proc
+
+
+@pytest.mark.slow
+def test_a_queued_delivery_is_never_queued_again(redis_server: EmbeddedRedis,
+                                                 tmp_path: Path) -> None:
+    db = 13
+    store = redis.Redis(port=redis_server.port, db=db, decode_responses=True)
+    store.flushdb()
+    smtp, hooks = SmtpServer().start(), WebhookReceiver().start()
+    system = _NoNotifyWorker(f"redis://127.0.0.1:{redis_server.port}/{db}", tmp_path)
+    try:
+        # The sweeper looks every second, and the outbox's grace is one second: the old
+        # behaviour queued every waiting delivery again each second.
+        reviewed_system(system, tmp_path, smtp, hooks, LAYBY_OUTBOX_GRACE_S="1",
+                        LAYBY_LOST_MESSAGE_S="120")
+        parked = _park(system, 12)
+        requests = [n for run_id in parked for n in system.run(run_id)["notifications"]
+                    if n["kind"] == "request"]
+        assert len(requests) == 24  # alice by email and hookbot by webhook, for each run
+        time.sleep(6)  # six sweeps
+        assert store.llen(NOTIFY) == len(requests)  # one message each, none again
+
+        system._start("notifier", worker_argv(system.settings, [NOTIFY], 2, "INFO"))
+        wait_until(lambda: len(smtp.messages) >= 12 and len(hooks.deliveries) >= 12, 60,
+                   what="the notifications to go out")
+        time.sleep(3)
+        assert len(smtp.messages) == 12 and len(hooks.deliveries) == 12
+        for run_id in parked:
+            states = {n["state"] for n in system.run(run_id)["notifications"]
+                      if n["kind"] == "request"}
+            assert states == {"sent"}, (run_id, states)
+        assert store.llen(NOTIFY) == 0
+    finally:
+        system.stop()
+        smtp.stop()
+        hooks.stop()
+        store.flushdb()
+        store.close()
+
+
+# -- what a cycle takes -----------------------------------------------------------------
+
+
+def test_a_cycle_takes_two_tasks_and_a_parked_run_keeps_only_what_it_holds(
+        isolated: Any) -> None:
+    system = isolated().start()
+    (run_id,) = _park(system, 1)
+    client = redis.Redis.from_url(system.redis_url, decode_responses=True)
+    keys = Keys(system.settings.key_prefix)
+    # The run's events take what they hold: a new stream reserves room for many more
+    # (4 KB with the server's defaults), and the park gives it back.
+    held = sum(len(k) + len(v) for _, fields in client.xrange(keys.events(run_id))
+               for k, v in fields.items())
+    assert client.memory_usage(keys.events(run_id), samples=0) < held + 1024
+    # The park planned nothing here (no reviewers), and queued no task: the run waits.
+    assert client.llen(TURNS) == 0 and client.llen(NOTIFY) == 0
+
+    run = system.run(run_id)
+    (question,) = system.open_interrupts(run)
+    assert system.answer(run_id, question["id"], payload="Jaws").status_code == 200
+    system.wait_status(run_id, "completed")
+    with httpx.Client(base_url=system.base_url,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as api:
+        text = api.get(f"/v1/runs/{run_id}/events", params={"follow": "false"}).text
+    # One task took the first turn and parked, one resumed and finished.
+    assert text.count("event: run.started") == 2
