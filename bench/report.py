@@ -152,8 +152,9 @@ def _scale_rows(parked: dict[str, Any]) -> list[tuple[str, str]]:
             f"{lv['parks_per_s']} parks/s; answer p50 {ans.get('p50', float('nan')):.2f} ms; "
             f"list p50 first / deep / all states {lv['list_first_page_ms']['p50']:.2f} / "
             f"{lv['list_deep_page_ms']['p50']:.2f} / {lv['list_all_states_ms']['p50']:.2f} "
-            f"ms; {lv['memory_per_parked_run']:.0f} B per parked run (history "
-            f"{lv['history_bytes']:.0f} B, budget {lv['memory_budget']:.0f} B)")))
+            f"ms; {lv['memory_per_parked_run']:.0f} B per parked run ({lv['memory_of_keys_per_run']:.0f} "
+            f"B in its keys; history {lv['history_bytes']:.0f} B, budget "
+            f"{lv['memory_budget']:.0f} B)")))
     if len(parked["levels"]) > 1:
         rows.append(("last / first level", ", ".join(
             f"{k} {v:.2f}" for k, v in parked["last_over_first"].items())))

@@ -73,10 +73,17 @@ def level(rt: Runtime, wanted: int, timeout_s: float) -> dict[str, Any]:
     sample = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, 50)]
     history = history_bytes(store, sample)
     per_run = memory_per_run(used_before, used_after, added)
+    by_key = breakdown(store, sample)
+    index = store.runs.of[Status.INTERRUPTED]
+    in_index = (store.redis.memory_usage(index.key, samples=0) or 0) / max(1, index.count())
     figures = {"level": wanted, "parks_per_s": parks_per_s,
-               "memory_per_parked_run": per_run, "history_bytes": history,
+               # The server's own growth (meaningful with many runs: small levels drown in
+               # what else the server holds and frees), and the sum of a sample's keys.
+               "memory_per_parked_run": per_run,
+               "memory_of_keys_per_run": round(sum(by_key.values()) + in_index, 1),
+               "history_bytes": history,
                "memory_budget": round(1.5 * history + 1024, 1),
-               "memory_by_key": breakdown(store, sample)}
+               "memory_by_key": {**by_key, "index": round(in_index, 1)}}
     return {**figures, **probe(rt)}
 
 

@@ -143,6 +143,8 @@ def announcements(settings: Settings, reviewers: Reviewers, run_id: str, version
     planning = _Plan(run_id=run_id, version=version, sent=list(sent), settings=settings,
                      reviewers=reviewers)
     directory = reviewers.directory()
+    if not directory.reviewers:  # no directory: runs are answered through the API only
+        return Announcements()
     for intr in interrupts:
         if intr.state is not InterruptState.OPEN or intr.reason == BACKGROUND_JOB:
             continue

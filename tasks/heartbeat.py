@@ -17,7 +17,9 @@ version taken and does nothing).
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from types import TracebackType
 
 import redis
@@ -44,7 +46,10 @@ def beat_worker(store: Store, name: str, every_s: float, stop: threading.Event) 
 
 class Heartbeat:
     """Renews `owner`'s lease on the run at `version` until the `with` block ends. The loop
-    that takes several turns in one task moves `version` on as it commits."""
+    that takes several turns in one task moves `version` on as it commits.
+
+    One thread per process beats for every claim held there (`_Beater`): a step that ends
+    before its first beat is due (most do) costs no thread and no call."""
 
     def __init__(self, store: Store, run_id: str, version: int, owner: str,
                  every_s: float) -> None:
@@ -54,29 +59,87 @@ class Heartbeat:
         self.owner = owner
         self.every_s = every_s
         self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat {run_id}",
-                                        daemon=True)
+        self.next_beat = 0.0
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        _beater().hold(self)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
-        self._stop.set()
-        self._thread.join(self.every_s + 5)
+        _beater().drop(self)
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self.every_s):
-            version = self.version
-            try:
-                renewed = self.store.renew(self.run_id, version, self.owner)
-            except redis.RedisError as exc:  # the store away: the lease may lapse meanwhile
-                log.warning("run %s: heartbeat failed (%s); trying again", self.run_id, exc)
-                continue
-            if not renewed and version == self.version and not self._stop.is_set():
-                log.warning("run %s: the claim on version %s is not this worker's any more; "
-                            "the step will not commit", self.run_id, version)
-                self.lost.set()
-                return
+    def beat(self) -> None:
+        version = self.version
+        try:
+            renewed = self.store.renew(self.run_id, version, self.owner)
+        except redis.RedisError as exc:  # the store away: the lease may lapse meanwhile
+            log.warning("run %s: heartbeat failed (%s); trying again", self.run_id, exc)
+            return
+        if not renewed and version == self.version:
+            log.warning("run %s: the claim on version %s is not this worker's any more; "
+                        "the step will not commit", self.run_id, version)
+            self.lost.set()
+
+
+class _Beater:
+    """The process's heartbeat thread: every claim held is renewed once `every_s` has
+    passed since it was taken or last renewed."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.held: set[Heartbeat] = set()
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        threading.Thread(target=self._run, name="heartbeats", daemon=True).start()
+
+    def hold(self, beat: Heartbeat) -> None:
+        beat.next_beat = time.monotonic() + beat.every_s
+        with self.lock:
+            self.held.add(beat)
+        self.wake.set()
+
+    def drop(self, beat: Heartbeat) -> None:
+        with self.lock:
+            self.held.discard(beat)
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                beats = [b for b in self.held if not b.lost.is_set()]
+            now = time.monotonic()
+            for beat in beats:
+                if beat.next_beat <= now:
+                    beat.next_beat = now + beat.every_s
+                    with self.lock:
+                        still = beat in self.held
+                    if still:
+                        beat.beat()
+            nearest = min((b.next_beat for b in beats), default=now + 60)
+            self.wake.wait(max(0.0, nearest - time.monotonic()))
+            self.wake.clear()
+
+
+_the_beater: _Beater | None = None
+_beater_lock = threading.Lock()
+
+
+def _beater() -> _Beater:
+    """The process's beater (a new one in a forked child: threads do not cross a fork)."""
+    global _the_beater
+    found = _the_beater
+    if found is None or found.pid != os.getpid():
+        with _beater_lock:
+            if _the_beater is None or _the_beater.pid != os.getpid():
+                _the_beater = _Beater()
+            found = _the_beater
+    return found
+
+
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at the fork stays held in the child; the thread is gone.
+    global _the_beater, _beater_lock
+    _the_beater, _beater_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -205,9 +205,11 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
                                    inline=inline)
         case Park(messages=messages, interrupts=interrupts):
             interrupts, by_rule = _under_policy(rt, agent, step, interrupts)
-            # What the run waits on; those a rule answered are listed apart (each also has
+            # What the run waits on (ids and reasons: the interrupts themselves are the
+            # run's, read with it); those a rule answered are listed apart (each also has
             # its `interrupt.auto_answered` event).
-            event["interrupts"] = [i.wire() for i in interrupts if i.id not in by_rule]
+            event["interrupts"] = [{"id": i.id, "reason": i.reason} for i in interrupts
+                                   if i.id not in by_rule]
             if by_rule:
                 event["answeredByRule"] = [
                     {"id": i.id, "rule": i.rule, "status": by_rule[i.id].status}

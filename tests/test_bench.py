@@ -53,6 +53,20 @@ def test_bench_runs_and_reports(tmp_path: Path) -> None:
         assert latency["count"] == RUNS
         assert 0 <= latency["min"] <= latency["p50"] <= latency["p99"] <= latency["max"]
     assert result["settings"]["concurrency"] == 2 and result["settings"]["runs"] == RUNS
+    # What a cycle costs, counted by the server and read off MONITOR: a cycle is two tasks,
+    # both pushed by the transitions that queue them; each step claims and commits once.
+    lay_cost, base_cost = result["costs"]["layby"], result["costs"]["baseline"]
+    assert lay_cost["tasks_by_name"] == {"layby.resume_run": 1.0, "layby.run_turn": 1.0}
+    assert lay_cost["task_messages_pushed_by_scripts"] == 2.0
+    assert lay_cost["evalsha_by_script"] == {"answer_interrupts": 1.0, "claim_run": 2.0,
+                                             "complete_run": 1.0, "create_run": 1.0,
+                                             "park_run": 1.0}
+    assert base_cost["tasks_by_name"] == {"bench.hop": 2.0}
+    for cost in (lay_cost, base_cost):
+        assert cost["round_trips"] > 0 and cost["commands"] >= cost["round_trips"]
+    assert lay_cost["commands"] > base_cost["commands"]  # the Lua transitions' own
+    baseline_latency = result["baseline_publish_to_start_at_rest_ms"]
+    assert baseline_latency["count"] == RUNS and baseline_latency["p50"] >= 0
     machine = result["machine"]
     assert machine["cores"] >= 1 and machine["python"] and machine["server"].startswith("valkey")
 
@@ -61,3 +75,28 @@ def test_bench_runs_and_reports(tmp_path: Path) -> None:
     assert not [c for c in _cmdlines() if worker_tag in c]
     with pytest.raises(redis.exceptions.ConnectionError):
         redis.Redis.from_url(result["settings"]["redis_url"], socket_connect_timeout=1).ping()
+
+
+@pytest.mark.timeout(300)
+def test_bench_over_http_and_on_parked_runs(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "bench", "--runs", str(RUNS), "--warmup", "2",
+                           "--rounds", "1", "--http", "--parked", "30,60", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "over HTTP (layby.AsyncClient)" in done.stdout and "60 parked" in done.stdout
+    result = json.loads(out.read_text())
+    http = result["http"]
+    assert http["runs"] == http["completed"] == RUNS and http["cycles_per_s"] > 0
+    assert http["over_direct"] > 0 and http["round_trips"] > 0
+    levels = result["parked"]["levels"]
+    assert [lv["level"] for lv in levels] == [30, 60]
+    for lv in levels:
+        assert lv["parked"] == lv["level"]
+        assert lv["parks_per_s"] > 0 and lv["answer_ms"]["count"] > 0
+        assert 0 < lv["history_bytes"] < lv["memory_of_keys_per_run"] < 20_000
+        assert lv["memory_by_key"]["run"] > lv["history_bytes"]
+        assert lv["memory_by_key"]["events"] > 0 and lv["memory_by_key"]["index"] > 0
+        for key in ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms"):
+            assert lv[key]["count"] > 0
+    assert set(result["parked"]["last_over_first"]) >= {"answer_ms", "list_deep_page_ms"}

@@ -358,8 +358,11 @@ async def _stream(rt: Runtime, encoder: EventEncoder, cursor: Cursor, plan: Plan
             view = await run_in_threadpool(commands.get_run, rt, plan.run_id)
             history = view.messages[:int(event.data["from"])] + load_messages(
                 event.data["messages"])
-            out += pause_events(cursor, history, event.data["interrupts"], state,
-                                plan.user_message_id)
+            # The park names its interrupts; the run holds them, with how their review
+            # stands now.
+            held = {i.id: i.wire() for i in view.interrupts}
+            waiting = [held[i["id"]] for i in event.data["interrupts"] if i["id"] in held]
+            out += pause_events(cursor, history, waiting, state, plan.user_message_id)
         for item in out:
             yield encoder.encode(item)
         if ending is not None:

@@ -20,6 +20,9 @@ PRODUCTION_OPTIONS = {
     "appendonly": "yes",
     "appendfsync": "everysec",
     "maxmemory-policy": "noeviction",
+    # A run's hash holds its history: kept as one compact listpack up to this size per
+    # value, rather than a hash table with a few dozen bytes per field (README, Sizing).
+    "hash-max-listpack-value": "4096",
 }
 
 
