@@ -102,7 +102,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
            "LAYBY_DATA_DIR": str(parts.folder / "data")}
     # The runtime (built below) and the worker both read these.
     os.environ.update(env)
-    from bench import costs, http, measure, report, scale
+    from bench import costs, measure, report, scale
     from layby.control import build
 
     load_before = report.load_average()
@@ -153,16 +153,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
         at_rest = measure.layby_cycles(rt, args.runs, 1, args.timeout)
         over_http = None
         if args.http:
-            key = uuid.uuid4().hex
-            url = parts.start_gateway({**os.environ, "LAYBY_API_KEYS": key,
-                                       "PYTHONPATH": path})
-            http.cycles(url, key, args.warmup, args.in_flight, args.timeout)
-            outcome, cost = costs.counted(r, lambda: http.cycles(
-                url, key, args.runs, args.in_flight, args.timeout))
-            over_http = {"runs": outcome.runs, "completed": outcome.completed,
-                         "wall_s": round(outcome.wall_s, 4),
-                         "cycles_per_s": round(outcome.per_s, 2),
-                         **costs.per_item(cost, outcome.completed)}
+            over_http = _over_http(args, parts, rt, path)
         baseline_at_rest = measure.celery_latency(store, args.runs, args.timeout)
         # Untimed: which scripts and tasks a cycle takes, read off MONITOR.
         k = min(args.runs, 50)
@@ -194,14 +185,50 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
         if levels:
             result["parked"] = report.scale_summary(levels)
         if over_http:
-            direct = result["layby"]["cycles_per_s"]
-            over_http["over_direct"] = round(over_http["cycles_per_s"] / direct, 3) \
-                if direct else 0.0
             result["http"] = over_http
         return result
     finally:
         if not parts.embedded:
             _delete_keys(store, prefix, parts)
+
+
+def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> dict[str, Any]:
+    """The cycles through a gateway, in rounds that alternate with the direct path's (ABBA,
+    as the baseline's do): the ratio compares what ran under the same load."""
+    from bench import costs, http, measure
+
+    key = uuid.uuid4().hex
+    url = parts.start_gateway({**os.environ, "LAYBY_API_KEYS": key, "PYTHONPATH": path})
+    http.cycles(url, key, args.warmup, args.in_flight, args.timeout)
+    r = rt.store.redis
+    spent, done, wall, direct_done, direct_wall, rounds = costs.Counters(), 0, 0.0, 0, 0.0, []
+    for i, n in enumerate(_split(args.runs, args.rounds)):
+        def over() -> Any:
+            return http.cycles(url, key, n, args.in_flight, args.timeout)
+
+        def direct() -> Any:
+            return measure.layby_cycles(rt, n, args.in_flight, args.timeout)
+
+        order = (direct, over) if i % 2 == 0 else (over, direct)
+        got: dict[str, Any] = {}
+        for step in order:
+            if step is over:
+                got["http"], cost = costs.counted(r, over)
+                spent += cost
+            else:
+                got["direct"] = step()
+        done += got["http"].completed
+        wall += got["http"].wall_s
+        direct_done += got["direct"].completed
+        direct_wall += got["direct"].wall_s
+        rounds.append(round(got["http"].per_s / got["direct"].per_s, 4)
+                      if got["direct"].per_s else 0.0)
+    per_s = done / wall if wall else 0.0
+    direct_per_s = direct_done / direct_wall if direct_wall else 0.0
+    return {"runs": args.runs, "completed": done, "wall_s": round(wall, 4),
+            "cycles_per_s": round(per_s, 2), "direct_cycles_per_s": round(direct_per_s, 2),
+            "over_direct": round(per_s / direct_per_s, 3) if direct_per_s else 0.0,
+            "rounds": rounds, **costs.per_item(spent, done)}
 
 
 def _split(total: int, parts: int) -> list[int]:

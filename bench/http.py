@@ -29,18 +29,18 @@ class HttpOutcome:
 
 async def _cycle(client: AsyncClient, n: int) -> bool:
     run = await client.start(AGENT, input=f"http {n}")
-    after = None
+    completed = False
+    # Read to the stream's end (it ends after the run's last event): the connection is
+    # kept for the next request.
     async for event in client.events(run.id):
-        after = event.id
         if event.type == "run.interrupted":
             for intr in event.data.get("interrupts", []):
                 await client.answer(run.id, intr["id"], True)
         elif event.type == "run.completed":
-            return True
+            completed = True
         elif event.type in ("run.failed", "run.cancelled"):
             raise BenchError(f"run {run.id} ended {event.type} over HTTP: {event.data}")
-    del after
-    return False
+    return completed
 
 
 async def _cycles(url: str, key: str, runs: int, in_flight: int, timeout_s: float

@@ -216,9 +216,11 @@ def table(result: dict[str, Any]) -> str:
     if result.get("http"):
         h = result["http"]
         rows.append(("over HTTP (layby.AsyncClient)", (
-            f"{h['cycles_per_s']:.1f} cycles/s ({h['completed']}/{h['runs']}), "
-            f"{h['over_direct']:.3f} of the direct path; {h.get('round_trips', 0)} round "
-            f"trips and {h.get('commands', 0)} commands per cycle")))
+            f"{h['cycles_per_s']:.1f} cycles/s ({h['completed']}/{h['runs']}) against "
+            f"{h['direct_cycles_per_s']:.1f} direct in rounds between them: "
+            f"{h['over_direct']:.3f} (rounds: {', '.join(f'{x:.3f}' for x in h['rounds'])}); "
+            f"{h.get('round_trips', 0)} round trips and {h.get('commands', 0)} commands per "
+            "cycle")))
     if result.get("parked"):
         rows += _scale_rows(result["parked"])
     width = max(len(k) for k, _ in rows)

@@ -69,6 +69,11 @@ class Settings(BaseSettings):
     # Celery's task events (what Flower shows of tasks), one PUBLISH a task. Off, Flower
     # still shows workers, queues and their control.
     task_events: bool = True
+    # The gateway's OpenTelemetry spans and metrics (FastAPI's own, to the providers the
+    # process sets up, e.g. with FASTAPI_OTEL_AUTO_CONFIGURE=true and OTEL_* variables).
+    # Off by default: with no exporter they cost every request, and the reviewer routes
+    # (whose paths carry tokens) are never traced.
+    telemetry: bool = False
     # Every request body but a mail's, and whatever a caller puts into a run.
     max_answer_bytes: int = Field(256 * 1024, gt=0)
     # A reply mail, by SMTP (refused with 552) or POSTed to /inbound/email (413).

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import json
 import os
 import random
 import time
@@ -215,7 +214,7 @@ def _reply(response: httpx.Response, model: type[M]) -> M:
     if response.is_error:
         raise _refusal(response)
     try:
-        return model.model_validate(response.json())
+        return model.model_validate_json(response.content)
     except ValueError as exc:  # not JSON, or not the API's (a proxy's page, say)
         raise LaybyError(f"{response.request.url} answered {response.status_code} with "
                          f"something that is not layby's reply: {str(exc)[:300]}") from None
@@ -259,7 +258,7 @@ class _SSE:
                 return None
             data, self._data = "\n".join(self._data), []
             self.last_id = self._id or self.last_id
-            return Event.model_validate(json.loads(data))
+            return Event.model_validate_json(data)
         if line.startswith(":"):
             return None
         field, _, value = line.partition(":")
@@ -427,16 +426,18 @@ class Client:
                     if response.is_error:
                         response.read()
                         raise _refusal(response)
+                    ended = False
                     for line in response.iter_lines():
-                        event = parser.feed(line)
+                        event = None if ended else parser.feed(line)
                         if event is not None:
                             stream.seen(parser.last_id)
                             yield event
-                            if event.type in FINAL_EVENTS:
-                                return
-                        if stream.over():  # keep-alives come every 15 s: check each line
+                            # The server ends the stream after it: read to its end, so
+                            # the connection is kept for the next request.
+                            ended = event.type in FINAL_EVENTS
+                        if not ended and stream.over():  # keep-alives come every 15 s
                             return
-                if not follow:
+                if ended or not follow:
                     return
             except httpx.TransportError as exc:
                 time.sleep(stream.failed(exc))
@@ -562,16 +563,18 @@ class AsyncClient:
                     if response.is_error:
                         await response.aread()
                         raise _refusal(response)
+                    ended = False
                     async for line in response.aiter_lines():
-                        event = parser.feed(line)
+                        event = None if ended else parser.feed(line)
                         if event is not None:
                             stream.seen(parser.last_id)
                             yield event
-                            if event.type in FINAL_EVENTS:
-                                return
-                        if stream.over():  # keep-alives come every 15 s: check each line
+                            # The server ends the stream after it: read to its end, so
+                            # the connection is kept for the next request.
+                            ended = event.type in FINAL_EVENTS
+                        if not ended and stream.over():  # keep-alives come every 15 s
                             return
-                if not follow:
+                if ended or not follow:
                     return
             except httpx.TransportError as exc:
                 await asyncio.sleep(stream.failed(exc))

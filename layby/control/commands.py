@@ -15,7 +15,7 @@ import logging
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from layby.generation.answers import check_answer, check_storable
 from layby.errors import Conflict, Invalid, NotFound, TooLarge
@@ -84,20 +84,15 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
                    updated_at=created), True
 
 
-def require_run(rt: Runtime, run_id: str) -> Status:
-    """The run's status; NotFound as `get_run` says it, without reading the whole run."""
-    status, _ = rt.store.status_of(run_id)
-    if status is None:
-        raise NotFound(f"no run {run_id!r} (unknown, or finished and past retention)",
-                       run_id=run_id)
-    return status
+def not_found(run_id: str) -> NoReturn:
+    raise NotFound(f"no run {run_id!r} (unknown, or finished and past retention)",
+                   run_id=run_id)
 
 
 def get_run(rt: Runtime, run_id: str) -> RunView:
     view = rt.store.view(run_id)
     if view is None:
-        raise NotFound(f"no run {run_id!r} (unknown, or finished and past retention)",
-                       run_id=run_id)
+        not_found(run_id)
     return view
 
 

@@ -25,6 +25,10 @@ class Wire(BaseModel):
     def wire(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
+    def wire_json(self) -> bytes:
+        """`wire()` as JSON, written by pydantic's own serializer (no dict in between)."""
+        return self.model_dump_json(by_alias=True, exclude_none=True).encode()
+
 
 class ToolRequest(Wire):
     name: str

@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
+from fastapi.responses import Response, StreamingResponse
 
 from layby.control import Runtime, commands
 from layby.errors import Invalid
@@ -20,7 +19,8 @@ from layby.parking import Verdict
 from layby.parking.registries import CURSOR
 from layby.http.deps import Caller, Rt, SaneBody
 from layby.http.errors import documented, event_stream
-from layby.http.events import EVENT_ID, sse
+from layby.http.events import EVENT_ID, run_exists, sse
+from layby.generation.messages import Wire
 from layby.wire import (
     Answered,
     AnswerBody,
@@ -45,6 +45,14 @@ IdempotencyKey = Annotated[str | None, Header(
     max_length=200, description="the same key again (a retry) gets the first reply")]
 
 
+def _json(reply: Wire, status_code: int = 200, headers: dict[str, str] | None = None
+          ) -> Response:
+    """A reply the route's `response_model` documents, written once by pydantic (FastAPI
+    would check and write it again)."""
+    return Response(reply.wire_json(), status_code=status_code, headers=headers,
+                    media_type="application/json")
+
+
 def _links(*operations: str, interrupt: bool = False) -> dict[str, Any]:
     """OpenAPI links from a reply holding a run to the operations on that run (clients and
     fuzzers follow them with real ids)."""
@@ -61,12 +69,12 @@ def _links(*operations: str, interrupt: bool = False) -> dict[str, Any]:
              responses={202: _links("getRun", "cancelRun", "runEvents"),
                         **documented(400, 404, 409, 413)})
 def start_run(body: StartRun, rt: Rt, _: Caller, idempotency_key: IdempotencyKey = None
-              ) -> JSONResponse:
+              ) -> Response:
     view, created = commands.start_run(rt, body.agent, input=body.input,
                                        messages=body.messages, metadata=body.metadata,
                                        idempotency_key=idempotency_key)
     headers = None if created else {"Idempotent-Replayed": "true"}
-    return JSONResponse(view.wire(), status_code=202, headers=headers)
+    return _json(view, status_code=202, headers=headers)
 
 
 @router.get("/runs", response_model=RunList, response_model_by_alias=True,
@@ -81,27 +89,27 @@ def list_runs(rt: Rt, _: Caller, status: Status | None = None,
               offset: Annotated[int, Query(ge=0, json_schema_extra={"maximum": MAX_OFFSET},
                                            description=f"runs to skip, at most {MAX_OFFSET}: "
                                            "deeper, follow `nextCursor`")] = 0
-              ) -> dict[str, Any]:
+              ) -> Response:
     if offset > MAX_OFFSET:
         raise Invalid(f"offset {offset} is past {MAX_OFFSET}: deeper pages are read with the "
                       "cursor (pass each page's `nextCursor` as `cursor`), which costs the "
                       "same at any depth", detail={"maxOffset": MAX_OFFSET})
     runs, after = rt.store.list_page(status, limit=limit, cursor=cursor, offset=offset)
-    return RunList(runs=runs, next_cursor=after).wire()
+    return _json(RunList(runs=runs, next_cursor=after))
 
 
 @router.get("/runs/{run_id}", response_model=RunView, operation_id="getRun", **VIEW,
             responses={200: _links("answerInterrupt", "cancelRun", interrupt=True),
                        **documented(404)})
-def get_run(run_id: RunId, rt: Rt, _: Caller) -> dict[str, Any]:
-    return commands.get_run(rt, run_id).wire()
+def get_run(run_id: RunId, rt: Rt, _: Caller) -> Response:
+    return _json(commands.get_run(rt, run_id))
 
 
 @router.post("/runs/{run_id}/interrupts/{interrupt_id}", response_model=Answered,
              dependencies=[SaneBody], responses=documented(400, 404, 409, 413),
              operation_id="answerInterrupt", **VIEW)
 def answer_one(run_id: RunId, interrupt_id: InterruptId, body: AnswerBody, rt: Rt,
-               caller: Caller, idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
+               caller: Caller, idempotency_key: IdempotencyKey = None) -> Response:
     entry = ResumeEntry(interrupt_id=interrupt_id, status=body.status, payload=body.payload,
                         metadata=body.metadata)
     return _answer(rt, run_id, [entry], caller, require_all=False, key=idempotency_key)
@@ -110,16 +118,15 @@ def answer_one(run_id: RunId, interrupt_id: InterruptId, body: AnswerBody, rt: R
 @router.post("/runs/{run_id}/resume", response_model=Answered, dependencies=[SaneBody],
              responses=documented(400, 404, 409, 413), operation_id="resumeRun", **VIEW)
 def resume(run_id: RunId, body: ResumeBody, rt: Rt, caller: Caller,
-           idempotency_key: IdempotencyKey = None) -> dict[str, Any]:
+           idempotency_key: IdempotencyKey = None) -> Response:
     return _answer(rt, run_id, body.resume, caller, require_all=True, key=idempotency_key)
 
 
 @router.post("/runs/{run_id}/cancel", response_model=RunView, dependencies=[SaneBody],
              responses=documented(400, 404, 409, 413), operation_id="cancelRun", **VIEW)
 def cancel(run_id: RunId, rt: Rt, caller: Caller, body: CancelBody | None = None
-           ) -> dict[str, Any]:
-    return commands.cancel(rt, run_id, by=caller,
-                           reason=body.reason if body else None).wire()
+           ) -> Response:
+    return _json(commands.cancel(rt, run_id, by=caller, reason=body.reason if body else None))
 
 
 @router.get("/runs/{run_id}/events", response_class=StreamingResponse,
@@ -133,8 +140,9 @@ async def events(run_id: RunId, rt: Rt, _: Caller,
                      description="the `id` of the last event read: the stream goes on "
                                  "after it")] = None,
                  follow: bool = True) -> StreamingResponse:
-    # 404 before the stream starts; off the event loop, which serves every open stream.
-    await run_in_threadpool(commands.require_run, rt, run_id)
+    # 404 before the stream starts (read on the event loop's own client: no thread).
+    if not await run_exists(rt, run_id):
+        commands.not_found(run_id)
     if last_event_id is not None and not EVENT_ID.match(last_event_id):
         raise Invalid(f"Last-Event-ID {last_event_id[:100]!r} is not an event id "
                       "(give the `id:` of an event this stream sent, like 1700000000000-0)")
@@ -151,7 +159,7 @@ def agents(rt: Rt, _: Caller) -> dict[str, Any]:
 
 
 def _answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], caller: str, *,
-            require_all: bool, key: str | None) -> dict[str, Any]:
+            require_all: bool, key: str | None) -> Response:
     """Record the answers. With an `Idempotency-Key`, the same request again (a retry after
     a lost reply or a 503) gets the same reply, not a 409."""
     result = commands.answer(rt, run_id, entries, by=caller, channel="api",
@@ -160,4 +168,4 @@ def _answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], caller: str, *
     # A retry's answers were taken before: the run resumed then if it left `interrupted`.
     resumed = result.resumed if result.verdict is not Verdict.EXISTS \
         else run.status is not Status.INTERRUPTED
-    return Answered(run=run, resumed=resumed).wire()
+    return _json(Answered(run=run, resumed=resumed))

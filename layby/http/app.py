@@ -61,7 +61,12 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
                 exporter.shutdown()
                 exporter.server_close()
 
-    app = FastAPI(title="layby", version="0.1.0", lifespan=lifespan,
+    on = rt.settings.telemetry
+    # Never the reviewer routes: their paths and bodies carry tokens and answers. No log
+    # records either: exceptions' messages are not scrubbed there as layby's logs are.
+    telemetry = {"tracing": on, "metrics": on, "logs": False, "operation_spans": on,
+                 "exclude": _carries_tokens}
+    app = FastAPI(title="layby", version="0.1.0", lifespan=lifespan, telemetry=telemetry,
                   description="Durable interrupts for agent runs: start runs, answer their "
                               "interrupts, follow their events.")
     app.state.runtime = rt
@@ -211,6 +216,10 @@ def _middleware(app: FastAPI, rt: Runtime) -> None:
     app.add_middleware(_LogIds)
 
 
+def _carries_tokens(scope: Any) -> bool:
+    return str(scope.get("path", "")).startswith(("/review/", "/inbound/", "/callbacks/"))
+
+
 class _KeyFirst:
     """The API key checked before anything reads the body: FastAPI parses a body before it
     runs dependencies, so a caller with no key would get a 422 describing the route's
@@ -222,11 +231,15 @@ class _KeyFirst:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope.get("path", "").startswith(("/v1/", "/agui/")):
+            request = Request(scope)
+            credentials = await bearer(request)
             try:
-                check_key(self.rt, await bearer(Request(scope)))
+                caller = check_key(self.rt, credentials)
             except Unauthorized as exc:
                 await error_response(401, "unauthorized", exc.message)(scope, receive, send)
                 return
+            # The routes' `Caller` reads them here instead of checking again.
+            request.state.credentials, request.state.caller = credentials, caller
         await self.app(scope, receive, send)
 
 

@@ -13,7 +13,19 @@ from layby.control import Runtime
 from layby.errors import Unauthorized
 from layby.generation.answers import check_storable
 
-bearer = HTTPBearer(auto_error=False)
+class _Bearer(HTTPBearer):
+    """HTTPBearer (the OpenAPI document's security scheme), reading what the gateway's
+    first middleware already read and checked (`request.state.caller`) instead of parsing
+    the header again."""
+
+    async def __call__(self, request: Request) -> HTTPAuthorizationCredentials | None:
+        checked = getattr(request.state, "credentials", None)
+        if checked is not None:
+            return checked  # type: ignore[no-any-return]
+        return await super().__call__(request)
+
+
+bearer = _Bearer(auto_error=False, scheme_name="HTTPBearer")
 
 
 def runtime_of(request: Request) -> Runtime:
@@ -34,9 +46,11 @@ def check_key(rt: Runtime, credentials: HTTPAuthorizationCredentials | None) -> 
     return f"api-key:{given[:4]}…"
 
 
-def require_key(rt: Rt, credentials: Annotated[HTTPAuthorizationCredentials | None,
-                                               Depends(bearer)]) -> str:
-    return check_key(rt, credentials)
+def require_key(request: Request, rt: Rt,
+                credentials: Annotated[HTTPAuthorizationCredentials | None,
+                                       Depends(bearer)]) -> str:
+    caller = getattr(request.state, "caller", None)  # checked by the first middleware
+    return caller if caller is not None else check_key(rt, credentials)
 
 
 Caller = Annotated[str, Depends(require_key)]

@@ -4,7 +4,6 @@ async follower the AG-UI endpoint reads too."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -45,6 +44,12 @@ async def close_clients(rt: Runtime) -> None:
         await found[2].aclose()
 
 
+async def run_exists(rt: Runtime, run_id: str) -> bool:
+    """Whether the run is there (unknown, or past retention, if not)."""
+    client = await _client(rt)
+    return bool(await client.exists(rt.store.keys.run(run_id)))
+
+
 async def run_events(rt: Runtime, run_id: str, after: str, follow: bool = True
                      ) -> AsyncIterator[Event | None]:
     """The run's events after `after`, then (with `follow`) as they come; None for a
@@ -56,12 +61,23 @@ async def run_events(rt: Runtime, run_id: str, after: str, follow: bool = True
 
 
 async def sse(rt: Runtime, run_id: str, after: str, follow: bool) -> AsyncIterator[bytes]:
-    """Server-sent events from the run's stream: replay, then follow until the run ends."""
-    async for event in run_events(rt, run_id, after, follow):
-        if event is None:
+    """Server-sent events from the run's stream: replay, then follow until the run ends.
+    Each entry is written as it is stored (its data is not parsed and written again)."""
+    client = await _client(rt)
+    key = rt.store.keys.events(run_id)
+    async for batch in events.follow_raw(client, key, after, keep_going=follow):
+        if batch is None:
             yield b": keep-alive\n\n"
             continue
-        data = json.dumps(event.wire(), separators=(",", ":"))
-        yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n".encode()
-        if event.type in FINAL_EVENTS:
+        # What one read found goes out in one write.
+        out, final = [], False
+        for event_id, fields in batch:
+            kind = fields["type"]
+            out.append(f"id: {event_id}\nevent: {kind}\n"
+                       f"data: {events.wire_json(event_id, fields)}\n\n")
+            if kind in FINAL_EVENTS:
+                final = True
+                break
+        yield "".join(out).encode()
+        if final:
             return

@@ -49,6 +49,31 @@ def last_park(client: Redis, key: str, interrupt_ids: set[str] | None = None) ->
         upper = f"({batch[-1][0]}"
 
 
+async def follow_raw(client: AsyncRedis, key: str, after: str, *, keep_going: bool = True
+                     ) -> AsyncIterator[list[tuple[str, dict[str, str]]] | None]:
+    """`follow`, a batch at a time (what one read found), each entry as the stream holds
+    it: (id, fields), its data unparsed."""
+    while True:
+        reply = await client.xread({key: after}, count=500,
+                                   block=KEEP_ALIVE_MS if keep_going else None)
+        batch = reply[0][1] if reply else []
+        if not batch:
+            if not keep_going:
+                return
+            yield None
+            continue
+        after = batch[-1][0]
+        yield batch
+
+
+def wire_json(event_id: str, fields: dict[str, str]) -> str:
+    """An entry as `Event.wire()` writes it, with its data (JSON as stored) spliced in
+    unparsed."""
+    return (f'{{"id":"{event_id}","type":{json.dumps(fields["type"])},'
+            f'"version":{int(fields["version"])},"at":"{iso(fields["at"])}",'
+            f'"data":{fields.get("data") or "null"}}}')
+
+
 async def follow(client: AsyncRedis, key: str, after: str, *, keep_going: bool = True
                  ) -> AsyncIterator[Event | None]:
     """Events after `after`: what is there, then, with `keep_going`, each as it comes and
