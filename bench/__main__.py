@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from bench import BenchError
+from bench import BenchError, hooks
 from bench.processes import ROOT, Parts
 
 
@@ -100,6 +100,14 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
            "LAYBY_BROKER_KEY_PREFIX": f"{prefix}:broker:", "LAYBY_INTAKE_QUEUE": "",
            "LAYBY_AGENT_MODULES": "bench.agents", "LAYBY_TASK_MODULES": "bench.tasks",
            "LAYBY_DATA_DIR": str(parts.folder / "data")}
+    sink = None
+    if args.parked:
+        # Parked runs are announced to a reviewer by webhook: a park plans it, a task on
+        # the notify queue delivers it (the bench checks each is queued once).
+        sink = hooks.Sink()
+        env.update({"LAYBY_REVIEWERS_FILE": str(hooks.directory(parts.folder, sink.url)),
+                    "LAYBY_TOKEN_KEYS": f"bench:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+                    "LAYBY_PUBLIC_URL": "http://127.0.0.1:9"})
     # The runtime (built below) and the worker both read these.
     os.environ.update(env)
     from bench import costs, measure, report, scale
@@ -121,9 +129,15 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
         measure.wait_for_worker(store, worker.alive)
 
         levels = []
+        if args.parked:
+            # The sweeper runs while runs are parked: a queued delivery it queued again
+            # would show as a duplicate.
+            parts.start_sweeper({**os.environ, "PYTHONPATH": path})
         for wanted in args.parked:
             print(f"bench: parking runs until {wanted} are parked", file=sys.stderr)
-            levels.append(scale.level(rt, wanted, args.timeout))
+            levels.append(scale.level(rt, wanted, args.timeout, sink))
+        if parts.sweeper is not None:
+            parts.sweeper.stop()
         warm = measure.layby_cycles(rt, args.warmup, args.in_flight, args.timeout)
         hops = max(c.claims for c in warm.cycles)
         measure.celery_chains(store, args.warmup, hops, args.in_flight, args.timeout)
@@ -188,6 +202,8 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
             result["http"] = over_http
         return result
     finally:
+        if sink is not None:
+            sink.stop()
         if not parts.embedded:
             _delete_keys(store, prefix, parts)
 

@@ -27,3 +27,24 @@ approval = Agent(
         Reply(text="Approved: {approve}."),
     ]),
 )
+
+
+ANNOUNCED = "bench.announced"
+HOOK_REVIEWER = "bench-hook"
+
+
+@interrupt_tool(output=bool, name="approve")
+def approve_by_hook(step: str) -> Ask:
+    """The same question, asked of the bench's webhook reviewer (`--parked`)."""
+    return Ask(message=f"Approve {step}?", reviewers=[HOOK_REVIEWER])
+
+
+announced = Agent(
+    name=ANNOUNCED,
+    description="bench.approval, announced to a reviewer by webhook when it parks.",
+    tools=(approve_by_hook,),
+    model=ScriptedModel(steps=[
+        Reply(calls=[Call(name="approve", input={"step": "{input}"})]),
+        Reply(text="Approved: {approve}."),
+    ]),
+)

@@ -79,6 +79,7 @@ class Parts:
     server: object | None = None  # gateway.embedded.EmbeddedRedis
     worker: Worker | None = None
     gateway: Worker | None = None
+    sweeper: Worker | None = None
     embedded: bool = False
     _stopped: bool = field(default=False, repr=False)
 
@@ -105,6 +106,15 @@ class Parts:
         argv = worker_argv(Settings(), queues, concurrency, "WARNING")
         self.worker = Worker(argv, env, self.folder / "worker.log").start()
         return self.worker
+
+    def start_sweeper(self, env: dict[str, str]) -> Worker:
+        """The sweeper (`layby sweeper`), for the parked runs' phase."""
+        from layby.broker_config import Settings
+        from layby.ops.supervisor import sweeper_argv
+
+        assert self.folder is not None
+        self.sweeper = Worker(sweeper_argv(Settings()), env, self.folder / "sweeper.log").start()
+        return self.sweeper
 
     def start_gateway(self, env: dict[str, str]) -> str:
         """The gateway (uvicorn, as `layby gateway` runs it) on a free loopback port;
@@ -138,8 +148,9 @@ class Parts:
         self._stopped = True
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            if self.gateway is not None:
-                self.gateway.stop()
+            for extra in (self.gateway, self.sweeper):
+                if extra is not None:
+                    extra.stop()
             if self.worker is not None:
                 self.worker.stop()
             if self.server is not None:

@@ -154,7 +154,10 @@ def _scale_rows(parked: dict[str, Any]) -> list[tuple[str, str]]:
             f"{lv['list_deep_page_ms']['p50']:.2f} / {lv['list_all_states_ms']['p50']:.2f} "
             f"ms; {lv['memory_per_parked_run']:.0f} B per parked run ({lv['memory_of_keys_per_run']:.0f} "
             f"B in its keys; history {lv['history_bytes']:.0f} B, budget "
-            f"{lv['memory_budget']:.0f} B)")))
+            f"{lv['memory_budget']:.0f} B)"
+            + (f"; {lv['announcements']} announced: {lv['deliveries']} delivered by "
+               f"{lv['delivery_tasks']} tasks ({lv['duplicate_tasks']} duplicates)"
+               if "announcements" in lv else ""))))
     if len(parked["levels"]) > 1:
         rows.append(("last / first level", ", ".join(
             f"{k} {v:.2f}" for k, v in parked["last_over_first"].items())))

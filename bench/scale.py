@@ -15,8 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench import BenchError
-from bench.agents import AGENT
+from bench.agents import AGENT, ANNOUNCED
+from bench.hooks import Sink
 from bench.report import distribution
+from layby.broker_config import DELIVER_TASK
 from layby.control import Runtime, commands
 from layby.generation.interrupts import ResumeEntry
 from layby.parking import Store
@@ -26,14 +28,14 @@ from layby.wire import Status
 SAMPLES = 200  # timed calls of each kind a level
 
 
-def park(rt: Runtime, count: int, timeout_s: float) -> None:
-    """Start `count` runs of the bench agent and wait until they are all parked."""
+def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:
+    """Start `count` runs of `agent` and wait until they are all parked."""
     store = rt.store
     index = store.runs.of[Status.INTERRUPTED]
     target = index.count() + count
 
     def start(i: int) -> None:
-        commands.start_run(rt, AGENT, input=f"parked {i}")
+        commands.start_run(rt, agent, input=f"parked {i}")
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         for done in pool.map(start, range(count), chunksize=256):
@@ -51,32 +53,45 @@ def park(rt: Runtime, count: int, timeout_s: float) -> None:
 PROBE_PARKS = 500  # runs parked, timed, at each level
 
 
-def timed_park(rt: Runtime, count: int, timeout_s: float) -> float:
+def timed_park(rt: Runtime, count: int, timeout_s: float, agent: str) -> float:
     """Parks per second of `count` more runs (started at once, parked by the worker)."""
     started = time.perf_counter()
-    park(rt, count, timeout_s)
+    park(rt, count, timeout_s, agent)
     return round(count / (time.perf_counter() - started), 1)
 
 
-def level(rt: Runtime, wanted: int, timeout_s: float) -> dict[str, Any]:
+def deliveries_done(rt: Runtime) -> int:
+    """`layby.notify.deliver` tasks the workers have run (their own count)."""
+    stats = rt.celery.control.inspect(timeout=5).stats() or {}
+    return sum(int(s.get("total", {}).get(DELIVER_TASK, 0)) for s in stats.values())
+
+
+def level(rt: Runtime, wanted: int, timeout_s: float, sink: Sink | None = None
+          ) -> dict[str, Any]:
     """Park runs until `wanted` are parked (the last PROBE_PARKS of them timed), then
-    measure memory and probe answers and lists."""
+    measure memory and probe answers and lists. With `sink`, parked runs are announced
+    to it: every announcement must be delivered, and queued, exactly once."""
     store = rt.store
+    agent = ANNOUNCED if sink is not None else AGENT
     have = store.runs.of[Status.INTERRUPTED].count()
+    sent_before = sum(sink.ids.values()) if sink else 0
+    tasks_before = deliveries_done(rt) if sink else 0
     used_before = int(store.redis.info("memory")["used_memory"])
     bulk = max(0, wanted - have - PROBE_PARKS)
     if bulk:
-        park(rt, bulk, timeout_s)
-    parks_per_s = timed_park(rt, max(0, wanted - have - bulk), timeout_s)
+        park(rt, bulk, timeout_s, agent)
+    parks_per_s = timed_park(rt, max(0, wanted - have - bulk), timeout_s, agent)
     used_after = int(store.redis.info("memory")["used_memory"])
     added = max(0, wanted - have)
+    announced = _announced(rt, sink, added, sent_before, tasks_before, timeout_s) \
+        if sink else {}
     sample = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, 50)]
     history = history_bytes(store, sample)
     per_run = memory_per_run(used_before, used_after, added)
     by_key = breakdown(store, sample)
     index = store.runs.of[Status.INTERRUPTED]
     in_index = (store.redis.memory_usage(index.key, samples=0) or 0) / max(1, index.count())
-    figures = {"level": wanted, "parks_per_s": parks_per_s,
+    figures = {"level": wanted, "parks_per_s": parks_per_s, **announced,
                # The server's own growth (meaningful with many runs: small levels drown in
                # what else the server holds and frees), and the sum of a sample's keys.
                "memory_per_parked_run": per_run,
@@ -85,6 +100,23 @@ def level(rt: Runtime, wanted: int, timeout_s: float) -> dict[str, Any]:
                "memory_budget": round(1.5 * history + 1024, 1),
                "memory_by_key": {**by_key, "index": round(in_index, 1)}}
     return {**figures, **probe(rt)}
+
+
+def _announced(rt: Runtime, sink: Sink, added: int, sent_before: int, tasks_before: int,
+               timeout_s: float) -> dict[str, Any]:
+    """Wait for the announcements of `added` parks to be delivered; count what ran."""
+    deadline = time.monotonic() + timeout_s
+    while sum(sink.ids.values()) - sent_before < added:
+        if time.monotonic() > deadline:
+            raise BenchError(f"{sum(sink.ids.values()) - sent_before} of {added} "
+                             "announcements delivered after {timeout_s} s")
+        time.sleep(0.2)
+    time.sleep(2)  # anything queued twice would run by now
+    delivered = sum(sink.ids.values()) - sent_before
+    tasks = deliveries_done(rt) - tasks_before
+    return {"announcements": added, "deliveries": delivered, "delivery_tasks": tasks,
+            "duplicate_tasks": tasks - added, "notify_queue_after": rt.store.redis.llen(
+                rt.store.config.messages["deliver"][0]) if rt.store.config.messages else None}
 
 
 def memory_per_run(before: int, after: int, runs: int) -> float:

@@ -152,9 +152,11 @@ def announcements(settings: Settings, reviewers: Reviewers, run_id: str, version
         asked = routing.everyone(directory, intr)
         people = [a for a in asked if channels_of(a.reviewer)]
         if not people:
-            log.warning("run %s: interrupt %s has no reviewer with an email or webhook; it "
-                        "can be answered through /v1", run_id, intr.id,
-                        extra={"interrupt_id": intr.id})
+            # Asked of nobody by name and no default group: answered through the API, by
+            # design. Named reviewers nobody can reach are worth a warning.
+            (log.warning if intr.reviewers or directory.default_group else log.debug)(
+                "run %s: interrupt %s has no reviewer with an email or webhook; it can be "
+                "answered through /v1", run_id, intr.id, extra={"interrupt_id": intr.id})
         start = epoch(intr.created_at) or planning.now
         for one in people:
             planning.announce(intr, one, epoch(intr.expires_at), start)

@@ -9,6 +9,7 @@ retry, so the receiver can drop duplicates), the send time as `webhook-timestamp
 from __future__ import annotations
 
 import json
+import os
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -73,6 +74,19 @@ def where(url: str) -> str:
     return f"{parts.scheme}://{parts.host}" + (f":{parts.port}" if parts.port else "")
 
 
+_clients: dict[int, httpx.Client] = {}
+
+
+def _http() -> httpx.Client:
+    """The process's HTTP client: connections to receivers are kept and reused (a client a
+    send would build a TLS context and open a connection every time). A forked child
+    makes its own."""
+    found = _clients.get(os.getpid())
+    if found is None:
+        found = _clients[os.getpid()] = httpx.Client(follow_redirects=False)
+    return found
+
+
 def send(settings: Settings, reviewer: Reviewer, note: Notification,
          body: dict[str, Any]) -> None:
     """POST the notification; any 2xx is delivered. 410 Gone is final; any other failure
@@ -82,8 +96,8 @@ def send(settings: Settings, reviewer: Reviewer, note: Notification,
     headers = {"content-type": "application/json", "user-agent": USER_AGENT,
                **sign(reviewer.webhook.secret, note.id, text)}
     try:
-        reply = httpx.post(reviewer.webhook.url, content=text.encode(), headers=headers,
-                           timeout=settings.webhook_timeout_s, follow_redirects=False)
+        reply = _http().post(reviewer.webhook.url, content=text.encode(), headers=headers,
+                             timeout=settings.webhook_timeout_s)
     except httpx.HTTPError as exc:
         raise ConnectionError(f"POST to {where(reviewer.webhook.url)} failed: "
                               f"{type(exc).__name__}: {exc}") from exc
