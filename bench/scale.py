@@ -80,6 +80,8 @@ def level(rt: Runtime, wanted: int, timeout_s: float, sink: Sink | None = None
     bulk = max(0, wanted - have - PROBE_PARKS)
     if bulk:
         park(rt, bulk, timeout_s, agent)
+        if sink is not None:  # the timed parks do not wait behind the bulk's deliveries
+            _delivered(sink, sent_before + bulk, timeout_s)
     parks_per_s = timed_park(rt, max(0, wanted - have - bulk), timeout_s, agent)
     used_after = int(store.redis.info("memory")["used_memory"])
     added = max(0, wanted - have)
@@ -105,18 +107,25 @@ def level(rt: Runtime, wanted: int, timeout_s: float, sink: Sink | None = None
 def _announced(rt: Runtime, sink: Sink, added: int, sent_before: int, tasks_before: int,
                timeout_s: float) -> dict[str, Any]:
     """Wait for the announcements of `added` parks to be delivered; count what ran."""
-    deadline = time.monotonic() + timeout_s
-    while sum(sink.ids.values()) - sent_before < added:
-        if time.monotonic() > deadline:
-            raise BenchError(f"{sum(sink.ids.values()) - sent_before} of {added} "
-                             "announcements delivered after {timeout_s} s")
-        time.sleep(0.2)
+    _delivered(sink, sent_before + added, timeout_s)
     time.sleep(2)  # anything queued twice would run by now
     delivered = sum(sink.ids.values()) - sent_before
     tasks = deliveries_done(rt) - tasks_before
     return {"announcements": added, "deliveries": delivered, "delivery_tasks": tasks,
             "duplicate_tasks": tasks - added, "notify_queue_after": rt.store.redis.llen(
                 rt.store.config.messages["deliver"][0]) if rt.store.config.messages else None}
+
+
+def _delivered(sink: Sink, total: int, timeout_s: float) -> None:
+    """Until the sink has taken `total` deliveries, or nothing new came for `timeout_s`."""
+    last, last_change = -1, time.monotonic()
+    while (now := sum(sink.ids.values())) < total:
+        if now != last:
+            last, last_change = now, time.monotonic()
+        elif time.monotonic() - last_change > timeout_s:
+            raise BenchError(f"{now} of {total} announcements delivered; none for "
+                             f"{timeout_s} s")
+        time.sleep(0.2)
 
 
 def memory_per_run(before: int, after: int, runs: int) -> float:

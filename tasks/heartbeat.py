@@ -76,7 +76,10 @@ class Heartbeat:
         except redis.RedisError as exc:  # the store away: the lease may lapse meanwhile
             log.warning("run %s: heartbeat failed (%s); trying again", self.run_id, exc)
             return
-        if not renewed and version == self.version:
+        # Refused at the version the step holds (not one its own commit just moved past):
+        # the claim is another's, and the step's commit will be refused. Beating goes on,
+        # at whatever version the step holds next, until the step ends.
+        if not renewed and version == self.version and not self.lost.is_set():
             log.warning("run %s: the claim on version %s is not this worker's any more; "
                         "the step will not commit", self.run_id, version)
             self.lost.set()
@@ -106,7 +109,7 @@ class _Beater:
     def _run(self) -> None:
         while True:
             with self.lock:
-                beats = [b for b in self.held if not b.lost.is_set()]
+                beats = list(self.held)
             now = time.monotonic()
             for beat in beats:
                 if beat.next_beat <= now:
@@ -114,7 +117,10 @@ class _Beater:
                     with self.lock:
                         still = beat in self.held
                     if still:
-                        beat.beat()
+                        try:
+                            beat.beat()
+                        except Exception:  # one claim's trouble must not stop the others'
+                            log.exception("run %s: heartbeat failed", beat.run_id)
             nearest = min((b.next_beat for b in beats), default=now + 60)
             self.wake.wait(max(0.0, nearest - time.monotonic()))
             self.wake.clear()

@@ -183,8 +183,8 @@ def _is_parked(history: list[Message]) -> bool:
 
 def _resume_for(store: Store, step: Step, record: RunRecord):  # type: ignore[no-untyped-def]
     waiting = {p.meta("interrupt", {}).get("id") for p in step.history[-1].tool_requests}
-    if record.parked_on is not None:  # read by the claim
-        specs, answers = record.parked_on, record.answers
+    if record.parked_on is not None and waiting <= {s.id for s in record.parked_on}:
+        specs, answers = record.parked_on, record.answers  # read by the claim
     else:  # parked by an older layby, which did not record what it waited on
         specs, answers, _ = store.interrupts(step.run_id)
     return to_resume([s for s in specs if s.id in waiting],

@@ -103,7 +103,8 @@ def _requeue(rt: Runtime, run_id: str, why: str) -> int:
     if not result.ok:
         return 0
     log.warning("run %s: %s; step requeued", run_id, why)
-    return rt.publish(result.entries)
+    rt.publish(result.entries)  # when the store could not queue it itself
+    return 1
 
 
 def expire(rt: Runtime, run_id: str, interrupt_id: str) -> int:

@@ -43,9 +43,9 @@ class Checkpoints(Protocol):
     """Results saved within one version of a run, read back when a step runs again.
 
     `durable`: whether losing the result could make a second run of the step repeat a side
-    effect (a model reply that tools with bodies will act on, a tool's outcome while
-    others of its turn still run). The rest can be kept in memory: the step's commit
-    follows at once, and a step run again computes them again without harm.
+    effect (a model reply that tools with bodies will act on; a tool's outcome while others
+    of its turn still run, or when its turn parks). The rest can be kept in memory: the
+    step's commit follows at once, and a step run again computes them again without harm.
     """
 
     def get(self, key: str) -> Any | None: ...
@@ -181,6 +181,7 @@ def _acts(agent: Agent, name: str) -> bool:
 def _run_calls(agent: Agent, step: Step,
                calls: list[tuple[ToolRequest, Part | None]]) -> dict[str, CallResult]:
     running = [len(calls)]
+    parks = [False]  # a call of this turn interrupted: the turn parks
     lock = threading.Lock()
 
     def one(call: tuple[ToolRequest, Part | None]) -> tuple[str, CallResult]:
@@ -189,17 +190,22 @@ def _run_calls(agent: Agent, step: Step,
         key = f"tool:{ref}"
         saved = step.checkpoints.get(key)
         if saved is not None:
+            result = CallResult.load(saved)
             with lock:
                 running[0] -= 1
-            return ref, CallResult.load(saved)
+                parks[0] |= result.kind == "interrupt"
+            return ref, result
         result = _run_one(agent, step, request, restart)
         with lock:
             running[0] -= 1
-            others = running[0]
-        # The last call to end is followed by the commit; one that ends while others still
-        # run is kept, so a step run again does not repeat what it did.
+            parks[0] |= result.kind == "interrupt"
+            others, parking = running[0], parks[0]
+        # What a tool with a body did is kept while others still run, or when the turn
+        # parks (a park's commit comes after its policy and announcements are worked
+        # out), so a step run again does not repeat it. The last call of a turn that goes
+        # on is followed by the commit at once.
         step.checkpoints.put(key, result.dump(),
-                             durable=others > 0 and _acts(agent, request.name))
+                             durable=(others > 0 or parking) and _acts(agent, request.name))
         return ref, result
 
     if len(calls) == 1:

@@ -62,6 +62,19 @@ def check_eviction(client: redis.Redis) -> Check:
                  "included; set `maxmemory-policy noeviction`")
 
 
+def check_version(client: redis.Redis) -> Check:
+    """Redis 6.2 or newer (or Valkey): a park copies its run's event stream to an exact fit
+    with COPY, which older servers do not know."""
+    info = client.info("server")
+    name = "valkey" if info.get("valkey_version") else "redis"
+    version = str(info.get("valkey_version") or info.get("redis_version") or "0")
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if name == "valkey" or parts >= (6, 2):
+        return Check("redis version", True, f"{name} {version}")
+    return Check("redis version", False, f"{name} {version}: layby needs Redis 6.2 or newer "
+                 "(or Valkey); parking a run would fail on COPY")
+
+
 def check_clock(client: redis.Redis) -> Check:
     before = time.time()
     seconds, micros = client.time()
@@ -266,7 +279,8 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
             client.ping()
             checks.append(Check("redis", True, "answers"))
             redis_checks: list[Callable[[redis.Redis], Check]] = [
-                check_appendonly, check_appendfsync, check_eviction, check_clock]
+                check_version, check_appendonly, check_appendfsync, check_eviction,
+                check_clock]
             for check in redis_checks:
                 try:
                     checks.append(check(client))

@@ -79,14 +79,9 @@ async def follow(client: AsyncRedis, key: str, after: str, *, keep_going: bool =
     """Events after `after`: what is there, then, with `keep_going`, each as it comes and
     None every 15 s without one (for a keep-alive). Async, so a waiting stream holds a
     socket, not one of the server's threads."""
-    while True:
-        reply = await client.xread({key: after}, count=500,
-                                   block=KEEP_ALIVE_MS if keep_going else None)
-        batch = reply[0][1] if reply else []
-        if not batch:
-            if not keep_going:
-                return
+    async for batch in follow_raw(client, key, after, keep_going=keep_going):
+        if batch is None:
             yield None
+            continue
         for event_id, fields in batch:
-            after = event_id
             yield event_of(event_id, fields)

@@ -410,14 +410,6 @@ class Store:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def record(self, run_id: str) -> RunRecord | None:
-        raw = self.redis.hmget(self.keys.run(run_id), "id", "agent", "status", "version",
-                               "messages", "metadata")
-        if raw[0] is None:
-            return None
-        return RunRecord(raw[0], raw[1], Status(raw[2]), int(raw[3]),
-                         load_messages(json.loads(raw[4])), json.loads(raw[5] or "{}"))
-
     def answerable(self, run_id: str) -> tuple[RunRecord | None, list[Interrupt],
                                                dict[str, Answer], set[str]]:
         """What an answer is checked against, in one round trip: the run, its interrupts,

@@ -127,9 +127,11 @@ end
 -- `checkpointed`: the step saved checkpoints (to drop now).
 local function commit_step(version, messages, now, checkpointed, extra)
   local v = tonumber(version) + 1
+  -- `waiting` is a park's: any other commit leaves nothing to wait on (a park's own
+  -- value, later in the same HSET, wins).
   redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
              'attempts', 0, 'lease_owner', '', 'lease_until', 0, 'checkpointed', '',
-             unpack(extra or {}))
+             'waiting', '', unpack(extra or {}))
   redis.call('ZREM', LEASES, ID)
   if checkpointed then redis.call('DEL', CHECKPOINTS) end
   return v

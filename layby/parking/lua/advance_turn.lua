@@ -15,7 +15,7 @@ local v = tonumber(version) + 1
 if keep_lease == '1' then
   local until_ms = now + tonumber(lease_ms)
   redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
-             'attempts', 0, 'lease_until', until_ms)
+             'attempts', 0, 'lease_until', until_ms, 'waiting', '')
   redis.call('ZADD', LEASES, until_ms, ID)
   if checkpointed then
     redis.call('DEL', CHECKPOINTS)

@@ -45,10 +45,10 @@ if status == 'resuming' then
   observe('resume', now - tonumber(st[5] or now))
 end
 -- Checkpoints belong to one version: those of a version that never committed are dropped.
--- Only a step that saved some has them (`checkpointed`, or an older layby's claim, which
--- left no mark: `attempt` > 1 looks then).
+-- Only a step that saved some has them (`checkpointed` '1'; a run of an older layby has no
+-- such field at all, and is looked at; so is a second attempt).
 local checkpoints = {}
-if st[11] == '1' or attempt > 1 then
+if st[11] ~= '' or attempt > 1 then
   local saved = redis.call('HGETALL', CHECKPOINTS)
   for i = 1, #saved, 2 do
     if saved[i] == 'v' and saved[i + 1] ~= version then

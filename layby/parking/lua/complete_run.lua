@@ -9,7 +9,7 @@ local refused, run = check_claim(version, owner)
 if refused then return refused end
 local now = now_ms()
 local fields = ending('completed', now, run)
-for _, x in ipairs({'result', result, 'waiting', ''}) do table.insert(fields, x) end
+for _, x in ipairs({'result', result}) do table.insert(fields, x) end
 local v = commit_step(version, messages, now, run.checkpointed, fields)
 count_down('completed', 'running', now, tonumber(retention_s), run.noted)
 event('run.completed', v, event_data, now)

@@ -17,7 +17,8 @@ end
 if redis.call('EXISTS', RUN) == 1 then return {'exists', new_id} end
 redis.call('HSET', RUN, 'id', new_id, 'agent', agent, 'version', 1, 'status', 'queued',
            'input', input, 'messages', messages, 'metadata', metadata,
-           'created_at', now, 'updated_at', now, 'open', '', 'noted', '0')
+           'created_at', now, 'updated_at', now, 'open', '', 'noted', '0',
+           'checkpointed', '')
 redis.call('ZADD', INDEX.queued, now, ID)
 if IDEMPOTENCY ~= '' then redis.call('SET', IDEMPOTENCY, new_id, 'EX', tonumber(idem_ttl_s)) end
 event('run.created', 1, cjson.encode({agent = agent}), now)
