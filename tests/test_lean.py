@@ -179,15 +179,15 @@ def test_a_cycle_takes_two_tasks_and_a_parked_run_keeps_only_what_it_holds(
         isolated: Any) -> None:
     system = isolated().start()
     (run_id,) = _park(system, 1)
-    client = redis.Redis.from_url(system.redis_url, decode_responses=True)
     keys = Keys(system.settings.key_prefix)
-    # The run's events take what they hold: a new stream reserves room for many more
-    # (4 KB with the server's defaults), and the park gives it back.
-    held = sum(len(k) + len(v) for _, fields in client.xrange(keys.events(run_id))
-               for k, v in fields.items())
-    assert client.memory_usage(keys.events(run_id), samples=0) < held + 1024
-    # The park planned nothing here (no reviewers), and queued no task: the run waits.
-    assert client.llen(TURNS) == 0 and client.llen(NOTIFY) == 0
+    with redis.Redis.from_url(system.redis_url, decode_responses=True) as client:
+        # The run's events take what they hold: a new stream reserves room for many more
+        # (4 KB with the server's defaults), and the park gives it back.
+        held = sum(len(k) + len(v) for _, fields in client.xrange(keys.events(run_id))
+                   for k, v in fields.items())
+        assert client.memory_usage(keys.events(run_id), samples=0) < held + 1024
+        # The park planned nothing here (no reviewers), and queued no task: the run waits.
+        assert client.llen(TURNS) == 0 and client.llen(NOTIFY) == 0
 
     run = system.run(run_id)
     (question,) = system.open_interrupts(run)
@@ -198,3 +198,26 @@ def test_a_cycle_takes_two_tasks_and_a_parked_run_keeps_only_what_it_holds(
         text = api.get(f"/v1/runs/{run_id}/events", params={"follow": "false"}).text
     # One task took the first turn and parked, one resumed and finished.
     assert text.count("event: run.started") == 2
+
+
+def test_a_run_parked_by_an_older_layby_is_answered_and_finishes(isolated: Any) -> None:
+    """What an upgrade finds: a parked run as the previous layout kept it (open interrupts
+    in a set of their own; none of the run's newer fields)."""
+    system = isolated().start()
+    (run_id,) = _park(system, 1)
+    keys = Keys(system.settings.key_prefix)
+    with redis.Redis.from_url(system.redis_url, decode_responses=True) as client:
+        opened = client.hget(keys.run(run_id), "open")
+        assert opened
+        client.sadd(keys.open(run_id), *opened.split())
+        client.hdel(keys.run(run_id), "open", "waiting", "noted", "checkpointed")
+
+        with system.api() as api:
+            listed = api.get("/v1/runs", params={"status": "interrupted"}).json()["runs"]
+        assert [r["openInterrupts"] for r in listed if r["id"] == run_id] == [1]
+        (question,) = system.open_interrupts(system.run(run_id))
+        assert system.answer(run_id, question["id"], payload="Jaws").status_code == 200
+        done = system.wait_status(run_id, "completed")
+        assert done["result"].startswith("Right!")
+        # the older layout is gone with the first write
+        assert not client.exists(keys.open(run_id))
