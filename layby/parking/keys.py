@@ -11,7 +11,8 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 |              |        | of those the last park waited on), checkpointed ('1'    |                   |
 |              |        | while the step saved checkpoints), noted ('0' while the |                   |
 |              |        | run has no notifications), …                            |                   |
-| interrupts   | hash   | interrupt id → Interrupt JSON (immutable once written)  | same              |
+| interrupts   | hash   | interrupt id → Interrupt JSON (immutable once written;  | same              |
+|              |        | fields at their defaults left out)                      |                   |
 | answers      | hash   | interrupt id → answer JSON (first answer only)          | same              |
 | open         | set    | only runs of an older layby, which kept open interrupts | same              |
 |              |        | here: read while the run has no `open` field, dropped   |                   |

@@ -213,7 +213,7 @@ class Store:
                 moment = datetime.fromisoformat(intr.expires_at.replace("Z", "+00:00"))
                 expiry = str(int(moment.timestamp() * 1000))
             auto = (by_rule or {}).get(intr.id)
-            triples += [intr.id, _dumps(intr.wire()), expiry,
+            triples += [intr.id, _stored_interrupt(intr), expiry,
                         _dumps(auto.wire()) if auto else "", intr.rule or ""]
         argv, grant_keys = self._plan_argv(plan or Announcements())
         reply = self._run("park_run", run_id, version, owner, _dumps(dump_messages(messages)),
@@ -540,8 +540,7 @@ class Store:
     def waiting_too_long(self, older_than_ms: int, limit: int = 200) -> list[str]:
         """Runs queued or resuming since before `older_than_ms` ago: their message may be
         lost (a broker that lost its last second, a task that failed before its claim)."""
-        return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING),
-                                              self.now_ms() - older_than_ms, limit)
+        return self.waiting(self.now_ms() - older_than_ms, limit)
 
     def beat_worker(self, name: str) -> None:
         """A worker process is alive: its reserved messages are its own for one lease."""
@@ -564,10 +563,35 @@ class Store:
         return str(self.redis.info("server").get("run_id", ""))
 
     def waiting(self, before_ms: int, limit: int = 200) -> list[str]:
-        """Every run queued or resuming since before `before_ms`, a page at a time: a
-        requeued run leaves the scan, its place in the index refreshed past it."""
+        """Every run queued or resuming since before `before_ms` whose message has left the
+        queue, a page at a time: a requeued run leaves the scan, its place in the index
+        refreshed past it. A run queued since the oldest message still in the queue was
+        pushed has its own message behind that one: it waits its turn, nothing is lost, and
+        a copy would only lengthen the queue (a burst of starts takes longer to drain than
+        LAYBY_LOST_MESSAGE_S)."""
+        oldest = self.oldest_queued_ms()
+        if oldest is not None:
+            before_ms = min(before_ms, oldest - 1)
         return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING), before_ms,
                                               limit)
+
+    def oldest_queued_ms(self) -> int | None:
+        """When the oldest message still on the turns queue (the next to be taken) was
+        pushed, if a transition script pushed it (its delivery tag ends with the moment);
+        None when the queue is empty or its oldest message does not say."""
+        pushed = (self.config.messages or {}).get("turn")
+        if not pushed:
+            return None
+        # kombu's Redis transport LPUSHes and takes from the right: the oldest is the last.
+        raw = self.redis.lindex(pushed[0], -1)
+        if raw is None:
+            return None
+        try:
+            tag = json.loads(raw)["properties"]["delivery_tag"]
+            moment = str(tag).rsplit(":", 1)[1]
+        except (ValueError, KeyError, TypeError, IndexError):
+            return None
+        return int(moment) if moment.isdigit() else None
 
     def retention_cutoff_ms(self) -> int:
         """Finished runs that ended before this are past retention."""
@@ -582,10 +606,20 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _stored_interrupt(intr: Interrupt) -> str:
+    """An interrupt as stored: its wire form without the fields at their defaults (a
+    parked run keeps it for as long as it waits; reading it fills them in again)."""
+    return intr.model_dump_json(by_alias=True, exclude_none=True, exclude_defaults=True)
+
+
 def _stored(note: Notification) -> dict[str, Any]:
     """A notification as stored: its wire form (no nulls: Lua reads them as truthy values)
-    and its token, which the wire form leaves out."""
-    return {**note.wire(), "token": note.token}
+    and its token, which the wire form leaves out; level 0 (the first reviewers asked, most
+    notifications) is left out too, as Lua and the reader take a missing level for it."""
+    stored = {**note.wire(), "token": note.token}
+    if not stored.get("level"):
+        stored.pop("level", None)
+    return stored
 
 
 def _interrupts(specs: dict[str, str], answers: dict[str, str], open_ids: set[str]

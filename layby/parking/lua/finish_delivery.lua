@@ -21,6 +21,7 @@ if outcome == 'sent' then
   rec.state = 'sent'
   rec.sentAt = now
   rec.lastError = nil
+  rec.due = nil  -- nothing more is due: a parked run keeps the record for as long as it waits
   redis.call('ZREM', NOTIFY_DUE, member)
   event('notification.sent', v, cjson.encode(data), now)
 elseif outcome == 'retry' then
