@@ -21,6 +21,7 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from datetime import datetime
 from typing import Any, NoReturn, get_type_hints, overload
 
@@ -211,11 +212,18 @@ class Tool:
 
     @property
     def input_schema(self) -> dict[str, Any]:
-        return self.input_model.model_json_schema()
+        return json.loads(self._schemas[0])
 
     @property
     def output_schema(self) -> dict[str, Any]:
-        return self.output.json_schema()
+        return json.loads(self._schemas[1])
+
+    @cached_property
+    def _schemas(self) -> tuple[str, str]:
+        # Made once a tool: pydantic builds a schema in about 0.3 ms, and every model turn
+        # sends every tool's. Kept as JSON so each caller gets a copy of its own to change.
+        return (json.dumps(self.input_model.model_json_schema()),
+                json.dumps(self.output.json_schema()))
 
     def definition(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description,
