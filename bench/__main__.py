@@ -138,6 +138,8 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
             levels.append(scale.level(rt, wanted, args.timeout, sink))
         if parts.sweeper is not None:
             parts.sweeper.stop()
+        if levels:
+            scale.persisted(store)
         warm = measure.layby_cycles(rt, args.warmup, args.in_flight, args.timeout)
         hops = max(c.claims for c in warm.cycles)
         measure.celery_chains(store, args.warmup, hops, args.in_flight, args.timeout)

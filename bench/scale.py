@@ -82,6 +82,7 @@ def level(rt: Runtime, wanted: int, timeout_s: float, sink: Sink | None = None
         park(rt, bulk, timeout_s, agent)
         if sink is not None:  # the timed parks do not wait behind the bulk's deliveries
             _delivered(sink, sent_before + bulk, timeout_s)
+    persisted(store)
     parks_per_s = timed_park(rt, max(0, wanted - have - bulk), timeout_s, agent)
     used_after = int(store.redis.info("memory")["used_memory"])
     added = max(0, wanted - have)
@@ -101,7 +102,24 @@ def level(rt: Runtime, wanted: int, timeout_s: float, sink: Sink | None = None
                "history_bytes": history,
                "memory_budget": round(1.5 * history + 1024, 1),
                "memory_by_key": {**by_key, "index": round(in_index, 1)}}
+    persisted(store)
     return {**figures, **probe(rt)}
+
+
+def persisted(store: Store, timeout_s: float = 300) -> None:
+    """Until the server has no append-only file rewrite or snapshot under way: parking tens
+    of thousands of runs grows the file past the rewrite threshold, and a rewrite of
+    hundreds of megabytes takes one of the two cores for a while. What is measured next
+    is the cost of what is parked, not of that rewrite (which a server does now and then
+    however many runs are parked)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = store.redis.info("persistence")
+        if not (int(info.get("aof_rewrite_in_progress", 0))
+                or int(info.get("rdb_bgsave_in_progress", 0))
+                or int(info.get("aof_rewrite_scheduled", 0))):
+            return
+        time.sleep(0.5)
 
 
 def _announced(rt: Runtime, sink: Sink, added: int, sent_before: int, tasks_before: int,
