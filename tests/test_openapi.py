@@ -95,9 +95,13 @@ def _schemathesis(base_url: str, tmp: Path, *args: str, extra_config: str = ""
                   ) -> subprocess.CompletedProcess[str]:
     config = tmp / "schemathesis.toml"
     config.write_text(CONFIG.read_text() + extra_config)
+    # One worker: Hypothesis describes filters by parsing their source, and CPython 3.11's
+    # AST constructor keeps its recursion depth where two threads parsing at once can trip
+    # it ("AST constructor recursion depth mismatch", CPython gh-106905): a failure of
+    # the fuzzer, not of the API.
     return subprocess.run(
         [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run",
-         f"{base_url}/openapi.json", "--max-examples", str(EXAMPLES), "--workers", "2",
+         f"{base_url}/openapi.json", "--max-examples", str(EXAMPLES), "--workers", "1",
          "--seed", "20261125", *args],
         capture_output=True, text=True, timeout=600 + 30 * EXAMPLES, cwd=tmp, check=False)
 
