@@ -21,8 +21,8 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from datetime import datetime
+from functools import cached_property
 from typing import Any, NoReturn, get_type_hints, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
