@@ -95,10 +95,9 @@ def _schemathesis(base_url: str, tmp: Path, *args: str, extra_config: str = ""
                   ) -> subprocess.CompletedProcess[str]:
     config = tmp / "schemathesis.toml"
     config.write_text(CONFIG.read_text() + extra_config)
-    # One worker: Hypothesis describes filters by parsing their source, and CPython 3.11's
-    # AST constructor keeps its recursion depth where two threads parsing at once can trip
-    # it ("AST constructor recursion depth mismatch", CPython gh-106905): a failure of
-    # the fuzzer, not of the API.
+    # One worker: Hypothesis describes filters by parsing their source, and on CPython
+    # 3.11 two threads parsing at once have failed with "AST constructor recursion depth
+    # mismatch" (CPython gh-106905): a failure of the fuzzer, not of the API.
     return subprocess.run(
         [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run",
          f"{base_url}/openapi.json", "--max-examples", str(EXAMPLES), "--workers", "1",
