@@ -538,9 +538,18 @@ class Store:
         return self.leases.due(self.now_ms(), limit)
 
     def waiting_too_long(self, older_than_ms: int, limit: int = 200) -> list[str]:
-        """Runs queued or resuming since before `older_than_ms` ago: their message may be
-        lost (a broker that lost its last second, a task that failed before its claim)."""
-        return self.waiting(self.now_ms() - older_than_ms, limit)
+        """Runs queued or resuming since before `older_than_ms` ago whose message has left
+        the queue: it may be lost (a broker that lost its last second, a task that failed
+        before its claim). A run queued since the oldest message still in the queue was
+        pushed has its own message behind that one: it waits its turn, and a copy would
+        only lengthen the queue (a burst of starts can take longer to drain than
+        LAYBY_LOST_MESSAGE_S). Checked at every sweep, so a run passed over while an old
+        message (one kombu put back) heads the queue is looked at again once it is taken."""
+        cutoff = self.now_ms() - older_than_ms
+        oldest = self.oldest_queued_ms()
+        if oldest is not None:
+            cutoff = min(cutoff, oldest - 1)
+        return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING), cutoff, limit)
 
     def beat_worker(self, name: str) -> None:
         """A worker process is alive: its reserved messages are its own for one lease."""
@@ -563,15 +572,10 @@ class Store:
         return str(self.redis.info("server").get("run_id", ""))
 
     def waiting(self, before_ms: int, limit: int = 200) -> list[str]:
-        """Every run queued or resuming since before `before_ms` whose message has left the
-        queue, a page at a time: a requeued run leaves the scan, its place in the index
-        refreshed past it. A run queued since the oldest message still in the queue was
-        pushed has its own message behind that one: it waits its turn, nothing is lost, and
-        a copy would only lengthen the queue (a burst of starts takes longer to drain than
-        LAYBY_LOST_MESSAGE_S)."""
-        oldest = self.oldest_queued_ms()
-        if oldest is not None:
-            before_ms = min(before_ms, oldest - 1)
+        """Every run queued or resuming since before `before_ms`, a page at a time: a
+        requeued run leaves the scan, its place in the index refreshed past it. All of
+        them, queue or not: after a store restart or a failover, a message taken from the
+        queue just before may be gone with no trace but its run waiting."""
         return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING), before_ms,
                                               limit)
 
