@@ -538,18 +538,10 @@ class Store:
         return self.leases.due(self.now_ms(), limit)
 
     def waiting_too_long(self, older_than_ms: int, limit: int = 200) -> list[str]:
-        """Runs queued or resuming since before `older_than_ms` ago whose message has left
-        the queue: it may be lost (a broker that lost its last second, a task that failed
-        before its claim). A run queued since the oldest message still in the queue was
-        pushed has its own message behind that one: it waits its turn, and a copy would
-        only lengthen the queue (a burst of starts can take longer to drain than
-        LAYBY_LOST_MESSAGE_S). Checked at every sweep, so a run passed over while an old
-        message (one kombu put back) heads the queue is looked at again once it is taken."""
-        cutoff = self.now_ms() - older_than_ms
-        oldest = self.oldest_queued_ms()
-        if oldest is not None:
-            cutoff = min(cutoff, oldest - 1)
-        return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING), cutoff, limit)
+        """Runs queued or resuming since before `older_than_ms` ago: their message may be
+        lost (a broker that lost its last second, a task that failed before its claim)."""
+        return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING),
+                                              self.now_ms() - older_than_ms, limit)
 
     def beat_worker(self, name: str) -> None:
         """A worker process is alive: its reserved messages are its own for one lease."""
@@ -573,29 +565,9 @@ class Store:
 
     def waiting(self, before_ms: int, limit: int = 200) -> list[str]:
         """Every run queued or resuming since before `before_ms`, a page at a time: a
-        requeued run leaves the scan, its place in the index refreshed past it. All of
-        them, queue or not: after a store restart or a failover, a message taken from the
-        queue just before may be gone with no trace but its run waiting."""
+        requeued run leaves the scan, its place in the index refreshed past it."""
         return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING), before_ms,
                                               limit)
-
-    def oldest_queued_ms(self) -> int | None:
-        """When the oldest message still on the turns queue (the next to be taken) was
-        pushed, if a transition script pushed it (its delivery tag ends with the moment);
-        None when the queue is empty or its oldest message does not say."""
-        pushed = (self.config.messages or {}).get("turn")
-        if not pushed:
-            return None
-        # kombu's Redis transport LPUSHes and takes from the right: the oldest is the last.
-        raw = self.redis.lindex(pushed[0], -1)
-        if raw is None:
-            return None
-        try:
-            tag = json.loads(raw)["properties"]["delivery_tag"]
-            moment = str(tag).rsplit(":", 1)[1]
-        except (ValueError, KeyError, TypeError, IndexError):
-            return None
-        return int(moment) if moment.isdigit() else None
 
     def retention_cutoff_ms(self) -> int:
         """Finished runs that ended before this are past retention."""
