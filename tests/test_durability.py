@@ -399,6 +399,40 @@ def test_a_run_whose_message_was_lost_after_the_outbox_ack_is_requeued(
     store.redis.close()
 
 
+def test_runs_whose_messages_still_wait_in_the_queue_are_not_taken_for_lost(
+        tmp_path: Path) -> None:
+    """A burst of starts can take longer to drain than LAYBY_LOST_MESSAGE_S. A run whose
+    message is still in the queue waits its turn: the sweeper does not queue a copy (which
+    would only lengthen the queue); a run whose message left the queue without a claim
+    (taken by a worker that died) is requeued."""
+    server = EmbeddedRedis(tmp_path / "valkey").start()
+    try:
+        settings = Settings(redis_url=server.url)
+        store = Store(redis.Redis.from_url(server.url, decode_responses=True),
+                      store_config(settings, make_celery(settings)))
+        run_ids = []
+        for i in range(5):  # nobody takes them: no worker
+            run_ids.append(f"run_{uuid.uuid4().hex}")
+            created = store.create_run(run_ids[-1], "demo.trivia", input=f"quiz {i}",
+                                       messages=[text_message("user", f"quiz {i}")],
+                                       metadata={}, idempotency_key=None)
+            assert created.ok and not created.entries  # pushed by the script itself
+            time.sleep(0.005)  # one moment each: the queue's order is the runs' order
+        time.sleep(0.01)
+        assert store.waiting_too_long(0) == []
+
+        queue = store.config.messages["turn"][0]
+        taken = [json.loads(store.redis.rpop(queue)) for _ in range(2)]
+        assert [json.loads(m["body"])[0][0] for m in taken] == run_ids[:2]
+        assert sorted(store.waiting_too_long(0)) == sorted(run_ids[:2])
+
+        store.redis.delete(queue)  # the server lost them all
+        assert sorted(store.waiting_too_long(0)) == sorted(run_ids)
+        store.redis.close()
+    finally:
+        server.stop()
+
+
 # -- a background job that ends before its run parks ---------------------------------------
 
 

@@ -538,10 +538,40 @@ class Store:
         return self.leases.due(self.now_ms(), limit)
 
     def waiting_too_long(self, older_than_ms: int, limit: int = 200) -> list[str]:
-        """Runs queued or resuming since before `older_than_ms` ago: their message may be
-        lost (a broker that lost its last second, a task that failed before its claim)."""
-        return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING),
-                                              self.now_ms() - older_than_ms, limit)
+        """Runs queued or resuming since before `older_than_ms` ago whose message has left
+        the queue: it may be lost (a task that failed before its claim, a message purged).
+        A run queued since the oldest message still in the queue was pushed has its own
+        message behind that one: it waits its turn, and a copy would only lengthen the
+        queue (a burst of 100,000 starts takes longer to drain than LAYBY_LOST_MESSAGE_S,
+        and 45,000 copies slowed the parks behind them 30 times). Checked at every sweep,
+        so a run passed over while an old message heads the queue is looked at again once
+        that one is taken. Messages a restart, a failover or a worker's death may have lost
+        are requeued by their own checks, which do not look at the queue."""
+        cutoff = self.now_ms() - older_than_ms
+        oldest = self.oldest_queued_ms()
+        if oldest is not None:
+            cutoff = min(cutoff, oldest - 1)
+        return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING), cutoff, limit)
+
+    def oldest_queued_ms(self) -> int | None:
+        """When the oldest message still on the turns queue (the next to be taken) was
+        pushed, if a transition script pushed it (its delivery tag ends with the moment);
+        None when the queue is empty, the broker is another server, or the message does
+        not say (one kombu published)."""
+        pushed = (self.config.messages or {}).get("turn")
+        if not pushed:
+            return None
+        # kombu's Redis transport LPUSHes and takes from the right: the oldest is the last
+        # (and a message kombu restores is RPUSHed there, to be taken next).
+        raw = self.redis.lindex(pushed[0], -1)
+        if raw is None:
+            return None
+        try:
+            tag = json.loads(raw)["properties"]["delivery_tag"]
+            moment = str(tag).rsplit(":", 1)[1]
+        except (ValueError, KeyError, TypeError, IndexError):
+            return None
+        return int(moment) if moment.isdigit() else None
 
     def beat_worker(self, name: str) -> None:
         """A worker process is alive: its reserved messages are its own for one lease."""
