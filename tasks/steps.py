@@ -197,12 +197,14 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
     messages follow); returns (finished with this task, the new version)."""
     store = rt.store
     added = _added(committed, outcome.messages)
-    event: dict[str, Any] = {"messages": dump_messages(added), "from": len(outcome.messages)
-                             - len(added)}
+    # Where the step's messages are in the history; `messages` goes last, so that a park can
+    # cut it off an event without parsing it (layby.parking.events).
+    event: dict[str, Any] = {"from": len(outcome.messages) - len(added),
+                             "historyTo": len(outcome.messages)}
     match outcome:
         case Continue(messages=messages):
-            result = store.advance(step.run_id, step.version, owner, messages, event,
-                                   inline=inline)
+            result = store.advance(step.run_id, step.version, owner, messages,
+                                   {**event, "messages": dump_messages(added)}, inline=inline)
         case Park(messages=messages, interrupts=interrupts):
             interrupts, by_rule = _under_policy(rt, agent, step, interrupts)
             # What the run waits on (ids and reasons: the interrupts themselves are the
@@ -214,6 +216,8 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
                 event["answeredByRule"] = [
                     {"id": i.id, "rule": i.rule, "status": by_rule[i.id].status}
                     for i in interrupts if i.id in by_rule]
+            # The park's event carries no messages: a parked run's history is held once,
+            # in the run, and readers of the event fill them in from there.
             # Background jobs answer themselves, rules answer what they answer; the rest
             # waits on people, told in the park itself.
             asking = [i for i in interrupts if i.reason != BACKGROUND_JOB and i.id not in by_rule]
@@ -223,7 +227,8 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
                                 plan=plan, by_rule=by_rule)
         case Finish(messages=messages, result=text):
             event["result"] = text
-            result = store.complete(step.run_id, step.version, owner, messages, text, event)
+            result = store.complete(step.run_id, step.version, owner, messages, text,
+                                    {**event, "messages": dump_messages(added)})
         case Fail(messages=messages, code=code, message=message):
             result = store.fail(step.run_id, {"code": code, "message": message},
                                 version=step.version, owner=owner, messages=messages)

@@ -45,6 +45,15 @@ def two_approvals(ctx: ToolContext, action: str) -> dict:
 loop = Agent(name="test.loop", max_turns=3, tools=(ping,),
              model=ScriptedModel(steps=[], finish=Reply(calls=[Call(name="ping")])))
 
+# A turn that takes a plain tool, then one that asks: a parked run with two steps' events.
+ping_then_ask = Agent(name="test.ping_then_ask", tools=(ping, ask_question),
+                      model=ScriptedModel(steps=[
+                          Reply(calls=[Call(name="ping")]),
+                          Reply(calls=[Call(name="ask_question", input={
+                              "question": "Go on?", "choices": ["yes", "no"]})]),
+                          Reply(text="You said {ask_question}."),
+                      ]))
+
 twice = Agent(name="test.twice", tools=(two_approvals,), model=ScriptedModel(steps=[
     Reply(calls=[Call(name="two_approvals", input={"action": "launch"})]),
     Reply(text="Result: {two_approvals[done]}"),

@@ -23,8 +23,10 @@ from layby.broker_config import JOBS, NOTIFY, TURNS
 from layby.ops.embedded import EmbeddedRedis
 from layby.ops.supervisor import worker_argv
 from layby.parking import BadCursor, Keys
+from layby.parking.events import STEP_EVENTS
 from layby.parking.registries import RunIndex
 from layby.wire import Status
+from tests import sse
 from tests.harness import API_KEY, LaybySystem, wait_until
 from tests.reviewers import SmtpServer, WebhookReceiver, reviewed_system
 
@@ -198,6 +200,46 @@ def test_a_cycle_takes_two_tasks_and_a_parked_run_keeps_only_what_it_holds(
         text = api.get(f"/v1/runs/{run_id}/events", params={"follow": "false"}).text
     # One task took the first turn and parked, one resumed and finished.
     assert text.count("event: run.started") == 2
+
+
+def _replayed(system: LaybySystem, run_id: str, started_with: list[dict[str, Any]]
+              ) -> list[dict[str, Any]]:
+    """The history a client rebuilds from the messages it started the run with and the run's
+    events: each step's messages at `from`."""
+    rebuilt = list(started_with)
+    for event in sse.history(system, run_id):
+        data = event["data"]["data"]
+        if event["event"] in STEP_EVENTS:
+            rebuilt[data["from"]:] = data["messages"]
+    return rebuilt
+
+
+@pytest.mark.parametrize("agent", ["test.ping_then_ask", "test.twice"])
+def test_a_parked_run_holds_its_history_once_and_its_events_still_carry_it(
+        isolated: Any, agent: str) -> None:
+    """A parked run keeps its conversation once, in the run: its events are stored without
+    the steps' messages (a conversation would otherwise be held twice, for as long as the
+    run waits). Readers get them all the same: a client replaying the events rebuilds the
+    run's history, parked and after it finished. `test.twice` parks a second time from its
+    resume, which rewrites the parked model message."""
+    system = isolated().start()
+    (run_id,) = _park(system, 1, agent)
+    keys = Keys(system.settings.key_prefix)
+    with redis.Redis.from_url(system.redis_url, decode_responses=True) as client:
+        answers = [{}, {"second": True}] if agent == "test.twice" else ["yes"]
+        for parks, payload in enumerate(answers, start=1):
+            stored = client.xrange(keys.events(run_id))
+            assert [f["type"] for _, f in stored].count("run.interrupted") == parks
+            assert not [f for _, f in stored if '"messages"' in f.get("data", "")]
+            run = system.run(run_id)
+            assert _replayed(system, run_id, run["messages"][:1]) == run["messages"]
+            (question,) = system.open_interrupts(run)
+            assert system.answer(run_id, question["id"], payload=payload).status_code == 200
+            if parks < len(answers):
+                system.wait_status(run_id, "interrupted")
+    done = system.wait_status(run_id, "completed")
+    assert _replayed(system, run_id, done["messages"][:1]) == done["messages"]
+    assert done["result"] in ("You said yes.", "Result: launch")
 
 
 def test_a_run_parked_by_an_older_layby_is_answered_and_finishes(isolated: Any) -> None:

@@ -1,6 +1,13 @@
 """A run's event stream (a capped Redis Stream the transition scripts append to), read in one
 place: entries as `Event`s, a page of them, the newest park, and an async follower for
-server-sent events and AG-UI."""
+server-sent events and AG-UI.
+
+The events of a step (`turn.committed`, `run.interrupted`, `run.completed`) say where its
+messages are in the run's history (`from`, `historyTo`). A park's event is stored without
+them, and so are the earlier steps' events of a parked run (park_run.lua): the history is
+held once, in the run. Every reader here fills them in from the history as it is when read
+(a resume's rewrite of the parked model message included), so what a reader gets has
+`messages`, as an event always did."""
 
 from __future__ import annotations
 
@@ -17,6 +24,51 @@ from layby.wire import Event
 KEEP_ALIVE_MS = 15_000
 
 
+# The events that carry a step's messages, or say where they are in the history.
+STEP_EVENTS = frozenset({"turn.committed", "run.interrupted", "run.completed"})
+
+
+def _without_messages(fields: dict[str, str]) -> bool:
+    data = fields.get("data") or ""
+    return (fields.get("type") in STEP_EVENTS and '"historyTo"' in data
+            and '"messages"' not in data)
+
+
+def run_key(events_key: str) -> str:
+    """The run's hash beside its events (`<prefix>:{<run id>}:events`, parking.keys)."""
+    return events_key.removesuffix(":events") + ":run"
+
+
+def _filled(fields: dict[str, str], history: list[Any]) -> dict[str, str]:
+    data = json.loads(fields["data"])
+    data["messages"] = history[int(data["from"]):int(data["historyTo"])]
+    return {**fields, "data": json.dumps(data, separators=(",", ":"), ensure_ascii=False)}
+
+
+def _with_messages(found: list[tuple[str, dict[str, str]]], history: str | None
+                   ) -> list[tuple[str, dict[str, str]]]:
+    messages = json.loads(history) if history else []
+    return [(eid, _filled(fields, messages) if _without_messages(fields) else fields)
+            for eid, fields in found]
+
+
+def fill(client: Redis, key: str, found: list[tuple[str, dict[str, str]]]
+         ) -> list[tuple[str, dict[str, str]]]:
+    """Entries as read, those stored without their messages given them from the history
+    (one read of it, only when some need it)."""
+    if not any(_without_messages(fields) for _, fields in found):
+        return found
+    return _with_messages(found, client.hget(run_key(key), "messages"))
+
+
+async def fill_async(client: AsyncRedis, key: str, found: list[tuple[str, dict[str, str]]]
+                     ) -> list[tuple[str, dict[str, str]]]:
+    """`fill`, on an async client."""
+    if not any(_without_messages(fields) for _, fields in found):
+        return found
+    return _with_messages(found, await client.hget(run_key(key), "messages"))
+
+
 def event_of(event_id: str, fields: dict[str, str]) -> Event:
     return Event(id=event_id, type=fields["type"], version=int(fields["version"]),
                  at=iso(fields["at"]), data=json.loads(fields.get("data") or "null"))
@@ -30,7 +82,7 @@ def read(client: Redis, key: str, after: str = "0-0", *, block_ms: int | None = 
     else:
         reply: Any = client.xread({key: after}, count=count, block=block_ms)
         found = reply[0][1] if reply else []
-    return [event_of(eid, fields) for eid, fields in found]
+    return [event_of(eid, fields) for eid, fields in fill(client, key, found)]
 
 
 def last_park(client: Redis, key: str, interrupt_ids: set[str] | None = None) -> Event | None:
@@ -40,7 +92,7 @@ def last_park(client: Redis, key: str, interrupt_ids: set[str] | None = None) ->
         batch = client.xrevrange(key, max=upper, min="-", count=200)
         for event_id, fields in batch:
             if fields.get("type") == "run.interrupted":
-                event = event_of(event_id, fields)
+                event = event_of(event_id, fill(client, key, [(event_id, fields)])[0][1])
                 ids = {i["id"] for i in event.data.get("interrupts", [])}
                 if interrupt_ids is None or ids & interrupt_ids:
                     return event
@@ -63,7 +115,7 @@ async def follow_raw(client: AsyncRedis, key: str, after: str, *, keep_going: bo
             yield None
             continue
         after = batch[-1][0]
-        yield batch
+        yield await fill_async(client, key, batch)
 
 
 def wire_json(event_id: str, fields: dict[str, str]) -> str:

@@ -14,6 +14,39 @@
 -- Returns {'ok', new version, outbox entry or '', {notifications planned},
 --          {notifications the caller must dispatch}, '1' if it resumes at once}
 --       | {'stale', …} | {'missing'}
+-- The events of a parked run, made as small as they can be, for however long it waits:
+-- copied into an exact fit (the first entry of a stream reserves room for many more, 4 KB
+-- with the defaults), and without the messages its earlier turns' events carried (the
+-- run's history holds them; readers fill them in from there, by the event's `from` and
+-- `historyTo`). A step writes `messages` as its event's last key, after keys whose values
+-- cannot hold `,"` (numbers, ids, the result's string), so the first `,"messages":[` is
+-- where it starts. Events of an older layby (messages first) are kept as they are.
+local CUT = ',"messages":['
+local function compact_events()
+  local entries = redis.call('XRANGE', EVENTS, '-', '+')
+  local cut = false
+  for _, entry in ipairs(entries) do
+    local fields = entry[2]
+    for i = 1, #fields, 2 do
+      if fields[i] == 'data' then
+        local at = string.find(fields[i + 1], CUT, 1, true)
+        if at then
+          fields[i + 1] = string.sub(fields[i + 1], 1, at - 1) .. '}'
+          cut = true
+        end
+      end
+    end
+  end
+  local spare = EVENTS .. ':compact'
+  if cut then
+    for _, entry in ipairs(entries) do redis.call('XADD', spare, entry[1], unpack(entry[2])) end
+    redis.call('COPY', spare, EVENTS, 'REPLACE')
+    redis.call('DEL', spare)
+  elseif redis.call('COPY', EVENTS, spare, 'REPLACE') == 1 then
+    redis.call('RENAME', spare, EVENTS)
+  end
+end
+
 local version, owner, messages, event_data = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local announce, count = ARGV[5], tonumber(ARGV[6])
 local refused, run = check_claim(version, owner)
@@ -74,10 +107,5 @@ end
 redis.call('ZADD', INDEX.interrupted, now, ID)
 if announce == '1' then return {'ok', v, enqueue('notify', v, now), {}, {}} end
 local planned, dispatch = record_plan(plan_base, 22, v, now, open_set, false)
--- The stream of a parked run is copied into an exact fit: the first entry of a stream
--- reserves room for many more (4 KB with the defaults), which would stay reserved for
--- however long the run waits.
-if redis.call('COPY', EVENTS, EVENTS .. ':compact', 'REPLACE') == 1 then
-  redis.call('RENAME', EVENTS .. ':compact', EVENTS)
-end
+compact_events()
 return {'ok', v, '', planned, dispatch}
