@@ -191,7 +191,25 @@ def run_figures(runs: list[str], approver: Approver, system: LaybySystem
                 ) -> dict[str, Any]:
     completed = sum(1 for s, _ in approver.finished.values() if s == "completed")
     moved, twice = transfers(system, runs)
+    unfinished = [r for r in runs if r not in approver.finished]
     return {"runs": len(runs), "completed": completed,
-            "lost": len(runs) - len(approver.finished),
+            "lost": len(unfinished),
+            # Where each lost run stopped, for whoever looks into it: its state, version,
+            # and its last events.
+            "lost runs": {r: _where(system, r) for r in unfinished[:5]},
             "failed": len(approver.finished) - completed,
             "transfers": moved, "duplicate side effects": twice}
+
+
+def _where(system: LaybySystem, run_id: str) -> str:
+    try:
+        with system.api() as api:
+            run = api.get(f"/v1/runs/{run_id}").json()
+            events = api.get(f"/v1/runs/{run_id}/events", params={"follow": "false"}).text
+    except (httpx.HTTPError, ValueError):
+        return "unreadable"
+    kinds = [line.removeprefix("event: ") for line in events.splitlines()
+             if line.startswith("event: ")]
+    return (f"{run.get('status')} at version {run.get('version')}, open "
+            f"{[i['id'] for i in run.get('interrupts', []) if i.get('state') == 'open']}, "
+            f"events {kinds[-6:]}")

@@ -20,7 +20,9 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 | checkpoints  | hash   | "model", "tool:<ref>" → results within the current      | cleared at every  |
 |              |        | version (field "v" holds that version)                  | commit            |
 | events       | stream | type, version, at (ms), data (JSON); capped; copied to  | same as run       |
-|              |        | an exact fit when the run parks                         |                   |
+|              |        | an exact fit when the run parks, its steps' events then |                   |
+|              |        | without their messages (`from`/`historyTo` say where    |                   |
+|              |        | they are in the history; parking.events fills them in)  |                   |
 | notifications| hash   | notification id → Notification JSON (with its token)    | same as run       |
 | review       | hash   | how people review each interrupt (only runs asked under | same as run       |
 |              |        | a policy): "approval:<iid>:<by>" → approval JSON,       |                   |

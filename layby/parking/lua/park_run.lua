@@ -39,6 +39,8 @@ local function compact_events()
   end
   local spare = EVENTS .. ':compact'
   if cut then
+    -- A script is not undone by an error half way: nothing may be in the way of the XADDs.
+    redis.call('DEL', spare)
     for _, entry in ipairs(entries) do redis.call('XADD', spare, entry[1], unpack(entry[2])) end
     redis.call('COPY', spare, EVENTS, 'REPLACE')
     redis.call('DEL', spare)
