@@ -48,7 +48,10 @@ def source_copy(into: Path) -> Path:
                             capture_output=True, text=True, check=True).stdout.split("\n")
     for name in filter(None, listed):
         origin = ROOT / name
-        if origin.is_file():
+        if origin.is_symlink():  # layby/tasks → ../tasks and the like, kept as links
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            (into / name).symlink_to(origin.readlink())
+        elif origin.is_file():
             (into / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(origin, into / name)
     return into
