@@ -92,10 +92,10 @@ def last_park(client: Redis, key: str, interrupt_ids: set[str] | None = None) ->
         batch = client.xrevrange(key, max=upper, min="-", count=200)
         for event_id, fields in batch:
             if fields.get("type") == "run.interrupted":
-                event = event_of(event_id, fill(client, key, [(event_id, fields)])[0][1])
-                ids = {i["id"] for i in event.data.get("interrupts", [])}
+                ids = {i["id"] for i in json.loads(fields["data"]).get("interrupts", [])}
                 if interrupt_ids is None or ids & interrupt_ids:
-                    return event
+                    # Only the park looked for reads the history for its messages.
+                    return event_of(event_id, fill(client, key, [(event_id, fields)])[0][1])
         if len(batch) < 200:
             return None
         upper = f"({batch[-1][0]}"

@@ -566,7 +566,7 @@ class Store:
         raw = self.redis.lindex(pushed[0], -1)
         if raw is None:
             return None
-        try:
+        try:  # the tag `push` in _queue.lua writes: "<task id>:<ms pushed>"
             tag = json.loads(raw)["properties"]["delivery_tag"]
             moment = str(tag).rsplit(":", 1)[1]
         except (ValueError, KeyError, TypeError, IndexError):
