@@ -1,7 +1,8 @@
 """The same cycles through the gateway (`--http`): the bench starts a gateway process
 (uvicorn, as `layby gateway` runs it) on loopback and drives each cycle with
-`layby.AsyncClient`, as a service would: start the run, follow its event stream (SSE, no
-polling) until it parks, answer, follow it until it completes. Figure: completed cycles
+`layby.AsyncClient`, as a service would: start the run and follow its event stream in one
+request (`AsyncClient.stream`: SSE, no polling) until it parks, answer, follow it until it
+completes. Figure: completed cycles
 over wall time, beside the direct path's measured in the same run.
 """
 
@@ -28,18 +29,18 @@ class HttpOutcome:
 
 
 async def _cycle(client: AsyncClient, n: int) -> bool:
-    run = await client.start(AGENT, input=f"http {n}")
     completed = False
-    # Read to the stream's end (it ends after the run's last event): the connection is
-    # kept for the next request.
-    async for event in client.events(run.id):
-        if event.type == "run.interrupted":
-            for intr in event.data.get("interrupts", []):
-                await client.answer(run.id, intr["id"], True)
-        elif event.type == "run.completed":
-            completed = True
-        elif event.type in ("run.failed", "run.cancelled"):
-            raise BenchError(f"run {run.id} ended {event.type} over HTTP: {event.data}")
+    # Started and followed in one request; read to the stream's end (it ends after the
+    # run's last event): the connection is kept for the next request.
+    async with client.stream(AGENT, input=f"http {n}") as run:
+        async for event in run:
+            if event.type == "run.interrupted":
+                for intr in event.data.get("interrupts", []):
+                    await client.answer(run.id, intr["id"], True)
+            elif event.type == "run.completed":
+                completed = True
+            elif event.type in ("run.failed", "run.cancelled"):
+                raise BenchError(f"run {run.id} ended {event.type} over HTTP: {event.data}")
     return completed
 
 

@@ -13,7 +13,12 @@ HTTP status (401 `Unauthorized`, 403 `Forbidden`, 404 `NotFound`, 409 `Conflict`
 `TooLarge`, 422 `Invalid`, 503 `Unavailable`, other 4xx `RequestError`, 5xx
 `LaybyError`), carrying the API's error `code`, `message` and `detail`, and the response's
 `status_code`. `wait` and `events` follow the run's event stream (server-sent events,
-resumed with `Last-Event-ID` after a dropped connection); they do not poll.
+resumed with `Last-Event-ID` after a dropped connection); they do not poll. `stream` starts
+a run and follows it in one request, for a caller that follows every run it starts:
+
+    with client.stream("demo.trivia", input="Quiz me") as run:
+        for event in run:  # from run.created on; run.id is the run's
+            ...
 
 Reads, and writes the server recognizes when they come again (`start`, `answer` and
 `resume` carry an `Idempotency-Key`, one of their own unless given), are retried after a
@@ -30,10 +35,10 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import aclosing
+from contextlib import AsyncExitStack, ExitStack, aclosing
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 from pydantic import BaseModel
@@ -135,6 +140,36 @@ def _start(agent: str, input: Any, messages: list[Message] | list[dict[str, Any]
     # A key of its own when the caller gives none: a retry never starts a second run.
     return _Call("POST", "/v1/runs", body,
                  headers={"Idempotency-Key": idempotency_key or _new_key()})
+
+
+def _stream_run(agent: str, input: Any,
+                messages: list[Message] | list[dict[str, Any]] | None,
+                metadata: dict[str, Any] | None, idempotency_key: str | None,
+                follow: bool) -> _Call:
+    start = _start(agent, input, messages, metadata, idempotency_key)
+    return _Call("POST", "/v1/runs", start.json,
+                 params=None if follow else {"follow": "false"},
+                 headers={**(start.headers or {}), "Accept": "text/event-stream"})
+
+
+def _streamed(response: httpx.Response) -> bool:
+    """Whether a start asked for events got them (a server that does not stream starts
+    answers with the run: its events are then read with `GET …/events`)."""
+    return response.headers.get("content-type", "").startswith("text/event-stream")
+
+
+def _started(response: httpx.Response) -> tuple[str, bool]:
+    """The run a start asked for events started (its `Location`, or the run answered
+    with), and whether it was started before (the Idempotency-Key seen before)."""
+    replayed = "idempotent-replayed" in response.headers
+    if not _streamed(response):
+        return _reply(response, RunView).id, replayed
+    location = response.headers.get("location", "")
+    run_id = location.removeprefix("/v1/runs/")
+    if run_id == location or not run_id or "/" in run_id:
+        raise LaybyError(f"{response.request.url} answered {response.status_code} without "
+                         "the run's Location (/v1/runs/<id>): not layby's reply")
+    return unquote(run_id), replayed
 
 
 def _seg(value: str) -> str:
@@ -280,6 +315,7 @@ class _Stream:
         self.last_id = after
         self.deadline = deadline
         self.failures = 0
+        self.ended = False  # the run's last event came: the server ends the stream
 
     def over(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -308,6 +344,35 @@ class _Stream:
         if self.failures > self.RETRIES and not isinstance(exc, httpx.ReadTimeout):
             raise exc
         return min(5.0, 0.2 * 2 ** (self.failures - 1)) * random.uniform(0.5, 1.0)
+
+
+def _lines(response: httpx.Response, stream: _Stream) -> Iterator[Event]:
+    """The events of one open stream, until it ends, the run's last event came
+    (`stream.ended`) or the deadline passed."""
+    parser = stream.parser()
+    for line in response.iter_lines():
+        event = None if stream.ended else parser.feed(line)
+        if event is not None:
+            stream.seen(parser.last_id)
+            yield event
+            # The server ends the stream after it: read to its end, so the connection is
+            # kept for the next request.
+            stream.ended = event.type in FINAL_EVENTS
+        if not stream.ended and stream.over():  # keep-alives come every 15 s
+            return
+
+
+async def _alines(response: httpx.Response, stream: _Stream) -> AsyncIterator[Event]:
+    """`_lines`, read asynchronously."""
+    parser = stream.parser()
+    async for line in response.aiter_lines():
+        event = None if stream.ended else parser.feed(line)
+        if event is not None:
+            stream.seen(parser.last_id)
+            yield event
+            stream.ended = event.type in FINAL_EVENTS
+        if not stream.ended and stream.over():
+            return
 
 
 def _timed_out(run_id: str, timeout: float | None, wanted: frozenset[Status]) -> TimeoutError:
@@ -415,10 +480,10 @@ class Client:
         yield from self._events(run_id, after, follow, None)
 
     def _events(self, run_id: str, after: str | None, follow: bool,
-                deadline: float | None) -> Iterator[Event]:
-        stream = _Stream(after, deadline)
+                deadline: float | None, stream: _Stream | None = None) -> Iterator[Event]:
+        stream = stream or _Stream(after, deadline)
         while not stream.over():
-            parser, call = stream.parser(), _events(run_id, stream.last_id, follow)
+            call = _events(run_id, stream.last_id, follow)
             try:
                 with self._http.stream(call.method, call.path, params=call.params,
                                        headers=call.headers,
@@ -426,21 +491,23 @@ class Client:
                     if response.is_error:
                         response.read()
                         raise _refusal(response)
-                    ended = False
-                    for line in response.iter_lines():
-                        event = None if ended else parser.feed(line)
-                        if event is not None:
-                            stream.seen(parser.last_id)
-                            yield event
-                            # The server ends the stream after it: read to its end, so
-                            # the connection is kept for the next request.
-                            ended = event.type in FINAL_EVENTS
-                        if not ended and stream.over():  # keep-alives come every 15 s
-                            return
-                if ended or not follow:
+                    yield from _lines(response, stream)
+                if stream.ended or not follow:
                     return
             except httpx.TransportError as exc:
                 time.sleep(stream.failed(exc))
+
+    def stream(self, agent: str, *, input: Any = None,
+               messages: builtins.list[Message] | builtins.list[dict[str, Any]] | None = None,
+               metadata: dict[str, Any] | None = None, idempotency_key: str | None = None,
+               follow: bool = True) -> RunStream:
+        """Start a run and follow its events in one request (`start`, then `events`, at the
+        cost of one: `POST /v1/runs` with `Accept: text/event-stream`). `with
+        client.stream(...) as run:`, then `run.id`, and `for event in run` from its first
+        event until it ends (with `follow`). A dropped connection is resumed from the last
+        event received."""
+        return RunStream(self, _stream_run(agent, input, messages, metadata,
+                                           idempotency_key, follow), follow)
 
     def wait(self, run_id: str, until: Iterable[Status | str] | Status | str | None = None, *,
              timeout: float | None = 60.0) -> RunView:
@@ -552,10 +619,11 @@ class AsyncClient:
         return self._events(run_id, after, follow, None)
 
     async def _events(self, run_id: str, after: str | None, follow: bool,
-                      deadline: float | None) -> AsyncIterator[Event]:
-        stream = _Stream(after, deadline)
+                      deadline: float | None, stream: _Stream | None = None
+                      ) -> AsyncIterator[Event]:
+        stream = stream or _Stream(after, deadline)
         while not stream.over():
-            parser, call = stream.parser(), _events(run_id, stream.last_id, follow)
+            call = _events(run_id, stream.last_id, follow)
             try:
                 async with self._http.stream(call.method, call.path, params=call.params,
                                              headers=call.headers,
@@ -563,21 +631,21 @@ class AsyncClient:
                     if response.is_error:
                         await response.aread()
                         raise _refusal(response)
-                    ended = False
-                    async for line in response.aiter_lines():
-                        event = None if ended else parser.feed(line)
-                        if event is not None:
-                            stream.seen(parser.last_id)
-                            yield event
-                            # The server ends the stream after it: read to its end, so
-                            # the connection is kept for the next request.
-                            ended = event.type in FINAL_EVENTS
-                        if not ended and stream.over():  # keep-alives come every 15 s
-                            return
-                if ended or not follow:
+                    async for event in _alines(response, stream):
+                        yield event
+                if stream.ended or not follow:
                     return
             except httpx.TransportError as exc:
                 await asyncio.sleep(stream.failed(exc))
+
+    def stream(self, agent: str, *, input: Any = None,
+               messages: builtins.list[Message] | builtins.list[dict[str, Any]] | None = None,
+               metadata: dict[str, Any] | None = None, idempotency_key: str | None = None,
+               follow: bool = True) -> AsyncRunStream:
+        """`Client.stream`: `async with client.stream(...) as run:`, then `async for event
+        in run`."""
+        return AsyncRunStream(self, _stream_run(agent, input, messages, metadata,
+                                                idempotency_key, follow), follow)
 
     async def wait(self, run_id: str,
                    until: Iterable[Status | str] | Status | str | None = None, *,
@@ -605,4 +673,132 @@ class AsyncClient:
         return builtins.list(response.json()["agents"])
 
 
-__all__ = ["AsyncClient", "Client"]
+# -- a run started and followed in one request (`stream`) ----------------------------------
+
+
+class RunStream:
+    """A run `Client.stream` started: `id` once the `with` block is entered, its events by
+    iterating (once). The connection is closed when the block ends."""
+
+    def __init__(self, client: Client, call: _Call, follow: bool) -> None:
+        self._client, self._call, self._follow = client, call, follow
+        self._exit = ExitStack()
+        self._state = _Stream(None, None)
+        self._response: httpx.Response | None = None
+        self.id = ""
+        self.replayed = False  # the Idempotency-Key was seen before: a run started earlier
+
+    def __enter__(self) -> RunStream:
+        call, http = self._call, self._client._http
+        try:
+            for attempt in range(len(RETRY_DELAYS_S) + 1):
+                try:
+                    response = self._exit.enter_context(http.stream(
+                        call.method, call.path, json=call.json, params=call.params,
+                        headers=call.headers, timeout=self._state.timeout()))
+                except httpx.TransportError:
+                    delay = _retry_delay(attempt, None)  # same key: never a second run
+                    if delay is None:
+                        raise
+                else:
+                    if response.is_error or not _streamed(response):
+                        response.read()
+                        self._exit.close()
+                    if not response.is_error:
+                        self.id, self.replayed = _started(response)
+                        self._response = response if _streamed(response) else None
+                        return self
+                    delay = _retry_delay(attempt, response)
+                    if delay is None:
+                        raise _refusal(response)
+                time.sleep(delay)
+            raise AssertionError("unreachable")
+        except BaseException:
+            self._exit.close()
+            raise
+
+    def __exit__(self, *_: object) -> None:
+        self._exit.close()
+
+    def __iter__(self) -> Iterator[Event]:
+        if not self.id:
+            raise RuntimeError("iterate a run stream inside its `with` block")
+        response, self._response = self._response, None
+        if response is None:  # the run came as JSON: its events are read from the start
+            yield from self._client._events(self.id, None, self._follow, None, self._state)
+            return
+        try:
+            yield from _lines(response, self._state)
+        except httpx.TransportError as exc:
+            time.sleep(self._state.failed(exc))
+        finally:
+            self._exit.close()
+        if self._follow and not self._state.ended:
+            yield from self._client._events(self.id, None, True, None, self._state)
+
+
+class AsyncRunStream:
+    """`RunStream`, for `AsyncClient.stream`: `async with`, `async for`."""
+
+    def __init__(self, client: AsyncClient, call: _Call, follow: bool) -> None:
+        self._client, self._call, self._follow = client, call, follow
+        self._exit = AsyncExitStack()
+        self._state = _Stream(None, None)
+        self._response: httpx.Response | None = None
+        self.id = ""
+        self.replayed = False
+
+    async def __aenter__(self) -> AsyncRunStream:
+        call, http = self._call, self._client._http
+        try:
+            for attempt in range(len(RETRY_DELAYS_S) + 1):
+                try:
+                    response = await self._exit.enter_async_context(http.stream(
+                        call.method, call.path, json=call.json, params=call.params,
+                        headers=call.headers, timeout=self._state.timeout()))
+                except httpx.TransportError:
+                    delay = _retry_delay(attempt, None)
+                    if delay is None:
+                        raise
+                else:
+                    if response.is_error or not _streamed(response):
+                        await response.aread()
+                        await self._exit.aclose()
+                    if not response.is_error:
+                        self.id, self.replayed = _started(response)
+                        self._response = response if _streamed(response) else None
+                        return self
+                    delay = _retry_delay(attempt, response)
+                    if delay is None:
+                        raise _refusal(response)
+                await asyncio.sleep(delay)
+            raise AssertionError("unreachable")
+        except BaseException:
+            await self._exit.aclose()
+            raise
+
+    async def __aexit__(self, *_: object) -> None:
+        await self._exit.aclose()
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        if not self.id:
+            raise RuntimeError("iterate a run stream inside its `async with` block")
+        response, self._response = self._response, None
+        if response is None:
+            async for event in self._client._events(self.id, None, self._follow, None,
+                                                    self._state):
+                yield event
+            return
+        try:
+            async for event in _alines(response, self._state):
+                yield event
+        except httpx.TransportError as exc:
+            await asyncio.sleep(self._state.failed(exc))
+        finally:
+            await self._exit.aclose()
+        if self._follow and not self._state.ended:
+            async for event in self._client._events(self.id, None, True, None, self._state):
+                yield event
+
+
+__all__ = ["AsyncClient", "AsyncRunStream", "Client", "RunStream"]

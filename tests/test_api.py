@@ -555,6 +555,47 @@ def test_last_event_id_resumes_after_that_event(system: LaybySystem) -> None:
     assert [e["id"] for e in tail] == [full[-1]["id"]]
 
 
+def test_a_run_started_as_a_stream_is_followed_in_the_same_request(
+        system: LaybySystem) -> None:
+    key = f"stream-{uuid.uuid4().hex}"
+    seen: list[dict[str, Any]] = []
+    events = {"Idempotency-Key": key, "Accept": "text/event-stream"}
+    with system.api() as api, api.stream("POST", "/v1/runs", json={
+            "agent": "demo.trivia", "input": "quiz me"}, headers=events) as stream:
+        assert stream.status_code == 202
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        run_id = stream.headers["location"].removeprefix("/v1/runs/")
+        for event in sse.parse(stream.iter_lines()):
+            seen.append(event)
+            if event["event"] == "run.interrupted":
+                [question] = event["data"]["data"]["interrupts"]
+                assert system.answer(run_id, question["id"], payload="Jaws").status_code == 200
+    types = [e["event"] for e in seen]
+    assert types[0] == "run.created" and types[-1] == "run.completed", types
+    assert [e["id"] for e in seen] == [e["id"] for e in sse.history(system, run_id)]
+    assert system.run(run_id)["result"].startswith("Right!")
+    with system.api() as api:
+        # The same key: the same run, replayed from its first event, and said so.
+        with api.stream("POST", "/v1/runs", params={"follow": "false"},
+                        json={"agent": "demo.trivia", "input": "quiz me"},
+                        headers=events) as again:
+            assert again.headers["location"] == f"/v1/runs/{run_id}"
+            assert again.headers["idempotent-replayed"] == "true"
+            assert [e["id"] for e in sse.parse(again.iter_lines())] == [e["id"] for e in seen]
+        # Without the Accept, the same start answers with the run.
+        plain = api.post("/v1/runs", json={"agent": "demo.trivia", "input": "quiz me"},
+                         headers={"Idempotency-Key": key})
+        assert plain.status_code == 202 and plain.json()["id"] == run_id
+        assert plain.headers["location"] == f"/v1/runs/{run_id}"
+        # Refusals are JSON, before any stream starts.
+        unknown = api.post("/v1/runs", json={"agent": "demo.nobody", "input": "hi"},
+                           headers={"Accept": "text/event-stream"})
+        empty = api.post("/v1/runs", json={"agent": "demo.trivia", "messages": []},
+                         headers={"Accept": "text/event-stream"})
+    assert "demo.trivia" in _refused(unknown, 404)["message"]
+    assert "messages" in _refused(empty, 422)["message"]
+
+
 def test_event_stream_refusals_come_before_streaming(system: LaybySystem) -> None:
     run = system.start_run("demo.trivia", "quiz me")
     with system.api() as api:
@@ -585,7 +626,7 @@ def test_openapi_lists_the_v1_routes(system: LaybySystem) -> None:
             assert paths[path][method].get("security"), f"{method} {path} is not marked secured"
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     start = paths["/v1/runs"]["post"]
-    assert "202" in start["responses"]
+    assert {"application/json", "text/event-stream"} <= start["responses"]["202"]["content"].keys()
     assert any(p["name"].lower() == "idempotency-key" for p in start["parameters"])
 
 

@@ -100,6 +100,37 @@ def test_events_replay_and_resume_after_the_last_event_seen(client: Client) -> N
     assert followed[0] == "interrupt.answered" and followed[-1] == "run.completed"
 
 
+def test_stream_starts_a_run_and_follows_it_in_one_request(client: Client) -> None:
+    key = f"quiz-{uuid.uuid4().hex}"
+    seen = []
+    with client.stream("demo.trivia", input="Quiz me", idempotency_key=key) as run:
+        assert run.id.startswith("run_") and run.replayed is False
+        for event in run:
+            seen.append(event)
+            if event.type == "run.interrupted":
+                [question] = event.data["interrupts"]
+                client.answer(run.id, question["id"], payload="Jaws")
+    types = [e.type for e in seen]
+    assert types[0] == "run.created" and types[-1] == "run.completed"
+    assert "run.interrupted" in types and "interrupt.answered" in types
+    # The parked step's event carries its messages, as `events` gives them.
+    parked = next(e for e in seen if e.type == "run.interrupted")
+    assert parked.data["messages"][-1]["role"] == "model"
+    done = client.get(run.id)
+    assert done.status is Status.COMPLETED and done.result == "Right! It was Jaws (1975)."
+    assert [e.id for e in client.events(run.id, follow=False)] == [e.id for e in seen]
+
+    # The same key again: no second run; the first one's events, from its first.
+    with client.stream("demo.trivia", input="Quiz me", idempotency_key=key,
+                       follow=False) as again:
+        assert again.id == run.id and again.replayed is True
+        assert [e.id for e in again] == [e.id for e in seen]
+
+    with pytest.raises(NotFound, match="no agent named"), \
+            client.stream("demo.nobody", input="hi"):
+        pass
+
+
 def test_wait_gives_up_after_its_timeout(client: Client) -> None:
     run = client.wait(client.start("demo.trivia", input="Quiz me").id, until={"interrupted"},
                       timeout=30)
@@ -117,6 +148,13 @@ def test_the_async_client_drives_the_same_run(system: LaybySystem) -> None:
             await client.answer(run.id, run.open_interrupts[0].id, payload="Jaws")
             types = [e.type async for e in client.events(run.id)]
             assert types[-1] == "run.completed"
+            async with client.stream("demo.trivia", input="Quiz me") as streamed:
+                async for event in streamed:
+                    if event.type == "run.interrupted":
+                        question = event.data["interrupts"][0]["id"]
+                        await client.answer(streamed.id, question, payload="Jaws")
+                assert event.type == "run.completed"
+            assert (await client.get(streamed.id)).status is Status.COMPLETED
             with pytest.raises(NotFound):
                 await client.get("run_nobody")
             return await client.wait(run.id, timeout=30)

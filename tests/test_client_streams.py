@@ -39,6 +39,7 @@ class Scripted(ThreadingHTTPServer):
         self.pause_s = 0.0
         self.unavailable = 0  # answer this many requests 503 first
         self.keys: list[str | None] = []  # the Idempotency-Key of every POST
+        self.streamed_starts = True
 
     @property
     def url(self) -> str:
@@ -68,6 +69,16 @@ class Handler(BaseHTTPRequestHandler):
         self.server.keys.append(self.headers.get("Idempotency-Key"))
         if self._away():
             return
+        if self.path.startswith("/v1/runs?") or self.path == "/v1/runs":
+            if self.server.streamed_starts and "text/event-stream" in self.headers["Accept"]:
+                return self._stream({"Location": "/v1/runs/run_a"})
+            body = json.dumps(RUN).encode()  # a server that does not stream starts
+            self.send_response(202)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         body = json.dumps({"run": RUN, "resumed": True}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -86,10 +97,15 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
+        self._stream({})
+
+    def _stream(self, headers: dict[str, str]) -> None:
         self.server.last_event_ids.append(self.headers.get("Last-Event-ID"))
         chunks = self.server.streams.pop(0) if self.server.streams else [b": keep-alive\n\n"]
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
+        for name, value in headers.items():
+            self.send_header(name, value)
         self.end_headers()
         for chunk in chunks:
             if chunk is None:
@@ -148,3 +164,32 @@ def test_reads_and_keyed_answers_are_retried_after_a_503(server: Scripted) -> No
         assert client.answer("run_a", "int_1", payload="Jaws").resumed is True
     # The retry carried the same key as the first try, so the server takes it as the same.
     assert len(server.keys) == 2 and server.keys[0] == server.keys[1] is not None
+
+
+def test_a_started_stream_that_drops_goes_on_from_the_runs_events(server: Scripted) -> None:
+    """`stream`: the POST meets a 503 and is sent again with the same key; its stream drops
+    in the middle of an event; the rest comes from the run's events after the last whole
+    one."""
+    server.unavailable = 1
+    cut = frame("2-0", "run.interrupted", 2)
+    server.streams = [[frame("1-0", "run.created", 1), cut[:25], None],
+                      [cut, frame("3-0", "run.completed", 3)]]
+    with Client(server.url, api_key="k") as client, \
+            client.stream("demo.trivia", input="Quiz me") as run:
+        assert run.id == "run_a" and run.replayed is False
+        got = [(e.id, e.type) for e in run]
+    assert got == [("1-0", "run.created"), ("2-0", "run.interrupted"),
+                   ("3-0", "run.completed")]
+    assert server.last_event_ids == [None, "1-0"]
+    assert len(server.keys) == 2 and server.keys[0] == server.keys[1] is not None
+
+
+def test_a_server_that_answers_a_start_with_the_run_is_followed_for_its_events(
+        server: Scripted) -> None:
+    server.streamed_starts = False
+    server.streams = [[frame("1-0", "run.created", 1), frame("2-0", "run.completed", 2)]]
+    with Client(server.url, api_key="k") as client, \
+            client.stream("demo.trivia", input="Quiz me") as run:
+        assert run.id == "run_a"
+        assert [e.type for e in run] == ["run.created", "run.completed"]
+    assert server.last_event_ids == [None]

@@ -1,5 +1,6 @@
 """The `/v1` API: start runs, read and list them, answer their interrupts, cancel them, follow
-their events. Bearer API keys, camelCase JSON.
+their events (or start a run and follow its events in one request). Bearer API keys,
+camelCase JSON.
 
 Handlers are thin: parse, call `layby.control.commands`, shape the reply. Every refusal is
 a JSON body `{"error": {"code", "message", "detail"}}` (`layby.http.errors`).
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from layby.control import Runtime, commands
 from layby.errors import Invalid
@@ -41,6 +43,8 @@ VIEW = {"response_model_by_alias": True, "response_model_exclude_none": True}
 # Ids as layby makes them (run ids as callers may choose them: `commands.RUN_ID`).
 RunId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
 InterruptId = Annotated[str, Path(min_length=1, max_length=128)]
+# A stream is not cached, nor held back by a proxy (nginx buffers replies unless told).
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 IdempotencyKey = Annotated[str | None, Header(
     max_length=200, description="the same key again (a retry) gets the first reply")]
 
@@ -66,15 +70,45 @@ def _links(*operations: str, interrupt: bool = False) -> dict[str, Any]:
 
 @router.post("/runs", status_code=202, response_model=RunView, dependencies=[SaneBody],
              operation_id="startRun", **VIEW,
-             responses={202: _links("getRun", "cancelRun", "runEvents"),
+             responses={202: {**_links("getRun", "cancelRun", "runEvents"),
+                              "description": "the run is started (or, for an "
+                              "Idempotency-Key seen before, was): the run, or, asked with "
+                              "`Accept: text/event-stream`, its events from the first, as "
+                              "`GET /v1/runs/{run_id}/events` sends them",
+                              "content": event_stream(
+                                  "", {"$ref": "#/components/schemas/Event"})["content"],
+                              "headers": {"Location": {"description": "the run's path",
+                                                       "schema": {"type": "string"}}}},
                         **documented(400, 404, 409, 413)})
-def start_run(body: StartRun, rt: Rt, _: Caller, idempotency_key: IdempotencyKey = None
-              ) -> Response:
-    view, created = commands.start_run(rt, body.agent, input=body.input,
-                                       messages=body.messages, metadata=body.metadata,
-                                       idempotency_key=idempotency_key)
-    headers = None if created else {"Idempotent-Replayed": "true"}
+async def start_run(request: Request, body: StartRun, rt: Rt, _: Caller,
+                    idempotency_key: IdempotencyKey = None,
+                    follow: Annotated[bool, Query(description=(
+                        "with `Accept: text/event-stream`: follow the run until it ends "
+                        "(or end the stream at the last event there is)"))] = True
+                    ) -> Response:
+    """Start a run. Asked for an event stream, the reply is the run's events until it
+    ends (with `follow`): what a caller that follows each run it starts would send next,
+    in the same request. A dropped stream is taken up at `GET …/events` with
+    `Last-Event-ID`."""
+    view, created = await run_in_threadpool(
+        commands.start_run, rt, body.agent, input=body.input, messages=body.messages,
+        metadata=body.metadata, idempotency_key=idempotency_key)
+    headers = {"Location": f"/v1/runs/{view.id}"}
+    if not created:
+        headers["Idempotent-Replayed"] = "true"
+    if _wants_events(request.headers.get("accept", "")):
+        return StreamingResponse(sse(rt, view.id, "0-0", follow), status_code=202,
+                                 media_type="text/event-stream",
+                                 headers={**headers, **STREAM_HEADERS})
     return _json(view, status_code=202, headers=headers)
+
+
+def _wants_events(accept: str) -> bool:
+    """An `Accept` that names server-sent events and not JSON before them."""
+    kinds = [part.split(";")[0].strip().lower() for part in accept.split(",")]
+    return "text/event-stream" in kinds and (
+        "application/json" not in kinds
+        or kinds.index("text/event-stream") < kinds.index("application/json"))
 
 
 @router.get("/runs", response_model=RunList, response_model_by_alias=True,
@@ -147,8 +181,7 @@ async def events(run_id: RunId, rt: Rt, _: Caller,
         raise Invalid(f"Last-Event-ID {last_event_id[:100]!r} is not an event id "
                       "(give the `id:` of an event this stream sent, like 1700000000000-0)")
     return StreamingResponse(sse(rt, run_id, last_event_id or "0-0", follow),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             media_type="text/event-stream", headers=STREAM_HEADERS)
 
 
 @router.get("/agents", operation_id="listAgents")

@@ -41,8 +41,11 @@ class LimitBodies:
             return await self._refuse(scope, receive, send,
                                       limit_message(str(declared), limit, setting))
         seen, over, started = 0, False, False
-        refusal = error_response(413, "toolarge", limit_message(f"over {limit}", limit,
-                                                                 setting))
+
+        async def refuse() -> None:
+            # Made only when needed: rendering it costs every request a JSON body.
+            await self._refuse(scope, receive, send,
+                               limit_message(f"over {limit}", limit, setting))
 
         async def counted() -> Any:
             nonlocal seen, over
@@ -61,7 +64,7 @@ class LimitBodies:
                 # 400, "error parsing the body"), the reason is the size.
                 if not started:
                     started = True
-                    await refusal(scope, receive, send)
+                    await refuse()
                 return
             started = started or message["type"] == "http.response.start"
             await send(message)
@@ -71,7 +74,7 @@ class LimitBodies:
         except BodyTooLarge:
             if not started:
                 started = True
-                await refusal(scope, receive, send)
+                await refuse()
 
     @staticmethod
     async def _refuse(scope: Any, receive: Any, send: Any, message: str) -> None:
