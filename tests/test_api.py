@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import httpx
+import redis
 
 from tests import sse
 from tests.harness import API_KEY, LaybySystem
@@ -666,3 +667,22 @@ def test_an_answer_retried_with_its_idempotency_key_gets_the_first_reply(
     assert other.status_code == 409 and "Idempotency-Key" in other.json()["error"]["message"]
     assert unkeyed.status_code == 409  # without the key, a second answer is a rival's
     assert system.wait_status(run_id, "completed")["result"] == "Right! It was Jaws (1975)."
+
+
+def test_an_answer_after_the_server_lost_its_scripts_is_recorded_once(
+        system: LaybySystem) -> None:
+    """A restarted (or flushed) Redis has none of layby's scripts loaded: the answer, which
+    sends its script and its reply's reads together, loads the script and goes again."""
+    run_id = system.start_run("demo.trivia", "Quiz me")["id"]
+    question = system.open_interrupts(system.wait_status(run_id, "interrupted"))[0]
+    with redis.Redis.from_url(system.redis_url) as r:
+        r.script_flush()
+    reply = system.answer(run_id, question["id"], payload="Jaws")
+    assert reply.status_code == 200, reply.text
+    answered = reply.json()
+    assert answered["resumed"] is True
+    [interrupt] = answered["run"]["interrupts"]
+    assert interrupt["state"] == "resolved" and interrupt["answer"]["payload"] == "Jaws"
+    done = system.wait_status(run_id, "completed")
+    assert done["result"] == "Right! It was Jaws (1975)."
+    assert [e["event"] for e in sse.history(system, run_id)].count("interrupt.answered") == 1

@@ -97,8 +97,10 @@ def get_run(rt: Runtime, run_id: str) -> RunView:
 
 
 def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
-           require_all: bool = False, idempotency_key: str | None = None) -> Transition:
-    """Record answers; the one that closes the last open interrupt queues the resume.
+           require_all: bool = False, idempotency_key: str | None = None,
+           view: bool = False) -> Transition:
+    """Record answers; the one that closes the last open interrupt queues the resume. With
+    `view`, the result's `view` is the run as they left it (read in the same round trip).
 
     Refuses, without storing anything: unknown ids (NotFound), answers to what is not open
     or has expired (Conflict, naming who answered first), payloads outside their schema
@@ -131,7 +133,7 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
              if by_id[r.interrupt_id].required_approvals > 1 and approves(r.entry())}
     deadlines = {r.interrupt_id for r in records if by_id[r.interrupt_id].expires_at}
     result = _recorded(rt.store.answer(run_id, records, require_all=require_all,
-                                       votes=votes, deadlines=deadlines),
+                                       votes=votes, deadlines=deadlines, view=view),
                        run_id, records, by_id)
     for rec in records:
         log.info("interrupt %s of run %s %s by %s via %s", rec.interrupt_id, run_id,

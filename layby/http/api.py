@@ -196,8 +196,8 @@ def _answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], caller: str, *
     """Record the answers. With an `Idempotency-Key`, the same request again (a retry after
     a lost reply or a 503) gets the same reply, not a 409."""
     result = commands.answer(rt, run_id, entries, by=caller, channel="api",
-                             require_all=require_all, idempotency_key=key)
-    run = commands.get_run(rt, run_id)
+                             require_all=require_all, idempotency_key=key, view=True)
+    run = result.view or commands.get_run(rt, run_id)
     # A retry's answers were taken before: the run resumed then if it left `interrupted`.
     resumed = result.resumed if result.verdict is not Verdict.EXISTS \
         else run.status is not Status.INTERRUPTED

@@ -13,7 +13,7 @@ from typing import Any
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import load_messages
 from layby.parking.records import OutboxEntry, RunRecord
-from layby.wire import Answer, Status
+from layby.wire import Answer, RunView, Status
 
 
 class Verdict(StrEnum):
@@ -58,6 +58,7 @@ class Transition:
     resumed: bool = False              # answer, expire, park: the run resumes (queued)
     at: int | None = None              # create, answer: when it applied (ms, server clock)
     event_id: str | None = None        # create, answer: the last event it wrote
+    view: RunView | None = None        # answer (asked for): the run as it left it
 
     @property
     def ok(self) -> bool:

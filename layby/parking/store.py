@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from redis import Redis, RedisError
+from redis.exceptions import NoScriptError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
@@ -243,18 +244,43 @@ class Store:
 
     def answer(self, run_id: str, answers: list[Answer], *, require_all: bool = False,
                allow_early: bool = False, votes: dict[str, int] | None = None,
-               deadlines: set[str] | None = None) -> Transition:
+               deadlines: set[str] | None = None, view: bool = False) -> Transition:
         """Record answers. `votes`: the interrupts whose answer here is an approval counted
         toward several, with the approvals each needs (each reviewer's counts once).
-        `deadlines`: the interrupts that expire, when the caller knows (None: any may)."""
+        `deadlines`: the interrupts that expire, when the caller knows (None: any may).
+        With `view`, the result's `view` is the run as the answers left it, read in the
+        same round trip."""
         pairs: list[Any] = []
         for a in answers:
             need = (votes or {}).get(a.interrupt_id, 1)
             pairs += [a.interrupt_id, _dumps(a.wire()), need, a.answered_by if need > 1 else "",
                       "1" if deadlines is None or a.interrupt_id in deadlines else "0"]
-        reply = self._run("answer_interrupts", run_id, "1" if require_all else "0",
-                          "1" if allow_early else "0", len(answers), *pairs)
-        return results.committed(reply)
+        argv = ("1" if require_all else "0", "1" if allow_early else "0", len(answers), *pairs)
+        if not view or self.config.min_replicas_ack:
+            return results.committed(self._run("answer_interrupts", run_id, *argv))
+        reply, read = self._run_then_read("answer_interrupts", run_id, argv, self._read_view)
+        return replace(results.committed(reply), view=self._view_of(run_id, *read))
+
+    def _run_then_read(self, name: str, run_id: str, argv: tuple[Any, ...],
+                       read: Any) -> tuple[list, list]:
+        """A transition and reads after it, in one round trip and one moment (MULTI): the
+        reads see what it wrote. (Not with `min_replicas_ack`: its WAIT is not for MULTI.)"""
+        keys = self.keys.for_scripts(run_id)
+        script = self._scripts[name]
+        for attempt in (1, 2):
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.evalsha(script.sha, len(keys), *keys, *(str(a) for a in argv))
+            read(pipe, run_id)
+            try:
+                reply, *found = pipe.execute()
+                return reply, found
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                # A restarted or flushed server has lost the script: load it and go again.
+                # Inside MULTI nothing ran (the reads did, and are read again).
+                self.redis.script_load(script.script)
+        raise AssertionError("unreachable")
 
     def delegate(self, run_id: str, interrupt_id: str, handover: Delegation,
                  plan: Announcements | None = None) -> Transition:
@@ -454,11 +480,18 @@ class Store:
     def view(self, run_id: str) -> RunView | None:
         # One round trip, and one moment: the run, its interrupts and its notifications.
         pipe = self.redis.pipeline(transaction=True)
+        self._read_view(pipe, run_id)
+        return self._view_of(run_id, *pipe.execute())
+
+    def _read_view(self, pipe: Any, run_id: str) -> None:
         pipe.hgetall(self.keys.run(run_id))
         self._read_interrupts(pipe, run_id)
         pipe.hvals(self.keys.notifications(run_id))
         pipe.hgetall(self.keys.review(run_id))
-        raw, found, given, notifications, review = pipe.execute()
+
+    def _view_of(self, run_id: str, raw: dict[str, str], found: dict[str, str],
+                 given: dict[str, str], notifications: list[str], review: dict[str, str]
+                 ) -> RunView | None:
         if not raw:
             return None
         specs, answers, open_ids = _interrupts(found, given, self._open(run_id, raw.get("open")))
