@@ -16,7 +16,7 @@ shapes). Importing layby connects to nothing and reads no settings.
 
 from importlib import metadata as _metadata
 
-from layby.client import AsyncClient, AsyncRunStream, Client, RunStream
+from layby.client import AsyncClient, Client
 from layby.errors import Conflict, Invalid, LaybyError, NotFound, Unauthorized
 from layby.generation.agents import Agent
 from layby.generation.interrupts import (
@@ -38,11 +38,9 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
 
 __all__ = [
     "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "TOOL_CALL",
-    "Agent", "Answer", "Approval", "Ask", "AsyncClient", "AsyncRunStream", "Call", "Case",
-    "Choose", "Client",
+    "Agent", "Answer", "Approval", "Ask", "AsyncClient", "Call", "Case", "Choose", "Client",
     "Conflict", "Delegation", "Event", "InterruptView", "Invalid", "LaybyError", "NotFound",
     "OnExpire", "Reply",
-    "ResumeEntry", "RunStream", "RunSummary", "RunView", "ScriptedModel", "Status",
-    "ToolContext",
+    "ResumeEntry", "RunSummary", "RunView", "ScriptedModel", "Status", "ToolContext",
     "Unauthorized", "interrupt_tool", "tool",
 ]

@@ -24,13 +24,23 @@ log = logging.getLogger(__name__)
 
 # The store's server run id as this process last saw it, by store URL.
 _servers: dict[str, str] = {}
+# Requeues owed after a restart or a worker's death, kept until done: why a whole pass is
+# owed (an error cut the last one short: a new primary still settling, say), and the runs
+# whose own requeue failed, with the sweeps they failed in. Otherwise a run the pass
+# missed would wait for LAYBY_LOST_MESSAGE_S.
+_owed: list[str] = []
+_failed: dict[str, int] = {}
+# Sweeps a run's failed requeue is tried again in (a second apart), then left to the
+# lost-message check; a record that cannot be read must not be tried forever.
+RETRIES = 30
 
 
 def sweep(rt: Runtime) -> dict[str, int]:
     store = rt.store
     counts = {"published": rt.publish(store.claim_outbox()), "expired": 0, "requeued": 0}
-    counts["requeued"] += _after_a_restart(rt)
-    counts["requeued"] += _after_worker_deaths(rt)
+    _after_a_restart(rt)
+    _after_worker_deaths(rt)
+    counts["requeued"] += _requeue_owed(rt)
     counts["notifications"] = _guarded(delivery.dispatch_due, store, rt.celery, rt.settings)
     for run_id, interrupt_id in store.due_deadlines():
         with about(run_id=run_id, interrupt_id=interrupt_id):
@@ -47,44 +57,68 @@ def sweep(rt: Runtime) -> dict[str, int]:
     return counts
 
 
-def _after_a_restart(rt: Runtime) -> int:
-    """Requeue every queued or resuming run once the store's server is a new one: a
-    message it lost would otherwise wait for LAYBY_LOST_MESSAGE_S. A message that was not
-    lost arrives twice; the second finds its version taken and does nothing."""
+def _after_a_restart(rt: Runtime) -> None:
+    """Owe a requeue of every queued or resuming run once the store's server is a new
+    one: a message it lost would otherwise wait for LAYBY_LOST_MESSAGE_S. A message that
+    was not lost arrives twice; the second finds its version taken and does nothing."""
     store, url = rt.store, rt.settings.redis_url or ""
     server, seen = store.server_id(), _servers.get(url)
     _servers[url] = server
     if seen is None or seen == server:
-        return 0
+        return
     log.warning("the store is a new server (restarted, or failed over): requeueing every "
                 "waiting run")
-    store.redue_queued_notifications()
-    return _requeue_waiting(rt, store.now_ms(), "the store restarted")
+    _owed.append("the store restarted")
 
 
-def _after_worker_deaths(rt: Runtime) -> int:
-    """Requeue the runs that were waiting when a worker died: the messages it had reserved
-    would otherwise come back after kombu's visibility timeout, or LAYBY_LOST_MESSAGE_S."""
-    requeued = 0
+def _after_worker_deaths(rt: Runtime) -> None:
+    """Owe a requeue of the runs that were waiting when a worker died: the messages it had
+    reserved would otherwise come back after kombu's visibility timeout, or
+    LAYBY_LOST_MESSAGE_S. Up to its death, a lease after its last beat, it may have
+    reserved any of them, and deliveries of notifications too."""
     for name, last_beat_ms in rt.store.reap_workers():
         log.warning("worker %s stopped beating (last beat %.1f s ago): requeueing every "
                     "waiting run", name, (rt.store.now_ms() - last_beat_ms) / 1000)
-        # Up to its death, a lease after its last beat, it may have reserved any of them,
-        # and deliveries of notifications too.
-        requeued += _requeue_waiting(rt, rt.store.now_ms(), f"worker {name} died")
+        _owed.append(f"worker {name} died")
+
+
+def _requeue_owed(rt: Runtime) -> int:
+    """Pay what `_owed` and `_failed` hold. An error out of here (the store away again)
+    leaves them owed for the next sweep."""
+    requeued = 0
+    if _owed:
         rt.store.redue_queued_notifications()
+        requeued += _requeue_waiting(rt, rt.store.now_ms(), "; ".join(dict.fromkeys(_owed)))
+        _owed.clear()
+    for run_id, failures in list(_failed.items()):
+        with about(run_id=run_id):
+            try:
+                requeued += _requeue(rt, run_id, "its requeue failed before")
+            except Exception:
+                if failures + 1 < RETRIES:
+                    _failed[run_id] = failures + 1
+                    continue
+                log.exception("sweeper: run %s could not be requeued in %d sweeps; left to "
+                              "the lost-message check (LAYBY_LOST_MESSAGE_S)", run_id, RETRIES)
+            _failed.pop(run_id, None)
     return requeued
 
 
 def _requeue_waiting(rt: Runtime, before_ms: int, why: str) -> int:
     """Requeue every run queued or resuming since before `before_ms`, a page at a time (a
-    requeued run's place moves to now, past the cutoff, so the next page is new runs)."""
+    requeued run's place moves to now, past the cutoff, so the next page is new runs).
+    A run whose requeue fails is tried again at the next sweeps (`_failed`)."""
     requeued, tried, cutoff = 0, set(), before_ms - 1
     while fresh := [r for r in rt.store.waiting(cutoff) if r not in tried]:
         for run_id in fresh:
             tried.add(run_id)
             with about(run_id=run_id):
-                requeued += _guarded(_requeue, rt, run_id, why)
+                try:
+                    requeued += _requeue(rt, run_id, why)
+                except Exception:
+                    log.exception("sweeper: requeueing run %s failed (%s); trying again at "
+                                  "the next sweep", run_id, why)
+                    _failed.setdefault(run_id, 0)
     return requeued
 
 

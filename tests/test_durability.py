@@ -333,6 +333,44 @@ def test_after_a_store_restart_a_run_whose_message_was_lost_goes_on_at_once(
         server.stop()
 
 
+@pytest.mark.slow
+def test_a_run_the_requeue_after_a_restart_could_not_take_is_requeued_at_the_next_sweeps(
+        tmp_path: Path) -> None:
+    """The requeue after a restart (or a failover) meets an error on one run (here a
+    record it cannot read, WRONGTYPE; at a failover, the new primary still settling): the
+    other runs go on, and that one is tried again at the next sweeps instead of waiting
+    for LAYBY_LOST_MESSAGE_S (300 s here)."""
+    server = EmbeddedRedis(tmp_path / "valkey").start()
+    system = LaybySystem(server.url, tmp_path / "system",
+                         env_overrides={"LAYBY_LOST_MESSAGE_S": "300"})
+    try:
+        system.start()
+        store = _store(system)
+        troubled, fine = _lost_message_run(store), _lost_message_run(store)
+        key = store.keys.run(troubled)
+        store.redis.rename(key, key + ":aside")
+        store.redis.set(key, "not a run")
+        store.redis.close()
+        time.sleep(2)  # the sweeper has seen the server; the append-only file has it all
+        port = server.port
+        server.kill()
+        server = EmbeddedRedis(server.data_dir, port=port).start()
+
+        single_open(system, fine)  # the pass went on past the run it could not requeue
+        sweeper = system.procs["sweeper"]
+        wait_until(lambda: troubled in sweeper.output(), 30, what="the failed requeue logged")
+        with redis.Redis.from_url(server.url) as r:
+            r.delete(key)
+            r.rename(key + ":aside", key)
+        healed = time.monotonic()
+        single_open(system, troubled)
+        assert time.monotonic() - healed < 30
+        assert "run.requeued" in event_types(system, troubled)
+    finally:
+        system.stop()
+        server.stop()
+
+
 # -- the outbox ----------------------------------------------------------------------------
 
 
