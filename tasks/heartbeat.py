@@ -33,8 +33,14 @@ def beat_worker(store: Store, name: str, every_s: float, stop: threading.Event) 
     """Beat for worker `name` until `stop`, in a thread of its main process."""
 
     def beat() -> None:
+        noted = False
         while True:
             try:
+                if not noted:
+                    # The first process up notes the server: a failover before the sweeper's
+                    # first sweep still shows to it as another server.
+                    store.note_server(first=True)
+                    noted = True
                 store.beat_worker(name)
             except redis.RedisError as exc:  # the store away: beat again when it is back
                 log.warning("worker %s: heartbeat failed (%s); trying again", name, exc)

@@ -22,12 +22,10 @@ from layby.wire import Answer, InterruptState
 
 log = logging.getLogger(__name__)
 
-# The store's server run id as this process last saw it, by store URL.
-_servers: dict[str, str] = {}
-# Requeues owed after a restart or a worker's death, kept until done: why a whole pass is
-# owed (an error cut the last one short: a new primary still settling, say), and the runs
-# whose own requeue failed, with the sweeps they failed in. Otherwise a run the pass
-# missed would wait for LAYBY_LOST_MESSAGE_S.
+# Requeues owed, kept until done (otherwise a run a pass missed would wait for
+# LAYBY_LOST_MESSAGE_S): after a worker's death, why a whole pass is owed (an error cut the
+# last one short: the store away again, say); the runs whose own requeue failed, with the
+# sweeps they failed in. (After a restart, the data says it: `parking.keys` server.)
 _owed: list[str] = []
 _failed: dict[str, int] = {}
 # Sweeps a run's failed requeue is tried again in (a second apart), then left to the
@@ -38,9 +36,7 @@ RETRIES = 30
 def sweep(rt: Runtime) -> dict[str, int]:
     store = rt.store
     counts = {"published": rt.publish(store.claim_outbox()), "expired": 0, "requeued": 0}
-    _after_a_restart(rt)
-    _after_worker_deaths(rt)
-    counts["requeued"] += _requeue_owed(rt)
+    counts["requeued"] += _after_a_restart(rt) + _after_worker_deaths(rt) + _retry_failed(rt)
     counts["notifications"] = _guarded(delivery.dispatch_due, store, rt.celery, rt.settings)
     for run_id, interrupt_id in store.due_deadlines():
         with about(run_id=run_id, interrupt_id=interrupt_id):
@@ -57,39 +53,50 @@ def sweep(rt: Runtime) -> dict[str, int]:
     return counts
 
 
-def _after_a_restart(rt: Runtime) -> None:
-    """Owe a requeue of every queued or resuming run once the store's server is a new
-    one: a message it lost would otherwise wait for LAYBY_LOST_MESSAGE_S. A message that
-    was not lost arrives twice; the second finds its version taken and does nothing."""
-    store, url = rt.store, rt.settings.redis_url or ""
-    server, seen = store.server_id(), _servers.get(url)
-    _servers[url] = server
-    if seen is None or seen == server:
-        return
+def _after_a_restart(rt: Runtime) -> int:
+    """Requeue every queued or resuming run once the store's server is another than the
+    one noted in the data: a message it lost would otherwise wait for
+    LAYBY_LOST_MESSAGE_S. A message that was not lost arrives twice; the second finds its
+    version taken and does nothing. The new server is noted once the pass is done: a pass
+    an error cut short (a new primary still settling) is done again at the next sweep."""
+    store = rt.store
+    server, noted = store.server_id(), store.noted_server()
+    if noted == server:
+        return 0
+    if noted is None:  # data no layby process has seen yet
+        store.note_server(server, first=True)
+        return 0
     log.warning("the store is a new server (restarted, or failed over): requeueing every "
                 "waiting run")
-    _owed.append("the store restarted")
+    requeued = _requeue_pass(rt, "the store restarted")
+    store.note_server(server)
+    return requeued
 
 
-def _after_worker_deaths(rt: Runtime) -> None:
-    """Owe a requeue of the runs that were waiting when a worker died: the messages it had
-    reserved would otherwise come back after kombu's visibility timeout, or
-    LAYBY_LOST_MESSAGE_S. Up to its death, a lease after its last beat, it may have
-    reserved any of them, and deliveries of notifications too."""
+def _after_worker_deaths(rt: Runtime) -> int:
+    """Requeue the runs that were waiting when a worker died: the messages it had reserved
+    would otherwise come back after kombu's visibility timeout, or LAYBY_LOST_MESSAGE_S.
+    Up to its death, a lease after its last beat, it may have reserved any of them, and
+    deliveries of notifications too."""
     for name, last_beat_ms in rt.store.reap_workers():
         log.warning("worker %s stopped beating (last beat %.1f s ago): requeueing every "
                     "waiting run", name, (rt.store.now_ms() - last_beat_ms) / 1000)
         _owed.append(f"worker {name} died")
+    if not _owed:
+        return 0
+    requeued = _requeue_pass(rt, "; ".join(dict.fromkeys(_owed)))
+    _owed.clear()
+    return requeued
 
 
-def _requeue_owed(rt: Runtime) -> int:
-    """Pay what `_owed` and `_failed` hold. An error out of here (the store away again)
-    leaves them owed for the next sweep."""
+def _requeue_pass(rt: Runtime, why: str) -> int:
+    rt.store.redue_queued_notifications()
+    return _requeue_waiting(rt, rt.store.now_ms(), why)
+
+
+def _retry_failed(rt: Runtime) -> int:
+    """The runs whose requeue failed in a pass, tried again (up to RETRIES sweeps)."""
     requeued = 0
-    if _owed:
-        rt.store.redue_queued_notifications()
-        requeued += _requeue_waiting(rt, rt.store.now_ms(), "; ".join(dict.fromkeys(_owed)))
-        _owed.clear()
     for run_id, failures in list(_failed.items()):
         with about(run_id=run_id):
             try:

@@ -334,6 +334,38 @@ def test_after_a_store_restart_a_run_whose_message_was_lost_goes_on_at_once(
 
 
 @pytest.mark.slow
+def test_a_restart_the_sweeper_was_not_up_for_is_seen_by_the_sweeper_that_comes_next(
+        tmp_path: Path) -> None:
+    """The store fails over (or restarts) while no sweeper has seen it: one that starts
+    afterwards, knowing nothing of the server before, still sees another server than the
+    data was written on, and requeues the run whose message was lost."""
+    server = EmbeddedRedis(tmp_path / "valkey").start()
+    system = LaybySystem(server.url, tmp_path / "system",
+                         env_overrides={"LAYBY_LOST_MESSAGE_S": "300"})
+    try:
+        system.start()
+        store = _store(system)
+        run_id = _lost_message_run(store)
+        store.redis.close()
+        sweeper = system.procs["sweeper"]
+        sweeper.kill()
+        time.sleep(2)  # on disk (appendfsync everysec)
+        port = server.port
+        server.kill()
+        server = EmbeddedRedis(server.data_dir, port=port).start()
+        sweeper.start(system.env)
+        back = time.monotonic()
+
+        single_open(system, run_id)
+        assert time.monotonic() - back < 30
+        assert "run.requeued" in event_types(system, run_id)
+        assert "the store is a new server" in sweeper.output()
+    finally:
+        system.stop()
+        server.stop()
+
+
+@pytest.mark.slow
 def test_a_run_the_requeue_after_a_restart_could_not_take_is_requeued_at_the_next_sweeps(
         tmp_path: Path) -> None:
     """The requeue after a restart (or a failover) meets an error on one run (here a

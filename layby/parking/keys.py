@@ -46,6 +46,10 @@ Global:
 |                      |      | (re)send: a retry's backoff, a reminder; once its |
 |                      |      | delivery is queued, when a lost message would be  |
 | grant:<ref>          | str  | a reviewer token's grant (JSON); expires with it  |
+| server               | str  | the run id of the server (INFO) the sweeper last  |
+|                      |      | requeued waiting runs for, or the first process   |
+|                      |      | saw: another one there means a restart or a       |
+|                      |      | failover since, which may have lost task messages |
 | seen:<what>          | str  | something taken once: a callback's webhook-id     |
 |                      |      | (past the replay tolerance), a reply mail that    |
 |                      |      | was mailed back (a provider's retries are not)    |
@@ -133,6 +137,10 @@ class Keys:
 
     def idempotency(self, key: str) -> str:
         return f"{self.prefix}:idem:{key}"
+
+    @property
+    def server(self) -> str:
+        return f"{self.prefix}:server"
 
     @property
     def notify_due(self) -> str:

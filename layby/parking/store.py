@@ -626,6 +626,16 @@ class Store:
         server may have lost the last writes before it (a task message among them)."""
         return str(self.redis.info("server").get("run_id", ""))
 
+    def noted_server(self) -> str | None:
+        """The server id last noted in the data (`note_server`): kept with the data, so a
+        restart or a failover shows as another id, even to a process that never saw the
+        server before it."""
+        return self.redis.get(self.keys.server)  # type: ignore[no-any-return]
+
+    def note_server(self, server: str | None = None, *, first: bool = False) -> None:
+        """Note this server's id in the data (with `first`, only where none is)."""
+        self.redis.set(self.keys.server, server or self.server_id(), nx=first)
+
     def waiting(self, before_ms: int, limit: int = 200) -> list[str]:
         """Every run queued or resuming since before `before_ms`, a page at a time: a
         requeued run leaves the scan, its place in the index refreshed past it."""
