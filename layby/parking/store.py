@@ -277,8 +277,8 @@ class Store:
             except NoScriptError:
                 if attempt == 2:
                     raise
-                # A restarted or flushed server has lost the script: load it and go again.
-                # Inside MULTI nothing ran (the reads did, and are read again).
+                # A restarted or flushed server has lost the script: load it and send it
+                # again with the reads (NOSCRIPT: the script wrote nothing).
                 self.redis.script_load(script.script)
         raise AssertionError("unreachable")
 
