@@ -226,11 +226,15 @@ def test_a_parked_run_holds_its_history_once_and_its_events_still_carry_it(
     (run_id,) = _park(system, 1, agent)
     keys = Keys(system.settings.key_prefix)
     with redis.Redis.from_url(system.redis_url, decode_responses=True) as client:
-        answers = [{}, {"second": True}] if agent == "test.twice" else ["yes"]
+        # An answer's own "messages" (its payload's, not a step's) is the reviewer's: a
+        # later park must leave it as it was sent.
+        answers = [{"by": "test", "messages": ["kept as sent"]}, {"second": True}] \
+            if agent == "test.twice" else ["yes"]
         for parks, payload in enumerate(answers, start=1):
             stored = client.xrange(keys.events(run_id))
             assert [f["type"] for _, f in stored].count("run.interrupted") == parks
-            assert not [f for _, f in stored if '"messages"' in f.get("data", "")]
+            assert not [f for _, f in stored
+                        if f["type"] in STEP_EVENTS and '"messages"' in f.get("data", "")]
             run = system.run(run_id)
             assert _replayed(system, run_id, run["messages"][:1]) == run["messages"]
             (question,) = system.open_interrupts(run)
@@ -240,6 +244,9 @@ def test_a_parked_run_holds_its_history_once_and_its_events_still_carry_it(
     done = system.wait_status(run_id, "completed")
     assert _replayed(system, run_id, done["messages"][:1]) == done["messages"]
     assert done["result"] in ("You said yes.", "Result: launch")
+    given = [e["data"]["data"]["payload"] for e in sse.history(system, run_id)
+             if e["event"] == "interrupt.answered"]
+    assert given == answers
 
 
 def test_a_run_parked_by_an_older_layby_is_answered_and_finishes(isolated: Any) -> None:

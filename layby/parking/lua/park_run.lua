@@ -20,20 +20,27 @@
 -- run's history holds them; readers fill them in from there, by the event's `from` and
 -- `historyTo`). A step writes `messages` as its event's last key, after keys whose values
 -- cannot hold `,"` (numbers, ids, the result's string), so the first `,"messages":[` is
--- where it starts. Events of an older layby (messages first) are kept as they are.
+-- where it starts. Only a step's event is cut (any other event's data, an answer's payload
+-- say, may hold a "messages" of its own); so is one of an older layby (messages first, no
+-- `historyTo`) kept as it is.
 local CUT = ',"messages":['
+local STEP_EVENTS = {['turn.committed'] = true, ['run.interrupted'] = true,
+                     ['run.completed'] = true}
 local function compact_events()
   local entries = redis.call('XRANGE', EVENTS, '-', '+')
   local cut = false
   for _, entry in ipairs(entries) do
-    local fields = entry[2]
+    local fields, kind, data_at = entry[2], nil, nil
     for i = 1, #fields, 2 do
-      if fields[i] == 'data' then
-        local at = string.find(fields[i + 1], CUT, 1, true)
-        if at then
-          fields[i + 1] = string.sub(fields[i + 1], 1, at - 1) .. '}'
-          cut = true
-        end
+      if fields[i] == 'type' then kind = fields[i + 1] end
+      if fields[i] == 'data' then data_at = i + 1 end
+    end
+    local data = data_at and fields[data_at]
+    if STEP_EVENTS[kind] and data and string.find(data, '"historyTo"', 1, true) then
+      local at = string.find(data, CUT, 1, true)
+      if at then
+        fields[data_at] = string.sub(data, 1, at - 1) .. '}'
+        cut = true
       end
     end
   end
