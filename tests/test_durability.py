@@ -12,7 +12,7 @@ import subprocess
 import time
 from datetime import datetime
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -304,33 +304,50 @@ def test_parked_runs_survive_a_restart_of_the_redis_server(tmp_path: Path, stop:
         server.stop()
 
 
+@contextmanager
+def _to_restart(tmp_path: Path
+                ) -> Iterator[tuple[LaybySystem, Store, Callable[[], EmbeddedRedis]]]:
+    """A system on a Valkey of its own (LAYBY_LOST_MESSAGE_S 300 s, so only a requeue
+    after the restart brings a lost message's run on in time), its store, and `restart`:
+    the server killed once its append-only file has the last writes (appendfsync
+    everysec; the sweeper has seen the server by then), then started again on the same
+    port and data."""
+    servers = [EmbeddedRedis(tmp_path / "valkey").start()]
+    system = LaybySystem(servers[0].url, tmp_path / "system",
+                         env_overrides={"LAYBY_LOST_MESSAGE_S": "300"})
+
+    def restart() -> EmbeddedRedis:
+        store.redis.close()
+        time.sleep(2)
+        old = servers[-1]
+        old.kill()
+        servers.append(EmbeddedRedis(old.data_dir, port=old.port).start())
+        return servers[-1]
+
+    try:
+        system.start()
+        store = _store(system)
+        yield system, store, restart
+    finally:
+        system.stop()
+        servers[-1].stop()
+
+
 @pytest.mark.slow
 def test_after_a_store_restart_a_run_whose_message_was_lost_goes_on_at_once(
         tmp_path: Path) -> None:
     """A run queued whose task message the store lost (its last writes before a crash or a
     failover): once the store is back, the sweeper sees a new server and queues the step
-    again at once, not after LAYBY_LOST_MESSAGE_S (300 s here)."""
-    server = EmbeddedRedis(tmp_path / "valkey").start()
-    system = LaybySystem(server.url, tmp_path / "system",
-                         env_overrides={"LAYBY_LOST_MESSAGE_S": "300"})
-    try:
-        system.start()
-        store = _store(system)
+    again at once, not after LAYBY_LOST_MESSAGE_S."""
+    with _to_restart(tmp_path) as (system, store, restart):
         run_id = _lost_message_run(store)
-        store.redis.close()
-        time.sleep(2)  # the sweeper has seen the server
-        port = server.port
-        server.kill()
-        server = EmbeddedRedis(server.data_dir, port=port).start()
+        restart()
         back = time.monotonic()
 
         single_open(system, run_id)
         assert time.monotonic() - back < 30
         assert "run.requeued" in event_types(system, run_id)
         assert "the store is a new server" in system.procs["sweeper"].output()
-    finally:
-        system.stop()
-        server.stop()
 
 
 @pytest.mark.slow
@@ -339,20 +356,11 @@ def test_a_restart_the_sweeper_was_not_up_for_is_seen_by_the_sweeper_that_comes_
     """The store fails over (or restarts) while no sweeper has seen it: one that starts
     afterwards, knowing nothing of the server before, still sees another server than the
     data was written on, and requeues the run whose message was lost."""
-    server = EmbeddedRedis(tmp_path / "valkey").start()
-    system = LaybySystem(server.url, tmp_path / "system",
-                         env_overrides={"LAYBY_LOST_MESSAGE_S": "300"})
-    try:
-        system.start()
-        store = _store(system)
+    with _to_restart(tmp_path) as (system, store, restart):
         run_id = _lost_message_run(store)
-        store.redis.close()
         sweeper = system.procs["sweeper"]
         sweeper.kill()
-        time.sleep(2)  # on disk (appendfsync everysec)
-        port = server.port
-        server.kill()
-        server = EmbeddedRedis(server.data_dir, port=port).start()
+        restart()
         sweeper.start(system.env)
         back = time.monotonic()
 
@@ -360,9 +368,6 @@ def test_a_restart_the_sweeper_was_not_up_for_is_seen_by_the_sweeper_that_comes_
         assert time.monotonic() - back < 30
         assert "run.requeued" in event_types(system, run_id)
         assert "the store is a new server" in sweeper.output()
-    finally:
-        system.stop()
-        server.stop()
 
 
 @pytest.mark.slow
@@ -371,22 +376,13 @@ def test_a_run_the_requeue_after_a_restart_could_not_take_is_requeued_at_the_nex
     """The requeue after a restart (or a failover) meets an error on one run (here a
     record it cannot read, WRONGTYPE; at a failover, the new primary still settling): the
     other runs go on, and that one is tried again at the next sweeps instead of waiting
-    for LAYBY_LOST_MESSAGE_S (300 s here)."""
-    server = EmbeddedRedis(tmp_path / "valkey").start()
-    system = LaybySystem(server.url, tmp_path / "system",
-                         env_overrides={"LAYBY_LOST_MESSAGE_S": "300"})
-    try:
-        system.start()
-        store = _store(system)
+    for LAYBY_LOST_MESSAGE_S."""
+    with _to_restart(tmp_path) as (system, store, restart):
         troubled, fine = _lost_message_run(store), _lost_message_run(store)
         key = store.keys.run(troubled)
         store.redis.rename(key, key + ":aside")
         store.redis.set(key, "not a run")
-        store.redis.close()
-        time.sleep(2)  # the sweeper has seen the server; the append-only file has it all
-        port = server.port
-        server.kill()
-        server = EmbeddedRedis(server.data_dir, port=port).start()
+        server = restart()
 
         single_open(system, fine)  # the pass went on past the run it could not requeue
         sweeper = system.procs["sweeper"]
@@ -398,9 +394,6 @@ def test_a_run_the_requeue_after_a_restart_could_not_take_is_requeued_at_the_nex
         single_open(system, troubled)
         assert time.monotonic() - healed < 30
         assert "run.requeued" in event_types(system, troubled)
-    finally:
-        system.stop()
-        server.stop()
 
 
 # -- the outbox ----------------------------------------------------------------------------
