@@ -35,7 +35,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import AsyncExitStack, ExitStack, aclosing
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote, unquote
@@ -140,6 +140,13 @@ def _start(agent: str, input: Any, messages: list[Message] | list[dict[str, Any]
     # A key of its own when the caller gives none: a retry never starts a second run.
     return _Call("POST", "/v1/runs", body,
                  headers={"Idempotency-Key": idempotency_key or _new_key()})
+
+
+def _request(http: httpx.Client | httpx.AsyncClient, call: _Call,
+             timeout: httpx.Timeout | None) -> httpx.Request:
+    return http.build_request(call.method, call.path, json=call.json, params=call.params,
+                              headers=call.headers,
+                              timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
 
 
 def _stream_run(agent: str, input: Any,
@@ -408,11 +415,13 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def _send(self, call: _Call) -> httpx.Response:
+    def _send(self, call: _Call, *, stream: bool = False,
+              timeout: httpx.Timeout | None = None) -> httpx.Response:
+        """The call's response, retried as the module says; with `stream`, its body not read
+        yet (the caller closes it)."""
         for attempt in range(len(RETRY_DELAYS_S) + 1):
             try:
-                response = self._http.request(call.method, call.path, json=call.json,
-                                              params=call.params, headers=call.headers)
+                response = self._http.send(_request(self._http, call, timeout), stream=stream)
             except httpx.TransportError:
                 delay = _retry_delay(attempt, None) if call.retriable else None
                 if delay is None:
@@ -421,6 +430,7 @@ class Client:
                 delay = _retry_delay(attempt, response) if call.retriable else None
                 if delay is None:
                     return response
+                response.close()
             time.sleep(delay)
         raise AssertionError("unreachable")
 
@@ -555,11 +565,12 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _send(self, call: _Call) -> httpx.Response:
+    async def _send(self, call: _Call, *, stream: bool = False,
+                    timeout: httpx.Timeout | None = None) -> httpx.Response:
         for attempt in range(len(RETRY_DELAYS_S) + 1):
             try:
-                response = await self._http.request(call.method, call.path, json=call.json,
-                                                    params=call.params, headers=call.headers)
+                response = await self._http.send(_request(self._http, call, timeout),
+                                                 stream=stream)
             except httpx.TransportError:
                 delay = _retry_delay(attempt, None) if call.retriable else None
                 if delay is None:
@@ -568,6 +579,7 @@ class AsyncClient:
                 delay = _retry_delay(attempt, response) if call.retriable else None
                 if delay is None:
                     return response
+                await response.aclose()
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
@@ -682,59 +694,45 @@ class RunStream:
 
     def __init__(self, client: Client, call: _Call, follow: bool) -> None:
         self._client, self._call, self._follow = client, call, follow
-        self._exit = ExitStack()
         self._state = _Stream(None, None)
         self._response: httpx.Response | None = None
         self.id = ""
         self.replayed = False  # the Idempotency-Key was seen before: a run started earlier
 
     def __enter__(self) -> RunStream:
-        call, http = self._call, self._client._http
+        # Retried like any keyed call: the same key again never starts a second run.
+        response = self._client._send(self._call, stream=True, timeout=self._state.timeout())
         try:
-            for attempt in range(len(RETRY_DELAYS_S) + 1):
-                try:
-                    response = self._exit.enter_context(http.stream(
-                        call.method, call.path, json=call.json, params=call.params,
-                        headers=call.headers, timeout=self._state.timeout()))
-                except httpx.TransportError:
-                    delay = _retry_delay(attempt, None)  # same key: never a second run
-                    if delay is None:
-                        raise
-                else:
-                    if response.is_error or not _streamed(response):
-                        response.read()
-                        self._exit.close()
-                    if not response.is_error:
-                        self.id, self.replayed = _started(response)
-                        self._response = response if _streamed(response) else None
-                        return self
-                    delay = _retry_delay(attempt, response)
-                    if delay is None:
-                        raise _refusal(response)
-                time.sleep(delay)
-            raise AssertionError("unreachable")
-        except BaseException:
-            self._exit.close()
-            raise
+            if response.is_error or not _streamed(response):
+                response.read()
+            if response.is_error:
+                raise _refusal(response)
+            self.id, self.replayed = _started(response)
+        finally:
+            if not _streamed(response) or not self.id:
+                response.close()
+        self._response = response if _streamed(response) else None
+        return self
 
     def __exit__(self, *_: object) -> None:
-        self._exit.close()
+        if self._response is not None:
+            self._response.close()
 
     def __iter__(self) -> Iterator[Event]:
         if not self.id:
             raise RuntimeError("iterate a run stream inside its `with` block")
         response, self._response = self._response, None
-        if response is None:  # the run came as JSON: its events are read from the start
-            yield from self._client._events(self.id, None, self._follow, None, self._state)
-            return
-        try:
-            yield from _lines(response, self._state)
-        except httpx.TransportError as exc:
-            time.sleep(self._state.failed(exc))
-        finally:
-            self._exit.close()
-        if self._follow and not self._state.ended:
-            yield from self._client._events(self.id, None, True, None, self._state)
+        if response is not None:
+            try:
+                yield from _lines(response, self._state)
+            except httpx.TransportError as exc:
+                time.sleep(self._state.failed(exc))
+            finally:
+                response.close()
+            if self._state.ended or not self._follow:
+                return
+        # The run came as JSON (its events read from the start), or the stream dropped.
+        yield from self._client._events(self.id, None, self._follow, None, self._state)
 
 
 class AsyncRunStream:
@@ -742,63 +740,47 @@ class AsyncRunStream:
 
     def __init__(self, client: AsyncClient, call: _Call, follow: bool) -> None:
         self._client, self._call, self._follow = client, call, follow
-        self._exit = AsyncExitStack()
         self._state = _Stream(None, None)
         self._response: httpx.Response | None = None
         self.id = ""
         self.replayed = False
 
     async def __aenter__(self) -> AsyncRunStream:
-        call, http = self._call, self._client._http
+        response = await self._client._send(self._call, stream=True,
+                                            timeout=self._state.timeout())
         try:
-            for attempt in range(len(RETRY_DELAYS_S) + 1):
-                try:
-                    response = await self._exit.enter_async_context(http.stream(
-                        call.method, call.path, json=call.json, params=call.params,
-                        headers=call.headers, timeout=self._state.timeout()))
-                except httpx.TransportError:
-                    delay = _retry_delay(attempt, None)
-                    if delay is None:
-                        raise
-                else:
-                    if response.is_error or not _streamed(response):
-                        await response.aread()
-                        await self._exit.aclose()
-                    if not response.is_error:
-                        self.id, self.replayed = _started(response)
-                        self._response = response if _streamed(response) else None
-                        return self
-                    delay = _retry_delay(attempt, response)
-                    if delay is None:
-                        raise _refusal(response)
-                await asyncio.sleep(delay)
-            raise AssertionError("unreachable")
-        except BaseException:
-            await self._exit.aclose()
-            raise
+            if response.is_error or not _streamed(response):
+                await response.aread()
+            if response.is_error:
+                raise _refusal(response)
+            self.id, self.replayed = _started(response)
+        finally:
+            if not _streamed(response) or not self.id:
+                await response.aclose()
+        self._response = response if _streamed(response) else None
+        return self
 
     async def __aexit__(self, *_: object) -> None:
-        await self._exit.aclose()
+        if self._response is not None:
+            await self._response.aclose()
 
     async def __aiter__(self) -> AsyncIterator[Event]:
         if not self.id:
             raise RuntimeError("iterate a run stream inside its `async with` block")
         response, self._response = self._response, None
-        if response is None:
-            async for event in self._client._events(self.id, None, self._follow, None,
-                                                    self._state):
-                yield event
-            return
-        try:
-            async for event in _alines(response, self._state):
-                yield event
-        except httpx.TransportError as exc:
-            await asyncio.sleep(self._state.failed(exc))
-        finally:
-            await self._exit.aclose()
-        if self._follow and not self._state.ended:
-            async for event in self._client._events(self.id, None, True, None, self._state):
-                yield event
+        if response is not None:
+            try:
+                async for event in _alines(response, self._state):
+                    yield event
+            except httpx.TransportError as exc:
+                await asyncio.sleep(self._state.failed(exc))
+            finally:
+                await response.aclose()
+            if self._state.ended or not self._follow:
+                return
+        async for event in self._client._events(self.id, None, self._follow, None,
+                                                self._state):
+            yield event
 
 
 __all__ = ["AsyncClient", "AsyncRunStream", "Client", "RunStream"]
