@@ -597,6 +597,34 @@ def test_a_run_started_as_a_stream_is_followed_in_the_same_request(
     assert "messages" in _refused(empty, 422)["message"]
 
 
+def test_a_follower_that_hangs_up_frees_the_read_it_waited_in(system: LaybySystem) -> None:
+    """A client that closes its event stream while the run waits: the gateway stops
+    following for it then, not when the run ends (a waiting read holds a Redis
+    connection, and a parked run may wait for days)."""
+    run, _ = _parked(system, "demo.trivia", "quiz me")
+    server = redis.Redis.from_url(system.redis_url)
+
+    def reads_waiting() -> int:
+        return sum(1 for c in server.client_list()
+                   if c.get("cmd") == "xread" and "b" in c.get("flags", ""))
+
+    def until(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while reads_waiting() != count:
+            assert time.monotonic() < deadline, f"{reads_waiting()} reads wait, not {count}"
+            time.sleep(0.05)
+
+    before = reads_waiting()
+    with system.api() as api, api.stream("GET", f"/v1/runs/{run['id']}/events") as stream:
+        for event in sse.parse(stream.iter_lines()):
+            if event["event"] == "run.interrupted":
+                break
+        until(before + 1)
+    until(before)
+    server.close()
+    assert system.run(run["id"])["status"] == "interrupted"
+
+
 def test_event_stream_refusals_come_before_streaming(system: LaybySystem) -> None:
     run = system.start_run("demo.trivia", "quiz me")
     with system.api() as api:

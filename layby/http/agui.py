@@ -49,13 +49,12 @@ from ag_ui.core import (
 )
 from ag_ui.encoder import EventEncoder
 from fastapi import APIRouter, Depends, Path, Request
-from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from layby.control import Runtime, commands
 from layby.http.deps import Caller, Rt, sane_body
 from layby.http.errors import documented, event_stream
-from layby.http.events import run_events
+from layby.http.events import EventStreamResponse, run_events
 from layby.errors import Conflict, Invalid, LaybyError, NotFound
 from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
 from layby.generation.messages import Message, Part, load_messages
@@ -377,13 +376,13 @@ async def _refused(encoder: EventEncoder, cursor: Cursor,
         yield encoder.encode(item)
 
 
-@router.post("/agui/{agent}", response_class=StreamingResponse,
+@router.post("/agui/{agent}", response_class=EventStreamResponse,
              responses={200: event_stream("the run as AG-UI events (server-sent events)",
                                           {"type": "object", "required": ["type"]}),
                         **documented(400, 401, 404, 413, 422, 503)},
              dependencies=[Depends(sane_body)])
 async def run_agent(agent: Annotated[str, Path(max_length=200)], body: RunAgentInput,
-                    request: Request, rt: Rt, caller: Caller) -> StreamingResponse:
+                    request: Request, rt: Rt, caller: Caller) -> EventStreamResponse:
     """Run (or resume) the thread's layby run and stream it as AG-UI events."""
     if agent not in rt.agents:  # a wrong URL, not a run that went wrong
         raise NotFound(f"no agent named {agent!r}", detail={"agents": sorted(rt.agents)})
@@ -396,5 +395,5 @@ async def run_agent(agent: Annotated[str, Path(max_length=200)], body: RunAgentI
     else:
         cursor.seen = plan.seen
         stream = _stream(rt, encoder, cursor, plan, body.state)
-    return StreamingResponse(stream, media_type=encoder.get_content_type(),
+    return EventStreamResponse(stream, media_type=encoder.get_content_type(),
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

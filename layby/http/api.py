@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from layby.control import Runtime, commands
@@ -21,7 +21,7 @@ from layby.parking import Verdict
 from layby.parking.registries import CURSOR
 from layby.http.deps import Caller, Rt, SaneBody
 from layby.http.errors import documented, event_stream
-from layby.http.events import EVENT_ID, run_exists, sse
+from layby.http.events import EVENT_ID, EventStreamResponse, run_exists, sse
 from layby.generation.messages import Wire
 from layby.wire import (
     Answered,
@@ -97,7 +97,7 @@ async def start_run(request: Request, body: StartRun, rt: Rt, _: Caller,
     if not created:
         headers["Idempotent-Replayed"] = "true"
     if _wants_events(request.headers.get("accept", "")):
-        return StreamingResponse(sse(rt, view.id, "0-0", follow), status_code=202,
+        return EventStreamResponse(sse(rt, view.id, "0-0", follow), status_code=202,
                                  media_type="text/event-stream",
                                  headers={**headers, **STREAM_HEADERS})
     return _json(view, status_code=202, headers=headers)
@@ -163,7 +163,7 @@ def cancel(run_id: RunId, rt: Rt, caller: Caller, body: CancelBody | None = None
     return _json(commands.cancel(rt, run_id, by=caller, reason=body.reason if body else None))
 
 
-@router.get("/runs/{run_id}/events", response_class=StreamingResponse,
+@router.get("/runs/{run_id}/events", response_class=EventStreamResponse,
             operation_id="runEvents", responses={
                 200: event_stream("the run's events, as server-sent events",
                                   {"$ref": "#/components/schemas/Event"}),
@@ -173,14 +173,14 @@ async def events(run_id: RunId, rt: Rt, _: Caller,
                      max_length=39, json_schema_extra={"pattern": EVENT_ID.pattern},
                      description="the `id` of the last event read: the stream goes on "
                                  "after it")] = None,
-                 follow: bool = True) -> StreamingResponse:
+                 follow: bool = True) -> EventStreamResponse:
     # 404 before the stream starts (read on the event loop's own client: no thread).
     if not await run_exists(rt, run_id):
         commands.not_found(run_id)
     if last_event_id is not None and not EVENT_ID.match(last_event_id):
         raise Invalid(f"Last-Event-ID {last_event_id[:100]!r} is not an event id "
                       "(give the `id:` of an event this stream sent, like 1700000000000-0)")
-    return StreamingResponse(sse(rt, run_id, last_event_id or "0-0", follow),
+    return EventStreamResponse(sse(rt, run_id, last_event_id or "0-0", follow),
                              media_type="text/event-stream", headers=STREAM_HEADERS)
 
 

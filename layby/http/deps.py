@@ -28,7 +28,9 @@ class _Bearer(HTTPBearer):
 bearer = _Bearer(auto_error=False, scheme_name="HTTPBearer")
 
 
-def runtime_of(request: Request) -> Runtime:
+# The dependencies are `async def` though nothing in them waits: FastAPI runs a plain `def`
+# dependency on a worker thread, a hop that costs more than the dependency itself.
+async def runtime_of(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
 
@@ -46,7 +48,7 @@ def check_key(rt: Runtime, credentials: HTTPAuthorizationCredentials | None) -> 
     return f"api-key:{given[:4]}…"
 
 
-def require_key(request: Request, rt: Rt,
+async def require_key(request: Request, rt: Rt,
                 credentials: Annotated[HTTPAuthorizationCredentials | None,
                                        Depends(bearer)]) -> str:
     caller = getattr(request.state, "caller", None)  # checked by the first middleware

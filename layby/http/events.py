@@ -9,6 +9,9 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from typing import Any
 
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
 from layby.control import Runtime
 from layby.control.connections import async_redis
 from layby.parking import events
@@ -18,6 +21,26 @@ from layby.wire import FINAL_EVENTS, Event
 # Each part is at most 19 digits: Redis reads them as 64-bit numbers, and 20 digits can
 # overflow (ids it makes have 13 and a few).
 EVENT_ID = re.compile(r"^\d{1,19}(-\d{1,19})?$")
+
+
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events, streamed until they end or the client goes, whichever is first.
+    Starlette's StreamingResponse races the two in an anyio task group; plain asyncio tasks
+    do the same for less, which counts on a stream of a few short bursts (a run's cycle
+    over HTTP is two requests and one such stream)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        streaming = asyncio.ensure_future(self.stream_response(send))
+        gone = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait((streaming, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Cancelled mid-read, the stream's Redis connection is dropped, not reused.
+            for task in (streaming, gone):
+                task.cancel()
+            await asyncio.gather(streaming, gone, return_exceptions=True)
+        if not streaming.cancelled() and streaming.exception() is not None:
+            raise streaming.exception()  # type: ignore[misc]
 
 
 # One async client per runtime and event loop, shared by every stream the gateway follows:
