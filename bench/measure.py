@@ -124,7 +124,7 @@ def layby_cycles(rt: Runtime, runs: int, in_flight: int, timeout_s: float) -> La
             done = False
             for event_id, fields in entries:
                 streams[key] = max(streams[key], event_id, key=_stream_id)
-                done = _on_event(rt, cycle, fields, streams, key) or done
+                done = _on_event(rt, cycle, event_id, fields, streams, key) or done
             if done:
                 finished.append(active.pop(key))
                 del streams[key]
@@ -136,12 +136,12 @@ def _stream_id(event_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _on_event(rt: Runtime, cycle: Cycle, fields: dict[str, str], streams: dict[str, str],
-              key: str) -> bool:
+def _on_event(rt: Runtime, cycle: Cycle, event_id: str, fields: dict[str, str],
+              streams: dict[str, str], key: str) -> bool:
     """Note the event's time, answer an interrupt; True when the run is over. An answer
     follows the stream from after the events it wrote itself (as a client that follows a
     run's events from its own last write does): they are not read back."""
-    kind, at = fields["type"], int(fields["at"])
+    kind, at = fields["type"], recorded_at(event_id, fields)
     if kind == "run.created":
         cycle.created_at = at
     elif kind == "run.started":

@@ -76,7 +76,7 @@ class _Plan(Announcements):
         # Stored past the token's own expiry, so that an expired link still opens a page
         # saying the request expired (verify refuses it as an answer).
         keep_s = grant.expires - self.now + self.settings.retention_s
-        self.grants.append((ref, grant.dumps(), int(keep_s * 1000)))
+        self.grants.append((ref, grant.stored(), int(keep_s * 1000)))
         return token
 
     def away_handovers(self, intr: InterruptView) -> InterruptView:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,11 @@ def test_a_cycle_takes_two_tasks_and_a_parked_run_keeps_only_what_it_holds(
         held = sum(len(k) + len(v) for _, fields in client.xrange(keys.events(run_id))
                    for k, v in fields.items())
         assert client.memory_usage(keys.events(run_id), samples=0) < held + 1024
+        # Nor does its hash keep what a parked run has no use for: its id (the key says
+        # it), metadata it was not given, the claim of the step that parked it.
+        kept = set(client.hkeys(keys.run(run_id)))
+        assert not kept & {"id", "metadata", "lease_owner", "lease_until", "attempts"}, kept
+        assert {"agent", "status", "version", "messages", "open", "waiting"} <= kept, kept
         # The park planned nothing here (no reviewers), and queued no task: the run waits.
         assert client.llen(TURNS) == 0 and client.llen(NOTIFY) == 0
 
@@ -200,6 +206,13 @@ def test_a_cycle_takes_two_tasks_and_a_parked_run_keeps_only_what_it_holds(
         text = api.get(f"/v1/runs/{run_id}/events", params={"follow": "false"}).text
     # One task took the first turn and parked, one resumed and finished.
     assert text.count("event: run.started") == 2
+    # When each event happened is its id's time: the stream does not store it twice, and
+    # readers still get it.
+    with redis.Redis.from_url(system.redis_url, decode_responses=True) as client:
+        assert not [f for _, f in client.xrange(keys.events(run_id)) if "at" in f]
+    for event in sse.history(system, run_id):
+        written = datetime.fromisoformat(event["data"]["at"].replace("Z", "+00:00"))
+        assert round(written.timestamp() * 1000) == int(event["id"].split("-")[0]), event
 
 
 def _replayed(system: LaybySystem, run_id: str, started_with: list[dict[str, Any]]

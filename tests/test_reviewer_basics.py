@@ -65,6 +65,13 @@ def test_a_grant_edited_in_the_store_no_longer_verifies() -> None:
         verify(KEYS, token, stored.get)
 
 
+def test_a_grant_reads_back_as_stored_now_and_as_an_older_layby_stored_it() -> None:
+    given = grant()
+    assert Grant.loads(given.stored()) == given
+    assert len(given.stored()) < len(given.dumps()) - 40  # held as long as the token
+    assert Grant.loads(given.dumps()) == given  # an older layby's, still in the store
+
+
 def test_an_expired_token_is_refused() -> None:
     token, stored = minted()
     with pytest.raises(BadToken, match="expired"):

@@ -69,9 +69,16 @@ async def fill_async(client: AsyncRedis, key: str, found: list[tuple[str, dict[s
     return _with_messages(found, await client.hget(run_key(key), "messages"))
 
 
+def recorded_at(event_id: str, fields: dict[str, str]) -> int:
+    """When the event was written (ms): its id's time (an entry of an older layby says it
+    in its `at` field too)."""
+    return int(fields.get("at") or event_id.partition("-")[0])
+
+
 def event_of(event_id: str, fields: dict[str, str]) -> Event:
     return Event(id=event_id, type=fields["type"], version=int(fields["version"]),
-                 at=iso(fields["at"]), data=json.loads(fields.get("data") or "null"))
+                 at=iso(recorded_at(event_id, fields)),
+                 data=json.loads(fields.get("data") or "null"))
 
 
 def read(client: Redis, key: str, after: str = "0-0", *, block_ms: int | None = None,
@@ -122,7 +129,7 @@ def wire_json(event_id: str, fields: dict[str, str]) -> str:
     """An entry as `Event.wire()` writes it, with its data (JSON as stored) spliced in
     unparsed."""
     return (f'{{"id":"{event_id}","type":{json.dumps(fields["type"])},'
-            f'"version":{int(fields["version"])},"at":"{iso(fields["at"])}",'
+            f'"version":{int(fields["version"])},"at":"{iso(recorded_at(event_id, fields))}",'
             f'"data":{fields.get("data") or "null"}}}')
 
 

@@ -4,9 +4,10 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 
 | key          | type   | holds                                                   | lifetime          |
 |--------------|--------|---------------------------------------------------------|-------------------|
-| run          | hash   | id, agent, status, version, messages (JSON), input,     | until retention   |
-|              |        | metadata, result, error, lease_owner, lease_until ('' / | after the end     |
-|              |        | 0 when unclaimed), attempts, open (ids of interrupts    |                   |
+| run          | hash   | agent, status, version, messages (JSON), input,         | until retention   |
+|              |        | metadata (only when given), result, error, lease_owner, | after the end     |
+|              |        | lease_until ('' / 0 when unclaimed, absent while        |                   |
+|              |        | parked), attempts (absent: 0), open (ids of interrupts  |                   |
 |              |        | waiting for an answer, space-separated), waiting (ids   |                   |
 |              |        | of those the last park waited on), checkpointed ('1'    |                   |
 |              |        | while the step saved checkpoints), noted ('0' while the |                   |
@@ -19,7 +20,8 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 |              |        | by the next write                                       |                   |
 | checkpoints  | hash   | "model", "tool:<ref>" → results within the current      | cleared at every  |
 |              |        | version (field "v" holds that version)                  | commit            |
-| events       | stream | type, version, at (ms), data (JSON); capped; copied to  | same as run       |
+| events       | stream | type, version, data (JSON), when: the entry id's ms (an | same as run       |
+|              |        | older layby's entries also have `at`); capped; copied to|                   |
 |              |        | an exact fit when the run parks, its steps' events then |                   |
 |              |        | without their messages (`from`/`historyTo` say where    |                   |
 |              |        | they are in the history; parking.events fills them in)  |                   |

@@ -442,13 +442,12 @@ class Store:
         their answers and which are open. (The answer's script checks again what can have
         changed since: no transaction needed here.)"""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(self.keys.run(run_id), "id", "agent", "status", "version", "metadata",
-                   "open")
+        pipe.hmget(self.keys.run(run_id), "agent", "status", "version", "metadata", "open")
         self._read_interrupts(pipe, run_id)
         raw, specs, answers = pipe.execute()
         record = None if raw[0] is None else RunRecord(
-            raw[0], raw[1], Status(raw[2]), int(raw[3]), [], json.loads(raw[4] or "{}"))
-        return (record, *_interrupts(specs, answers, self._open(run_id, raw[5])))
+            run_id, raw[0], Status(raw[1]), int(raw[2]), [], json.loads(raw[3] or "{}"))
+        return (record, *_interrupts(specs, answers, self._open(run_id, raw[4])))
 
     def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
         pipe = self.redis.pipeline(transaction=True)
@@ -497,7 +496,7 @@ class Store:
         specs, answers, open_ids = _interrupts(found, given, self._open(run_id, raw.get("open")))
         reviews = _reviews(review)
         return RunView(
-            id=raw["id"], agent=raw["agent"], status=Status(raw["status"]),
+            id=run_id, agent=raw["agent"], status=Status(raw["status"]),
             version=int(raw["version"]), input=json.loads(raw.get("input") or "null"),
             messages=load_messages(json.loads(raw["messages"])),
             interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids,
@@ -531,15 +530,15 @@ class Store:
     def _summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
         pipe = self.redis.pipeline(transaction=False)
         for run_id, _ in scored:
-            pipe.hmget(self.keys.run(run_id), "id", "agent", "status", "version",
-                       "created_at", "updated_at", "open")
+            pipe.hmget(self.keys.run(run_id), "agent", "status", "version", "created_at",
+                       "updated_at", "open")
         out = []
-        for raw in pipe.execute():
+        for (run_id, _), raw in zip(scored, pipe.execute(), strict=True):
             if raw[0] is not None:  # expired after retention; the sweeper prunes the index
-                out.append(RunSummary(id=raw[0], agent=raw[1], status=Status(raw[2]),
-                                      version=int(raw[3]),
-                                      open_interrupts=len(self._open(raw[0], raw[6])),
-                                      created_at=iso(raw[4]), updated_at=iso(raw[5])))
+                out.append(RunSummary(id=run_id, agent=raw[0], status=Status(raw[1]),
+                                      version=int(raw[2]),
+                                      open_interrupts=len(self._open(run_id, raw[5])),
+                                      created_at=iso(raw[3]), updated_at=iso(raw[4])))
         return out
 
     def events(self, run_id: str, after: str = "0-0", *, block_ms: int | None = None,

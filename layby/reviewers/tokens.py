@@ -50,11 +50,20 @@ class Grant:
     expires: int  # epoch seconds
 
     def dumps(self) -> str:
+        """What the signature covers."""
         return json.dumps(asdict(self), separators=(",", ":"))
+
+    def stored(self) -> str:
+        """As the store keeps it, for as long as the token lives: its values in field order
+        (their names would be a third of it)."""
+        return json.dumps([self.run_id, self.interrupt_id, self.reviewer, self.version,
+                           self.expires], separators=(",", ":"))
 
     @classmethod
     def loads(cls, raw: str) -> Grant:
-        return cls(**json.loads(raw))
+        value = json.loads(raw)
+        # A grant an older layby stored is an object.
+        return cls(**value) if isinstance(value, dict) else cls(*value)
 
 
 def parse_keys(spec: str) -> dict[str, bytes]:

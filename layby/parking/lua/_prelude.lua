@@ -39,11 +39,13 @@ local function set_status(new, now, old)
 end
 
 -- Appends to the run's events; returns the new entry's id (LAST_EVENT keeps the latest,
--- which transitions return so their caller can follow the stream from after them).
+-- which transitions return so their caller can follow the stream from after them). When it
+-- happened is the id's time, the server's clock as this script runs (`now` too): not
+-- written again in each entry, which a parked run would hold for as long as it waits.
 local LAST_EVENT = ''
 local function event(kind, version, data, now)
   LAST_EVENT = redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_MAX, '*',
-                          'type', kind, 'version', version, 'at', now, 'data', data or '{}')
+                          'type', kind, 'version', version, 'data', data or '{}')
   return LAST_EVENT
 end
 
@@ -124,14 +126,22 @@ end
 
 -- A step's commit: the claim released, the messages and the next version written at once
 -- (the caller checked the claim, so the version is `version` + 1), with `extra` fields.
--- `checkpointed`: the step saved checkpoints (to drop now).
-local function commit_step(version, messages, now, checkpointed, extra)
+-- `checkpointed`: the step saved checkpoints (to drop now). `parks`: the run now waits,
+-- maybe for days: its claim's fields are deleted rather than emptied (readers take them
+-- as absent either way), one call more for bytes it would hold all that time.
+local function commit_step(version, messages, now, checkpointed, extra, parks)
   local v = tonumber(version) + 1
   -- `waiting` is a park's: any other commit leaves nothing to wait on (a park's own
   -- value, later in the same HSET, wins).
-  redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
-             'attempts', 0, 'lease_owner', '', 'lease_until', 0, 'checkpointed', '',
-             'waiting', '', unpack(extra or {}))
+  if parks then
+    redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
+               'checkpointed', '', 'waiting', '', unpack(extra or {}))
+    redis.call('HDEL', RUN, 'attempts', 'lease_owner', 'lease_until')
+  else
+    redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
+               'attempts', 0, 'lease_owner', '', 'lease_until', 0, 'checkpointed', '',
+               'waiting', '', unpack(extra or {}))
+  end
   redis.call('ZREM', LEASES, ID)
   if checkpointed then redis.call('DEL', CHECKPOINTS) end
   return v

@@ -15,10 +15,16 @@ if IDEMPOTENCY ~= '' then
   if existing then return {'exists', existing} end
 end
 if redis.call('EXISTS', RUN) == 1 then return {'exists', new_id} end
-redis.call('HSET', RUN, 'id', new_id, 'agent', agent, 'version', 1, 'status', 'queued',
-           'input', input, 'messages', messages, 'metadata', metadata,
-           'created_at', now, 'updated_at', now, 'open', '', 'noted', '0',
-           'checkpointed', '')
+-- The run's id is its key's; metadata is written only when there is some (readers take
+-- an absent field for `{}`): bytes every run would hold, however long it is parked.
+local fields = {'agent', agent, 'version', 1, 'status', 'queued', 'input', input,
+                'messages', messages, 'created_at', now, 'updated_at', now, 'open', '',
+                'noted', '0', 'checkpointed', ''}
+if metadata ~= '{}' then
+  table.insert(fields, 'metadata')
+  table.insert(fields, metadata)
+end
+redis.call('HSET', RUN, unpack(fields))
 redis.call('ZADD', INDEX.queued, now, ID)
 if IDEMPOTENCY ~= '' then redis.call('SET', IDEMPOTENCY, new_id, 'EX', tonumber(idem_ttl_s)) end
 event('run.created', 1, cjson.encode({agent = agent}), now)

@@ -96,7 +96,7 @@ if #rule_answers > 0 then redis.call('HSET', ANSWERS, unpack(rule_answers)) end
 local resumes = #open == 0
 local v = commit_step(version, messages, now, run.checkpointed, {
   'waiting', table.concat(waiting, ' '), 'open', open_field(open, open_raw),
-  'status', resumes and 'resuming' or 'interrupted', 'noted', noted})
+  'status', resumes and 'resuming' or 'interrupted', 'noted', noted}, not resumes)
 if resumes then v = v + 1 end
 redis.call('ZREM', INDEX.running, ID)
 event('run.interrupted', resumes and v - 1 or v, event_data, now)
