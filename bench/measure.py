@@ -29,6 +29,7 @@ from layby.broker_config import JOBS, NOTIFY, TURNS
 from layby.control import Runtime, commands
 from layby.generation.interrupts import ResumeEntry
 from layby.parking import Store
+from layby.parking.events import recorded_at
 
 # The queues of a layby worker (all but the sweep queue, as `layby up` runs it). Layby's
 # steps and the baseline's hops both go to layby.turns.
@@ -156,7 +157,8 @@ def _on_event(rt: Runtime, cycle: Cycle, event_id: str, fields: dict[str, str],
                    for i in data.get("interrupts", [])]
         answered = commands.answer(rt, cycle.run_id, entries, by="bench", channel="bench")
         if answered.resumed and answered.event_id:
-            cycle.resuming_at = answered.at  # the `at` of the run.resuming it wrote
+            # The `at` of the run.resuming it wrote (its last event): that event's id's time.
+            cycle.resuming_at = recorded_at(answered.event_id, {})
             streams[key] = max(streams[key], answered.event_id, key=_stream_id)
     elif kind == "run.resuming":
         cycle.resuming_at = at
