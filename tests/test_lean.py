@@ -191,9 +191,12 @@ def test_a_cycle_takes_two_tasks_and_a_parked_run_keeps_only_what_it_holds(
         assert client.memory_usage(keys.events(run_id), samples=0) < held + 1024
         # Nor does its hash keep what a parked run has no use for: its id (the key says
         # it), metadata it was not given, the claim of the step that parked it.
+        # Its interrupt is a field of its hash, not a key of its own.
+        assert not client.exists(keys.interrupts(run_id), keys.notifications(run_id))
         kept = set(client.hkeys(keys.run(run_id)))
         assert not kept & {"id", "metadata", "lease_owner", "lease_until", "attempts"}, kept
         assert {"agent", "status", "version", "messages", "open", "waiting"} <= kept, kept
+        assert len([k for k in kept if k.startswith("i:")]) == 1, kept
         # The park planned nothing here (no reviewers), and queued no task: the run waits.
         assert client.llen(TURNS) == 0 and client.llen(NOTIFY) == 0
 
@@ -273,6 +276,15 @@ def test_a_run_parked_by_an_older_layby_is_answered_and_finishes(isolated: Any) 
         assert opened
         client.sadd(keys.open(run_id), *opened.split())
         client.hdel(keys.run(run_id), "open", "waiting", "noted", "checkpointed")
+        # Its interrupts and notifications in hashes of their own, and its id in its hash.
+        fields = client.hgetall(keys.run(run_id))
+        older = {k: v for k, v in fields.items() if k.startswith(("i:", "n:"))}
+        assert [k for k in older if k.startswith("i:")], fields
+        for name, value in older.items():
+            client.hset(keys.interrupts(run_id) if name.startswith("i:")
+                        else keys.notifications(run_id), name[2:], value)
+        client.hdel(keys.run(run_id), *older)
+        client.hset(keys.run(run_id), "id", run_id)
 
         with system.api() as api:
             listed = api.get("/v1/runs", params={"status": "interrupted"}).json()["runs"]

@@ -21,10 +21,12 @@ from typing import Any
 import celery
 import httpx
 import pytest
+import redis
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from layby.demo.agents import TRIVIA_CHOICES
 from layby.ops.embedded import EmbeddedRedis
+from layby.parking.keys import Keys
 from layby.reviewers.tokens import TOKEN
 from tests import sse
 from tests.harness import wait_until
@@ -519,6 +521,36 @@ def test_a_run_cancelled_while_parked_sends_no_reminder(reminding: ReviewedSyste
     assert reply.status_code == 200, reply.text
     assert reply.json()["status"] == "cancelled"
 
+    wait_notes(reminding, run_id, all_in("skipped", 2, "reminder"), "reminders skipped",
+               timeout=REMIND_AT_S + 60)
+    wait_gone(lambda: bool(reminders(reminding.smtp.mails_to(ALICE, run_id))
+                           or hooks_of(reminding.hooks, run_id, "interrupt.reminder")), 2)
+    assert len(reminding.smtp.mails_to(ALICE, run_id)) == 1
+
+
+def test_a_run_parked_by_an_older_layby_keeps_its_notifications(
+        reminding: ReviewedSystem) -> None:
+    """What an upgrade finds: a parked run whose interrupt and notifications are hashes of
+    their own (an older layby's layout). They are shown as before, and cancelling the run
+    skips its pending reminders, which are never sent."""
+    run_id = reminding.parked(reminding.start_run("demo.expiring", "ship it")["id"])["id"]
+    reminding.smtp.wait_mail(ALICE, run_id)
+    before = wait_notes(reminding, run_id, lambda f: len(f) == 4, "4 planned notifications")
+    keys = Keys(reminding.system.settings.key_prefix)
+    with redis.Redis.from_url(reminding.system.redis_url, decode_responses=True) as client:
+        fields = client.hgetall(keys.run(run_id))
+        older = {k: v for k, v in fields.items() if k.startswith(("i:", "n:"))}
+        assert len([k for k in older if k.startswith("n:")]) == 4, fields
+        for name, value in older.items():
+            client.hset(keys.interrupts(run_id) if name.startswith("i:")
+                        else keys.notifications(run_id), name[2:], value)
+        client.hdel(keys.run(run_id), *older)
+        client.hset(keys.run(run_id), "id", run_id)
+    assert notes(reminding, run_id) == before
+
+    with reminding.system.api() as api:
+        reply = api.post(f"/v1/runs/{run_id}/cancel", json={"reason": "not today"})
+    assert reply.status_code == 200, reply.text
     wait_notes(reminding, run_id, all_in("skipped", 2, "reminder"), "reminders skipped",
                timeout=REMIND_AT_S + 60)
     wait_gone(lambda: bool(reminders(reminding.smtp.mails_to(ALICE, run_id))

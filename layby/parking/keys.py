@@ -11,9 +11,14 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 |              |        | waiting for an answer, space-separated), waiting (ids   |                   |
 |              |        | of those the last park waited on), checkpointed ('1'    |                   |
 |              |        | while the step saved checkpoints), noted ('0' while the |                   |
-|              |        | run has no notifications), …                            |                   |
-| interrupts   | hash   | interrupt id → Interrupt JSON (immutable once written;  | same              |
-|              |        | fields at their defaults left out)                      |                   |
+|              |        | run has no notifications), …; and the run's interrupts, |                   |
+|              |        | "i:<interrupt id>" → Interrupt JSON (immutable once     |                   |
+|              |        | written; fields at their defaults left out), and its    |                   |
+|              |        | notifications, "n:<notification id>" → Notification     |                   |
+|              |        | JSON (with its token): keys of their own would cost     |                   |
+|              |        | more than they hold                                     |                   |
+| interrupts   | hash   | only runs of an older layby (their hash has an `id`     | same              |
+|              |        | field): interrupt id → Interrupt JSON                   |                   |
 | answers      | hash   | interrupt id → answer JSON (first answer only)          | same              |
 | open         | set    | only runs of an older layby, which kept open interrupts | same              |
 |              |        | here: read while the run has no `open` field, dropped   |                   |
@@ -25,7 +30,8 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 |              |        | an exact fit when the run parks, its steps' events then |                   |
 |              |        | without their messages (`from`/`historyTo` say where    |                   |
 |              |        | they are in the history; parking.events fills them in)  |                   |
-| notifications| hash   | notification id → Notification JSON (with its token)    | same as run       |
+| notifications| hash   | only runs of an older layby: notification id →          | same as run       |
+|              |        | Notification JSON                                       |                   |
 | review       | hash   | how people review each interrupt (only runs asked under | same as run       |
 |              |        | a policy): "approval:<iid>:<by>" → approval JSON,       |                   |
 |              |        | "approvals:<iid>" → their count, "delegated:<iid>:<from>|                   |

@@ -372,7 +372,10 @@ class Store:
         return [str(x) for x in retried], [str(x) for x in dispatch]
 
     def notifications(self, run_id: str) -> list[Notification]:
-        return _notifications(self.redis.hvals(self.keys.notifications(run_id)))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(self.keys.run(run_id))
+        pipe.hgetall(self.keys.notifications(run_id))
+        return _notifications(_notes_of(*pipe.execute()))
 
     def notifications_of_parked(self, page: int = 500) -> Iterator[tuple[str, list[Notification]]]:
         """(run id, its notifications) of every parked run that has some, a page of the
@@ -382,15 +385,19 @@ class Store:
             scored, cursor = self.runs.page(Status.INTERRUPTED, page, cursor)
             pipe = self.redis.pipeline(transaction=False)
             for run_id, _ in scored:
-                pipe.hvals(self.keys.notifications(run_id))
-            for (run_id, _), raw in zip(scored, pipe.execute(), strict=True):
+                pipe.hgetall(self.keys.run(run_id))
+                pipe.hgetall(self.keys.notifications(run_id))
+            found = pipe.execute()
+            for i, (run_id, _) in enumerate(scored):
+                raw = _notes_of(found[2 * i], found[2 * i + 1])
                 if raw:
                     yield run_id, _notifications(raw)
             if cursor is None:
                 return
 
     def notification(self, run_id: str, notification_id: str) -> Notification | None:
-        raw = self.redis.hget(self.keys.notifications(run_id), notification_id)
+        raw = (self.redis.hget(self.keys.run(run_id), NOTE + notification_id)
+               or self.redis.hget(self.keys.notifications(run_id), notification_id))
         return _notification(raw) if raw else None
 
     def grant(self, ref: str) -> str | None:
@@ -442,21 +449,25 @@ class Store:
         their answers and which are open. (The answer's script checks again what can have
         changed since: no transaction needed here.)"""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(self.keys.run(run_id), "agent", "status", "version", "metadata", "open")
+        pipe.hgetall(self.keys.run(run_id))
         self._read_interrupts(pipe, run_id)
         raw, specs, answers = pipe.execute()
-        record = None if raw[0] is None else RunRecord(
-            run_id, raw[0], Status(raw[1]), int(raw[2]), [], json.loads(raw[3] or "{}"))
-        return (record, *_interrupts(specs, answers, self._open(run_id, raw[4])))
+        record = None if not raw else RunRecord(
+            run_id, raw["agent"], Status(raw["status"]), int(raw["version"]), [],
+            json.loads(raw.get("metadata") or "{}"))
+        return (record, *_interrupts(_specs_of(raw, specs), answers,
+                                     self._open(run_id, raw.get("open"))))
 
     def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hget(self.keys.run(run_id), "open")
+        pipe.hgetall(self.keys.run(run_id))
         self._read_interrupts(pipe, run_id)
-        open_field, specs, answers = pipe.execute()
-        return _interrupts(specs, answers, self._open(run_id, open_field))
+        raw, specs, answers = pipe.execute()
+        return _interrupts(_specs_of(raw, specs), answers, self._open(run_id, raw.get("open")))
 
     def _read_interrupts(self, pipe: Any, run_id: str) -> None:
+        """The answers, and an older layby's hash of interrupts (the run's hash holds them
+        now: `_specs_of`)."""
         pipe.hgetall(self.keys.interrupts(run_id))
         pipe.hgetall(self.keys.answers(run_id))
 
@@ -473,7 +484,8 @@ class Store:
         return _reviews(self.redis.hgetall(self.keys.review(run_id)))
 
     def interrupt(self, run_id: str, interrupt_id: str) -> Interrupt | None:
-        raw = self.redis.hget(self.keys.interrupts(run_id), interrupt_id)
+        raw = (self.redis.hget(self.keys.run(run_id), INTERRUPT + interrupt_id)
+               or self.redis.hget(self.keys.interrupts(run_id), interrupt_id))
         return Interrupt.model_validate_json(raw) if raw else None
 
     def view(self, run_id: str) -> RunView | None:
@@ -485,15 +497,16 @@ class Store:
     def _read_view(self, pipe: Any, run_id: str) -> None:
         pipe.hgetall(self.keys.run(run_id))
         self._read_interrupts(pipe, run_id)
-        pipe.hvals(self.keys.notifications(run_id))
+        pipe.hgetall(self.keys.notifications(run_id))
         pipe.hgetall(self.keys.review(run_id))
 
     def _view_of(self, run_id: str, raw: dict[str, str], found: dict[str, str],
-                 given: dict[str, str], notifications: list[str], review: dict[str, str]
-                 ) -> RunView | None:
+                 given: dict[str, str], notifications: dict[str, str],
+                 review: dict[str, str]) -> RunView | None:
         if not raw:
             return None
-        specs, answers, open_ids = _interrupts(found, given, self._open(run_id, raw.get("open")))
+        specs, answers, open_ids = _interrupts(_specs_of(raw, found), given,
+                                               self._open(run_id, raw.get("open")))
         reviews = _reviews(review)
         return RunView(
             id=run_id, agent=raw["agent"], status=Status(raw["status"]),
@@ -501,7 +514,7 @@ class Store:
             messages=load_messages(json.loads(raw["messages"])),
             interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids,
                                          reviews.get(s.id)) for s in specs],
-            notifications=_notifications(notifications),
+            notifications=_notifications(_notes_of(raw, notifications)),
             result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
             metadata=json.loads(raw.get("metadata") or "{}"), created_at=iso(raw["created_at"]),
             updated_at=iso(raw["updated_at"]))
@@ -668,6 +681,22 @@ def _stored(note: Notification) -> dict[str, Any]:
     if not stored.get("level"):
         stored.pop("level", None)
     return stored
+
+
+# The run's interrupts and notifications are fields of its hash (lua/_prelude.lua); a run
+# of an older layby keeps them in hashes of their own, read beside it.
+INTERRUPT, NOTE = "i:", "n:"
+
+
+def _specs_of(run: dict[str, str], older: dict[str, str]) -> dict[str, str]:
+    """Interrupt id → Interrupt JSON, from the run's hash (and an older layby's hash)."""
+    return {**older, **{k[2:]: v for k, v in run.items() if k.startswith(INTERRUPT)}}
+
+
+def _notes_of(run: dict[str, str], older: dict[str, str]) -> list[str]:
+    """The notifications' JSON, from the run's hash (and an older layby's hash)."""
+    return list({**older, **{k[2:]: v for k, v in run.items() if k.startswith(NOTE)}}
+                .values())
 
 
 def _interrupts(specs: dict[str, str], answers: dict[str, str], open_ids: set[str]

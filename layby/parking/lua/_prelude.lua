@@ -14,8 +14,9 @@ local INDEX = {queued = KEYS[11], running = KEYS[12], interrupted = KEYS[13],  -
 local NOTIFICATIONS, NOTIFY_DUE, STATS = KEYS[18], KEYS[19], KEYS[20]  -- hash, zset, hash
 local REVIEW = KEYS[21]  -- hash: approvals, delegations, escalations (parking.keys)
 -- What a finished run keeps until retention (the run's own keys; `finish` drops the open
--- set of an older layby and the checkpoints).
-local RUN_KEYS = {RUN, INTERRUPTS, ANSWERS, EVENTS, NOTIFICATIONS, REVIEW}
+-- set of an older layby and the checkpoints; a run of an older layby also has its
+-- interrupts' and notifications' hashes).
+local RUN_KEYS = {RUN, ANSWERS, EVENTS, REVIEW}
 -- The run's id, read off its key (`<prefix>:{<run id>}:run`): no call needed.
 local ID = string.match(RUN, ':{([^}]*)}:run$')
 
@@ -29,6 +30,82 @@ local function now_ms()
 end
 
 local function run_id() return ID end
+
+-- A run's interrupts and notifications are fields of its hash, 'i:<interrupt id>' and
+-- 'n:<notification id>': as keys of their own they cost more than they hold, for as long
+-- as the run waits. A run of an older layby keeps them in hashes of their own
+-- (INTERRUPTS, NOTIFICATIONS), looked at only where its hash has none; such a run is told
+-- by the `id` field layby no longer writes (asked once a script, and only then).
+local INTERRUPT, NOTE = 'i:', 'n:'
+local LEGACY = nil
+local function legacy()
+  if LEGACY == nil then LEGACY = redis.call('HEXISTS', RUN, 'id') == 1 end
+  return LEGACY
+end
+
+-- HMGET of the run's fields named, and (the same call) whether it is an older layby's.
+local function run_fields(...)
+  local st = redis.call('HMGET', RUN, 'id', ...)
+  LEGACY = st[1] ~= false
+  table.remove(st, 1)
+  return st
+end
+
+local function note_of(nid)
+  local raw = redis.call('HGET', RUN, NOTE .. nid)
+  if not raw and legacy() then raw = redis.call('HGET', NOTIFICATIONS, nid) end
+  return raw
+end
+
+local function save_note(nid, rec)
+  redis.call('HSET', RUN, NOTE .. nid, cjson.encode(rec))
+end
+
+-- The run's notifications: their ids in order, and id → record JSON. (Scanned for, not
+-- HGETALL: the run's history is in the same hash, and may be long.)
+local function notes_of_run()
+  local ids, found = {}, {}
+  local cursor = '0'
+  repeat
+    local page = redis.call('HSCAN', RUN, cursor, 'MATCH', NOTE .. '*', 'COUNT', 1000)
+    cursor = page[1]
+    for i = 1, #page[2], 2 do
+      local nid = string.sub(page[2][i], 3)
+      if not found[nid] then table.insert(ids, nid) end
+      found[nid] = page[2][i + 1]
+    end
+  until cursor == '0'
+  if legacy() then
+    local old = redis.call('HGETALL', NOTIFICATIONS)
+    for i = 1, #old, 2 do
+      if not found[old[i]] then
+        table.insert(ids, old[i])
+        found[old[i]] = old[i + 1]
+      end
+    end
+  end
+  return ids, found
+end
+
+local function has_interrupt(iid)
+  return redis.call('HEXISTS', RUN, INTERRUPT .. iid) == 1
+         or (legacy() and redis.call('HEXISTS', INTERRUPTS, iid) == 1)
+end
+
+-- The Interrupt JSON of each of `ids` ('' for one not found), in order.
+local function interrupts_of(ids)
+  local names = {}
+  for i, iid in ipairs(ids) do names[i] = INTERRUPT .. iid end
+  local found = redis.call('HMGET', RUN, unpack(names))
+  local missing = {}
+  for i = 1, #ids do if not found[i] then table.insert(missing, i) end end
+  if #missing > 0 and legacy() then
+    local old = redis.call('HMGET', INTERRUPTS, unpack(ids))
+    for _, i in ipairs(missing) do found[i] = old[i] end
+  end
+  for i = 1, #ids do found[i] = found[i] or '' end
+  return found
+end
 
 -- `old`: the status the caller read, when it read it (saves a call).
 local function set_status(new, now, old)
@@ -115,8 +192,7 @@ end
 -- The caller must hold the claim on `version` (see claim_run.lua). Returns nil and the run
 -- as the commit needs it ({status, version, owner, checkpointed, open, noted}) when it does.
 local function check_claim(version, owner)
-  local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'checkpointed',
-                        'open', 'noted')
+  local st = run_fields('status', 'version', 'lease_owner', 'checkpointed', 'open', 'noted')
   if not st[2] then return {'missing'} end
   if st[1] ~= 'running' or st[2] ~= version or st[3] ~= owner then
     return {'stale', st[1] or '', st[2] or '', st[3] or ''}
@@ -158,15 +234,15 @@ end
 -- field, '0' while it has none (absent on runs of an older layby: look).
 local function skip_notifications(closed, reviewer, noted)
   if noted == '0' then return end
-  local raw = redis.call('HGETALL', NOTIFICATIONS)
-  for i = 1, #raw, 2 do
-    local rec = cjson.decode(raw[i + 1])
+  local ids, found = notes_of_run()
+  for _, nid in ipairs(ids) do
+    local rec = cjson.decode(found[nid])
     if (rec.state == 'pending' or rec.state == 'retrying')
         and (closed == nil or closed[rec.interruptId])
         and (reviewer == nil or rec.reviewer == reviewer) then
       rec.state = 'skipped'
-      redis.call('HSET', NOTIFICATIONS, raw[i], cjson.encode(rec))
-      redis.call('ZREM', NOTIFY_DUE, ID .. ' ' .. raw[i])
+      save_note(nid, rec)
+      redis.call('ZREM', NOTIFY_DUE, ID .. ' ' .. nid)
     end
   end
 end
@@ -185,8 +261,10 @@ local function count_down(status, old_status, now, retention_s, noted)
   if old_status and INDEX[old_status] then redis.call('ZREM', INDEX[old_status], ID) end
   redis.call('ZADD', INDEX[status], now, ID)
   -- EXPIRE on a key that does not exist does nothing: no need to look first.
-  for _, key in ipairs(RUN_KEYS) do
-    if key ~= NOTIFICATIONS or noted ~= '0' then redis.call('EXPIRE', key, retention_s) end
+  for _, key in ipairs(RUN_KEYS) do redis.call('EXPIRE', key, retention_s) end
+  if legacy() then
+    redis.call('EXPIRE', INTERRUPTS, retention_s)
+    if noted ~= '0' then redis.call('EXPIRE', NOTIFICATIONS, retention_s) end
   end
 end
 
@@ -209,7 +287,7 @@ local function stat(field, by) redis.call('HINCRBY', STATS, field, by or 1) end
 local function fail_notification(nid, rec, member, err, v, now)
   rec.state = 'failed'
   rec.lastError = err
-  redis.call('HSET', NOTIFICATIONS, nid, cjson.encode(rec))
+  save_note(nid, rec)
   redis.call('ZREM', NOTIFY_DUE, member)
   stat('notifications_failed')
   event('notification.failed', v, cjson.encode({id = nid, interruptId = rec.interruptId,
@@ -297,11 +375,17 @@ local function record_plan(base, grant_key, version, now, open, mark)
   local planned, dispatch = {}, {}
   for i = 0, n - 1 do
     local nid, raw, at = ARGV[first + 3 * i], ARGV[first + 3 * i + 1], ARGV[first + 3 * i + 2]
-    if redis.call('HEXISTS', NOTIFICATIONS, nid) == 0 then
-      local rec = cjson.decode(raw)
-      rec.due = (at == '') and now or tonumber(at)
-      rec.createdAt = now
-      redis.call('HSET', NOTIFICATIONS, nid, cjson.encode(rec))
+    local rec = cjson.decode(raw)
+    rec.due = (at == '') and now or tonumber(at)
+    rec.createdAt = now
+    -- Written only if new (one call for the check and the write); an older layby's run
+    -- may hold it in its own hash.
+    local new = redis.call('HSETNX', RUN, NOTE .. nid, cjson.encode(rec)) == 1
+    if new and legacy() and redis.call('HEXISTS', NOTIFICATIONS, nid) == 1 then
+      redis.call('HDEL', RUN, NOTE .. nid)
+      new = false
+    end
+    if new then
       if at ~= '' then
         redis.call('ZADD', NOTIFY_DUE, rec.due, ID .. ' ' .. nid)
       elseif not deliver_now(nid, now) then

@@ -2,7 +2,7 @@
 -- one moves interrupted → resuming and queues exactly one resume. An interrupt that needs
 -- several approvals takes each reviewer's approval once and closes on the last one needed
 -- (or on anyone's decline, which is an ordinary answer here).
--- Reads run, interrupts, answers, open, review. Writes answers, open, deadlines, events,
+-- Reads run (its interrupts among its fields), answers, open, review. Writes answers, open, deadlines, events,
 -- review (approvals), notifications and notify:due (skipped), stats; with the last answer
 -- run, index, outbox.
 -- ARGV: 1 '1' if the answers must cover every open interrupt, 2 '1' to keep an answer for
@@ -17,7 +17,7 @@
 --         {'conflict', id, first answer JSON or '', run status} | {'incomplete', open ids…}
 --         | {'again', id, this reviewer's earlier approval JSON}
 local require_all, allow_early, count = ARGV[1], ARGV[2], ARGV[3]
-local run = redis.call('HMGET', RUN, 'status', 'version', 'updated_at', 'open', 'noted')
+local run = run_fields('status', 'version', 'updated_at', 'open', 'noted')
 local status = run[1]
 if not status then return {'missing'} end
 -- A finished run takes no early answers: its keys already count down to expiry.
@@ -28,7 +28,7 @@ local open_ids, open = parse_open(run[4])
 for i = 0, n - 1 do
   local iid, voter = ARGV[4 + 5 * i], ARGV[7 + 5 * i]
   if not open[iid] then
-    if redis.call('HEXISTS', INTERRUPTS, iid) == 0 then
+    if not has_interrupt(iid) then
       if allow_early == '1' then
         redis.call('HSETNX', ANSWERS, iid, ARGV[5 + 5 * i])
         return {'early'}

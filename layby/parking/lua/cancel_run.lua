@@ -5,7 +5,7 @@
 -- ARGV: 1 event data JSON ({by, reason}), 2 retention (s)
 -- Returns {'ok', new version} | {'finished', status} | {'missing'}
 local event_data, retention_s = ARGV[1], ARGV[2]
-local st = redis.call('HMGET', RUN, 'status', 'open', 'noted', 'version')
+local st = run_fields('status', 'open', 'noted', 'version')
 local status = st[1]
 if not status then return {'missing'} end
 if FINISHED[status] then return {'finished', status} end

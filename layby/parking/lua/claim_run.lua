@@ -1,6 +1,6 @@
 -- claim_run: queued | resuming | running (lease lapsed) → running, under a lease, and
 -- everything the step needs, so the worker reads nothing else before it works.
--- Reads run, checkpoints, interrupts and answers (those the run parked on). Writes run
+-- Reads run (with the interrupts it parked on), checkpoints, answers (to those). Writes run
 -- (lease, attempts, status), leases, index, events, checkpoints (dropped when they belong
 -- to a version that never committed), stats.
 -- ARGV: 1 expected version, 2 owner, 3 lease (ms), 4 most attempts at one version
@@ -68,12 +68,9 @@ local waiting = st[10] or ''
 if waiting ~= '' then
   local ids = {}
   for iid in string.gmatch(waiting, '%S+') do table.insert(ids, iid) end
-  local found = redis.call('HMGET', INTERRUPTS, unpack(ids))
+  specs = interrupts_of(ids)
   local given = redis.call('HMGET', ANSWERS, unpack(ids))
-  for i = 1, #ids do
-    table.insert(specs, found[i] or '')
-    table.insert(answers, given[i] or '')
-  end
+  for i = 1, #ids do table.insert(answers, given[i] or '') end
 end
 return {'ok', status, until_ms, attempt, st[7] or '', st[8] or '[]', st[9] or '{}',
         checkpoints, st[10] or '', specs, answers}

@@ -11,7 +11,7 @@
 --          {notifications the caller must dispatch}} | {'missing'} | {'again', id} (handed
 --          on before) | {'conflict', id, first answer JSON or '', run status}
 local iid, from, record, announce = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local st = redis.call('HMGET', RUN, 'status', 'version', 'open', 'noted')
+local st = run_fields('status', 'version', 'open', 'noted')
 local status, v = st[1], st[2]
 if not v then return {'missing'} end
 local _, open = parse_open(st[3])

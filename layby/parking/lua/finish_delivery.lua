@@ -7,7 +7,7 @@
 local outcome, error_text, retry_ms, the_run, attempts = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local nid = ARGV[1]
 local member = the_run .. ' ' .. nid
-local raw = redis.call('HGET', NOTIFICATIONS, nid)
+local raw = note_of(nid)
 if not raw then return {'stale'} end
 local rec = cjson.decode(raw)
 if rec.state ~= 'sending' or tonumber(rec.attempts) ~= tonumber(attempts) then
@@ -35,5 +35,5 @@ else
   fail_notification(nid, rec, member, error_text, v, now)
   return {'ok'}
 end
-redis.call('HSET', NOTIFICATIONS, nid, cjson.encode(rec))
+save_note(nid, rec)
 return {'ok'}

@@ -2,7 +2,7 @@
 -- to resuming when background jobs or policy rules already answered every new interrupt
 -- before this commit).
 -- Reads run, answers. Writes run (messages, version, status, lease, waiting), checkpoints,
--- interrupts, answers (rules' answers), open, deadlines, leases, index, events, stats,
+-- answers (rules' answers), open, deadlines, leases, index, events, stats,
 -- notifications, notify:due, grant keys, review (hand-overs); queues the resume, or the
 -- deliveries of the requests due now (or, when the caller could not plan them, the
 -- announcement task).
@@ -65,13 +65,13 @@ local open_raw = run.open
 local plan_base = 7 + 5 * count
 local noted = (run.noted ~= '0' or tonumber(ARGV[plan_base]) > 0) and '1' or '0'
 local now = now_ms()
+-- The interrupts are written with the commit, in its HSET (fields 'i:<id>' of the run).
 local waiting, specs = {}, {}
 for i = 0, count - 1 do
   table.insert(waiting, ARGV[7 + 5 * i])
-  table.insert(specs, ARGV[7 + 5 * i])
+  table.insert(specs, INTERRUPT .. ARGV[7 + 5 * i])
   table.insert(specs, ARGV[8 + 5 * i])
 end
-if count > 0 then redis.call('HSET', INTERRUPTS, unpack(specs)) end
 -- Answers given before the park (background jobs that finished first) stand.
 local early = count > 0 and redis.call('HMGET', ANSWERS, unpack(waiting)) or {}
 local open, open_set = parse_open(open_raw)
@@ -94,9 +94,10 @@ for i = 0, count - 1 do
 end
 if #rule_answers > 0 then redis.call('HSET', ANSWERS, unpack(rule_answers)) end
 local resumes = #open == 0
-local v = commit_step(version, messages, now, run.checkpointed, {
-  'waiting', table.concat(waiting, ' '), 'open', open_field(open, open_raw),
-  'status', resumes and 'resuming' or 'interrupted', 'noted', noted}, not resumes)
+local fields = {'waiting', table.concat(waiting, ' '), 'open', open_field(open, open_raw),
+                'status', resumes and 'resuming' or 'interrupted', 'noted', noted}
+for _, x in ipairs(specs) do table.insert(fields, x) end
+local v = commit_step(version, messages, now, run.checkpointed, fields, not resumes)
 if resumes then v = v + 1 end
 redis.call('ZREM', INDEX.running, ID)
 event('run.interrupted', resumes and v - 1 or v, event_data, now)

@@ -7,7 +7,7 @@
 -- ARGV: the plan, as record_plan reads it from ARGV[1]
 -- Returns {{ids planned by this call}, {ids the caller must dispatch}} ({{}, {}} when the
 -- run no longer waits).
-local st = redis.call('HMGET', RUN, 'status', 'version', 'open')
+local st = run_fields('status', 'version', 'open')
 if st[1] ~= 'interrupted' then return {{}, {}} end
 local _, open = parse_open(st[3])
 local planned, dispatch = record_plan(1, 22, st[2], now_ms(), open, true)

@@ -5,19 +5,18 @@
 -- pushes delivery tasks.
 -- ARGV: the notification ids to retry (none: every failed one of the run)
 -- Returns {{the ids set back to pending}, {those the caller must dispatch}}.
-local st = redis.call('HMGET', RUN, 'status', 'open')
+local st = run_fields('status', 'open')
 if st[1] ~= 'interrupted' then return {{}, {}} end
 local _, open = parse_open(st[2])
 local now = now_ms()
-local ids = {}
+local ids, found = notes_of_run()
 if #ARGV > 0 then
+  ids = {}
   for i = 1, #ARGV do table.insert(ids, ARGV[i]) end
-else
-  ids = redis.call('HKEYS', NOTIFICATIONS)
 end
 local retried, dispatch = {}, {}
 for _, nid in ipairs(ids) do
-  local raw = redis.call('HGET', NOTIFICATIONS, nid)
+  local raw = found[nid]
   if raw then
     local rec = cjson.decode(raw)
     if rec.state == 'failed' and open[rec.interruptId] then
@@ -25,7 +24,7 @@ for _, nid in ipairs(ids) do
       rec.attempts = 0
       rec.due = now
       rec.lastError = nil
-      redis.call('HSET', NOTIFICATIONS, nid, cjson.encode(rec))
+      save_note(nid, rec)
       if not deliver_now(nid, now) then table.insert(dispatch, nid) end
       table.insert(retried, nid)
     end

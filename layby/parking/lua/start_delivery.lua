@@ -9,7 +9,7 @@
 local deadline_ms, max_attempts, the_run = ARGV[2], ARGV[3], ARGV[4]
 local nid = ARGV[1]
 local member = the_run .. ' ' .. nid
-local raw = redis.call('HGET', NOTIFICATIONS, nid)
+local raw = note_of(nid)
 if not raw then
   redis.call('ZREM', NOTIFY_DUE, member)
   return {'done', 'gone'}
@@ -25,7 +25,7 @@ local v = st[1]
 local _, open = parse_open(st[2])
 if not open[rec.interruptId] then
   rec.state = 'skipped'
-  redis.call('HSET', NOTIFICATIONS, nid, cjson.encode(rec))
+  save_note(nid, rec)
   redis.call('ZREM', NOTIFY_DUE, member)
   return {'done', 'skipped'}
 end
@@ -52,6 +52,6 @@ end
 rec.state = 'sending'
 rec.attempts = tonumber(rec.attempts) + 1
 rec.due = now + tonumber(deadline_ms)
-redis.call('HSET', NOTIFICATIONS, nid, cjson.encode(rec))
+save_note(nid, rec)
 redis.call('ZADD', NOTIFY_DUE, rec.due, member)
 return {'ok', cjson.encode(rec)}
