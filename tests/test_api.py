@@ -616,11 +616,14 @@ def test_a_follower_that_hangs_up_frees_the_read_it_waited_in(system: LaybySyste
 
     before = reads_waiting()
     with system.api() as api, api.stream("GET", f"/v1/runs/{run['id']}/events") as stream:
-        for event in sse.parse(stream.iter_lines()):
+        # Held, not dropped at the break: a reader that goes away closes the connection.
+        events = sse.parse(stream.iter_lines())
+        for event in events:
             if event["event"] == "run.interrupted":
                 break
         until(before + 1)
     until(before)
+    del events
     server.close()
     assert system.run(run["id"])["status"] == "interrupted"
 

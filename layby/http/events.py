@@ -41,6 +41,8 @@ class EventStreamResponse(StreamingResponse):
             await asyncio.gather(streaming, gone, return_exceptions=True)
         if not streaming.cancelled() and streaming.exception() is not None:
             raise streaming.exception()  # type: ignore[misc]
+        if self.background is not None:
+            await self.background()
 
 
 # One async client per runtime and event loop, shared by every stream the gateway follows:

@@ -6,8 +6,9 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 |--------------|--------|---------------------------------------------------------|-------------------|
 | run          | hash   | agent, status, version, messages (JSON), input,         | until retention   |
 |              |        | metadata (only when given), result, error, lease_owner, | after the end     |
-|              |        | lease_until ('' / 0 when unclaimed, absent while        |                   |
-|              |        | parked), attempts (absent: 0), open (ids of interrupts  |                   |
+|              |        | lease_until ('' / 0 when unclaimed, absent while parked |                   |
+|              |        | or finished), attempts (absent: 0), open (ids of        |                   |
+|              |        | interrupts                                              |                   |
 |              |        | waiting for an answer, space-separated), waiting (ids   |                   |
 |              |        | of those the last park waited on), checkpointed ('1'    |                   |
 |              |        | while the step saved checkpoints), noted ('0' while the |                   |
@@ -53,7 +54,9 @@ Global:
 | notify:due           | zset | "<run_id> <notification id>" scored by when to    |
 |                      |      | (re)send: a retry's backoff, a reminder; once its |
 |                      |      | delivery is queued, when a lost message would be  |
-| grant:<ref>          | str  | a reviewer token's grant (JSON); expires with it  |
+| grant:<ref>          | str  | a reviewer token's grant, its values as a JSON    |
+|                      |      | array (an older layby's: an object); expires with |
+|                      |      | the token (and retention after it)                |
 | server               | str  | the run id of the server (INFO) the sweeper last  |
 |                      |      | requeued waiting runs for, or the first process   |
 |                      |      | saw: another one there means a restart or a       |

@@ -373,9 +373,10 @@ class Store:
 
     def notifications(self, run_id: str) -> list[Notification]:
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hgetall(self.keys.run(run_id))
-        pipe.hgetall(self.keys.notifications(run_id))
-        return _notifications(_notes_of(*pipe.execute()))
+        pipe.hexists(self.keys.run(run_id), "id")
+        self._scan(pipe, run_id, NOTE)
+        older, found = pipe.execute()
+        return _notifications(list(self._fields(run_id, NOTE, found, older).values()))
 
     def notifications_of_parked(self, page: int = 500) -> Iterator[tuple[str, list[Notification]]]:
         """(run id, its notifications) of every parked run that has some, a page of the
@@ -385,13 +386,13 @@ class Store:
             scored, cursor = self.runs.page(Status.INTERRUPTED, page, cursor)
             pipe = self.redis.pipeline(transaction=False)
             for run_id, _ in scored:
-                pipe.hgetall(self.keys.run(run_id))
-                pipe.hgetall(self.keys.notifications(run_id))
+                pipe.hexists(self.keys.run(run_id), "id")
+                self._scan(pipe, run_id, NOTE)
             found = pipe.execute()
             for i, (run_id, _) in enumerate(scored):
-                raw = _notes_of(found[2 * i], found[2 * i + 1])
-                if raw:
-                    yield run_id, _notifications(raw)
+                notes = self._fields(run_id, NOTE, found[2 * i + 1], found[2 * i])
+                if notes:
+                    yield run_id, _notifications(list(notes.values()))
             if cursor is None:
                 return
 
@@ -449,27 +450,48 @@ class Store:
         their answers and which are open. (The answer's script checks again what can have
         changed since: no transaction needed here.)"""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(self.keys.run(run_id))
-        self._read_interrupts(pipe, run_id)
+        pipe.hmget(self.keys.run(run_id), "agent", "status", "version", "metadata", "open",
+                   "id")
+        self._scan(pipe, run_id, INTERRUPT)
+        pipe.hgetall(self.keys.answers(run_id))
         raw, specs, answers = pipe.execute()
-        record = None if not raw else RunRecord(
-            run_id, raw["agent"], Status(raw["status"]), int(raw["version"]), [],
-            json.loads(raw.get("metadata") or "{}"))
-        return (record, *_interrupts(_specs_of(raw, specs), answers,
-                                     self._open(run_id, raw.get("open"))))
+        record = None if raw[0] is None else RunRecord(
+            run_id, raw[0], Status(raw[1]), int(raw[2]), [], json.loads(raw[3] or "{}"))
+        return (record, *_interrupts(self._fields(run_id, INTERRUPT, specs, raw[5]), answers,
+                                     self._open(run_id, raw[4])))
 
     def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hgetall(self.keys.run(run_id))
-        self._read_interrupts(pipe, run_id)
-        raw, specs, answers = pipe.execute()
-        return _interrupts(_specs_of(raw, specs), answers, self._open(run_id, raw.get("open")))
-
-    def _read_interrupts(self, pipe: Any, run_id: str) -> None:
-        """The answers, and an older layby's hash of interrupts (the run's hash holds them
-        now: `_specs_of`)."""
-        pipe.hgetall(self.keys.interrupts(run_id))
+        pipe.hmget(self.keys.run(run_id), "open", "id")
+        self._scan(pipe, run_id, INTERRUPT)
         pipe.hgetall(self.keys.answers(run_id))
+        (open_field, older), specs, answers = pipe.execute()
+        return _interrupts(self._fields(run_id, INTERRUPT, specs, older), answers,
+                           self._open(run_id, open_field))
+
+    # The run's interrupts and notifications are fields of its hash (`INTERRUPT`, `NOTE`),
+    # beside its history: they are scanned for, not read with all of it. A run of an older
+    # layby (its hash has an `id`) keeps them in hashes of their own, read then too.
+
+    def _scan(self, pipe: Any, run_id: str, prefix: str) -> None:
+        pipe.hscan(self.keys.run(run_id), 0, match=prefix + "*", count=SCAN_COUNT)
+
+    def _fields(self, run_id: str, prefix: str, scanned: tuple[int, dict[str, str]],
+                older: Any) -> dict[str, str]:
+        """Id → JSON of the run's `prefix` fields, from a first HSCAN reply on (a large hash
+        can take more than one), and, for a run of an older layby (`older` truthy: its
+        `id`), those of its own hash."""
+        cursor, found = scanned
+        fields = dict(found)
+        while cursor:
+            cursor, more = self.redis.hscan(self.keys.run(run_id), cursor,
+                                            match=prefix + "*", count=SCAN_COUNT)
+            fields.update(more)
+        mine = {name[len(prefix):]: value for name, value in fields.items()}
+        if not older:
+            return mine
+        legacy = self.keys.interrupts if prefix == INTERRUPT else self.keys.notifications
+        return {**self.redis.hgetall(legacy(run_id)), **mine}
 
     def _open(self, run_id: str, field: str | None) -> set[str]:
         """The run's open interrupts from its `open` field; a run of an older layby that has
@@ -496,16 +518,20 @@ class Store:
 
     def _read_view(self, pipe: Any, run_id: str) -> None:
         pipe.hgetall(self.keys.run(run_id))
-        self._read_interrupts(pipe, run_id)
-        pipe.hgetall(self.keys.notifications(run_id))
+        pipe.hgetall(self.keys.answers(run_id))
         pipe.hgetall(self.keys.review(run_id))
 
-    def _view_of(self, run_id: str, raw: dict[str, str], found: dict[str, str],
-                 given: dict[str, str], notifications: dict[str, str],
+    def _view_of(self, run_id: str, raw: dict[str, str], given: dict[str, str],
                  review: dict[str, str]) -> RunView | None:
         if not raw:
             return None
-        specs, answers, open_ids = _interrupts(_specs_of(raw, found), given,
+        older: tuple[dict[str, str], dict[str, str]] = ({}, {})
+        if "id" in raw:  # a run of an older layby: its interrupts' and notifications' hashes
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hgetall(self.keys.interrupts(run_id))
+            pipe.hgetall(self.keys.notifications(run_id))
+            older = tuple(pipe.execute())  # type: ignore[assignment]
+        specs, answers, open_ids = _interrupts(_prefixed(raw, INTERRUPT, older[0]), given,
                                                self._open(run_id, raw.get("open")))
         reviews = _reviews(review)
         return RunView(
@@ -514,7 +540,7 @@ class Store:
             messages=load_messages(json.loads(raw["messages"])),
             interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids,
                                          reviews.get(s.id)) for s in specs],
-            notifications=_notifications(_notes_of(raw, notifications)),
+            notifications=_notifications(list(_prefixed(raw, NOTE, older[1]).values())),
             result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
             metadata=json.loads(raw.get("metadata") or "{}"), created_at=iso(raw["created_at"]),
             updated_at=iso(raw["updated_at"]))
@@ -566,7 +592,8 @@ class Store:
     def lease_of(self, run_id: str) -> tuple[str | None, int | None]:
         """Who holds the run's claim, and until when (ms)."""
         owner, until = self.redis.hmget(self.keys.run(run_id), "lease_owner", "lease_until")
-        # A commit leaves them empty ('' and 0) rather than deleting them (one call fewer).
+        # Most commits leave them empty ('' and 0: one call fewer); a park and the end of a
+        # run delete them.
         return owner or None, int(until) if until and until != "0" else None
 
     def status_of(self, run_id: str) -> tuple[Status | None, int | None]:
@@ -683,20 +710,16 @@ def _stored(note: Notification) -> dict[str, Any]:
     return stored
 
 
-# The run's interrupts and notifications are fields of its hash (lua/_prelude.lua); a run
-# of an older layby keeps them in hashes of their own, read beside it.
+# The fields of a run's hash that hold its interrupts and its notifications
+# (lua/_prelude.lua), and how many a scan for them asks for at once.
 INTERRUPT, NOTE = "i:", "n:"
+SCAN_COUNT = 1000
 
 
-def _specs_of(run: dict[str, str], older: dict[str, str]) -> dict[str, str]:
-    """Interrupt id → Interrupt JSON, from the run's hash (and an older layby's hash)."""
-    return {**older, **{k[2:]: v for k, v in run.items() if k.startswith(INTERRUPT)}}
-
-
-def _notes_of(run: dict[str, str], older: dict[str, str]) -> list[str]:
-    """The notifications' JSON, from the run's hash (and an older layby's hash)."""
-    return list({**older, **{k[2:]: v for k, v in run.items() if k.startswith(NOTE)}}
-                .values())
+def _prefixed(run: dict[str, str], prefix: str, older: dict[str, str]) -> dict[str, str]:
+    """Id → JSON of the `prefix` fields of a run's hash as read whole (an older layby's
+    own hash beside it, `older`: the run's copy wins)."""
+    return {**older, **{k[len(prefix):]: v for k, v in run.items() if k.startswith(prefix)}}
 
 
 def _interrupts(specs: dict[str, str], answers: dict[str, str], open_ids: set[str]

@@ -2,9 +2,9 @@
 -- one moves interrupted → resuming and queues exactly one resume. An interrupt that needs
 -- several approvals takes each reviewer's approval once and closes on the last one needed
 -- (or on anyone's decline, which is an ordinary answer here).
--- Reads run (its interrupts among its fields), answers, open, review. Writes answers, open, deadlines, events,
--- review (approvals), notifications and notify:due (skipped), stats; with the last answer
--- run, index, outbox.
+-- Reads run (with its interrupts), answers, open, review. Writes answers, open, deadlines,
+-- events, review (approvals), notifications and notify:due (skipped), stats; with the last
+-- answer run, index, outbox.
 -- ARGV: 1 '1' if the answers must cover every open interrupt, 2 '1' to keep an answer for
 --       an interrupt not parked yet (a background job that finished first), 3 count n,
 --       then n quintuples: interrupt id, answer JSON, approvals it needs, who approves (''

@@ -1,11 +1,11 @@
 -- park_run: running → interrupted, its interrupts announced in the same step (or straight
 -- to resuming when background jobs or policy rules already answered every new interrupt
 -- before this commit).
--- Reads run, answers. Writes run (messages, version, status, lease, waiting), checkpoints,
--- answers (rules' answers), open, deadlines, leases, index, events, stats,
--- notifications, notify:due, grant keys, review (hand-overs); queues the resume, or the
--- deliveries of the requests due now (or, when the caller could not plan them, the
--- announcement task).
+-- Reads run, answers. Writes run (messages, version, status, waiting, its interrupts; the
+-- lease's fields deleted), checkpoints, answers (rules' answers), open, deadlines, leases,
+-- index, events, stats, notifications, notify:due, grant keys, review (hand-overs); queues
+-- the resume, or the deliveries of the requests due now (or, when the caller could not
+-- plan them, the announcement task).
 -- KEYS from 22: the plan's grant keys.
 -- ARGV: 1 version, 2 owner, 3 messages JSON, 4 event data JSON, 5 '1' to queue the
 --       announcement task (layby.notify.interrupts) instead of a plan, 6 count n, then n
