@@ -33,9 +33,10 @@ local function run_id() return ID end
 
 -- A run's interrupts and notifications are fields of its hash, 'i:<interrupt id>' and
 -- 'n:<notification id>': as keys of their own they cost more than they hold, for as long
--- as the run waits. (The scripts' headers name them "interrupts" and "notifications".) A run of an older layby keeps them in hashes of their own
--- (INTERRUPTS, NOTIFICATIONS), looked at only where its hash has none; such a run is told
--- by the `id` field layby no longer writes (asked once a script, and only then).
+-- as the run waits. (The scripts' headers name them "interrupts" and "notifications".)
+-- A run of an older layby keeps them in hashes of their own (INTERRUPTS, NOTIFICATIONS),
+-- looked at only where its hash has none; such a run is told by the `id` field layby no
+-- longer writes (read with the run's other fields, or asked once a script).
 local INTERRUPT, NOTE = 'i:', 'n:'
 local LEGACY = nil
 local function legacy()
