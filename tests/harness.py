@@ -21,6 +21,7 @@ import httpx
 
 from layby.broker_config import JOBS, NOTIFY, TURNS
 from layby.ops.embedded import free_port
+from layby.parking.keys import Keys
 from layby.broker_config import Settings
 from layby.ops.supervisor import gateway_argv, sweeper_argv, worker_argv
 
@@ -39,6 +40,22 @@ BASE_ENV = {
     "LAYBY_DEMO_EXPIRY_S": "2",
     "PYTHONPATH": str(ROOT),
 }
+
+
+def as_an_older_layby_kept_it(client: Any, prefix: str, run_id: str) -> dict[str, str]:
+    """Rewrite a run as the layout before this one kept it: its interrupts and
+    notifications in hashes of their own, and its id in its hash (how that layout is told).
+    Returns the fields moved out (`i:<id>`, `n:<id>`), as they were."""
+    keys = Keys(prefix)
+    run = keys.run(run_id)
+    moved = {k: v for k, v in client.hgetall(run).items() if k.startswith(("i:", "n:"))}
+    for name, value in moved.items():
+        client.hset(keys.interrupts(run_id) if name.startswith("i:")
+                    else keys.notifications(run_id), name[2:], value)
+    if moved:
+        client.hdel(run, *moved)
+    client.hset(run, "id", run_id)
+    return moved
 
 
 def source_copy(into: Path) -> Path:

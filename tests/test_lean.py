@@ -28,7 +28,7 @@ from layby.parking.events import STEP_EVENTS
 from layby.parking.registries import RunIndex
 from layby.wire import Status
 from tests import sse
-from tests.harness import API_KEY, LaybySystem, wait_until
+from tests.harness import API_KEY, LaybySystem, as_an_older_layby_kept_it, wait_until
 from tests.reviewers import SmtpServer, WebhookReceiver, reviewed_system
 
 
@@ -276,15 +276,8 @@ def test_a_run_parked_by_an_older_layby_is_answered_and_finishes(isolated: Any) 
         assert opened
         client.sadd(keys.open(run_id), *opened.split())
         client.hdel(keys.run(run_id), "open", "waiting", "noted", "checkpointed")
-        # Its interrupts and notifications in hashes of their own, and its id in its hash.
-        fields = client.hgetall(keys.run(run_id))
-        older = {k: v for k, v in fields.items() if k.startswith(("i:", "n:"))}
-        assert [k for k in older if k.startswith("i:")], fields
-        for name, value in older.items():
-            client.hset(keys.interrupts(run_id) if name.startswith("i:")
-                        else keys.notifications(run_id), name[2:], value)
-        client.hdel(keys.run(run_id), *older)
-        client.hset(keys.run(run_id), "id", run_id)
+        moved = as_an_older_layby_kept_it(client, system.settings.key_prefix, run_id)
+        assert [k for k in moved if k.startswith("i:")], moved
 
         with system.api() as api:
             listed = api.get("/v1/runs", params={"status": "interrupted"}).json()["runs"]

@@ -26,10 +26,9 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from layby.demo.agents import TRIVIA_CHOICES
 from layby.ops.embedded import EmbeddedRedis
-from layby.parking.keys import Keys
 from layby.reviewers.tokens import TOKEN
 from tests import sse
-from tests.harness import wait_until
+from tests.harness import as_an_older_layby_kept_it, wait_until
 from tests.reviewers import (
     HOOK_SECRET,
     INBOUND_DOMAIN,
@@ -536,16 +535,10 @@ def test_a_run_parked_by_an_older_layby_keeps_its_notifications(
     run_id = reminding.parked(reminding.start_run("demo.expiring", "ship it")["id"])["id"]
     reminding.smtp.wait_mail(ALICE, run_id)
     before = wait_notes(reminding, run_id, lambda f: len(f) == 4, "4 planned notifications")
-    keys = Keys(reminding.system.settings.key_prefix)
     with redis.Redis.from_url(reminding.system.redis_url, decode_responses=True) as client:
-        fields = client.hgetall(keys.run(run_id))
-        older = {k: v for k, v in fields.items() if k.startswith(("i:", "n:"))}
-        assert len([k for k in older if k.startswith("n:")]) == 4, fields
-        for name, value in older.items():
-            client.hset(keys.interrupts(run_id) if name.startswith("i:")
-                        else keys.notifications(run_id), name[2:], value)
-        client.hdel(keys.run(run_id), *older)
-        client.hset(keys.run(run_id), "id", run_id)
+        moved = as_an_older_layby_kept_it(client, reminding.system.settings.key_prefix,
+                                          run_id)
+    assert len([k for k in moved if k.startswith("n:")]) == 4, moved
     assert notes(reminding, run_id) == before
 
     with reminding.system.api() as api:

@@ -54,7 +54,7 @@ from starlette.concurrency import run_in_threadpool
 from layby.control import Runtime, commands
 from layby.http.deps import Caller, Rt, sane_body
 from layby.http.errors import documented, event_stream
-from layby.http.events import EventStreamResponse, run_events
+from layby.http.events import STREAM_HEADERS, EventStreamResponse, run_events
 from layby.errors import Conflict, Invalid, LaybyError, NotFound
 from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
 from layby.generation.messages import Message, Part, load_messages
@@ -396,4 +396,4 @@ async def run_agent(agent: Annotated[str, Path(max_length=200)], body: RunAgentI
         cursor.seen = plan.seen
         stream = _stream(rt, encoder, cursor, plan, body.state)
     return EventStreamResponse(stream, media_type=encoder.get_content_type(),
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                               headers=STREAM_HEADERS)

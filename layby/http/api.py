@@ -21,7 +21,7 @@ from layby.parking import Verdict
 from layby.parking.registries import CURSOR
 from layby.http.deps import Caller, Rt, SaneBody
 from layby.http.errors import documented, event_stream
-from layby.http.events import EVENT_ID, EventStreamResponse, run_exists, sse
+from layby.http.events import EVENT_ID, STREAM_HEADERS, EventStreamResponse, run_exists, sse
 from layby.generation.messages import Wire
 from layby.wire import (
     Answered,
@@ -43,8 +43,6 @@ VIEW = {"response_model_by_alias": True, "response_model_exclude_none": True}
 # Ids as layby makes them (run ids as callers may choose them: `commands.RUN_ID`).
 RunId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
 InterruptId = Annotated[str, Path(min_length=1, max_length=128)]
-# A stream is not cached, nor held back by a proxy (nginx buffers replies unless told).
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 IdempotencyKey = Annotated[str | None, Header(
     max_length=200, description="the same key again (a retry) gets the first reply")]
 
@@ -98,8 +96,8 @@ async def start_run(request: Request, body: StartRun, rt: Rt, _: Caller,
         headers["Idempotent-Replayed"] = "true"
     if _wants_events(request.headers.get("accept", "")):
         return EventStreamResponse(sse(rt, view.id, "0-0", follow), status_code=202,
-                                 media_type="text/event-stream",
-                                 headers={**headers, **STREAM_HEADERS})
+                                   media_type="text/event-stream",
+                                   headers={**headers, **STREAM_HEADERS})
     return _json(view, status_code=202, headers=headers)
 
 
@@ -181,7 +179,7 @@ async def events(run_id: RunId, rt: Rt, _: Caller,
         raise Invalid(f"Last-Event-ID {last_event_id[:100]!r} is not an event id "
                       "(give the `id:` of an event this stream sent, like 1700000000000-0)")
     return EventStreamResponse(sse(rt, run_id, last_event_id or "0-0", follow),
-                             media_type="text/event-stream", headers=STREAM_HEADERS)
+                               media_type="text/event-stream", headers=STREAM_HEADERS)
 
 
 @router.get("/agents", operation_id="listAgents")

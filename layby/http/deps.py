@@ -49,8 +49,8 @@ def check_key(rt: Runtime, credentials: HTTPAuthorizationCredentials | None) -> 
 
 
 async def require_key(request: Request, rt: Rt,
-                credentials: Annotated[HTTPAuthorizationCredentials | None,
-                                       Depends(bearer)]) -> str:
+                      credentials: Annotated[HTTPAuthorizationCredentials | None,
+                                             Depends(bearer)]) -> str:
     caller = getattr(request.state, "caller", None)  # checked by the first middleware
     return caller if caller is not None else check_key(rt, credentials)
 

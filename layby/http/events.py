@@ -23,6 +23,10 @@ from layby.wire import FINAL_EVENTS, Event
 EVENT_ID = re.compile(r"^\d{1,19}(-\d{1,19})?$")
 
 
+# A stream is not cached, nor held back by a proxy (nginx buffers replies unless told).
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
 class EventStreamResponse(StreamingResponse):
     """Server-sent events, streamed until they end or the client goes, whichever is first.
     Starlette's StreamingResponse races the two in an anyio task group; plain asyncio tasks

@@ -397,8 +397,7 @@ class Store:
                 return
 
     def notification(self, run_id: str, notification_id: str) -> Notification | None:
-        raw = (self.redis.hget(self.keys.run(run_id), NOTE + notification_id)
-               or self.redis.hget(self.keys.notifications(run_id), notification_id))
+        raw = self._field(run_id, NOTE, notification_id)
         return _notification(raw) if raw else None
 
     def grant(self, ref: str) -> str | None:
@@ -488,10 +487,17 @@ class Store:
                                             match=prefix + "*", count=SCAN_COUNT)
             fields.update(more)
         mine = {name[len(prefix):]: value for name, value in fields.items()}
-        if not older:
-            return mine
-        legacy = self.keys.interrupts if prefix == INTERRUPT else self.keys.notifications
-        return {**self.redis.hgetall(legacy(run_id)), **mine}
+        return {**self.redis.hgetall(self._older(prefix, run_id)), **mine} if older else mine
+
+    def _field(self, run_id: str, prefix: str, item_id: str) -> str | None:
+        """One interrupt's or notification's JSON (None when the run has no such one)."""
+        found: str | None = (self.redis.hget(self.keys.run(run_id), prefix + item_id)
+                             or self.redis.hget(self._older(prefix, run_id), item_id))
+        return found
+
+    def _older(self, prefix: str, run_id: str) -> str:
+        """The hash an older layby kept the run's `prefix` fields in."""
+        return (self.keys.interrupts if prefix == INTERRUPT else self.keys.notifications)(run_id)
 
     def _open(self, run_id: str, field: str | None) -> set[str]:
         """The run's open interrupts from its `open` field; a run of an older layby that has
@@ -506,8 +512,7 @@ class Store:
         return _reviews(self.redis.hgetall(self.keys.review(run_id)))
 
     def interrupt(self, run_id: str, interrupt_id: str) -> Interrupt | None:
-        raw = (self.redis.hget(self.keys.run(run_id), INTERRUPT + interrupt_id)
-               or self.redis.hget(self.keys.interrupts(run_id), interrupt_id))
+        raw = self._field(run_id, INTERRUPT, interrupt_id)
         return Interrupt.model_validate_json(raw) if raw else None
 
     def view(self, run_id: str) -> RunView | None:
@@ -528,8 +533,8 @@ class Store:
         older: tuple[dict[str, str], dict[str, str]] = ({}, {})
         if "id" in raw:  # a run of an older layby: its interrupts' and notifications' hashes
             pipe = self.redis.pipeline(transaction=True)
-            pipe.hgetall(self.keys.interrupts(run_id))
-            pipe.hgetall(self.keys.notifications(run_id))
+            pipe.hgetall(self._older(INTERRUPT, run_id))
+            pipe.hgetall(self._older(NOTE, run_id))
             older = tuple(pipe.execute())  # type: ignore[assignment]
         specs, answers, open_ids = _interrupts(_prefixed(raw, INTERRUPT, older[0]), given,
                                                self._open(run_id, raw.get("open")))
