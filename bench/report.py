@@ -135,7 +135,8 @@ def scale_summary(levels: list[dict[str, Any]]) -> dict[str, Any]:
 
     first, last = levels[0], levels[-1]
     ratios = {}
-    for key in ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms", "answer_ms"):
+    for key in ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms", "answer_ms",
+                "answer_to_completed_ms"):
         a, b = p50(first, key), p50(last, key)
         if a and b:
             ratios[key] = round(b / a, 3)
@@ -148,8 +149,10 @@ def _scale_rows(parked: dict[str, Any]) -> list[tuple[str, str]]:
     rows = []
     for lv in parked["levels"]:
         ans = lv.get("answer_ms") or {}
+        done = lv.get("answer_to_completed_ms") or {}
         rows.append((f"{lv['level']} parked", (
-            f"{lv['parks_per_s']} parks/s; answer p50 {ans.get('p50', float('nan')):.2f} ms; "
+            f"{lv['parks_per_s']} parks/s; answer p50 {ans.get('p50', float('nan')):.2f} ms "
+            f"(to completed {done.get('p50', float('nan')):.2f} ms); "
             f"list p50 first / deep / all states {lv['list_first_page_ms']['p50']:.2f} / "
             f"{lv['list_deep_page_ms']['p50']:.2f} / {lv['list_all_states_ms']['p50']:.2f} "
             f"ms; {lv['memory_per_parked_run']:.0f} B per parked run ({lv['memory_of_keys_per_run']:.0f} "

@@ -10,6 +10,7 @@ were parked, over their number; `MEMORY USAGE` of a sample splits it by key.
 
 from __future__ import annotations
 
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -50,14 +51,30 @@ def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:
             raise BenchError(f"parking stalled at {now} of {target} interrupted runs")
 
 
-PROBE_PARKS = 500  # runs parked, timed, at each level
+PROBE_PARKS = 600  # runs parked, timed, at each level
+# Each timing is taken this many times at a level, and the middle one kept: on two shared
+# cores a burst of something else (a worker warming up, the server's background work) can
+# slow one of them by half, which says nothing about the level.
+REPEATS = 3
 
 
-def timed_park(rt: Runtime, count: int, timeout_s: float, agent: str) -> float:
-    """Parks per second of `count` more runs (started at once, parked by the worker)."""
-    started = time.perf_counter()
-    park(rt, count, timeout_s, agent)
-    return round(count / (time.perf_counter() - started), 1)
+def timed_park(rt: Runtime, count: int, timeout_s: float, agent: str,
+               sink: Sink | None = None) -> float:
+    """Parks per second of `count` more runs, the middle of REPEATS batches (each started
+    at once and parked by the worker, its announcements delivered before the next)."""
+    rates = []
+    for batch in _split(count, REPEATS):
+        sent = sum(sink.ids.values()) if sink else 0
+        started = time.perf_counter()
+        park(rt, batch, timeout_s, agent)
+        rates.append(batch / (time.perf_counter() - started))
+        if sink is not None:
+            _delivered(sink, sent + batch, timeout_s)
+    return round(statistics.median(rates), 1) if rates else 0.0
+
+
+def _split(count: int, parts: int) -> list[int]:
+    return [n for i in range(parts) if (n := count // parts + (i < count % parts))]
 
 
 def deliveries_done(rt: Runtime) -> int:
@@ -83,7 +100,7 @@ def level(rt: Runtime, wanted: int, timeout_s: float, sink: Sink | None = None
         if sink is not None:  # the timed parks do not wait behind the bulk's deliveries
             _delivered(sink, sent_before + bulk, timeout_s)
     persisted(store)
-    parks_per_s = timed_park(rt, max(0, wanted - have - bulk), timeout_s, agent)
+    parks_per_s = timed_park(rt, max(0, wanted - have - bulk), timeout_s, agent, sink)
     used_after = int(store.redis.info("memory")["used_memory"])
     added = max(0, wanted - have)
     announced = _announced(rt, sink, added, sent_before, tasks_before, timeout_s) \
@@ -103,7 +120,21 @@ def level(rt: Runtime, wanted: int, timeout_s: float, sink: Sink | None = None
                "memory_budget": round(1.5 * history + 1024, 1),
                "memory_by_key": {**by_key, "index": round(in_index, 1)}}
     persisted(store)
-    return {**figures, **probe(rt)}
+    return {**figures, **_middle([probe(rt) for _ in range(REPEATS)])}
+
+
+def _middle(probes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of each timing the probes took, the one with the middle p50 (an answer's time to
+    completed comes from the same probe as the answer's)."""
+    kept = dict(probes[0])
+    for key, value in kept.items():
+        if key != "answer_to_completed_ms" and isinstance(value, dict) and "p50" in value:
+            took = sorted((p for p in probes if p.get(key)), key=lambda p: p[key]["p50"])
+            middle = took[len(took) // 2]
+            kept[key] = middle[key]
+            if key == "answer_ms":
+                kept["answer_to_completed_ms"] = middle["answer_to_completed_ms"]
+    return kept
 
 
 def persisted(store: Store, timeout_s: float = 300) -> None:
@@ -176,8 +207,8 @@ def history_bytes(store: Store, sample: list[str]) -> float:
 
 
 def probe(rt: Runtime) -> dict[str, Any]:
-    """Times (ms) of list pages at the top and deep in, and of answers, on what is parked
-    now. The answered runs resume and finish on the worker."""
+    """Times (ms) of list pages at the top and deep in, and of answers (and from each
+    answer until its run completed on the worker), on what is parked now."""
     store = rt.store
     index = store.runs.of[Status.INTERRUPTED]
     parked = index.count()
@@ -194,20 +225,38 @@ def probe(rt: Runtime) -> dict[str, Any]:
     middle = [timed(lambda: store.list_page(Status.INTERRUPTED, limit=50, cursor=deep_cursor))
               for _ in range(SAMPLES)]
     every = [timed(lambda: store.list_page(None, limit=50)) for _ in range(SAMPLES)]
-    # Answer parked runs taken from deep in the index, each once.
+    # Answer parked runs taken from deep in the index, each once, at rest: each answered
+    # run resumes and finishes on the worker before the next answer, so an answer's time
+    # is its own, not a share of the cores with the resumes of the answers before it
+    # (those are timed apart: answer → completed).
     victims = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, SAMPLES,
                                                          offset=parked // 3)]
-    answers = []
+    answers, resumes = [], []
     for run_id in victims:
         view = store.view(run_id)
         if view is None or not view.open_interrupts:
             continue
         entries = [ResumeEntry(interrupt_id=i.id, status="resolved", payload=True)
                    for i in view.open_interrupts]
-        answers.append(timed(lambda: commands.answer(rt, run_id, entries, by="bench",
-                                                     channel="bench")))
+        started = time.perf_counter()
+        commands.answer(rt, run_id, entries, by="bench", channel="bench")
+        answers.append((time.perf_counter() - started) * 1000)
+        resumes.append(_until_completed(store, run_id, started))
     return {"parked": parked,
             "list_first_page_ms": distribution(first),
             "list_deep_page_ms": distribution(middle),
             "list_all_states_ms": distribution(every),
-            "answer_ms": distribution(answers) if answers else None}
+            "answer_ms": distribution(answers) if answers else None,
+            "answer_to_completed_ms": distribution(resumes) if resumes else None}
+
+
+def _until_completed(store: Store, run_id: str, started: float, timeout_s: float = 30
+                     ) -> float:
+    """Ms from `started` until the run is completed (its resume and last turn done)."""
+    key = store.keys.run(run_id)
+    deadline = started + timeout_s
+    while store.redis.hget(key, "status") != Status.COMPLETED.value:
+        if time.perf_counter() > deadline:
+            raise BenchError(f"answered run {run_id} did not complete in {timeout_s} s")
+        time.sleep(0.0005)
+    return (time.perf_counter() - started) * 1000

@@ -94,9 +94,14 @@ def test_bench_over_http_and_on_parked_runs(tmp_path: Path) -> None:
     for lv in levels:
         assert lv["parked"] == lv["level"]
         assert lv["parks_per_s"] > 0 and lv["answer_ms"]["count"] > 0
+        # Each answered run was seen completed, after its answer returned.
+        done = lv["answer_to_completed_ms"]
+        assert done["count"] == lv["answer_ms"]["count"]
+        assert done["p50"] > lv["answer_ms"]["p50"]
         assert 0 < lv["history_bytes"] < lv["memory_of_keys_per_run"] < 20_000
         assert lv["memory_by_key"]["run"] > lv["history_bytes"]
         assert lv["memory_by_key"]["events"] > 0 and lv["memory_by_key"]["index"] > 0
         for key in ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms"):
             assert lv[key]["count"] > 0
-    assert set(result["parked"]["last_over_first"]) >= {"answer_ms", "list_deep_page_ms"}
+    assert set(result["parked"]["last_over_first"]) >= {"answer_ms", "answer_to_completed_ms",
+                                                         "list_deep_page_ms"}

