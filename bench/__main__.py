@@ -133,6 +133,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
             # The sweeper runs while runs are parked: a queued delivery it queued again
             # would show as a duplicate.
             parts.start_sweeper({**os.environ, "PYTHONPATH": path})
+            scale.finished_first(rt, args.timeout, sink)
         for wanted in args.parked:
             print(f"bench: parking runs until {wanted} are parked", file=sys.stderr)
             levels.append(scale.level(rt, wanted, args.timeout, sink))

@@ -231,9 +231,21 @@ def probe(rt: Runtime) -> dict[str, Any]:
     # (those are timed apart: answer → completed).
     victims = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, SAMPLES,
                                                          offset=parked // 3)]
+    answers, resumes = answer_at_rest(rt, victims)
+    return {"parked": parked,
+            "list_first_page_ms": distribution(first),
+            "list_deep_page_ms": distribution(middle),
+            "list_all_states_ms": distribution(every),
+            "answer_ms": distribution(answers) if answers else None,
+            "answer_to_completed_ms": distribution(resumes) if resumes else None}
+
+
+def answer_at_rest(rt: Runtime, run_ids: list[str]) -> tuple[list[float], list[float]]:
+    """Answer each parked run, one at a time, and wait for it to complete: the ms each
+    answer took, and from each answer until its run completed."""
     answers, resumes = [], []
-    for run_id in victims:
-        view = store.view(run_id)
+    for run_id in run_ids:
+        view = rt.store.view(run_id)
         if view is None or not view.open_interrupts:
             continue
         entries = [ResumeEntry(interrupt_id=i.id, status="resolved", payload=True)
@@ -241,13 +253,20 @@ def probe(rt: Runtime) -> dict[str, Any]:
         started = time.perf_counter()
         commands.answer(rt, run_id, entries, by="bench", channel="bench")
         answers.append((time.perf_counter() - started) * 1000)
-        resumes.append(_until_completed(store, run_id, started))
-    return {"parked": parked,
-            "list_first_page_ms": distribution(first),
-            "list_deep_page_ms": distribution(middle),
-            "list_all_states_ms": distribution(every),
-            "answer_ms": distribution(answers) if answers else None,
-            "answer_to_completed_ms": distribution(resumes) if resumes else None}
+        resumes.append(_until_completed(rt.store, run_id, started))
+    return answers, resumes
+
+
+def finished_first(rt: Runtime, timeout_s: float, sink: Sink | None) -> None:
+    """Before the levels, SAMPLES runs parked, answered and completed: a page of all states
+    then merges the same states at every level (the first level's would otherwise find no
+    finished runs, and read less than the deeper ones)."""
+    sent = sum(sink.ids.values()) if sink else 0
+    park(rt, SAMPLES, timeout_s, ANNOUNCED if sink is not None else AGENT)
+    if sink is not None:
+        _delivered(sink, sent + SAMPLES, timeout_s)
+    answer_at_rest(rt, [run_id for run_id, _ in rt.store.runs.newest(Status.INTERRUPTED,
+                                                                       SAMPLES)])
 
 
 def _until_completed(store: Store, run_id: str, started: float, timeout_s: float = 30
