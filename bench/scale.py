@@ -51,6 +51,11 @@ def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:
             raise BenchError(f"parking stalled at {now} of {target} interrupted runs")
 
 
+def agent_for(sink: Sink | None) -> str:
+    """The agent parked: with a sink, the one that announces its question to it."""
+    return ANNOUNCED if sink is not None else AGENT
+
+
 PROBE_PARKS = 600  # runs parked, timed, at each level
 # Each timing is taken this many times at a level, and the middle one kept: on two shared
 # cores a burst of something else (a worker warming up, the server's background work) can
@@ -89,7 +94,7 @@ def level(rt: Runtime, wanted: int, timeout_s: float, sink: Sink | None = None
     measure memory and probe answers and lists. With `sink`, parked runs are announced
     to it: every announcement must be delivered, and queued, exactly once."""
     store = rt.store
-    agent = ANNOUNCED if sink is not None else AGENT
+    agent = agent_for(sink)
     have = store.runs.of[Status.INTERRUPTED].count()
     sent_before = sum(sink.ids.values()) if sink else 0
     tasks_before = deliveries_done(rt) if sink else 0
@@ -262,7 +267,7 @@ def finished_first(rt: Runtime, timeout_s: float, sink: Sink | None) -> None:
     then merges the same states at every level (the first level's would otherwise find no
     finished runs, and read less than the deeper ones)."""
     sent = sum(sink.ids.values()) if sink else 0
-    park(rt, SAMPLES, timeout_s, ANNOUNCED if sink is not None else AGENT)
+    park(rt, SAMPLES, timeout_s, agent_for(sink))
     if sink is not None:
         _delivered(sink, sent + SAMPLES, timeout_s)
     answer_at_rest(rt, [run_id for run_id, _ in rt.store.runs.newest(Status.INTERRUPTED,
