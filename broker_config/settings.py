@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     outbox_grace_s: float = 10.0
     sweep_interval_s: float = 1.0
     events_max: int = 2000
+    # A run parked this long has its events folded from their stream into its hash (by the
+    # sweeper): a stream costs hundreds of bytes of its own for as long as the run waits.
+    # Readers see no difference; a park's notifications are usually sent by then.
+    fold_events_after_s: float = Field(30.0, ge=0)
     # Celery's task events (what Flower shows of tasks), one PUBLISH a task. Off, Flower
     # still shows workers, queues and their control.
     task_events: bool = True

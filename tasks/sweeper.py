@@ -2,7 +2,8 @@
 reminders, lost sends), applies expiry policies, requeues runs whose worker died (a step
 it held, a message it had reserved), requeues every waiting run at once when the store
 comes back from a restart or a failover (its last writes, a task message among them, may
-be gone), prunes finished runs from the indexes.
+be gone), folds the events of runs parked for a while into their hashes, prunes finished
+runs from the indexes.
 Safe to run anywhere, often, and concurrently: every change it makes is a script that
 re-checks its condition."""
 
@@ -49,6 +50,7 @@ def sweep(rt: Runtime) -> dict[str, int]:
         with about(run_id=run_id):
             counts["requeued"] += _guarded(_requeue, rt, run_id,
                                            "its task message is overdue")
+    counts["folded"] = _guarded(store.fold_parked)
     counts["pruned"] = store.prune_finished()
     return counts
 

@@ -8,8 +8,10 @@ server and a webhook receiver for the notifications.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -216,6 +218,67 @@ def test_a_cycle_takes_two_tasks_and_a_parked_run_keeps_only_what_it_holds(
     for event in sse.history(system, run_id):
         written = datetime.fromisoformat(event["data"]["at"].replace("Z", "+00:00"))
         assert round(written.timestamp() * 1000) == int(event["id"].split("-")[0]), event
+
+
+def test_a_run_parked_a_while_keeps_its_events_in_its_hash_and_readers_see_no_change(
+        isolated: Any, tmp_path: Path) -> None:
+    """Parked a while (LAYBY_FOLD_EVENTS_AFTER_S), a run's events leave their stream for a
+    field of its hash, the data they repeat rebuilt from the hash when read: the stream's
+    own cost goes. Readers get the same events, ids and all; a follower waiting on the
+    folded run is woken by its next event; the run's later events follow them."""
+    smtp, hooks = SmtpServer().start(), WebhookReceiver().start()
+    try:
+        system = reviewed_system(isolated(), tmp_path, smtp, hooks,
+                                 LAYBY_FOLD_EVENTS_AFTER_S="4").system
+        (run_id,) = _park(system, 1)
+        keys = Keys(system.settings.key_prefix)
+        client = redis.Redis.from_url(system.redis_url, decode_responses=True)
+        wait_until(lambda: [f["type"] for _, f in client.xrange(keys.events(run_id))].count(
+            "notification.sent") == 2, 30, what="both notifications sent")
+        before = sse.history(system, run_id)
+        held = (client.memory_usage(keys.run(run_id), samples=0)
+                + client.memory_usage(keys.events(run_id), samples=0))
+        assert client.exists(keys.events(run_id)), "folded before it was read: too slow"
+
+        wait_until(lambda: not client.exists(keys.events(run_id)), 15, what="the fold")
+        assert sse.history(system, run_id) == before
+        assert sse.history(system, run_id, before[1]["id"]) == before[2:]
+        folded = client.hget(keys.run(run_id), "events")
+        assert folded and len(folded.splitlines()) == len(before)
+        # What the events repeat of the hash is not held twice: the stream's few hundred
+        # bytes of its own go, and most of what its entries held.
+        assert client.memory_usage(keys.run(run_id), samples=0) < held - 500
+        assert len(folded) < sum(len(json.dumps(e["data"])) for e in before) / 3
+
+        # A follower from the last folded event waits, and is woken by the answer.
+        got: list[dict[str, Any]] = []
+
+        def follow() -> None:
+            with system.api() as api, api.stream(
+                    "GET", f"/v1/runs/{run_id}/events",
+                    headers={"Last-Event-ID": before[-1]["id"]}) as reply:
+                for event in sse.parse(reply.iter_lines()):
+                    got.append(event)
+                    if event["event"] == "run.completed":
+                        return
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        time.sleep(1)
+        (question,) = system.open_interrupts(system.run(run_id))
+        assert system.answer(run_id, question["id"], payload="Jaws").status_code == 200
+        follower.join(30)
+        assert got and got[-1]["event"] == "run.completed"
+        assert got[0]["event"] == "interrupt.answered"
+        # The same events again (a parked step's messages as the resume rewrote them).
+        after = sse.history(system, run_id)
+        assert [e["id"] for e in before + got] == [e["id"] for e in after]
+        assert [e for e in before + got if e["event"] not in STEP_EVENTS] == \
+            [e for e in after if e["event"] not in STEP_EVENTS]
+        client.close()
+    finally:
+        smtp.stop()
+        hooks.stop()
 
 
 def _replayed(system: LaybySystem, run_id: str, started_with: list[dict[str, Any]]

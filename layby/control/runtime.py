@@ -63,6 +63,7 @@ def store_config(settings: Settings, celery: Celery | None = None) -> StoreConfi
                        lease_ms=int(settings.lease_s * 1000),
                        lost_message_ms=int(settings.lost_message_s * 1000),
                        events_max=settings.events_max,
+                       fold_after_ms=int(settings.fold_events_after_s * 1000),
                        outbox_grace_ms=int(settings.outbox_grace_s * 1000),
                        min_replicas_ack=settings.redis_min_replicas_ack,
                        replica_ack_timeout_ms=int(settings.redis_replica_ack_timeout_s * 1000),

@@ -2,6 +2,11 @@
 place: entries as `Event`s, a page of them, the newest park, and an async follower for
 server-sent events and AG-UI.
 
+A run parked for a while has its events folded out of the stream into its hash
+(lua/fold_events.lua, by the sweeper): every read here goes through lua/read_events.lua,
+which gives them back as the stream held them, then the stream's. Only a follower's wait
+is a blocking XREAD on the stream itself, after a read that found nothing new.
+
 The events of a step (`turn.committed`, `run.interrupted`, `run.completed`) say where its
 messages are in the run's history (`from`, `historyTo`). A park's event is stored without
 them, and so are the earlier steps' events of a parked run (park_run.lua): the history is
@@ -11,17 +16,26 @@ held once, in the run. Every reader here fills them in from the history as it is
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import NoScriptError
 
 from layby.parking.clock import iso
+from layby.parking.scripts import folding_source
 from layby.wire import Event
 
 KEEP_ALIVE_MS = 15_000
+# The most events one read returns (a run keeps LAYBY_EVENTS_MAX, 2,000 by default).
+PAGE = 500
+EVERY = 1_000_000
+
+_READ = folding_source("read_events")
+_READ_SHA = hashlib.sha1(_READ.encode()).hexdigest()
 
 
 # The events that carry a step's messages, or say where they are in the history.
@@ -81,12 +95,37 @@ def event_of(event_id: str, fields: dict[str, str]) -> Event:
                  data=json.loads(fields.get("data") or "null"))
 
 
+def _entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
+    return [(eid, dict(zip(fields[::2], fields[1::2], strict=True))) for eid, fields in reply]
+
+
+def stored(client: Redis, key: str, after: str = "0-0", count: int = PAGE
+           ) -> list[tuple[str, dict[str, str]]]:
+    """The entries after `after` (a stream id), folded or not, as the stream holds them."""
+    args = (2, run_key(key), key, after, count)
+    try:
+        reply = client.evalsha(_READ_SHA, *args)
+    except NoScriptError:
+        reply = client.eval(_READ, *args)
+    return _entries(reply)
+
+
+async def stored_async(client: AsyncRedis, key: str, after: str = "0-0", count: int = PAGE
+                       ) -> list[tuple[str, dict[str, str]]]:
+    """`stored`, on an async client."""
+    args = (2, run_key(key), key, after, count)
+    try:
+        reply = await client.evalsha(_READ_SHA, *args)  # type: ignore[misc]
+    except NoScriptError:
+        reply = await client.eval(_READ, *args)  # type: ignore[misc]
+    return _entries(reply)
+
+
 def read(client: Redis, key: str, after: str = "0-0", *, block_ms: int | None = None,
-         count: int = 500) -> list[Event]:
+         count: int = PAGE) -> list[Event]:
     """Events after `after` (a stream id); with `block_ms`, wait that long for one."""
-    if block_ms is None:
-        found = client.xrange(key, f"({after}" if after != "0-0" else "-", "+", count)
-    else:
+    found = stored(client, key, after, count)
+    if not found and block_ms is not None:
         reply: Any = client.xread({key: after}, count=count, block=block_ms)
         found = reply[0][1] if reply else []
     return [event_of(eid, fields) for eid, fields in fill(client, key, found)]
@@ -94,33 +133,39 @@ def read(client: Redis, key: str, after: str = "0-0", *, block_ms: int | None = 
 
 def last_park(client: Redis, key: str, interrupt_ids: set[str] | None = None) -> Event | None:
     """The newest `run.interrupted` event (that parked on one of `interrupt_ids`)."""
-    upper = "+"
-    while True:
-        batch = client.xrevrange(key, max=upper, min="-", count=200)
-        for event_id, fields in batch:
-            if fields.get("type") == "run.interrupted":
-                ids = {i["id"] for i in json.loads(fields["data"]).get("interrupts", [])}
-                if interrupt_ids is None or ids & interrupt_ids:
-                    # Only the park looked for reads the history for its messages.
-                    return event_of(event_id, fill(client, key, [(event_id, fields)])[0][1])
-        if len(batch) < 200:
-            return None
-        upper = f"({batch[-1][0]}"
+    for event_id, fields in reversed(stored(client, key, count=EVERY)):
+        if fields.get("type") == "run.interrupted":
+            ids = {i["id"] for i in json.loads(fields["data"]).get("interrupts", [])}
+            if interrupt_ids is None or ids & interrupt_ids:
+                # Only the park looked for reads the history for its messages.
+                return event_of(event_id, fill(client, key, [(event_id, fields)])[0][1])
+    return None
 
 
 async def follow_raw(client: AsyncRedis, key: str, after: str, *, keep_going: bool = True
                      ) -> AsyncIterator[list[tuple[str, dict[str, str]]] | None]:
     """`follow`, a batch at a time (what one read found), each entry as the stream holds
-    it: (id, fields), its data unparsed."""
+    it: (id, fields), its data unparsed.
+
+    The wait is a blocking XREAD on the stream, which a fold (events moved into the run's
+    hash, the stream deleted) never wakes. So every wait begins with a read of folded and
+    streamed events at once, unless the last wait just returned a part of the stream (a
+    batch not full: all there was). An event appended and folded in the instant between
+    that wait and the next, which only a sweeper's fold 30 s into a park can do, comes at
+    the next keep-alive (15 s)."""
+    look = True
     while True:
-        reply = await client.xread({key: after}, count=500,
-                                   block=KEEP_ALIVE_MS if keep_going else None)
-        batch = reply[0][1] if reply else []
+        batch = await stored_async(client, key, after) if look else []
+        if not batch and not keep_going:
+            return
         if not batch:
-            if not keep_going:
-                return
-            yield None
-            continue
+            reply = await client.xread({key: after}, count=PAGE, block=KEEP_ALIVE_MS)
+            batch = reply[0][1] if reply else []
+            if not batch:
+                look = True
+                yield None
+                continue
+        look = len(batch) >= PAGE
         after = batch[-1][0]
         yield await fill_async(client, key, batch)
 

@@ -17,7 +17,8 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 |              |        | written; fields at their defaults left out), and its    |                   |
 |              |        | notifications, "n:<notification id>" → Notification     |                   |
 |              |        | JSON (with its token): keys of their own would cost     |                   |
-|              |        | more than they hold                                     |                   |
+|              |        | more than they hold; events (a run parked a while: its  |                   |
+|              |        | events, folded; see events below)                       |                   |
 | interrupts   | hash   | only runs of an older layby (their hash has an `id`     | same              |
 |              |        | field): interrupt id → Interrupt JSON                   |                   |
 | answers      | hash   | interrupt id → answer JSON (first answer only)          | same              |
@@ -30,7 +31,12 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 |              |        | older layby's entries also have `at`); capped; copied to|                   |
 |              |        | an exact fit when the run parks, its steps' events then |                   |
 |              |        | without their messages (`from`/`historyTo` say where    |                   |
-|              |        | they are in the history; parking.events fills them in)  |                   |
+|              |        | they are in the history; parking.events fills them in). |                   |
+|              |        | Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events move   |                   |
+|              |        | into its hash's field `events`, one line each, their    |                   |
+|              |        | data rebuilt from the hash where it can be              |                   |
+|              |        | (lua/_folding.lua), and the stream is deleted; later    |                   |
+|              |        | events begin a new one                                  |                   |
 | notifications| hash   | only runs of an older layby: notification id →          | same as run       |
 |              |        | Notification JSON                                       |                   |
 | review       | hash   | how people review each interrupt (only runs asked under | same as run       |
@@ -61,6 +67,8 @@ Global:
 |                      |      | requeued waiting runs for, or the first process   |
 |                      |      | saw: another one there means a restart or a       |
 |                      |      | failover since, which may have lost task messages |
+| fold:cursor          | str  | the park time (ms) the sweeper's next fold of     |
+|                      |      | parked runs' events starts from                   |
 | seen:<what>          | str  | something taken once: a callback's webhook-id     |
 |                      |      | (past the replay tolerance), a reply mail that    |
 |                      |      | was mailed back (a provider's retries are not)    |
@@ -159,6 +167,10 @@ class Keys:
 
     def grant(self, ref: str) -> str:
         return f"{self.prefix}:grant:{ref}"
+
+    @property
+    def fold_cursor(self) -> str:
+        return f"{self.prefix}:fold:cursor"
 
     def seen(self, what: str) -> str:
         return f"{self.prefix}:seen:{what}"

@@ -3,7 +3,8 @@
 Run scripts get the task queueing (`lua/_queue.lua`) and the shared prelude
 (`lua/_prelude.lua`) and the KEYS layout it documents; scripts on global keys only
 (outbox, due notifications, live workers) stand alone, or with the queueing alone when they
-queue tasks. Settings the scripts need are written into their source: scripts of one
+queue tasks; the two that fold a parked run's events and read them back share
+`lua/_folding.lua`. Settings the scripts need are written into their source: scripts of one
 configuration have one SHA1 whichever process loads them.
 """
 
@@ -25,6 +26,8 @@ RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "adv
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
                       "beat_worker", "reap_workers")
 QUEUEING_SCRIPTS = ("claim_due_notifications",)
+# Scripts on one run's hash and events alone, with what folds and unfolds its events.
+FOLDING_SCRIPTS = ("fold_events", "read_events")
 
 # Upper bounds (seconds) of the latency histograms the scripts count in `stats`: park →
 # answer (people: seconds to days), last answer → a worker taking the run up (queues).
@@ -81,7 +84,14 @@ def _source(name: str) -> str:
     return (resources.files("layby.parking") / "lua" / f"{name}.lua").read_text()
 
 
+def folding_source(name: str) -> str:
+    """A script of FOLDING_SCRIPTS (no settings in them: any process may load them)."""
+    return _source("_folding") + "\n" + _source(name)
+
+
 def source(name: str, settings: ScriptSettings) -> str:
+    if name in FOLDING_SCRIPTS:
+        return folding_source(name)
     queue = (_source("_queue").replace("__TASKS__", _lua_tasks(settings.tasks))
              .replace("__LOST_MESSAGE_MS__", str(settings.lost_message_ms)))
     if name in STANDALONE_SCRIPTS:
@@ -94,4 +104,4 @@ def source(name: str, settings: ScriptSettings) -> str:
 
 def register(client: Redis, settings: ScriptSettings) -> dict[str, Script]:
     return {name: client.register_script(source(name, settings))
-            for name in (*RUN_SCRIPTS, *STANDALONE_SCRIPTS)}
+            for name in (*RUN_SCRIPTS, *STANDALONE_SCRIPTS, *FOLDING_SCRIPTS)}

@@ -85,6 +85,7 @@ class StoreConfig:
     lease_ms: int = 6_000  # a claim lapses this long after its worker's last heartbeat
     lost_message_ms: int = 300_000  # queued or resuming this long: its message may be lost
     events_max: int = 2000
+    fold_after_ms: int = 30_000  # a parked run's events are folded into its hash this late
     outbox_grace_ms: int = 10_000
     max_attempts: int = 5
     min_replicas_ack: int = 0  # WAIT for this many replicas after ACKNOWLEDGED transitions
@@ -689,6 +690,33 @@ class Store:
     def retention_cutoff_ms(self) -> int:
         """Finished runs that ended before this are past retention."""
         return self.now_ms() - self.config.retention_s * 1000
+
+    def fold_parked(self, limit: int = 5000) -> int:
+        """Fold the events of runs parked `fold_after_ms` ago or more into their hashes
+        (lua/fold_events.lua), in the order they parked, from where the last pass stopped
+        (`fold:cursor`); returns how many were folded. A run parked again later comes
+        round again: its place in the index is its last park."""
+        cutoff = self.now_ms() - self.config.fold_after_ms
+        start = self.redis.get(self.keys.fold_cursor) or "-inf"
+        found = self.redis.zrangebyscore(self.keys.index(Status.INTERRUPTED), start, cutoff,
+                                         start=0, num=limit, withscores=True)
+        if not found:
+            return 0
+        folded = 0
+        for at in range(0, len(found), 200):
+            pipe = self.redis.pipeline(transaction=False)
+            for run_id, _ in found[at:at + 200]:
+                self._scripts["fold_events"](keys=[self.keys.run(run_id),
+                                                   self.keys.events(run_id)],
+                                             args=[self.config.events_max], client=pipe)
+            folded += sum(reply == "folded" for reply in pipe.execute())
+        # The next pass starts at this page's last time again (runs parked in the same ms
+        # may be past the page; folding twice finds nothing), or past it when the whole
+        # page was that one ms.
+        last = int(found[-1][1])
+        self.redis.set(self.keys.fold_cursor,
+                       last + 1 if len(found) == limit and int(found[0][1]) == last else last)
+        return folded
 
     def prune_finished(self) -> int:
         """Drop index entries of finished runs whose keys have expired."""

@@ -1,0 +1,33 @@
+-- fold_events: the events of a run parked for a while moved out of their stream into the
+-- run's hash (field `events`, _folding.lua), and the stream deleted. Readers get them back
+-- as they were (read_events.lua); later events go to a new stream. A follower blocked on
+-- the stream misses nothing: it has read every entry there was (it blocks only when none
+-- is left), and the next event wakes it as the new stream's first.
+-- KEYS: 1 run, 2 events. ARGV: 1 the most events a run keeps (LAYBY_EVENTS_MAX)
+-- Returns 'folded' | 'kept' (an entry that cannot be folded: the stream stays as it is) |
+--         'none' (nothing to fold, or the run is not parked)
+if redis.call('HGET', FOLD_RUN, 'status') ~= 'interrupted' then return 'none' end
+local entries = redis.call('XRANGE', FOLD_EVENTS, '-', '+')
+if #entries == 0 then return 'none' end
+local lines = folded_lines(run_field(FOLDED))
+local last_ms, last_seq = 0, -1
+if #lines > 0 then
+  last_ms, last_seq = lines[#lines][1], tonumber(string.match(lines[#lines][2], '^%d+'))
+end
+for _, entry in ipairs(entries) do
+  local ms, tail = fold_line(entry)
+  local seq = ms and tonumber(string.match(tail, '^%d+'))
+  -- Entries the fold cannot hold, or a stream begun after a fold on a clock behind it.
+  if not ms or ms < last_ms or (ms == last_ms and seq <= last_seq) then return 'kept' end
+  table.insert(lines, {ms, tail})
+  last_ms, last_seq = ms, seq
+end
+local keep = tonumber(ARGV[1])
+if #lines > keep then
+  local kept = {}
+  for k = #lines - keep + 1, #lines do table.insert(kept, lines[k]) end
+  lines = kept
+end
+redis.call('HSET', FOLD_RUN, FOLDED, folded_text(lines))
+redis.call('DEL', FOLD_EVENTS)
+return 'folded'
