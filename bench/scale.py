@@ -106,6 +106,8 @@ def level(rt: Runtime, wanted: int, timeout_s: float, sink: Sink | None = None
             _delivered(sink, sent_before + bulk, timeout_s)
     persisted(store)
     parks_per_s = timed_park(rt, max(0, wanted - have - bulk), timeout_s, agent, sink)
+    folded(store, timeout_s)
+    persisted(store)
     used_after = int(store.redis.info("memory")["used_memory"])
     added = max(0, wanted - have)
     announced = _announced(rt, sink, added, sent_before, tasks_before, timeout_s) \
@@ -140,6 +142,22 @@ def _middle(probes: list[dict[str, Any]]) -> dict[str, Any]:
             if key == "answer_ms":
                 kept["answer_to_completed_ms"] = middle["answer_to_completed_ms"]
     return kept
+
+
+def folded(store: Store, timeout_s: float) -> None:
+    """Until the sweeper has folded the events of every parked run (LAYBY_FOLD_EVENTS_AFTER_S
+    after its park): what a parked run holds for as long as it waits, not in its first
+    seconds."""
+    index = store.keys.index(Status.INTERRUPTED)
+    deadline = time.monotonic() + store.config.fold_after_ms / 1000 + timeout_s
+    while time.monotonic() < deadline:
+        newest = store.redis.zrevrange(index, 0, 0, withscores=True)
+        cursor = store.redis.get(store.keys.fold_cursor)
+        if not newest or (cursor is not None and int(cursor) >= int(newest[0][1])):
+            return
+        time.sleep(0.5)
+    raise BenchError(f"the sweeper did not fold the parked runs' events in {timeout_s} s "
+                     f"past LAYBY_FOLD_EVENTS_AFTER_S")
 
 
 def persisted(store: Store, timeout_s: float = 300) -> None:

@@ -10,13 +10,15 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 |              |        | or finished), attempts (absent: 0), open (ids of        |                   |
 |              |        | interrupts                                              |                   |
 |              |        | waiting for an answer, space-separated), waiting (ids   |                   |
-|              |        | of those the last park waited on), checkpointed ('1'    |                   |
-|              |        | while the step saved checkpoints), noted ('0' while the |                   |
+|              |        | of those the last park waited on; left out while they   |                   |
+|              |        | are the open ones, written by the first answer),        |                   |
+|              |        | checkpointed ('1' while the step saved checkpoints;     |                   |
+|              |        | absent while parked), noted ('0' while the              |                   |
 |              |        | run has no notifications), …; and the run's interrupts, |                   |
 |              |        | "i:<interrupt id>" → Interrupt JSON (immutable once     |                   |
-|              |        | written; fields at their defaults left out), and its    |                   |
-|              |        | notifications, "n:<notification id>" → Notification     |                   |
-|              |        | JSON (with its token): keys of their own would cost     |                   |
+|              |        | written), and its notifications, "n:<notification id>"  |                   |
+|              |        | → Notification JSON (with its token), both under short  |                   |
+|              |        | names (parking.compact): keys of their own would cost   |                   |
 |              |        | more than they hold; events (a run parked a while: its  |                   |
 |              |        | events, folded; see events below)                       |                   |
 | interrupts   | hash   | only runs of an older layby (their hash has an `id`     | same              |

@@ -12,6 +12,7 @@ from typing import Any
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import load_messages
+from layby.parking import compact
 from layby.parking.records import OutboxEntry, RunRecord
 from layby.wire import Answer, RunView, Status
 
@@ -123,7 +124,8 @@ def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
     parked_on = None
     found: dict[str, Answer] = {}
     if waiting:
-        parked_on = [Interrupt.model_validate_json(s) for s in specs if s]
+        parked_on = [compact.interrupt(iid, s) for iid, s in zip(waiting.split(), specs,
+                                                                  strict=True) if s]
         found = {a.interrupt_id: a for a in (Answer.model_validate_json(x)
                                              for x in answers if x)}
     record = RunRecord(run_id, agent, Status.RUNNING, version,

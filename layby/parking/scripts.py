@@ -86,7 +86,7 @@ def _source(name: str) -> str:
 
 def folding_source(name: str) -> str:
     """A script of FOLDING_SCRIPTS (no settings in them: any process may load them)."""
-    return _source("_folding") + "\n" + _source(name)
+    return _source("_notes") + "\n" + _source("_folding") + "\n" + _source(name)
 
 
 def source(name: str, settings: ScriptSettings) -> str:
@@ -99,7 +99,7 @@ def source(name: str, settings: ScriptSettings) -> str:
     prelude = (_source("_prelude").replace("__EVENTS_MAX__", str(settings.events_max))
                .replace("__OUTBOX_GRACE_MS__", str(settings.outbox_grace_ms))
                .replace("__LATENCY_BUCKETS_S__", _lua_buckets()))
-    return queue + "\n" + prelude + "\n" + _source(name)
+    return queue + "\n" + _source("_notes") + "\n" + prelude + "\n" + _source(name)
 
 
 def register(client: Redis, settings: ScriptSettings) -> dict[str, Script]:

@@ -23,7 +23,7 @@ from redis.exceptions import NoScriptError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
-from layby.parking import events, results, scripts
+from layby.parking import compact, events, results, scripts
 from layby.parking.clock import iso
 from layby.parking.keys import Keys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
@@ -215,7 +215,7 @@ class Store:
                 moment = datetime.fromisoformat(intr.expires_at.replace("Z", "+00:00"))
                 expiry = str(int(moment.timestamp() * 1000))
             auto = (by_rule or {}).get(intr.id)
-            triples += [intr.id, _stored_interrupt(intr), expiry,
+            triples += [intr.id, compact.stored_interrupt(intr), expiry,
                         _dumps(auto.wire()) if auto else "", intr.rule or ""]
         argv, grant_keys = self._plan_argv(plan or Announcements())
         reply = self._run("park_run", run_id, version, owner, _dumps(dump_messages(messages)),
@@ -353,7 +353,7 @@ class Store:
         reply = self._run("start_delivery", run_id, notification_id, deadline_ms,
                           max_attempts, run_id)
         if reply[0] == "ok":
-            return "ok", _notification(reply[1])
+            return "ok", _notification(notification_id, reply[1])
         return str(reply[0]), None
 
     def finish_delivery(self, run_id: str, note: Notification, outcome: str, *,
@@ -377,7 +377,7 @@ class Store:
         pipe.hexists(self.keys.run(run_id), "id")
         self._scan(pipe, run_id, NOTE)
         older, found = pipe.execute()
-        return _notifications(list(self._fields(run_id, NOTE, found, older).values()))
+        return _notifications(self._fields(run_id, NOTE, found, older))
 
     def notifications_of_parked(self, page: int = 500) -> Iterator[tuple[str, list[Notification]]]:
         """(run id, its notifications) of every parked run that has some, a page of the
@@ -393,13 +393,13 @@ class Store:
             for i, (run_id, _) in enumerate(scored):
                 notes = self._fields(run_id, NOTE, found[2 * i + 1], found[2 * i])
                 if notes:
-                    yield run_id, _notifications(list(notes.values()))
+                    yield run_id, _notifications(notes)
             if cursor is None:
                 return
 
     def notification(self, run_id: str, notification_id: str) -> Notification | None:
         raw = self._field(run_id, NOTE, notification_id)
-        return _notification(raw) if raw else None
+        return _notification(notification_id, raw) if raw else None
 
     def grant(self, ref: str) -> str | None:
         return self.redis.get(self.keys.grant(ref))
@@ -514,7 +514,7 @@ class Store:
 
     def interrupt(self, run_id: str, interrupt_id: str) -> Interrupt | None:
         raw = self._field(run_id, INTERRUPT, interrupt_id)
-        return Interrupt.model_validate_json(raw) if raw else None
+        return compact.interrupt(interrupt_id, raw) if raw else None
 
     def view(self, run_id: str) -> RunView | None:
         # One round trip, and one moment: the run, its interrupts and its notifications.
@@ -546,7 +546,7 @@ class Store:
             messages=load_messages(json.loads(raw["messages"])),
             interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids,
                                          reviews.get(s.id)) for s in specs],
-            notifications=_notifications(list(_prefixed(raw, NOTE, older[1]).values())),
+            notifications=_notifications(_prefixed(raw, NOTE, older[1])),
             result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
             metadata=json.loads(raw.get("metadata") or "{}"), created_at=iso(raw["created_at"]),
             updated_at=iso(raw["updated_at"]))
@@ -727,12 +727,6 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _stored_interrupt(intr: Interrupt) -> str:
-    """An interrupt as stored: its wire form without the fields at their defaults (a
-    parked run keeps it for as long as it waits; reading it fills them in again)."""
-    return intr.model_dump_json(by_alias=True, exclude_none=True, exclude_defaults=True)
-
-
 def _stored(note: Notification) -> dict[str, Any]:
     """A notification as stored: its wire form (no nulls: Lua reads them as truthy values)
     and its token, which the wire form leaves out; level 0 (the first reviewers asked, most
@@ -757,7 +751,7 @@ def _prefixed(run: dict[str, str], prefix: str, older: dict[str, str]) -> dict[s
 
 def _interrupts(specs: dict[str, str], answers: dict[str, str], open_ids: set[str]
                 ) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
-    found = sorted((Interrupt.model_validate_json(v) for v in specs.values()),
+    found = sorted((compact.interrupt(k, v) for k, v in specs.items()),
                    key=lambda i: (i.created_at or "", i.id))
     return (found, {k: Answer.model_validate_json(v) for k, v in answers.items()},
             set(open_ids))
@@ -783,14 +777,16 @@ def _reviews(raw: dict[str, str]) -> dict[str, Review]:
     return found
 
 
-def _notifications(raw: list[str]) -> list[Notification]:
-    return sorted((_notification(v) for v in raw),
+def _notifications(raw: dict[str, str]) -> list[Notification]:
+    """Notification id → the record as stored, as `Notification`s in the order they were
+    planned."""
+    return sorted((_notification(k, v) for k, v in raw.items()),
                   key=lambda n: (n.created_at or "", n.interrupt_id, n.reviewer, n.channel,
                                  n.kind))
 
 
-def _notification(raw: str) -> Notification:
-    data = json.loads(raw)
+def _notification(notification_id: str, raw: str) -> Notification:
+    data = compact.note(notification_id, raw)
     due = data.pop("due", None)  # the record's own schedule, shown while one is pending
     if due is not None and data.get("state") in ("pending", "retrying"):
         data["nextAttemptAt"] = iso(due)

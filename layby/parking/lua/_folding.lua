@@ -6,6 +6,7 @@
 -- repeat what the run's hash holds: a parked run would keep both for as long as it waits.
 -- Folded, each event is one line of the field `events`:
 --   <ms after the line before>-<seq> <code> <version> <what the data is rebuilt from…>
+-- (the first line's ms after the run's `created_at`)
 -- where the code names an event whose data is rebuilt from the run's hash (its agent, the
 -- reason of an interrupt, what a notification is, none of which ever changes once written)
 -- and a few words on the line; or, for any other event, or one whose data would not come
@@ -56,9 +57,12 @@ local REBUILD = {
     local parts = {}
     for k = 3, #args do
       local spec = decoded(run_field('i:' .. args[k]))
-      if not spec or type(spec.reason) ~= 'string' then return nil end
+      -- (parking.compact: the reason is `r`, left out when it is input_required; an
+      -- older layby's record is its wire form.)
+      local reason = spec and (spec.reason or spec.r or (spec.c and 'input_required'))
+      if type(reason) ~= 'string' then return nil end
       table.insert(parts, '{"id":' .. cjson.encode(args[k]) .. ',"reason":'
-                          .. cjson.encode(spec.reason) .. '}')
+                          .. cjson.encode(reason) .. '}')
     end
     return '{"from":' .. args[1] .. ',"historyTo":' .. args[2] .. ',"interrupts":['
            .. table.concat(parts, ',') .. ']}'
@@ -69,7 +73,8 @@ local REBUILD = {
   end,
   n = function(args)
     -- finish_delivery.lua's, from the notification's record (n:<id>) and its attempts.
-    local rec = decoded(run_field('n:' .. (args[1] or '')))
+    local raw = run_field('n:' .. (args[1] or ''))
+    local rec = raw and decoded(raw) and decode_note(raw)
     if not rec or not tonumber(args[2]) then return nil end
     return cjson.encode({id = args[1], interruptId = rec.interruptId, reviewer = rec.reviewer,
                          channel = rec.channel, kind = rec.kind,
@@ -101,9 +106,22 @@ local function split_id(id)
   return tonumber(ms), tonumber(seq)
 end
 
+-- A line's code, version and words (after its time).
+local function line_parts(tail)
+  return string.match(tail, '^(%d+) (%S+) (%S+) ?(.*)$')
+end
+
+-- A notification sent is most often one the line of the last plan names: its place there
+-- ('^<k>') stands for its id. `planned`: that line's ids, kept up to date by the caller
+-- of `fold_line` and by `unfold`.
+local function planned_after(tail, planned)
+  local _, code, _, rest = line_parts(tail)
+  return code == 'p' and words(rest) or planned
+end
+
 -- A stream entry ({id, {field, value, …}}) as a folded line's time (ms) and what follows
 -- its time; nil when the entry holds more than a type, a version and one line of data.
-local function fold_line(entry)
+local function fold_line(entry, planned)
   local fields, got = entry[2], {}
   for k = 1, #fields, 2 do got[fields[k]] = fields[k + 1] end
   local kind, version, data = got.type, got.version, got.data
@@ -122,6 +140,9 @@ local function fold_line(entry)
       if type(w) ~= 'string' or w == '' or string.find(w, '%s') then clean = false end
     end
     if clean and REBUILD[code](args) == data then
+      for k, nid in ipairs(code == 'n' and planned or {}) do
+        if nid == args[1] then args[1] = '^' .. k end
+      end
       return ms, head .. code .. ' ' .. version .. (#args > 0 and ' ' .. table.concat(args, ' ')
                                                       or '')
     end
@@ -129,11 +150,14 @@ local function fold_line(entry)
   return ms, head .. '= ' .. version .. ' ' .. kind .. ' ' .. data
 end
 
+-- The first line's time is after the run's creation (its first event's, mostly: 0).
+local function fold_base() return tonumber(run_field('created_at')) or 0 end
+
 -- The folded lines, each {time (ms), what follows its time}.
 local function folded_lines(text)
-  local found, ms = {}, 0
+  local found, ms = {}, fold_base()
   for line in string.gmatch(text or '', '[^\n]+') do
-    local delta, tail = string.match(line, '^(%d+)-(.*)$')
+    local delta, tail = string.match(line, '^(-?%d+)-(.*)$')
     ms = ms + tonumber(delta)
     table.insert(found, {ms, tail})
   end
@@ -142,7 +166,7 @@ end
 
 -- Lines ({time, tail}) as the field holds them: each time after the one before.
 local function folded_text(lines)
-  local out, before = {}, 0
+  local out, before = {}, fold_base()
   for _, line in ipairs(lines) do
     table.insert(out, (line[1] - before) .. '-' .. line[2])
     before = line[1]
@@ -153,18 +177,22 @@ end
 -- The folded events as stream entries ({id, {'type', …, 'version', …, 'data', …}}), in
 -- order, those after `after_ms`-`after_seq` alone, at most `count`.
 local function unfold(text, after_ms, after_seq, count)
-  local entries = {}
+  local entries, planned = {}, {}
   for _, line in ipairs(folded_lines(text)) do
     if #entries >= count then break end
     local ms = line[1]
-    local seq, code, version, rest = string.match(line[2], '^(%d+) (%S+) (%S+) ?(.*)$')
+    local seq, code, version, rest = line_parts(line[2])
     seq = tonumber(seq)
+    planned = planned_after(line[2], planned)
     if ms > after_ms or (ms == after_ms and seq > after_seq) then
       local kind, data
       if code == '=' then
         kind, data = string.match(rest, '^(%S+) (.*)$')
       else
-        kind, data = TYPES[code], REBUILD[code](words(rest))
+        local args = words(rest)
+        local k = code == 'n' and string.match(args[1] or '', '^%^(%d+)$')
+        if k then args[1] = planned[tonumber(k)] end
+        kind, data = TYPES[code], REBUILD[code](args)
       end
       table.insert(entries, {ms .. '-' .. seq, {'type', kind, 'version', version,
                                                 'data', data or '{}'}})

@@ -59,7 +59,7 @@ local function note_of(nid)
 end
 
 local function save_note(nid, rec)
-  redis.call('HSET', RUN, NOTE .. nid, cjson.encode(rec))
+  redis.call('HSET', RUN, NOTE .. nid, encode_note(rec))
 end
 
 -- The run's notifications: their ids in order, and id → record JSON. (Scanned for, not
@@ -204,16 +204,17 @@ end
 -- A step's commit: the claim released, the messages and the next version written at once
 -- (the caller checked the claim, so the version is `version` + 1), with `extra` fields.
 -- `checkpointed`: the step saved checkpoints (to drop now). `parks`: the run now waits,
--- maybe for days: its claim's fields are deleted rather than emptied (readers take them
--- as absent either way), one call more for bytes it would hold all that time.
+-- maybe for days: its claim's fields (and `checkpointed`) are deleted rather than emptied
+-- (readers take them as absent either way), for bytes it would hold all that time.
 local function commit_step(version, messages, now, checkpointed, extra, parks)
   local v = tonumber(version) + 1
   -- `waiting` is a park's: any other commit leaves nothing to wait on (a park's own
-  -- value, later in the same HSET, wins).
+  -- value, in `extra`, wins; a park that leaves it out waits on its open interrupts).
   if parks then
+    redis.call('HDEL', RUN, 'attempts', 'lease_owner', 'lease_until', 'checkpointed',
+               'waiting')
     redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
-               'checkpointed', '', 'waiting', '', unpack(extra or {}))
-    redis.call('HDEL', RUN, 'attempts', 'lease_owner', 'lease_until')
+               unpack(extra or {}))
   else
     redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
                'attempts', 0, 'lease_owner', '', 'lease_until', 0, 'checkpointed', '',
@@ -237,7 +238,7 @@ local function skip_notifications(closed, reviewer, noted)
   if noted == '0' then return end
   local ids, found = notes_of_run()
   for _, nid in ipairs(ids) do
-    local rec = cjson.decode(found[nid])
+    local rec = decode_note(found[nid])
     if (rec.state == 'pending' or rec.state == 'retrying')
         and (closed == nil or closed[rec.interruptId])
         and (reviewer == nil or rec.reviewer == reviewer) then
@@ -313,7 +314,7 @@ end
 
 -- Record answers (each {interrupt id, answer JSON, '1' when it may have a deadline}, all
 -- checked to be open); resume if none stays open. `run`: the run's status, version,
--- updated_at, open and noted fields as the caller read them. Returns the new version, the
+-- updated_at, open, noted and waiting fields as the caller read them. Returns the new version, the
 -- outbox entry ('' while it waits, or when the resume was pushed) and whether the run
 -- resumes.
 local function apply_answers(answers, now, run)
@@ -335,18 +336,23 @@ local function apply_answers(answers, now, run)
     event('interrupt.answered', version, text, now)
   end
   skip_notifications(closed, nil, run[5])
-  local open = without(parse_open(open_raw), closed)
+  local before = parse_open(open_raw)
+  local open = without(before, closed)
   local field = open_field(open, open_raw)
+  -- A park that waited on its open interrupts alone left `waiting` out (park_run.lua):
+  -- written now, before the first answer changes `open`, for the resume to read.
+  local waiting = (status == 'interrupted' and not run[6])
+                  and {'waiting', table.concat(before, ' ')} or {}
   if #open == 0 and status == 'interrupted' then
     local v = tonumber(version) + 1
     redis.call('HSET', RUN, 'open', field, 'version', v, 'status', 'resuming',
-               'updated_at', now, 'attempts', 0)
+               'updated_at', now, 'attempts', 0, unpack(waiting))
     redis.call('ZREM', INDEX.interrupted, ID)
     redis.call('ZADD', INDEX.resuming, now, ID)
     event('run.resuming', v, '{}', now)
     return v, enqueue('resume', v, now), true
   end
-  redis.call('HSET', RUN, 'open', field)
+  redis.call('HSET', RUN, 'open', field, unpack(waiting))
   return tonumber(version), '', false
 end
 
@@ -381,7 +387,7 @@ local function record_plan(base, grant_key, version, now, open, mark)
     rec.createdAt = now
     -- Written only if new (one call for the check and the write); an older layby's run
     -- may hold it in its own hash.
-    local new = redis.call('HSETNX', RUN, NOTE .. nid, cjson.encode(rec)) == 1
+    local new = redis.call('HSETNX', RUN, NOTE .. nid, encode_note(rec)) == 1
     if new and legacy() and redis.call('HEXISTS', NOTIFICATIONS, nid) == 1 then
       redis.call('HDEL', RUN, NOTE .. nid)
       new = false

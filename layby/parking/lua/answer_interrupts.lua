@@ -17,7 +17,7 @@
 --         {'conflict', id, first answer JSON or '', run status} | {'incomplete', open ids…}
 --         | {'again', id, this reviewer's earlier approval JSON}
 local require_all, allow_early, count = ARGV[1], ARGV[2], ARGV[3]
-local run = run_fields('status', 'version', 'updated_at', 'open', 'noted')
+local run = run_fields('status', 'version', 'updated_at', 'open', 'noted', 'waiting')
 local status = run[1]
 if not status then return {'missing'} end
 -- A finished run takes no early answers: its keys already count down to expiry.

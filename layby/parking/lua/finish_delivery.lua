@@ -9,7 +9,7 @@ local nid = ARGV[1]
 local member = the_run .. ' ' .. nid
 local raw = note_of(nid)
 if not raw then return {'stale'} end
-local rec = cjson.decode(raw)
+local rec = decode_note(raw)
 if rec.state ~= 'sending' or tonumber(rec.attempts) ~= tonumber(attempts) then
   return {'stale'}
 end

@@ -10,12 +10,14 @@ if redis.call('HGET', FOLD_RUN, 'status') ~= 'interrupted' then return 'none' en
 local entries = redis.call('XRANGE', FOLD_EVENTS, '-', '+')
 if #entries == 0 then return 'none' end
 local lines = folded_lines(run_field(FOLDED))
-local last_ms, last_seq = 0, -1
+local last_ms, last_seq, planned = 0, -1, {}
+for _, line in ipairs(lines) do planned = planned_after(line[2], planned) end
 if #lines > 0 then
   last_ms, last_seq = lines[#lines][1], tonumber(string.match(lines[#lines][2], '^%d+'))
 end
 for _, entry in ipairs(entries) do
-  local ms, tail = fold_line(entry)
+  local ms, tail = fold_line(entry, planned)
+  if ms then planned = planned_after(tail, planned) end
   local seq = ms and tonumber(string.match(tail, '^%d+'))
   -- Entries the fold cannot hold, or a stream begun after a fold on a clock behind it.
   if not ms or ms < last_ms or (ms == last_ms and seq <= last_seq) then return 'kept' end
@@ -24,8 +26,23 @@ for _, entry in ipairs(entries) do
 end
 local keep = tonumber(ARGV[1])
 if #lines > keep then
-  local kept = {}
-  for k = #lines - keep + 1, #lines do table.insert(kept, lines[k]) end
+  -- The oldest go; a kept line that names a notification by its place in a plan that
+  -- goes names it by its id again.
+  local kept, first, seen_plan = {}, #lines - keep + 1, false
+  planned = {}
+  for k, line in ipairs(lines) do
+    if k >= first then
+      local seq, code, version, rest = line_parts(line[2])
+      local place = code == 'n' and not seen_plan and string.match(rest, '^%^(%d+) ')
+      if place then
+        line = {line[1], seq .. ' n ' .. version .. ' ' .. planned[tonumber(place)]
+                         .. string.sub(rest, #place + 2)}
+      end
+      seen_plan = seen_plan or code == 'p'
+      table.insert(kept, line)
+    end
+    planned = planned_after(line[2], planned)
+  end
   lines = kept
 end
 redis.call('HSET', FOLD_RUN, FOLDED, folded_text(lines))

@@ -94,8 +94,14 @@ for i = 0, count - 1 do
 end
 if #rule_answers > 0 then redis.call('HSET', ANSWERS, unpack(rule_answers)) end
 local resumes = #open == 0
-local fields = {'waiting', table.concat(waiting, ' '), 'open', open_field(open, open_raw),
-                'status', resumes and 'resuming' or 'interrupted', 'noted', noted}
+local open_now, waited = open_field(open, open_raw), table.concat(waiting, ' ')
+local fields = {'open', open_now, 'status', resumes and 'resuming' or 'interrupted',
+                'noted', noted}
+-- `waiting` only when it says more than `open` (an answer writes it before changing that).
+if waited ~= open_now then
+  table.insert(fields, 'waiting')
+  table.insert(fields, waited)
+end
 for _, x in ipairs(specs) do table.insert(fields, x) end
 local v = commit_step(version, messages, now, run.checkpointed, fields, not resumes)
 if resumes then v = v + 1 end

@@ -18,7 +18,7 @@ local retried, dispatch = {}, {}
 for _, nid in ipairs(ids) do
   local raw = found[nid]
   if raw then
-    local rec = cjson.decode(raw)
+    local rec = decode_note(raw)
     if rec.state == 'failed' and open[rec.interruptId] then
       rec.state = 'pending'
       rec.attempts = 0

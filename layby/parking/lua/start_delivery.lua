@@ -14,7 +14,7 @@ if not raw then
   redis.call('ZREM', NOTIFY_DUE, member)
   return {'done', 'gone'}
 end
-local rec = cjson.decode(raw)
+local rec = decode_note(raw)
 if rec.state == 'sent' or rec.state == 'failed' or rec.state == 'skipped' then
   redis.call('ZREM', NOTIFY_DUE, member)
   return {'done', rec.state}

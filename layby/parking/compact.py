@@ -1,0 +1,84 @@
+"""How a run's hash writes its interrupts ("i:<id>") and notifications ("n:<id>"): under
+short names, without their id (the field's name says it), values most of them have left
+out, times as epoch ms. A parked run holds them for as long as it waits; reading gives the
+wire shapes back. Notifications are written by the scripts (lua/_notes.lua names their
+fields the same); interrupts only here. Records an older layby wrote, under their wire
+names, read as they are."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from layby.generation.interrupts import Interrupt
+from layby.parking.clock import iso
+
+# Wire name → stored name. A name not here is stored as it is.
+INTERRUPT_NAMES = {"reason": "r", "message": "m", "toolCallId": "c", "responseSchema": "s",
+                   "toolName": "n", "toolInput": "in", "mode": "md", "reviewers": "rv",
+                   "createdAt": "t", "expiresAt": "x", "inputSchema": "is", "turn": "tu",
+                   "responseType": "rt", "metadata": "me", "onExpire": "oe"}
+# Values most interrupts have, written only when they differ.
+INTERRUPT_IMPLIED = {"r": "input_required", "md": "respond"}
+# lua/_notes.lua's NOTE_NAMES, and its implied kind.
+NOTE_NAMES = {"kind": "k", "token": "t", "interruptId": "i", "state": "s", "attempts": "a",
+              "channel": "c", "sentAt": "sa", "reviewer": "r", "createdAt": "ca", "due": "d",
+              "level": "l", "lastError": "e"}
+NOTE_IMPLIED = {"k": "request"}
+
+_INTERRUPT_WIRE = {v: k for k, v in INTERRUPT_NAMES.items()}
+_NOTE_WIRE = {v: k for k, v in NOTE_NAMES.items()}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _ms(moment: str) -> int | str:
+    """An RFC 3339 time as epoch ms, when it reads back the same; else as it is."""
+    from datetime import datetime
+
+    try:
+        ms = round(datetime.fromisoformat(moment.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return moment
+    return ms if iso(ms) == moment else moment
+
+
+def stored_interrupt(intr: Interrupt) -> str:
+    wire = intr.model_dump(mode="json", by_alias=True, exclude_none=True,
+                           exclude_defaults=True)
+    wire.pop("id", None)
+    stored: dict[str, Any] = {}
+    for name, value in wire.items():
+        short = INTERRUPT_NAMES.get(name, name)
+        if short == "t" and isinstance(value, str):
+            value = _ms(value)
+        stored[short] = value
+    for short, value in INTERRUPT_IMPLIED.items():
+        if stored.get(short) == value:
+            del stored[short]
+        elif short not in stored:
+            raise ValueError(f"an interrupt without its {_INTERRUPT_WIRE[short]}")
+    return _dumps(stored)
+
+
+def interrupt(interrupt_id: str, raw: str) -> Interrupt:
+    data = json.loads(raw)
+    if "toolCallId" in data:  # an older layby's: its wire form
+        return Interrupt.model_validate({"id": interrupt_id, **data})
+    wire: dict[str, Any] = {"id": interrupt_id}
+    for short, value in {**INTERRUPT_IMPLIED, **data}.items():
+        wire[_INTERRUPT_WIRE.get(short, short)] = value
+    if isinstance(wire.get("createdAt"), int):
+        wire["createdAt"] = iso(wire["createdAt"])
+    return Interrupt.model_validate(wire)
+
+
+def note(notification_id: str, raw: str) -> dict[str, Any]:
+    """A notification's record in its wire names (times still as stored)."""
+    data = json.loads(raw)
+    wire: dict[str, Any] = {"id": notification_id}
+    for short, value in ({**NOTE_IMPLIED, **data} if "kind" not in data else data).items():
+        wire[_NOTE_WIRE.get(short, short)] = value
+    return wire
