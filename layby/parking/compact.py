@@ -1,6 +1,6 @@
 """How a run's hash writes its interrupts ("i:<id>") and notifications ("n:<id>"): under
 short names, without their id (the field's name says it), values most of them have left
-out, times as epoch ms. A parked run holds them for as long as it waits; reading gives the
+out, times as epoch ms (a notification's sending as ms after its creation). A parked run holds them for as long as it waits; reading gives the
 wire shapes back. Notifications are written by the scripts (lua/_notes.lua names their
 fields the same); interrupts only here. Records an older layby wrote, under their wire
 names, read as they are."""
@@ -81,4 +81,6 @@ def note(notification_id: str, raw: str) -> dict[str, Any]:
     wire: dict[str, Any] = {"id": notification_id}
     for short, value in ({**NOTE_IMPLIED, **data} if "kind" not in data else data).items():
         wire[_NOTE_WIRE.get(short, short)] = value
+    if "sa" in data and "ca" in data:  # ms after it was created
+        wire["sentAt"] = data["ca"] + data["sa"]
     return wire

@@ -13,8 +13,9 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 |              |        | of those the last park waited on; left out while they   |                   |
 |              |        | are the open ones, written by the first answer),        |                   |
 |              |        | checkpointed ('1' while the step saved checkpoints;     |                   |
-|              |        | absent while parked), noted ('0' while the              |                   |
-|              |        | run has no notifications), …; and the run's interrupts, |                   |
+|              |        | absent while parked), noted ('0' while the run has no   |                   |
+|              |        | notifications; absent once it has: "look"), …; and the  |                   |
+|              |        | run's interrupts,                                       |                   |
 |              |        | "i:<interrupt id>" → Interrupt JSON (immutable once     |                   |
 |              |        | written), and its notifications, "n:<notification id>"  |                   |
 |              |        | → Notification JSON (with its token), both under short  |                   |

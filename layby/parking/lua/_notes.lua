@@ -1,5 +1,6 @@
 -- A notification's record as its run's hash holds it ('n:<id>'): short names, no id (the
--- field's name says it), the kind left out when it is a request. parking.compact reads it
+-- field's name says it), the kind left out when it is a request, when it was sent as ms
+-- after it was created. parking.compact reads it
 -- (NOTE_NAMES there: the same names). A record an older layby wrote, under the long names,
 -- reads the same.
 local NOTE_NAMES = {kind = 'k', token = 't', interruptId = 'i', state = 's', attempts = 'a',
@@ -10,8 +11,10 @@ for name, short in pairs(NOTE_NAMES) do NOTE_WIRE[short] = name end
 
 local function decode_note(raw)
   local rec = {}
-  for name, value in pairs(cjson.decode(raw)) do rec[NOTE_WIRE[name] or name] = value end
+  local stored = cjson.decode(raw)
+  for name, value in pairs(stored) do rec[NOTE_WIRE[name] or name] = value end
   if rec.kind == nil then rec.kind = 'request' end
+  if stored.sa and stored.ca then rec.sentAt = stored.ca + stored.sa end
   return rec
 end
 
@@ -21,6 +24,9 @@ local function encode_note(rec)
     if name ~= 'id' and not (name == 'kind' and value == 'request') then
       stored[NOTE_NAMES[name] or name] = value
     end
+  end
+  if stored.sa then
+    if stored.ca then stored.sa = stored.sa - stored.ca else stored.sentAt, stored.sa = stored.sa, nil end
   end
   return cjson.encode(stored)
 end

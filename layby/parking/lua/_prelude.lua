@@ -212,7 +212,7 @@ local function commit_step(version, messages, now, checkpointed, extra, parks)
   -- value, in `extra`, wins; a park that leaves it out waits on its open interrupts).
   if parks then
     redis.call('HDEL', RUN, 'attempts', 'lease_owner', 'lease_until', 'checkpointed',
-               'waiting')
+               'waiting', 'noted')
     redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
                unpack(extra or {}))
   else
@@ -233,7 +233,8 @@ end
 -- every interrupt), or only those to one `reviewer` (who handed the request on), are
 -- skipped now, not when their time comes, so operators never see them as pending. One
 -- pass over the run's notifications, however many interrupts closed. `noted`: the run's
--- field, '0' while it has none (absent on runs of an older layby: look).
+-- field, '0' while it has none (absent once it has some, and on runs of an older layby:
+-- look).
 local function skip_notifications(closed, reviewer, noted)
   if noted == '0' then return end
   local ids, found = notes_of_run()
@@ -363,8 +364,8 @@ end
 -- KEYS[grant_key] on. A notification planned before (same id) is left as it is, so
 -- planning again after a crash sends nothing twice; its grant is stored only with a new
 -- notification; a hand-over is recorded once per reviewer and interrupt. Requests due now
--- are delivered (`deliver_now`). `open`: the set of open interrupt ids; `mark`: set the
--- run's `noted` field when something was planned (the park sets it itself). Returns the
+-- are delivered (`deliver_now`). `open`: the set of open interrupt ids; `mark`: drop the
+-- run's `noted` field ('0') when something was planned (the park does it itself). Returns the
 -- ids planned by this call, and those the caller must dispatch itself (the broker
 -- elsewhere).
 local function record_plan(base, grant_key, version, now, open, mark)
@@ -402,7 +403,7 @@ local function record_plan(base, grant_key, version, now, open, mark)
     end
   end
   if #planned > 0 then
-    if mark then redis.call('HSET', RUN, 'noted', '1') end
+    if mark then redis.call('HDEL', RUN, 'noted') end
     for j = 0, g - 1 do
       redis.call('SET', KEYS[grant_key + j], ARGV[base_grants + 2 * j], 'PX',
                  ARGV[base_grants + 2 * j + 1], 'NX')

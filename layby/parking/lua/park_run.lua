@@ -95,8 +95,13 @@ end
 if #rule_answers > 0 then redis.call('HSET', ANSWERS, unpack(rule_answers)) end
 local resumes = #open == 0
 local open_now, waited = open_field(open, open_raw), table.concat(waiting, ' ')
-local fields = {'open', open_now, 'status', resumes and 'resuming' or 'interrupted',
-                'noted', noted}
+local fields = {'open', open_now, 'status', resumes and 'resuming' or 'interrupted'}
+-- A parked run with notifications leaves `noted` out (commit_step deletes it): readers
+-- take a missing one as "look".
+if noted == '0' or resumes then
+  table.insert(fields, 'noted')
+  table.insert(fields, noted)
+end
 -- `waiting` only when it says more than `open` (an answer writes it before changing that).
 if waited ~= open_now then
   table.insert(fields, 'waiting')
