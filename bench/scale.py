@@ -104,6 +104,10 @@ def level(rt: Runtime, wanted: int, timeout_s: float, sink: Sink | None = None
         park(rt, bulk, timeout_s, agent)
         if sink is not None:  # the timed parks do not wait behind the bulk's deliveries
             _delivered(sink, sent_before + bulk, timeout_s)
+    # The sweeper folds each park's events LAYBY_FOLD_EVENTS_AFTER_S later: done with the
+    # bulk's first, so the timed parks do not share the cores with the folds of thousands
+    # of bulk parks at one level and of a few hundred at another.
+    folded(store, timeout_s)
     persisted(store)
     parks_per_s = timed_park(rt, max(0, wanted - have - bulk), timeout_s, agent, sink)
     folded(store, timeout_s)
