@@ -8,6 +8,7 @@ names, read as they are."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from layby.generation.interrupts import Interrupt
@@ -36,8 +37,6 @@ def _dumps(value: Any) -> str:
 
 def _ms(moment: str) -> int | str:
     """An RFC 3339 time as epoch ms, when it reads back the same; else as it is."""
-    from datetime import datetime
-
     try:
         ms = round(datetime.fromisoformat(moment.replace("Z", "+00:00")).timestamp() * 1000)
     except ValueError:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from layby.generation.interrupts import Interrupt
 from layby.generation.messages import load_messages
 from layby.parking import compact
 from layby.parking.records import OutboxEntry, RunRecord
