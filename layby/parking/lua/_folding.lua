@@ -101,9 +101,10 @@ local WORDS = {
   end,
 }
 
+-- A stream id's time and sequence ('<ms>' alone, as a Last-Event-ID may be: sequence 0).
 local function split_id(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
+  local ms, seq = string.match(id, '^(%d+)-?(%d*)$')
+  return tonumber(ms) or 0, tonumber(seq) or 0
 end
 
 -- A line's code, version and words (after its time).
