@@ -30,7 +30,8 @@ from layby.parking.scripts import folding_source
 from layby.wire import Event
 
 KEEP_ALIVE_MS = 15_000
-# The most events one read returns (a run keeps LAYBY_EVENTS_MAX, 2,000 by default).
+# The most events one read returns, and a count above any run's (a run keeps
+# LAYBY_EVENTS_MAX, 2,000 by default, in its stream and as many folded).
 PAGE = 500
 EVERY = 1_000_000
 
