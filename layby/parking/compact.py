@@ -1,9 +1,9 @@
 """How a run's hash writes its interrupts ("i:<id>") and notifications ("n:<id>"): under
 short names, without their id (the field's name says it), values most of them have left
-out, times as epoch ms (a notification's sending as ms after its creation). A parked run holds them for as long as it waits; reading gives the
-wire shapes back. Notifications are written by the scripts (lua/_notes.lua names their
-fields the same); interrupts only here. Records an older layby wrote, under their wire
-names, read as they are."""
+out, times as epoch ms (a notification's sending as ms after its creation). A parked run
+holds them for as long as it waits; reading gives the wire shapes back. Notifications are
+written by the scripts (lua/_notes.lua names their fields the same); interrupts only here.
+Records an older layby wrote, under their wire names, read as they are."""
 
 from __future__ import annotations
 

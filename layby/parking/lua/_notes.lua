@@ -1,8 +1,7 @@
 -- A notification's record as its run's hash holds it ('n:<id>'): short names, no id (the
 -- field's name says it), the kind left out when it is a request, when it was sent as ms
--- after it was created. parking.compact reads it
--- (NOTE_NAMES there: the same names). A record an older layby wrote, under the long names,
--- reads the same.
+-- after it was created. parking.compact reads it (NOTE_NAMES there: the same names). A
+-- record an older layby wrote, under the long names, reads the same.
 local NOTE_NAMES = {kind = 'k', token = 't', interruptId = 'i', state = 's', attempts = 'a',
                     channel = 'c', sentAt = 'sa', reviewer = 'r', createdAt = 'ca', due = 'd',
                     level = 'l', lastError = 'e'}
@@ -25,8 +24,10 @@ local function encode_note(rec)
       stored[NOTE_NAMES[name] or name] = value
     end
   end
-  if stored.sa then
-    if stored.ca then stored.sa = stored.sa - stored.ca else stored.sentAt, stored.sa = stored.sa, nil end
+  if stored.sa and stored.ca then
+    stored.sa = stored.sa - stored.ca
+  elseif stored.sa then  -- no creation time to count from: as it is, under its long name
+    stored.sentAt, stored.sa = stored.sa, nil
   end
   return cjson.encode(stored)
 end
