@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,21 +98,13 @@ def main(argv: list[str] | None = None) -> int:
 def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     assert parts.folder is not None and parts.redis_url is not None
     prefix = f"laybybench-{uuid.uuid4().hex[:8]}"
-    env = {"LAYBY_REDIS_URL": parts.redis_url, "LAYBY_KEY_PREFIX": prefix,
-           "LAYBY_BROKER_KEY_PREFIX": f"{prefix}:broker:", "LAYBY_INTAKE_QUEUE": "",
-           "LAYBY_AGENT_MODULES": "bench.agents", "LAYBY_TASK_MODULES": "bench.tasks",
-           "LAYBY_DATA_DIR": str(parts.folder / "data")}
-    sink = None
-    if args.parked:
-        # Parked runs are announced to a reviewer by webhook: a park plans it, a task on
-        # the notify queue delivers it (the bench checks each is queued once).
-        sink = hooks.Sink()
-        env.update({"LAYBY_REVIEWERS_FILE": str(hooks.directory(parts.folder, sink.url)),
-                    "LAYBY_TOKEN_KEYS": f"bench:{uuid.uuid4().hex}{uuid.uuid4().hex}",
-                    "LAYBY_PUBLIC_URL": "http://127.0.0.1:9"})
+    # Parked runs are announced to a reviewer by webhook: a park plans it, a task on the
+    # notify queue delivers it (the bench checks each is queued once).
+    sink = hooks.Sink() if args.parked else None
+    env = _environment(parts, prefix, sink)
     # The runtime (built below) and the worker both read these.
     os.environ.update(env)
-    from bench import costs, measure, report, scale
+    from bench import costs, measure, report
     from layby.control import build
 
     load_before = report.load_average()
@@ -128,19 +122,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
               f"{'an embedded Valkey' if parts.embedded else parts.redis_url}", file=sys.stderr)
         measure.wait_for_worker(store, worker.alive)
 
-        levels = []
-        if args.parked:
-            # The sweeper runs while runs are parked: a queued delivery it queued again
-            # would show as a duplicate.
-            parts.start_sweeper({**os.environ, "PYTHONPATH": path})
-            scale.finished_first(rt, args.timeout, sink)
-        for wanted in args.parked:
-            print(f"bench: parking runs until {wanted} are parked", file=sys.stderr)
-            levels.append(scale.level(rt, wanted, args.timeout, sink))
-        if parts.sweeper is not None:
-            parts.sweeper.stop()
-        if levels:
-            scale.persisted(store)
+        levels = _levels(args, parts, rt, sink, path) if args.parked else []
         warm = measure.layby_cycles(rt, args.warmup, args.in_flight, args.timeout)
         hops = max(c.claims for c in warm.cycles)
         measure.celery_chains(store, args.warmup, hops, args.in_flight, args.timeout)
@@ -189,6 +171,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
                     "in_flight": args.in_flight, "rounds": len(rounds),
                     "warmup": args.warmup,
                     "embedded": parts.embedded,
+                    "malloc": getattr(parts.server, "allocator", None),
                     "redis": "embedded" if parts.embedded else parts.redis_url,
                     "redis_url": parts.redis_url,
                     "worker": " ".join(worker.argv[1:]), "key_prefix": prefix}
@@ -209,6 +192,73 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
             sink.stop()
         if not parts.embedded:
             _delete_keys(store, prefix, parts)
+
+
+def _environment(parts: Parts, prefix: str, sink: hooks.Sink | None) -> dict[str, str]:
+    """The LAYBY_* settings of a site: its server, its own key prefix (the broker's keys
+    too), the bench's agents and tasks, and with `sink`, the reviewer its runs announce to."""
+    assert parts.folder is not None and parts.redis_url is not None
+    env = {"LAYBY_REDIS_URL": parts.redis_url, "LAYBY_KEY_PREFIX": prefix,
+           "LAYBY_BROKER_KEY_PREFIX": f"{prefix}:broker:", "LAYBY_INTAKE_QUEUE": "",
+           "LAYBY_AGENT_MODULES": "bench.agents", "LAYBY_TASK_MODULES": "bench.tasks",
+           "LAYBY_DATA_DIR": str(parts.folder / "data")}
+    if sink is not None:
+        env.update({"LAYBY_REVIEWERS_FILE": str(hooks.directory(parts.folder, sink.url)),
+                    "LAYBY_TOKEN_KEYS": f"bench:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+                    "LAYBY_PUBLIC_URL": "http://127.0.0.1:9"})
+    return env
+
+
+@contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """`os.environ` is `env` inside (settings are read from it), as it was after."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _levels(args: argparse.Namespace, parts: Parts, rt: Any, sink: hooks.Sink | None,
+            path: str) -> list[dict[str, Any]]:
+    """The parked levels, side by side (`scale`): the deepest on the bench's own server
+    and worker, each other level on a site of its own (an embedded server unless
+    `--redis-url` is given, then a key prefix of its own there; a worker, a sweeper and a
+    reviewer), stopped once measured. Sweepers run while runs are parked: a queued
+    delivery one queued again would show as a duplicate."""
+    from bench import measure, scale
+    from layby.control import build
+
+    with ExitStack() as stack:
+        sites = []
+        for level in args.parked[:-1]:
+            extra = stack.enter_context(Parts(args.redis_url))
+            reviewer = hooks.Sink()
+            stack.callback(reviewer.stop)
+            prefix = f"laybybench-{uuid.uuid4().hex[:8]}"
+            env = {**os.environ, **_environment(extra, prefix, reviewer), "PYTHONPATH": path}
+            with _environ(env):
+                site = build()
+            if not extra.embedded:
+                stack.callback(_delete_keys, site.store, prefix, extra)
+            worker = extra.start_worker(measure.WORKER_QUEUES, args.concurrency, env)
+            measure.wait_for_worker(site.store, worker.alive)
+            extra.start_sweeper(env)
+            sites.append(scale.Site(level, site, reviewer))
+        # Each app built made itself Celery's current one, which the baseline's `hop` is
+        # sent with: the bench's own is again.
+        rt.celery.set_current()
+        sweeper = parts.start_sweeper({**os.environ, "PYTHONPATH": path})
+        sites.append(scale.Site(args.parked[-1], rt, sink))
+        print(f"bench: parking runs to {', '.join(map(str, args.parked))} (one site each), "
+              "then measuring them side by side", file=sys.stderr)
+        levels = scale.side_by_side(sites, args.timeout)
+    sweeper.stop()
+    scale.persisted(rt.store)
+    return levels
 
 
 def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> dict[str, Any]:

@@ -88,7 +88,7 @@ class ChainOutcome:
         return self.completed / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def _stream_items(reply: Any) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
+def stream_items(reply: Any) -> list[tuple[str, list[tuple[str, dict[str, str]]]]]:
     if not reply:
         return []
     return list(reply.items()) if isinstance(reply, dict) else list(reply)  # RESP3 or RESP2
@@ -113,7 +113,7 @@ def layby_cycles(rt: Runtime, runs: int, in_flight: int, timeout_s: float) -> La
             active[key] = Cycle(run_id)
             launched += 1
         reply = store.redis.xread(streams, count=100, block=500)
-        items = _stream_items(reply)
+        items = stream_items(reply)
         if items:
             last_progress = time.monotonic()
         elif time.monotonic() - last_progress > timeout_s:

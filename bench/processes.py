@@ -87,10 +87,11 @@ class Parts:
         self.folder = Path(tempfile.mkdtemp(prefix="layby-bench-"))
         try:
             if self.redis_url is None:
-                # gateway.embedded imports no settings: safe before the environment is set
+                from layby.broker_config import Settings
                 from layby.ops.embedded import EmbeddedRedis
 
-                self.server = EmbeddedRedis(self.folder / "valkey").start()
+                self.server = EmbeddedRedis(self.folder / "valkey",
+                                            malloc=Settings().embedded_malloc).start()
                 self.redis_url = self.server.url  # type: ignore[attr-defined]
                 self.embedded = True
         except BaseException:

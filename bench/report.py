@@ -128,24 +128,28 @@ def summarize(rounds: list[tuple[LaybyOutcome, ChainOutcome]], at_rest: LaybyOut
 
 
 def scale_summary(levels: list[dict[str, Any]]) -> dict[str, Any]:
-    """The levels' figures, and how the last compares with the first (1.0: flat)."""
-    def p50(level: dict[str, Any], key: str) -> float | None:
-        found = level.get(key)
-        return found["p50"] if found else None
-
+    """The levels' figures, and how the last compares with the first (1.0: flat): of each
+    timing, the middle of its turn-by-turn ratios (the two levels' p50s of one turn, taken
+    seconds apart), and the spread of those ratios."""
     first, last = levels[0], levels[-1]
-    ratios = {}
+    ratios, spread = {}, {}
     for key in ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms", "answer_ms",
-                "answer_to_completed_ms"):
-        a, b = p50(first, key), p50(last, key)
-        if a and b:
-            ratios[key] = round(b / a, 3)
-    if first["parks_per_s"] and last["parks_per_s"]:
-        ratios["park_time"] = round(first["parks_per_s"] / last["parks_per_s"], 3)
-    return {"levels": levels, "last_over_first": ratios}
+                "answer_to_completed_ms", "park_time"):
+        if key == "park_time":  # a park's time is the inverse of parks per second
+            pairs = zip(last.get("parks_per_s_by_turn", []),
+                        first.get("parks_per_s_by_turn", []), strict=False)
+        else:
+            pairs = zip(first.get(f"{key}_by_turn", []), last.get(f"{key}_by_turn", []),
+                        strict=False)
+        by_turn = [round(b / a, 3) for a, b in pairs if a and b]
+        if by_turn:
+            ratios[key] = round(statistics.median(by_turn), 3)
+            spread[key] = by_turn
+    return {"levels": levels, "last_over_first": ratios, "last_over_first_by_turn": spread}
 
 
 def _scale_rows(parked: dict[str, Any]) -> list[tuple[str, str]]:
+    nan = float("nan")
     rows = []
     for lv in parked["levels"]:
         ans = lv.get("answer_ms") or {}
@@ -156,14 +160,18 @@ def _scale_rows(parked: dict[str, Any]) -> list[tuple[str, str]]:
             f"list p50 first / deep / all states {lv['list_first_page_ms']['p50']:.2f} / "
             f"{lv['list_deep_page_ms']['p50']:.2f} / {lv['list_all_states_ms']['p50']:.2f} "
             f"ms; {lv['memory_per_parked_run']:.0f} B per parked run ({lv['memory_of_keys_per_run']:.0f} "
-            f"B in its keys; history {lv['history_bytes']:.0f} B, budget "
+            f"B in its keys, {lv.get('rss_per_parked_run', nan):.0f} B of resident size; "
+            f"history {lv['history_bytes']:.0f} B, budget "
             f"{lv['memory_budget']:.0f} B)"
             + (f"; {lv['announcements']} announced: {lv['deliveries']} delivered by "
                f"{lv['delivery_tasks']} tasks ({lv['duplicate_tasks']} duplicates)"
                if "announcements" in lv else ""))))
     if len(parked["levels"]) > 1:
+        by_turn = parked.get("last_over_first_by_turn", {})
         rows.append(("last / first level", ", ".join(
-            f"{k} {v:.2f}" for k, v in parked["last_over_first"].items())))
+            f"{k} {v:.2f}" + (f" ({min(by_turn[k]):.2f}–{max(by_turn[k]):.2f})"
+                              if by_turn.get(k) else "")
+            for k, v in parked["last_over_first"].items())))
     return rows
 
 
@@ -217,7 +225,9 @@ def table(result: dict[str, Any]) -> str:
         ("load average (1 min)", f"{m['load_before']} before, {m['load_after']} after"),
         ("Python / Celery / kombu", f"{m['python']} / {m['celery']} / {m['kombu']}"),
         ("server", f"{m['server']}, appendonly {m['appendonly']}, appendfsync "
-                   f"{m['appendfsync']} ({'embedded' if s['embedded'] else s['redis']})"),
+                   f"{m['appendfsync']} ("
+                   + (f"embedded, malloc {s.get('malloc', '?')}" if s["embedded"] else s["redis"])
+                   + ")"),
     ]
     if result.get("http"):
         h = result["http"]

@@ -2,8 +2,17 @@
 then measure what must not grow with their number: an answer, a page of the list (the
 first, one deep in, all states at once), a park, and the memory each parked run takes.
 
+Each level is a site of its own: its own server (unless the bench was given one), worker,
+sweeper and webhook reviewer. The sites are parked up to their levels one after the other,
+then measured side by side: in turns, each site in ABBA order parks a timed batch and is
+probed (lists, then as many answers), and each timing at the deepest level is compared
+with the first level's taken in the same turn, seconds apart. On two shared cores the
+machine's own speed drifts by tens of percent from one minute to the next (another
+tenant, the host), and parking 100,000 runs takes a quarter of an hour: levels measured
+one after the other compare two moments of the machine, not two levels.
+
 Runs are started through `control.commands.start_run`, many at once (a thread pool), and
-parked by the bench's worker; a level is reached when the index of interrupted runs holds
+parked by the site's worker; a level is reached when the index of interrupted runs holds
 that many. Memory per parked run is the server's `used_memory` grown while a level's runs
 were parked, over their number; `MEMORY USAGE` of a sample splits it by key.
 """
@@ -13,11 +22,13 @@ from __future__ import annotations
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench import BenchError
 from bench.agents import AGENT, ANNOUNCED
 from bench.hooks import Sink
+from bench.measure import stream_items
 from bench.report import distribution
 from layby.broker_config import DELIVER_TASK
 from layby.control import Runtime, commands
@@ -26,7 +37,121 @@ from layby.parking import Store
 from layby.parking.registries import cursor_of
 from layby.wire import Status
 
-SAMPLES = 200  # timed calls of each kind a level
+SAMPLES = 200  # timed list calls of each kind a turn
+PARK_BATCH = 200  # runs parked (timed) and runs answered a turn, at most
+TURNS = 5  # turns of each site; the figure of a level is the middle one
+TIMINGS = ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms", "answer_ms",
+           "answer_to_completed_ms")
+
+
+@dataclass
+class Site:
+    """One level: the runtime on its own server and prefix, and its reviewer (None: the
+    parked runs announce nothing)."""
+
+    level: int
+    rt: Runtime
+    sink: Sink | None = None
+    parks: int = 0  # runs parked here, by all means (each announced once, with a sink)
+    sent_before: int = 0
+    tasks_before: int = 0
+    built: dict[str, Any] = field(default_factory=dict)  # memory, measured once built
+    turns: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def store(self) -> Store:
+        return self.rt.store
+
+    @property
+    def agent(self) -> str:
+        """The agent parked: with a sink, the one that announces its question to it."""
+        return ANNOUNCED if self.sink is not None else AGENT
+
+    @property
+    def batch(self) -> int:
+        return max(1, min(PARK_BATCH, self.level // 4))
+
+    def sent(self) -> int:
+        return sum(self.sink.ids.values()) if self.sink is not None else 0
+
+
+def side_by_side(sites: list[Site], timeout_s: float) -> list[dict[str, Any]]:
+    """Build every site up to its level, then measure them in turns; the figures of each
+    level, in the order of `sites` (smallest level first)."""
+    for site in sites:
+        build_up(site, timeout_s)
+    for i in range(TURNS):
+        for site in sites if i % 2 == 0 else reversed(sites):
+            site.turns.append(turn(site, timeout_s))
+    return [figures(site, timeout_s) for site in sites]
+
+
+def build_up(site: Site, timeout_s: float) -> None:
+    """Park the site's runs up to its level (after SAMPLES parked, answered and completed:
+    a page of all states then merges the same states at every level), then measure the
+    memory they take, once the sweeper has folded their events into their hashes
+    (LAYBY_FOLD_EVENTS_AFTER_S after each park: what a parked run holds for as long as it
+    waits, not in its first seconds)."""
+    store = site.store
+    site.sent_before, site.tasks_before = site.sent(), deliveries_done(site.rt)
+    finished = min(SAMPLES, site.level)
+    _park_announced(site, finished, timeout_s)
+    answer_at_rest(site.rt, [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED,
+                                                                        finished)])
+    index = store.runs.of[Status.INTERRUPTED]
+    have = index.count()
+    used_before, rss_before = _memory(store)
+    _park_announced(site, max(0, site.level - have), timeout_s)
+    folded(store, timeout_s)
+    persisted(store)
+    added = index.count() - have
+    used_after, rss_after = _memory(store)
+    sample = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, 50)]
+    history = history_bytes(store, sample)
+    by_key = breakdown(store, sample)
+    in_index = (store.redis.memory_usage(index.key, samples=0) or 0) / max(1, index.count())
+    site.built = {
+        "level": site.level, "parked": index.count(), "redis_url": site.rt.settings.redis_url,
+        # The server's own growth (meaningful with many runs: small levels drown in what
+        # else the server holds and frees), and the sum of a sample's keys.
+        "memory_per_parked_run": memory_per_run(used_before, used_after, added),
+        "memory_of_keys_per_run": round(sum(by_key.values()) + in_index, 1),
+        # What the machine gives the server for them: the allocator's own overhead and
+        # the fragmentation of its heap included.
+        "rss_per_parked_run": memory_per_run(rss_before, rss_after, added),
+        "history_bytes": history,
+        "memory_budget": round(1.5 * history + 1024, 1),
+        "memory_by_key": {**by_key, "index": round(in_index, 1)}}
+
+
+def turn(site: Site, timeout_s: float) -> dict[str, Any]:
+    """One turn at a site: a batch of runs parked (parks per second), then a probe that
+    answers as many, so the level stays where it is."""
+    persisted(site.store)
+    parks_per_s = timed_park(site, site.batch, timeout_s)
+    return {"parks_per_s": parks_per_s, **probe(site.rt, site.batch)}
+
+
+def figures(site: Site, timeout_s: float) -> dict[str, Any]:
+    """The level's figures: what it was built with, each timing from the turn with the
+    middle p50 (and every turn's p50), every announcement delivered and queued once."""
+    out = dict(site.built)
+    rates = [t["parks_per_s"] for t in site.turns]
+    out["parks_per_s"] = round(statistics.median(rates), 1) if rates else 0.0
+    out["parks_per_s_by_turn"] = rates
+    for key in TIMINGS:
+        took = [t for t in site.turns if t.get(key)]
+        if not took:
+            out[key] = None
+            continue
+        # An answer's time to completed comes from the same turn as the answer's.
+        by = "answer_ms" if key == "answer_to_completed_ms" else key
+        took.sort(key=lambda t: t[by]["p50"])
+        out[key] = took[len(took) // 2][key]
+        out[f"{key}_by_turn"] = [t[key]["p50"] for t in site.turns if t.get(key)]
+    if site.sink is not None:
+        out.update(_announced(site, timeout_s))
+    return out
 
 
 def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:
@@ -43,7 +168,7 @@ def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:
             del done
     last, last_change = index.count(), time.monotonic()
     while last < target:
-        time.sleep(0.5)
+        time.sleep(0.05)
         now = index.count()
         if now != last:
             last, last_change = now, time.monotonic()
@@ -51,35 +176,28 @@ def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:
             raise BenchError(f"parking stalled at {now} of {target} interrupted runs")
 
 
-def agent_for(sink: Sink | None) -> str:
-    """The agent parked: with a sink, the one that announces its question to it."""
-    return ANNOUNCED if sink is not None else AGENT
+def _park_announced(site: Site, count: int, timeout_s: float) -> None:
+    """Park `count` runs at the site and wait for their announcements to be delivered."""
+    if count <= 0:
+        return
+    sent = site.sent()
+    park(site.rt, count, timeout_s, site.agent)
+    site.parks += count
+    if site.sink is not None:
+        _delivered(site.sink, sent + count, timeout_s)
 
 
-PROBE_PARKS = 600  # runs parked, timed, at each level
-# Each timing is taken this many times at a level, and the middle one kept: on two shared
-# cores a burst of something else (a worker warming up, the server's background work) can
-# slow one of them by half, which says nothing about the level.
-REPEATS = 3
-
-
-def timed_park(rt: Runtime, count: int, timeout_s: float, agent: str,
-               sink: Sink | None = None) -> float:
-    """Parks per second of `count` more runs, the middle of REPEATS batches (each started
-    at once and parked by the worker, its announcements delivered before the next)."""
-    rates = []
-    for batch in _split(count, REPEATS):
-        sent = sum(sink.ids.values()) if sink else 0
-        started = time.perf_counter()
-        park(rt, batch, timeout_s, agent)
-        rates.append(batch / (time.perf_counter() - started))
-        if sink is not None:
-            _delivered(sink, sent + batch, timeout_s)
-    return round(statistics.median(rates), 1) if rates else 0.0
-
-
-def _split(count: int, parts: int) -> list[int]:
-    return [n for i in range(parts) if (n := count // parts + (i < count % parts))]
+def timed_park(site: Site, count: int, timeout_s: float) -> float:
+    """Parks per second of `count` more runs, started at once and parked by the worker:
+    from the server's clock before the first start to the last park's place in the index
+    (the server's clock as the park committed), then their announcements delivered."""
+    store = site.store
+    started = store.now_ms()
+    _park_announced(site, count, timeout_s)
+    newest = store.redis.zrevrange(store.keys.index(Status.INTERRUPTED), 0, 0,
+                                   withscores=True)
+    took_ms = max(1.0, float(newest[0][1]) - started) if newest else 0.0
+    return round(count / took_ms * 1000, 1) if took_ms else 0.0
 
 
 def deliveries_done(rt: Runtime) -> int:
@@ -88,70 +206,9 @@ def deliveries_done(rt: Runtime) -> int:
     return sum(int(s.get("total", {}).get(DELIVER_TASK, 0)) for s in stats.values())
 
 
-def level(rt: Runtime, wanted: int, timeout_s: float, sink: Sink | None = None
-          ) -> dict[str, Any]:
-    """Park runs until `wanted` are parked (the last PROBE_PARKS of them timed), then
-    measure memory and probe answers and lists. With `sink`, parked runs are announced
-    to it: every announcement must be delivered, and queued, exactly once."""
-    store = rt.store
-    agent = agent_for(sink)
-    have = store.runs.of[Status.INTERRUPTED].count()
-    sent_before = sum(sink.ids.values()) if sink else 0
-    tasks_before = deliveries_done(rt) if sink else 0
-    used_before = int(store.redis.info("memory")["used_memory"])
-    bulk = max(0, wanted - have - PROBE_PARKS)
-    if bulk:
-        park(rt, bulk, timeout_s, agent)
-        if sink is not None:  # the timed parks do not wait behind the bulk's deliveries
-            _delivered(sink, sent_before + bulk, timeout_s)
-    # The sweeper folds each park's events LAYBY_FOLD_EVENTS_AFTER_S later: done with the
-    # bulk's first, so the timed parks do not share the cores with the folds of thousands
-    # of bulk parks at one level and of a few hundred at another.
-    folded(store, timeout_s)
-    persisted(store)
-    parks_per_s = timed_park(rt, max(0, wanted - have - bulk), timeout_s, agent, sink)
-    folded(store, timeout_s)
-    persisted(store)
-    used_after = int(store.redis.info("memory")["used_memory"])
-    added = max(0, wanted - have)
-    announced = _announced(rt, sink, added, sent_before, tasks_before, timeout_s) \
-        if sink else {}
-    sample = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, 50)]
-    history = history_bytes(store, sample)
-    per_run = memory_per_run(used_before, used_after, added)
-    by_key = breakdown(store, sample)
-    index = store.runs.of[Status.INTERRUPTED]
-    in_index = (store.redis.memory_usage(index.key, samples=0) or 0) / max(1, index.count())
-    figures = {"level": wanted, "parks_per_s": parks_per_s, **announced,
-               # The server's own growth (meaningful with many runs: small levels drown in
-               # what else the server holds and frees), and the sum of a sample's keys.
-               "memory_per_parked_run": per_run,
-               "memory_of_keys_per_run": round(sum(by_key.values()) + in_index, 1),
-               "history_bytes": history,
-               "memory_budget": round(1.5 * history + 1024, 1),
-               "memory_by_key": {**by_key, "index": round(in_index, 1)}}
-    persisted(store)
-    return {**figures, **_middle([probe(rt) for _ in range(REPEATS)])}
-
-
-def _middle(probes: list[dict[str, Any]]) -> dict[str, Any]:
-    """Of each timing the probes took, the one with the middle p50 (an answer's time to
-    completed comes from the same probe as the answer's)."""
-    kept = dict(probes[0])
-    for key, value in kept.items():
-        if key != "answer_to_completed_ms" and isinstance(value, dict) and "p50" in value:
-            took = sorted((p for p in probes if p.get(key)), key=lambda p: p[key]["p50"])
-            middle = took[len(took) // 2]
-            kept[key] = middle[key]
-            if key == "answer_ms":
-                kept["answer_to_completed_ms"] = middle["answer_to_completed_ms"]
-    return kept
-
-
 def folded(store: Store, timeout_s: float) -> None:
     """Until the sweeper has folded the events of every parked run (LAYBY_FOLD_EVENTS_AFTER_S
-    after its park): what a parked run holds for as long as it waits, not in its first
-    seconds."""
+    after its park)."""
     index = store.keys.index(Status.INTERRUPTED)
     deadline = time.monotonic() + store.config.fold_after_ms / 1000 + timeout_s
     while time.monotonic() < deadline:
@@ -180,16 +237,18 @@ def persisted(store: Store, timeout_s: float = 300) -> None:
         time.sleep(0.5)
 
 
-def _announced(rt: Runtime, sink: Sink, added: int, sent_before: int, tasks_before: int,
-               timeout_s: float) -> dict[str, Any]:
-    """Wait for the announcements of `added` parks to be delivered; count what ran."""
-    _delivered(sink, sent_before + added, timeout_s)
+def _announced(site: Site, timeout_s: float) -> dict[str, Any]:
+    """Every park's announcement delivered, and the delivery tasks the worker ran: a
+    delivery queued twice shows as a duplicate."""
+    assert site.sink is not None
+    _delivered(site.sink, site.sent_before + site.parks, timeout_s)
     time.sleep(2)  # anything queued twice would run by now
-    delivered = sum(sink.ids.values()) - sent_before
-    tasks = deliveries_done(rt) - tasks_before
-    return {"announcements": added, "deliveries": delivered, "delivery_tasks": tasks,
-            "duplicate_tasks": tasks - added, "notify_queue_after": rt.store.redis.llen(
-                rt.store.config.messages["deliver"][0]) if rt.store.config.messages else None}
+    tasks = deliveries_done(site.rt) - site.tasks_before
+    messages = site.store.config.messages
+    return {"announcements": site.parks, "deliveries": site.sent() - site.sent_before,
+            "delivery_tasks": tasks, "duplicate_tasks": tasks - site.parks,
+            "notify_queue_after": site.store.redis.llen(messages["deliver"][0])
+            if messages else None}
 
 
 def _delivered(sink: Sink, total: int, timeout_s: float) -> None:
@@ -201,7 +260,13 @@ def _delivered(sink: Sink, total: int, timeout_s: float) -> None:
         elif time.monotonic() - last_change > timeout_s:
             raise BenchError(f"{now} of {total} announcements delivered; none for "
                              f"{timeout_s} s")
-        time.sleep(0.2)
+        time.sleep(0.05)
+
+
+def _memory(store: Store) -> tuple[int, int]:
+    """The server's `used_memory` and its resident size (bytes)."""
+    info = store.redis.info("memory")
+    return int(info["used_memory"]), int(info["used_memory_rss"])
 
 
 def memory_per_run(before: int, after: int, runs: int) -> float:
@@ -233,9 +298,9 @@ def history_bytes(store: Store, sample: list[str]) -> float:
     return round(sum(sizes) / max(1, len(sizes)), 1)
 
 
-def probe(rt: Runtime) -> dict[str, Any]:
-    """Times (ms) of list pages at the top and deep in, and of answers (and from each
-    answer until its run completed on the worker), on what is parked now."""
+def probe(rt: Runtime, answers: int) -> dict[str, Any]:
+    """Times (ms) of list pages at the top and deep in, and of `answers` answers (and from
+    each answer until its run completed on the worker), on what is parked now."""
     store = rt.store
     index = store.runs.of[Status.INTERRUPTED]
     parked = index.count()
@@ -252,18 +317,18 @@ def probe(rt: Runtime) -> dict[str, Any]:
     middle = [timed(lambda: store.list_page(Status.INTERRUPTED, limit=50, cursor=deep_cursor))
               for _ in range(SAMPLES)]
     every = [timed(lambda: store.list_page(None, limit=50)) for _ in range(SAMPLES)]
-    # Answer parked runs taken from deep in the index, each once, at rest: each answered
+    # Parked runs taken from deep in the index, each answered once, at rest: each answered
     # run resumes and finishes on the worker before the next answer, so an answer's time
     # is its own, not a share of the cores with the resumes of the answers before it
     # (those are timed apart: answer → completed).
-    victims = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, SAMPLES,
+    victims = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, answers,
                                                          offset=parked // 3)]
-    answers, resumes = answer_at_rest(rt, victims)
+    took, resumes = answer_at_rest(rt, victims)
     return {"parked": parked,
             "list_first_page_ms": distribution(first),
             "list_deep_page_ms": distribution(middle),
             "list_all_states_ms": distribution(every),
-            "answer_ms": distribution(answers) if answers else None,
+            "answer_ms": distribution(took) if took else None,
             "answer_to_completed_ms": distribution(resumes) if resumes else None}
 
 
@@ -278,31 +343,28 @@ def answer_at_rest(rt: Runtime, run_ids: list[str]) -> tuple[list[float], list[f
         entries = [ResumeEntry(interrupt_id=i.id, status="resolved", payload=True)
                    for i in view.open_interrupts]
         started = time.perf_counter()
-        commands.answer(rt, run_id, entries, by="bench", channel="bench")
+        answered = commands.answer(rt, run_id, entries, by="bench", channel="bench")
         answers.append((time.perf_counter() - started) * 1000)
-        resumes.append(_until_completed(rt.store, run_id, started))
+        resumes.append(_until_completed(rt.store, run_id, answered.event_id or "0-0",
+                                        started))
     return answers, resumes
 
 
-def finished_first(rt: Runtime, timeout_s: float, sink: Sink | None) -> None:
-    """Before the levels, SAMPLES runs parked, answered and completed: a page of all states
-    then merges the same states at every level (the first level's would otherwise find no
-    finished runs, and read less than the deeper ones)."""
-    sent = sum(sink.ids.values()) if sink else 0
-    park(rt, SAMPLES, timeout_s, agent_for(sink))
-    if sink is not None:
-        _delivered(sink, sent + SAMPLES, timeout_s)
-    answer_at_rest(rt, [run_id for run_id, _ in rt.store.runs.newest(Status.INTERRUPTED,
-                                                                       SAMPLES)])
-
-
-def _until_completed(store: Store, run_id: str, started: float, timeout_s: float = 30
-                     ) -> float:
-    """Ms from `started` until the run is completed (its resume and last turn done)."""
-    key = store.keys.run(run_id)
+def _until_completed(store: Store, run_id: str, after: str, started: float,
+                     timeout_s: float = 30) -> float:
+    """Ms from `started` until the run's `run.completed`, waited for on its event stream
+    from `after` (the answer's last event): a blocking read, not a poll that would share
+    the cores with the worker it waits on."""
+    key = store.keys.events(run_id)
     deadline = started + timeout_s
-    while store.redis.hget(key, "status") != Status.COMPLETED.value:
-        if time.perf_counter() > deadline:
-            raise BenchError(f"answered run {run_id} did not complete in {timeout_s} s")
-        time.sleep(0.0005)
-    return (time.perf_counter() - started) * 1000
+    while (left := deadline - time.perf_counter()) > 0:
+        reply = store.redis.xread({key: after}, count=100, block=max(1, int(left * 1000)))
+        for _, entries in stream_items(reply):
+            for event_id, fields in entries:
+                after = event_id
+                if fields.get("type") == "run.completed":
+                    return (time.perf_counter() - started) * 1000
+                if fields.get("type") in ("run.failed", "run.cancelled"):
+                    raise BenchError(f"answered run {run_id} ended {fields['type']}: "
+                                     f"{fields.get('data')}")
+    raise BenchError(f"answered run {run_id} did not complete in {timeout_s} s")

@@ -33,6 +33,9 @@ class Settings(BaseSettings):
 
     redis_url: str | None = Field(None, description="Redis/Valkey for broker and store")
     data_dir: Path = Field(Path(".layby"), description="embedded server's data and state")
+    # The malloc of the embedded server (`layby up` without LAYBY_REDIS_URL): its binary's
+    # own is glibc's, slower as its heap grows (layby.ops.embedded); "libc" keeps it.
+    embedded_malloc: Literal["mimalloc", "libc"] = "mimalloc"
     api_keys: CommaList = Field(default_factory=list, description="bearer keys for /v1")
     agent_modules: CommaList = Field(default_factory=lambda: ["layby.demo.agents"])
     task_modules: CommaList = Field(default_factory=lambda: ["layby.demo.jobs"],

@@ -94,9 +94,16 @@ def test_bench_over_http_and_on_parked_runs(tmp_path: Path) -> None:
     assert http["over_direct"] > 0 and http["round_trips"] > 0
     levels = result["parked"]["levels"]
     assert [lv["level"] for lv in levels] == [30, 60]
+    # Each level on a server of its own, measured side by side in turns; the bench's own
+    # (the deepest level's) runs the cycles after.
+    assert levels[0]["redis_url"] != levels[1]["redis_url"] == result["settings"]["redis_url"]
+    if sys.platform == "linux":
+        assert result["settings"]["malloc"] == "mimalloc"
     for lv in levels:
         assert lv["parked"] == lv["level"]
         assert lv["parks_per_s"] > 0 and lv["answer_ms"]["count"] > 0
+        assert len(lv["parks_per_s_by_turn"]) == len(lv["answer_ms_by_turn"]) == 5
+        assert lv["parks_per_s"] in lv["parks_per_s_by_turn"]
         # Each answered run was seen completed, after its answer returned.
         done = lv["answer_to_completed_ms"]
         assert done["count"] == lv["answer_ms"]["count"]
@@ -108,4 +115,8 @@ def test_bench_over_http_and_on_parked_runs(tmp_path: Path) -> None:
         for key in ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms"):
             assert lv[key]["count"] > 0
     assert set(result["parked"]["last_over_first"]) >= {"answer_ms", "answer_to_completed_ms",
-                                                         "list_deep_page_ms"}
+                                                         "list_deep_page_ms", "park_time"}
+    assert len(result["parked"]["last_over_first_by_turn"]["answer_ms"]) == 5
+    # The first level's site is gone too.
+    with pytest.raises(redis.exceptions.ConnectionError):
+        redis.Redis.from_url(levels[0]["redis_url"], socket_connect_timeout=1).ping()

@@ -109,7 +109,8 @@ class System:
         data_dir.mkdir(parents=True, exist_ok=True)
         url = self.settings.redis_url
         if not url:
-            self.redis = EmbeddedRedis(data_dir / "valkey").start()
+            self.redis = EmbeddedRedis(data_dir / "valkey",
+                                       malloc=self.settings.embedded_malloc).start()
             url = self.redis.url
             self.settings.url_file.write_text(url + "\n")
         env = {**os.environ, "LAYBY_REDIS_URL": url, "LAYBY_DATA_DIR": str(data_dir),
