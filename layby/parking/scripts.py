@@ -10,6 +10,7 @@ configuration have one SHA1 whichever process loads them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -69,12 +70,23 @@ def _lua_string(text: str) -> str:
     return f"[{'=' * level}[{text}]{'=' * level}]"
 
 
+# A message's placeholders (layby.broker_config.messages), by the letter `_queue.lua` fills.
+PLACEHOLDER = re.compile(r"@@([RVNTD])@@")
+
+
+def _lua_pieces(message: str) -> str:
+    """`message` as a Lua array of its text between placeholders (odd places) and the
+    placeholders' letters (even places): the script joins them with the values in one
+    pass, where a substitution a placeholder went over the whole message each time."""
+    return "{" + ", ".join(_lua_string(p) for p in PLACEHOLDER.split(message)) + "}"
+
+
 def _lua_tasks(tasks: Mapping[str, QueuedTask]) -> str:
     rows = []
     for kind, t in tasks.items():
         fields = [f"task = {_lua_string(t.task)}", f"queue = {_lua_string(t.queue)}"]
         if t.key is not None and t.message is not None:
-            fields += [f"key = {_lua_string(t.key)}", f"message = {_lua_string(t.message)}"]
+            fields += [f"key = {_lua_string(t.key)}", f"message = {_lua_pieces(t.message)}"]
         rows.append(f"{kind} = {{{', '.join(fields)}}}")
     return "{" + ", ".join(rows) + "}"
 

@@ -9,19 +9,20 @@
 -- @@D@@ delivery tag.
 
 -- By kind (turn, resume, notify, deliver): the task and its queue, and, when the broker is
--- this server, `key` (the queue's list) and `message`.
+-- this server, `key` (the queue's list) and `message` (its pieces, for `fill`).
 local TASKS = __TASKS__
 -- A pushed message is in its queue for good: only a lost server loses it, so whatever
 -- watches for a lost one (notify:due, the outbox of notify tasks) waits this long.
 local LOST_MESSAGE_MS = __LOST_MESSAGE_MS__
 
-local function fill(template, run, version, note, task_id, tag)
-  local function plain(s) return (string.gsub(s, '%%', '%%%%')) end
-  local out = string.gsub(template, '@@R@@', plain(run))
-  out = string.gsub(out, '@@V@@', plain(version))
-  out = string.gsub(out, '@@N@@', plain(note))
-  out = string.gsub(out, '@@T@@', plain(task_id))
-  return (string.gsub(out, '@@D@@', plain(tag)))
+-- A message is made of pieces (parking/scripts.py): its text between placeholders at odd
+-- places, and at even places the letter of the value that goes there.
+local function fill(pieces, values)
+  local out = {}
+  for i = 1, #pieces do
+    out[i] = (i % 2 == 0) and values[pieces[i]] or pieces[i]
+  end
+  return table.concat(out)
 end
 
 -- Push the task of `kind` for `run` (at `version`, or about notification `note`) at `now`
@@ -32,7 +33,7 @@ local function push(kind, run, version, note, now)
   local task = TASKS[kind]
   if not task.message then return false end
   local task_id = note or (run .. ':' .. kind .. ':' .. version)
-  redis.call('LPUSH', task.key, fill(task.message, run, tostring(version or ''), note or '',
-                                     task_id, task_id .. ':' .. now))
+  redis.call('LPUSH', task.key, fill(task.message, {R = run, V = tostring(version or ''),
+                                     N = note or '', T = task_id, D = task_id .. ':' .. now}))
   return true
 end
