@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from datetime import datetime
 import uuid
@@ -250,6 +251,38 @@ def _answer_until_done(system: LaybySystem, run_id: str, agent: str) -> dict[str
         wait_until(lambda: system.run(run_id)["version"] > run["version"] + 1
                    or system.run(run_id)["status"] == "completed", 40,
                    what=f"run {run_id} to move past its answers")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="mimalloc is put in place on Linux")
+def test_the_embedded_server_runs_on_mimalloc_and_its_data_outlives_a_rewrite_and_a_kill(
+        tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "valkey").start()
+    try:
+        assert server.allocator == "mimalloc"
+        client = redis.Redis.from_url(server.url)
+        for start in range(0, 20_000, 1000):
+            pipe = client.pipeline(transaction=False)
+            for i in range(start, start + 1000):
+                pipe.hset(f"run:{i}", mapping={"status": "interrupted", "messages": "x" * i})
+            pipe.execute()
+        client.delete(*[f"run:{i}" for i in range(0, 20_000, 2)])
+        # A rewrite forks the server: its child allocates with mimalloc too.
+        client.bgrewriteaof()
+        wait_until(lambda: not int(client.info("persistence")["aof_rewrite_in_progress"])
+                   and not int(client.info("persistence")["aof_rewrite_scheduled"]), 30,
+                   what="the append-only file's rewrite")
+        client.set("after", "the rewrite")
+        time.sleep(1.5)  # appendfsync everysec
+        port = server.port
+        server.kill()
+        server = EmbeddedRedis(server.data_dir, port=port, malloc="libc").start()
+        assert server.allocator == "libc"
+        client = redis.Redis.from_url(server.url)
+        assert client.dbsize() == 10_001
+        assert client.hget("run:19999", "messages") == b"x" * 19_999
+        assert client.get("after") == b"the rewrite"
+    finally:
+        server.stop()
 
 
 @pytest.mark.slow

@@ -71,6 +71,8 @@ def test_layby_up_survives_a_restart_with_a_parked_run(tmp_path: Path) -> None:
         assert _printed(log, "gateway") == base
         assert _printed(log, "redis").startswith("redis://127.0.0.1:")
         assert (data_dir / "redis.url").exists()
+        if sys.platform == "linux":  # its glibc malloc replaced (layby.ops.embedded)
+            assert "(embedded, append-only, malloc mimalloc)" in log.read_text()
         with _client(base, key) as api:
             run_id = api.post("/v1/runs", json={"agent": "demo.transfer",
                                                 "input": "Send 30 to Ann"}).json()["id"]
