@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     assert parts.folder is not None and parts.redis_url is not None
-    prefix = f"laybybench-{uuid.uuid4().hex[:8]}"
+    prefix = _prefix(parts)
     # Parked runs are announced to a reviewer by webhook: a park plans it, a task on the
     # notify queue delivers it (the bench checks each is queued once).
     sink = hooks.Sink() if args.parked else None
@@ -194,12 +194,22 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
             _delete_keys(store, prefix, parts)
 
 
+def _prefix(parts: Parts) -> str:
+    """The key prefix of a site: on a server of the bench's own, layby's default, so that
+    what a run holds is what it holds in a deployment as shipped (a longer prefix makes
+    every key name longer: about 0.1 KB more a parked run with `laybybench-<8 hex>`); on a
+    server given with `--redis-url`, one of its own, so its keys can be found and deleted."""
+    return "layby" if parts.embedded else f"laybybench-{uuid.uuid4().hex[:8]}"
+
+
 def _environment(parts: Parts, prefix: str, sink: hooks.Sink | None) -> dict[str, str]:
-    """The LAYBY_* settings of a site: its server, its own key prefix (the broker's keys
-    too), the bench's agents and tasks, and with `sink`, the reviewer its runs announce to."""
+    """The LAYBY_* settings of a site: its server, its key prefix (on a shared server, the
+    broker's keys under it too), the bench's agents and tasks, and with `sink`, the
+    reviewer its runs announce to."""
     assert parts.folder is not None and parts.redis_url is not None
     env = {"LAYBY_REDIS_URL": parts.redis_url, "LAYBY_KEY_PREFIX": prefix,
-           "LAYBY_BROKER_KEY_PREFIX": f"{prefix}:broker:", "LAYBY_INTAKE_QUEUE": "",
+           "LAYBY_BROKER_KEY_PREFIX": "" if parts.embedded else f"{prefix}:broker:",
+           "LAYBY_INTAKE_QUEUE": "",
            "LAYBY_AGENT_MODULES": "bench.agents", "LAYBY_TASK_MODULES": "bench.tasks",
            "LAYBY_DATA_DIR": str(parts.folder / "data")}
     if sink is not None:
@@ -238,7 +248,7 @@ def _levels(args: argparse.Namespace, parts: Parts, rt: Any, sink: hooks.Sink | 
             extra = stack.enter_context(Parts(args.redis_url))
             reviewer = hooks.Sink()
             stack.callback(reviewer.stop)
-            prefix = f"laybybench-{uuid.uuid4().hex[:8]}"
+            prefix = _prefix(extra)
             env = {**os.environ, **_environment(extra, prefix, reviewer), "PYTHONPATH": path}
             with _environ(env):
                 site = build()
