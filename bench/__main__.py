@@ -2,7 +2,9 @@
 
 Order within one run, on one server and one worker: warm-up layby runs (they also count
 the task hops of a cycle), warm-up chains of that many hops, then rounds that alternate the
-baseline and layby (ABBA), then layby runs one at a time for the latency at rest.
+baseline and layby (ABBA), then layby runs one at a time for the latency at rest. With
+`--parked`, the levels come first, each on a site of its own (`scale`), and the cycles are
+measured on the deepest level's server and worker.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "direct path")
     p.add_argument("--parked", default="",
                    help="first park this many runs (a comma-separated list: levels, each "
-                        "measured: parks/s, answers, list pages, memory per parked run), "
-                        "then measure on top of them")
+                        "on a server and worker of its own, measured side by side: parks/s, "
+                        "answers, list pages, memory per parked run), then measure the "
+                        "cycles on top of the deepest")
     args = p.parse_args(argv)
     try:
         args.parked = sorted({int(x) for x in args.parked.split(",") if x.strip()})
@@ -251,13 +254,13 @@ def _levels(args: argparse.Namespace, parts: Parts, rt: Any, sink: hooks.Sink | 
             prefix = _prefix(extra)
             env = {**os.environ, **_environment(extra, prefix, reviewer), "PYTHONPATH": path}
             with _environ(env):
-                site = build()
+                site_rt = build()
             if not extra.embedded:
-                stack.callback(_delete_keys, site.store, prefix, extra)
+                stack.callback(_delete_keys, site_rt.store, prefix, extra)
             worker = extra.start_worker(measure.WORKER_QUEUES, args.concurrency, env)
-            measure.wait_for_worker(site.store, worker.alive)
+            measure.wait_for_worker(site_rt.store, worker.alive)
             extra.start_sweeper(env)
-            sites.append(scale.Site(level, site, reviewer))
+            sites.append(scale.Site(level, site_rt, reviewer))
         # Each app built made itself Celery's current one, which the baseline's `hop` is
         # sent with: the bench's own is again.
         rt.celery.set_current()
@@ -317,8 +320,9 @@ def _split(total: int, parts: int) -> list[int]:
 
 def _delete_keys(store: Any, prefix: str, parts: Parts) -> None:
     """On a server the bench did not start, leave nothing of its own behind."""
-    if parts.worker is not None:
-        parts.worker.stop()  # first, or it would recreate its queue keys
+    for process in (parts.gateway, parts.sweeper, parts.worker):
+        if process is not None:
+            process.stop()  # first, or they would write keys again
     try:
         for key in store.redis.scan_iter(match=f"{prefix}:*", count=1000):
             store.redis.delete(key)

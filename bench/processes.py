@@ -76,7 +76,7 @@ class Parts:
 
     redis_url: str | None = None
     folder: Path | None = None
-    server: object | None = None  # gateway.embedded.EmbeddedRedis
+    server: object | None = None  # layby.ops.embedded.EmbeddedRedis
     worker: Worker | None = None
     gateway: Worker | None = None
     sweeper: Worker | None = None

@@ -67,10 +67,6 @@ class Site:
         """The agent parked: with a sink, the one that announces its question to it."""
         return ANNOUNCED if self.sink is not None else AGENT
 
-    @property
-    def batch(self) -> int:
-        return max(1, min(PARK_BATCH, self.level // 4))
-
     def sent(self) -> int:
         return sum(self.sink.ids.values()) if self.sink is not None else 0
 
@@ -80,9 +76,15 @@ def side_by_side(sites: list[Site], timeout_s: float) -> list[dict[str, Any]]:
     level, in the order of `sites` (smallest level first)."""
     for site in sites:
         build_up(site, timeout_s)
+    # One batch for all (a quarter of the smallest level, at most PARK_BATCH): parks/s of
+    # 200 runs started at once and of 15 are not alike.
+    batch = max(1, min(PARK_BATCH, min(site.level for site in sites) // 4))
     for i in range(TURNS):
         for site in sites if i % 2 == 0 else reversed(sites):
-            site.turns.append(turn(site, timeout_s))
+            # No server's append-only file rewrite shares the cores with the turn.
+            for each in sites:
+                persisted(each.store)
+            site.turns.append(turn(site, batch, timeout_s))
     return [figures(site, timeout_s) for site in sites]
 
 
@@ -124,12 +126,12 @@ def build_up(site: Site, timeout_s: float) -> None:
         "memory_by_key": {**by_key, "index": round(in_index, 1)}}
 
 
-def turn(site: Site, timeout_s: float) -> dict[str, Any]:
-    """One turn at a site: a batch of runs parked (parks per second), then a probe that
-    answers as many, so the level stays where it is."""
-    persisted(site.store)
-    parks_per_s = timed_park(site, site.batch, timeout_s)
-    return {"parks_per_s": parks_per_s, **probe(site.rt, site.batch)}
+def turn(site: Site, batch: int, timeout_s: float) -> dict[str, Any]:
+    """One turn at a site: `batch` runs parked (parks per second), then a probe that
+    answers as many, so the level stays where it is. (The sweeper folds the batch's events
+    30 s later, during a later turn: at every site alike.)"""
+    parks_per_s = timed_park(site, batch, timeout_s)
+    return {"parks_per_s": parks_per_s, **probe(site.rt, batch)}
 
 
 def figures(site: Site, timeout_s: float) -> dict[str, Any]:
@@ -148,7 +150,8 @@ def figures(site: Site, timeout_s: float) -> dict[str, Any]:
         by = "answer_ms" if key == "answer_to_completed_ms" else key
         took.sort(key=lambda t: t[by]["p50"])
         out[key] = took[len(took) // 2][key]
-        out[f"{key}_by_turn"] = [t[key]["p50"] for t in site.turns if t.get(key)]
+        # A turn without it keeps its place (None): ratios pair the levels turn by turn.
+        out[f"{key}_by_turn"] = [t[key]["p50"] if t.get(key) else None for t in site.turns]
     if site.sink is not None:
         out.update(_announced(site, timeout_s))
     return out
@@ -358,7 +361,9 @@ def _until_completed(store: Store, run_id: str, after: str, started: float,
     key = store.keys.events(run_id)
     deadline = started + timeout_s
     while (left := deadline - time.perf_counter()) > 0:
-        reply = store.redis.xread({key: after}, count=100, block=max(1, int(left * 1000)))
+        # A second at most: a longer block would outlast the client's socket timeout.
+        wait_ms = max(1, min(1000, int(left * 1000)))
+        reply = store.redis.xread({key: after}, count=100, block=wait_ms)
         for _, entries in stream_items(reply):
             for event_id, fields in entries:
                 after = event_id

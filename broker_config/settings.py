@@ -17,6 +17,8 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 CommaList = Annotated[list[str], NoDecode]
+# The embedded server's malloc (layby.ops.embedded).
+Malloc = Literal["mimalloc", "libc"]
 
 SENTINEL_PORT = 26379
 # Sentinels answer at once: a short timeout and no retries let a client that finds one
@@ -35,7 +37,7 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path(".layby"), description="embedded server's data and state")
     # The malloc of the embedded server (`layby up` without LAYBY_REDIS_URL): its binary's
     # own is glibc's, slower as its heap grows (layby.ops.embedded); "libc" keeps it.
-    embedded_malloc: Literal["mimalloc", "libc"] = "mimalloc"
+    embedded_malloc: Malloc = "mimalloc"
     api_keys: CommaList = Field(default_factory=list, description="bearer keys for /v1")
     agent_modules: CommaList = Field(default_factory=lambda: ["layby.demo.agents"])
     task_modules: CommaList = Field(default_factory=lambda: ["layby.demo.jobs"],

