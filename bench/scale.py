@@ -79,13 +79,24 @@ def side_by_side(sites: list[Site], timeout_s: float) -> list[dict[str, Any]]:
     # One batch for all (a quarter of the smallest level, at most PARK_BATCH): parks/s of
     # 200 runs started at once and of 15 are not alike.
     batch = max(1, min(PARK_BATCH, min(site.level for site in sites) // 4))
+    # (The sweeper folds a turn's parks 30 s later, during a later turn: at every site
+    # alike.)
     for i in range(TURNS):
-        for site in sites if i % 2 == 0 else reversed(sites):
-            # No server's append-only file rewrite shares the cores with the turn.
-            for each in sites:
-                persisted(each.store)
-            site.turns.append(turn(site, batch, timeout_s))
+        order = sites if i % 2 == 0 else sites[::-1]
+        parks = []
+        for site in order:
+            _rewrites_done(sites)
+            parks.append(timed_park(site, batch, timeout_s))
+        _rewrites_done(sites)
+        for site, rate, found in zip(order, parks, probe(order, batch), strict=True):
+            site.turns.append({"parks_per_s": rate, **found})
     return [figures(site, timeout_s) for site in sites]
+
+
+def _rewrites_done(sites: list[Site]) -> None:
+    """No server's append-only file rewrite shares the cores with what is timed next."""
+    for site in sites:
+        persisted(site.store)
 
 
 def build_up(site: Site, timeout_s: float) -> None:
@@ -124,14 +135,6 @@ def build_up(site: Site, timeout_s: float) -> None:
         "history_bytes": history,
         "memory_budget": round(1.5 * history + 1024, 1),
         "memory_by_key": {**by_key, "index": round(in_index, 1)}}
-
-
-def turn(site: Site, batch: int, timeout_s: float) -> dict[str, Any]:
-    """One turn at a site: `batch` runs parked (parks per second), then a probe that
-    answers as many, so the level stays where it is. (The sweeper folds the batch's events
-    30 s later, during a later turn: at every site alike.)"""
-    parks_per_s = timed_park(site, batch, timeout_s)
-    return {"parks_per_s": parks_per_s, **probe(site.rt, batch)}
 
 
 def figures(site: Site, timeout_s: float) -> dict[str, Any]:
@@ -301,38 +304,48 @@ def history_bytes(store: Store, sample: list[str]) -> float:
     return round(sum(sizes) / max(1, len(sizes)), 1)
 
 
-def probe(rt: Runtime, answers: int) -> dict[str, Any]:
-    """Times (ms) of list pages at the top and deep in, and of `answers` answers (and from
-    each answer until its run completed on the worker), on what is parked now."""
-    store = rt.store
-    index = store.runs.of[Status.INTERRUPTED]
-    parked = index.count()
-    deep = store.redis.zrevrange(index.key, parked // 2, parked // 2, withscores=True)
-    deep_cursor = cursor_of(deep[0][0], int(deep[0][1])) if deep else None
+LISTS = ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms")
 
-    def timed(call: Any) -> float:
-        started = time.perf_counter()
-        call()
-        return (time.perf_counter() - started) * 1000
 
-    first = [timed(lambda: store.list_page(Status.INTERRUPTED, limit=50))
-             for _ in range(SAMPLES)]
-    middle = [timed(lambda: store.list_page(Status.INTERRUPTED, limit=50, cursor=deep_cursor))
-              for _ in range(SAMPLES)]
-    every = [timed(lambda: store.list_page(None, limit=50)) for _ in range(SAMPLES)]
-    # Parked runs taken from deep in the index, each answered once, at rest: each answered
-    # run resumes and finishes on the worker before the next answer, so an answer's time
-    # is its own, not a share of the cores with the resumes of the answers before it
-    # (those are timed apart: answer → completed).
-    victims = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, answers,
-                                                         offset=parked // 3)]
-    took, resumes = answer_at_rest(rt, victims)
-    return {"parked": parked,
-            "list_first_page_ms": distribution(first),
-            "list_deep_page_ms": distribution(middle),
-            "list_all_states_ms": distribution(every),
-            "answer_ms": distribution(took) if took else None,
-            "answer_to_completed_ms": distribution(resumes) if resumes else None}
+def probe(sites: list[Site], answers: int) -> list[dict[str, Any]]:
+    """Times (ms) at each site of list pages at the top and deep in, and of `answers`
+    answers (and from each answer until its run completed on its worker), on what is
+    parked now, taken in turn: each call, and each answer, at every site one after the
+    other (A B A B …), so that the levels' timings are taken milliseconds apart."""
+    pages, victims = [], []
+    for site in sites:
+        store = site.store
+        parked = store.runs.of[Status.INTERRUPTED].count()
+        # Answered: runs a third deep in the index.
+        victims.append([run_id for run_id, _ in store.runs.newest(
+            Status.INTERRUPTED, answers, offset=parked // 3)])
+        deep = store.redis.zrevrange(store.keys.index(Status.INTERRUPTED), parked // 2,
+                                     parked // 2, withscores=True)
+        cursor = cursor_of(deep[0][0], int(deep[0][1])) if deep else None
+        pages.append({
+            "list_first_page_ms": lambda s=store: s.list_page(Status.INTERRUPTED, limit=50),
+            "list_deep_page_ms": lambda s=store, c=cursor: s.list_page(
+                Status.INTERRUPTED, limit=50, cursor=c),
+            "list_all_states_ms": lambda s=store: s.list_page(None, limit=50)})
+    took: list[dict[str, list[float]]] = [{key: [] for key in TIMINGS} for _ in sites]
+    for key in LISTS:
+        for _ in range(SAMPLES):
+            for calls, times in zip(pages, took, strict=True):
+                started = time.perf_counter()
+                calls[key]()
+                times[key].append((time.perf_counter() - started) * 1000)
+    # Each answered once, at rest: each answered run resumes and finishes on its worker
+    # before the next answer, so an answer's time is its own, not a share of the cores
+    # with the resumes of the answers before it (those are timed apart: answer →
+    # completed).
+    for k in range(answers):
+        for site, runs, times in zip(sites, victims, took, strict=True):
+            if k < len(runs):
+                answered, resumed = answer_at_rest(site.rt, [runs[k]])
+                times["answer_ms"] += answered
+                times["answer_to_completed_ms"] += resumed
+    return [{key: distribution(values) if values else None for key, values in times.items()}
+            for times in took]
 
 
 def answer_at_rest(rt: Runtime, run_ids: list[str]) -> tuple[list[float], list[float]]:
