@@ -260,6 +260,30 @@ def test_a_cycle_takes_two_tasks_and_a_parked_run_keeps_only_what_it_holds(
         assert round(written.timestamp() * 1000) == int(event["id"].split("-")[0]), event
 
 
+def test_a_runs_input_is_kept_once_and_read_back_as_given(isolated: Any) -> None:
+    """A run started from a string has it as its first message too: the hash keeps it
+    there alone, for as long as the run lives. Any other input is kept as given."""
+    system = isolated().start()
+    given: list[tuple[dict[str, Any], Any]] = [
+        ({"input": "Ask me a question"}, "Ask me a question"),
+        ({"input": {"topic": "films", "level": 2}}, {"topic": "films", "level": 2}),
+        ({"messages": [{"role": "user", "content": [{"text": "Ask me a question"}]}]}, None),
+    ]
+    ids = []
+    with system.api() as api:
+        for body, _ in given:
+            reply = api.post("/v1/runs", json={"agent": "demo.trivia", **body})
+            assert reply.status_code == 202, reply.text
+            ids.append(reply.json()["id"])
+    keys = Keys(system.settings.key_prefix)
+    with redis.Redis.from_url(system.redis_url, decode_responses=True) as client:
+        kept = [client.hexists(keys.run(run_id), "input") for run_id in ids]
+    assert kept == [False, True, True]
+    for run_id, (_, expected) in zip(ids, given, strict=True):
+        run = system.wait_status(run_id, "interrupted")
+        assert run.get("input") == expected  # (none given: none shown)
+
+
 def test_a_run_parked_a_while_keeps_its_events_in_its_hash_and_readers_see_no_change(
         isolated: Any, tmp_path: Path) -> None:
     """Parked a while (LAYBY_FOLD_EVENTS_AFTER_S), a run's events leave their stream for a

@@ -26,6 +26,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from layby.demo.agents import TRIVIA_CHOICES
 from layby.ops.embedded import EmbeddedRedis
+from layby.parking import Keys
 from layby.reviewers.tokens import TOKEN
 from tests import sse
 from tests.harness import as_an_older_layby_kept_it, wait_until
@@ -263,6 +264,17 @@ def test_the_run_shows_its_notifications_and_no_secret_shows_anywhere(
         assert "token" not in note
     assert sorted((n["reviewer"], n["channel"]) for n in run["notifications"]) == \
         [("alice", "email"), ("hookbot", "webhook")]
+    # As the run's hash keeps them for as long as it waits: a request sent at the first
+    # attempt, what most are, says neither (read back as above); nor is the grant behind
+    # a token JSON (its values, space-separated).
+    keys = Keys(reviewed.system.settings.key_prefix)
+    with redis.Redis.from_url(reviewed.system.redis_url, decode_responses=True) as client:
+        held = client.hgetall(keys.run(run_id))
+        stored = [json.loads(v) for k, v in held.items() if k.startswith("n:")]
+        assert len(stored) == 2 and not [n for n in stored if {"k", "s", "a"} & n.keys()]
+        grant = client.get(keys.grant(token_of(mail).split("-")[1]))
+        assert grant.split(" ", 4)[:3] == [run_id, run["notifications"][0]["interruptId"],
+                                           str(run["version"])], grant
 
     secrets = [token_of(mail), delivery.json["data"]["answer"]["token"], HOOK_SECRET]
     assert secrets[0] != secrets[1]  # each reviewer has a token of their own

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from email.message import EmailMessage
 from pathlib import Path
@@ -70,6 +71,11 @@ def test_a_grant_reads_back_as_stored_now_and_as_an_older_layby_stored_it() -> N
     assert Grant.loads(given.stored()) == given
     assert len(given.stored()) < len(given.dumps()) - 40  # held as long as the token
     assert Grant.loads(given.dumps()) == given  # an older layby's, still in the store
+    listed = json.dumps([given.run_id, given.interrupt_id, given.reviewer, given.version,
+                         given.expires])
+    assert Grant.loads(listed) == given  # and the one before's
+    spaced = Grant("run_1", "int_abc", "Ops team (EU) <ops@example.com>", 4, given.expires)
+    assert Grant.loads(spaced.stored()) == spaced  # a reviewer's id may hold spaces
 
 
 def test_an_expired_token_is_refused() -> None:

@@ -21,11 +21,12 @@ INTERRUPT_NAMES = {"reason": "r", "message": "m", "toolCallId": "c", "responseSc
                    "responseType": "rt", "metadata": "me", "onExpire": "oe"}
 # Values most interrupts have, written only when they differ.
 INTERRUPT_IMPLIED = {"r": "input_required", "md": "respond"}
-# lua/_notes.lua's NOTE_NAMES, and its implied kind.
+# lua/_notes.lua's NOTE_NAMES, and the values it leaves out (a request, sent, at the first
+# attempt: what a parked run's notifications most often are).
 NOTE_NAMES = {"kind": "k", "token": "t", "interruptId": "i", "state": "s", "attempts": "a",
               "channel": "c", "sentAt": "sa", "reviewer": "r", "createdAt": "ca", "due": "d",
               "level": "l", "lastError": "e"}
-NOTE_IMPLIED = {"k": "request"}
+NOTE_IMPLIED = {"k": "request", "s": "sent", "a": 1}
 
 _INTERRUPT_WIRE = {v: k for k, v in INTERRUPT_NAMES.items()}
 _NOTE_WIRE = {v: k for k, v in NOTE_NAMES.items()}

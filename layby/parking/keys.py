@@ -4,8 +4,9 @@ Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:
 
 | key          | type   | holds                                                   | lifetime          |
 |--------------|--------|---------------------------------------------------------|-------------------|
-| run          | hash   | agent, status, version, messages (JSON), input,         | until retention   |
-|              |        | metadata (only when given), result, error, lease_owner, | after the end     |
+| run          | hash   | agent, status, version, messages (JSON), input (unless  | until retention   |
+|              |        | it is the first message's text), metadata (only when    | after the end     |
+|              |        | given), result, error, lease_owner,                     |                   |
 |              |        | lease_until ('' / 0 when unclaimed, absent while parked |                   |
 |              |        | or finished), attempts (absent: 0), open (ids of        |                   |
 |              |        | interrupts                                              |                   |
@@ -63,9 +64,9 @@ Global:
 | notify:due           | zset | "<run_id> <notification id>" scored by when to    |
 |                      |      | (re)send: a retry's backoff, a reminder; once its |
 |                      |      | delivery is queued, when a lost message would be  |
-| grant:<ref>          | str  | a reviewer token's grant, its values as a JSON    |
-|                      |      | array (an older layby's: an object); expires with |
-|                      |      | the token (and retention after it)                |
+| grant:<ref>          | str  | a reviewer token's grant, its values space-       |
+|                      |      | separated (reviewers.tokens; an older layby's:    |
+|                      |      | JSON); expires with the token (and retention)     |
 | server               | str  | the run id of the server (INFO) the sweeper last  |
 |                      |      | requeued waiting runs for, or the first process   |
 |                      |      | saw: another one there means a restart or a       |

@@ -163,7 +163,11 @@ class Store:
     def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
                    metadata: dict[str, Any], idempotency_key: str | None) -> Transition:
         idem = self.keys.idempotency(idempotency_key) if idempotency_key else ""
-        reply = self._run("create_run", run_id, run_id, agent, _dumps(input),
+        # An input that is the first message's text is read back from there: a prompt is
+        # not kept twice for as long as the run lives.
+        stored_input = "" if len(messages) == 1 and _first_text(messages) == input \
+            else _dumps(input)
+        reply = self._run("create_run", run_id, run_id, agent, stored_input,
                           _dumps(dump_messages(messages)), _dumps(metadata),
                           self.config.idempotency_ttl_s, extra_keys=(idem,))
         return results.created(reply, run_id)
@@ -540,10 +544,12 @@ class Store:
         specs, answers, open_ids = _interrupts(_prefixed(raw, INTERRUPT, older[0]), given,
                                                self._open(run_id, raw.get("open")))
         reviews = _reviews(review)
+        messages = load_messages(json.loads(raw["messages"]))
+        input = json.loads(raw["input"]) if "input" in raw else _first_text(messages)
         return RunView(
             id=run_id, agent=raw["agent"], status=Status(raw["status"]),
-            version=int(raw["version"]), input=json.loads(raw.get("input") or "null"),
-            messages=load_messages(json.loads(raw["messages"])),
+            version=int(raw["version"]), input=input,
+            messages=messages,
             interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids,
                                          reviews.get(s.id)) for s in specs],
             notifications=_notifications(_prefixed(raw, NOTE, older[1])),
@@ -721,6 +727,15 @@ class Store:
     def prune_finished(self) -> int:
         """Drop index entries of finished runs whose keys have expired."""
         return self.runs.prune_finished_before(self.retention_cutoff_ms())
+
+
+def _first_text(messages: list[Message]) -> str | None:
+    """The text of a history's first message when it is a user's text alone (as a run
+    started from an input string begins), else None."""
+    if not messages or messages[0].role != "user" or len(messages[0].content) != 1:
+        return None
+    part = messages[0].content[0]
+    return part.text if part.text is not None and part.wire() == {"text": part.text} else None
 
 
 def _text(value: bytes | str) -> str:

@@ -2,7 +2,8 @@
 -- Reads the idempotency key, run. Writes run, idempotency key, index, events; queues the
 -- first turn.
 -- KEYS[22] idempotency key (string).
--- ARGV: 1 run id, 2 agent, 3 input JSON, 4 messages JSON, 5 metadata JSON,
+-- ARGV: 1 run id, 2 agent, 3 input JSON ('' when it is the first message's text: read
+--       from there), 4 messages JSON, 5 metadata JSON,
 --       6 idempotency ttl (s)
 -- Returns {'created', outbox entry or '', created at (ms), its event's id} or
 -- {'exists', run id} (same idempotency key or run id).
@@ -16,10 +17,15 @@ if IDEMPOTENCY ~= '' then
 end
 if redis.call('EXISTS', RUN) == 1 then return {'exists', new_id} end
 -- The run's id is its key's; metadata is written only when there is some (readers take
--- an absent field for `{}`): bytes every run would hold, however long it is parked.
-local fields = {'agent', agent, 'version', 1, 'status', 'queued', 'input', input,
+-- an absent field for `{}`), the input only when it is not the history's first text:
+-- bytes every run would hold, however long it is parked.
+local fields = {'agent', agent, 'version', 1, 'status', 'queued',
                 'messages', messages, 'created_at', now, 'updated_at', now, 'open', '',
                 'noted', '0', 'checkpointed', ''}
+if input ~= '' then
+  table.insert(fields, 'input')
+  table.insert(fields, input)
+end
 if metadata ~= '{}' then
   table.insert(fields, 'metadata')
   table.insert(fields, metadata)
