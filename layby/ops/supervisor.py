@@ -42,9 +42,16 @@ everyone = ["you"]
 """
 
 
+# Celery's gossip and mingle steps (other workers' events, revoked ids at start) serve
+# nothing layby does, and on Redis they are what leaves a worker connected but taking no
+# task after repeated broker restarts (celery#8030, #10302: fine with both off). Off also
+# spares a second of "mingle: searching for neighbors" at every reconnect.
+QUIET_STEPS = ["--without-gossip", "--without-mingle"]
+
+
 def worker_argv(settings: Settings, queues: list[str], concurrency: int | None,
                 loglevel: str) -> list[str]:
-    argv = [*celery_argv(settings), "worker", "-Q", ",".join(queues), "-n",
+    argv = [*celery_argv(settings), "worker", "-Q", ",".join(queues), *QUIET_STEPS, "-n",
             f"layby-{os.getpid()}@%h", "-l", loglevel]
     return argv + (["-c", str(concurrency)] if concurrency else [])
 
@@ -53,7 +60,7 @@ def sweeper_argv(settings: Settings) -> list[str]:
     """A one-process worker on the sweep queue with the clock (beat) that feeds it, so
     sweeps never wait behind model calls and their log lines stay out of the worker's."""
     # The in-memory scheduler: a fixed interval needs no schedule file to survive restarts.
-    return [*celery_argv(settings), "worker", "-Q", SWEEP,
+    return [*celery_argv(settings), "worker", "-Q", SWEEP, *QUIET_STEPS,
             "-P", "solo", "-B", "--scheduler", "celery.beat:Scheduler", "-n",
             f"layby-sweeper-{os.getpid()}@%h", "-l",
             # A sweep a second at INFO would drown what matters; DEBUG asked for is DEBUG.
