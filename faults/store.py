@@ -82,8 +82,10 @@ def _committing(layby: LaybySystem, runs: list[str]) -> None:
     """The store goes while answers still arrive and the first steps after them run."""
     _parked(layby, runs)
     threading.Thread(target=_approve_all, args=(layby, runs), daemon=True).start()
-    # (Of this phase's runs: the earlier phases' have long completed.)
-    _until(lambda: len(_completed(layby) & set(runs)) >= len(runs) // 4, 60)
+    # At the first of this phase's runs to complete (the earlier phases' have long
+    # completed), when the rest are mid-step or still being answered: any later, and the
+    # runs of a short phase have all completed before the store goes.
+    _until(lambda: bool(_completed(layby) & set(runs)), 60, every=0.02)
 
 
 PHASES: dict[str, Callable[[LaybySystem, list[str]], None]] = {
@@ -131,9 +133,9 @@ def _completed(layby: LaybySystem) -> set[str]:
         return {run["id"] for run in found["runs"]}
 
 
-def _until(check: Callable[[], bool], seconds: float) -> None:
+def _until(check: Callable[[], bool], seconds: float, every: float = 0.2) -> None:
     deadline = time.monotonic() + seconds
     while not check():
         if time.monotonic() > deadline:
             raise RuntimeError(f"gave up after {seconds} s waiting to set the scene")
-        time.sleep(0.2)
+        time.sleep(every)
