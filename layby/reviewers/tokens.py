@@ -55,7 +55,7 @@ class Grant:
 
     def stored(self) -> str:
         """As the store keeps it, for as long as the token lives: its values, space-separated
-        (JSON's names and quotes would take more than the values). The reviewer comes last,
+        (as JSON, with its names, it would be nearly twice as long). The reviewer comes last,
         as the rest of the line: the other values hold no space (a run id is letters,
         digits, `_`, `-` and `.`)."""
         return f"{self.run_id} {self.interrupt_id} {self.version} {self.expires} {self.reviewer}"
