@@ -108,7 +108,7 @@ class Approver(threading.Thread):
         with self.system.api() as api:
             while not self.halt.is_set():
                 try:
-                    waiting = self._listed(api, "interrupted")
+                    waiting = listed(api, "interrupted")
                     for run_id in sorted(waiting):
                         if self.halt.is_set():
                             return
@@ -117,22 +117,10 @@ class Approver(threading.Thread):
                         if mine:
                             self._visit(api, run_id)
                     for status in sorted(FINISHED):
-                        self._note_finished(status, self._listed(api, status))
+                        self._note_finished(status, listed(api, status))
                 except (httpx.HTTPError, ValueError, KeyError):
                     pass  # the gateway or the store away for a moment: the next pass retries
                 time.sleep(0.2)
-
-    @staticmethod
-    def _listed(api: httpx.Client, status: str) -> dict[str, str]:
-        """Runs in `status` (id → when they last changed), every page of them."""
-        found: dict[str, str] = {}
-        for offset in range(0, 10_001, 500):
-            page = api.get("/v1/runs", params={"status": status, "limit": 500,
-                                               "offset": offset}).json()["runs"]
-            found.update((r["id"], r["updatedAt"]) for r in page)
-            if len(page) < 500:
-                break
-        return found
 
     def _note_finished(self, status: str, runs: dict[str, str]) -> None:
         # When each ended, by the run's own clock, on this process's monotonic one.
@@ -176,6 +164,18 @@ class Approver(threading.Thread):
         self.halt.set()
         self.join(10)
         return not self.pending
+
+
+def listed(api: httpx.Client, status: str) -> dict[str, str]:
+    """Runs in `status` (id → when they last changed), every page of them."""
+    found: dict[str, str] = {}
+    for offset in range(0, 10_001, 500):
+        page = api.get("/v1/runs", params={"status": status, "limit": 500,
+                                           "offset": offset}).json()["runs"]
+        found.update((r["id"], r["updatedAt"]) for r in page)
+        if len(page) < 500:
+            break
+    return found
 
 
 def transfers(system: LaybySystem, runs: Iterable[str]) -> tuple[int, int]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from faults.common import Approver, Outcome, Size, run_figures, start_runs, system
+from faults.common import Approver, Outcome, Size, listed, run_figures, start_runs, system
 from layby.ops.embedded import EmbeddedRedis
 from tests.harness import LaybySystem
 
@@ -129,8 +129,7 @@ def _count(layby: LaybySystem) -> int:
 
 def _completed(layby: LaybySystem) -> set[str]:
     with layby.api() as api:
-        found = api.get("/v1/runs", params={"limit": 500, "status": "completed"}).json()
-        return {run["id"] for run in found["runs"]}
+        return set(listed(api, "completed"))
 
 
 def _until(check: Callable[[], bool], seconds: float, every: float = 0.2) -> None:

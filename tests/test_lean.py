@@ -9,7 +9,6 @@ server and a webhook receiver for the notifications.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from layby.ops.supervisor import worker_argv
 from layby.parking import BadCursor, Keys, Store
 from layby.parking.events import STEP_EVENTS
 from layby.parking.registries import RunIndex
+from layby.parking.scripts import PLACEHOLDER
 from layby.wire import Status
 from tests import sse
 from tests.harness import API_KEY, LaybySystem, as_an_older_layby_kept_it, wait_until
@@ -203,8 +203,8 @@ def test_a_transition_pushes_celerys_own_message_with_the_run_filled_in(
         task_id = f"{run_id}:turn:1"
         values = {"R": run_id, "V": "1", "N": "", "T": task_id,
                   "D": message["properties"]["delivery_tag"]}
-        expected = re.sub(r"@@([RVNTD])@@", lambda m: values[m.group(1)],
-                          templates(celery)["turn"].message)
+        expected = PLACEHOLDER.sub(lambda m: values[m.group(1)],
+                                   templates(celery)["turn"].message)
         assert pushed[0] == expected
         assert message["properties"]["delivery_tag"].startswith(task_id + ":")
         assert message["headers"]["task"] == "layby.run_turn"
