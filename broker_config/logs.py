@@ -67,7 +67,7 @@ def _secrets_of(settings: Settings) -> list[str | None]:
     keys = value(settings.token_keys) or ""
     auth = value(settings.flower_basic_auth) or ""
     url_password = re.findall(r"//[^:/@;]*:([^@/;]+)@", settings.redis_url or "")
-    return [*settings.api_keys, value(settings.smtp_password),
+    return [*settings.bearer_keys, value(settings.smtp_password),
             value(settings.inbound_mail_secret), value(settings.redis_sentinel_password),
             *(pair.partition(":")[2] for pair in keys.split(",")),
             *(pair.partition(":")[2] for pair in auth.split(",")), *url_password]

@@ -9,7 +9,11 @@ LAYBY_REDIS_SENTINEL_MASTER; `control.connections` builds the clients.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,18 +30,54 @@ SENTINEL_PORT = 26379
 SENTINEL_TIMEOUT_S = 3.0
 
 
+# A key's name in LAYBY_API_KEYS (`name:key`): what the audit records its caller as.
+KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """One bearer key of LAYBY_API_KEYS and the caller it stands for: `api:<name>` for a
+    named key (`name:key`), or `api-key:<fingerprint>` (12 hex digits of the SHA-256 of the
+    whole key) for a bare one. The identity is what answers, approvals and the audit
+    record, so two keys never share one: a quorum of 2 needs two keys."""
+
+    caller: str
+    secret: bytes
+
+    @classmethod
+    def parse(cls, entry: str) -> ApiKey:
+        name, colon, key = entry.partition(":")
+        if not colon or not KEY_NAME.fullmatch(name):
+            name, key = "", entry
+        if not key:
+            raise ValueError(f"the entry {name + ':'!r} names no key after its colon; "
+                             "write name:key, or the key alone")
+        if not all(33 <= ord(c) <= 126 for c in key):
+            raise ValueError(f"a key{' named ' + name if name else ''} holds a space, a control "
+                             "or a non-ASCII character: an Authorization header carries "
+                             "printable ASCII only")
+        secret = key.encode()
+        if name:
+            return cls(f"api:{name}", secret)
+        return cls(f"api-key:{hashlib.sha256(secret).hexdigest()[:12]}", secret)
+
+
 def is_sentinel_url(url: str) -> bool:
     return url.strip().lower().startswith("sentinel://")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="LAYBY_", extra="ignore")
+    # A setting refused is named with its error, never its value: it may be a secret.
+    model_config = SettingsConfigDict(env_prefix="LAYBY_", extra="ignore",
+                                      hide_input_in_errors=True)
 
     redis_url: str | None = Field(None, description="Redis/Valkey for broker and store")
     data_dir: Path = Field(Path(".layby"), description="embedded server's data and state")
     # The malloc of the embedded server (`layby up` without LAYBY_REDIS_URL): its binary's
     # own is glibc's, slower as its heap grows (layby.ops.embedded); "libc" keeps it.
     embedded_malloc: Malloc = "mimalloc"
+    # Comma-separated; each `name:key` (the caller is recorded as `api:<name>`) or a bare
+    # key (recorded by its fingerprint). `api_key_table` holds them parsed.
     api_keys: CommaList = Field(default_factory=list, description="bearer keys for /v1")
     agent_modules: CommaList = Field(default_factory=lambda: ["layby.demo.agents"])
     task_modules: CommaList = Field(default_factory=lambda: ["layby.demo.jobs"],
@@ -169,6 +209,28 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [v.strip() for v in value.split(",") if v.strip()]
         return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys(cls, value: list[str]) -> list[str]:
+        parsed = [ApiKey.parse(entry) for entry in value]
+        for field, what in (("caller", "caller name"), ("secret", "key")):
+            seen = [getattr(key, field) for key in parsed]
+            twice = sorted({key.caller for key in parsed
+                            if seen.count(getattr(key, field)) > 1})
+            if twice:
+                raise ValueError(f"the same {what} is given twice ({', '.join(twice)}): "
+                                 "give each service a key and a name of its own")
+        return value
+
+    @cached_property
+    def api_key_table(self) -> tuple[ApiKey, ...]:
+        return tuple(ApiKey.parse(entry) for entry in self.api_keys)
+
+    @property
+    def bearer_keys(self) -> list[str]:
+        """The keys of LAYBY_API_KEYS without their names: what a client sends."""
+        return [key.secret.decode() for key in self.api_key_table]
 
     @property
     def heartbeat_interval_s(self) -> float:

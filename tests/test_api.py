@@ -55,21 +55,35 @@ def _latest_start(api: httpx.Client) -> str:
 # -- keys ------------------------------------------------------------------------------
 
 
-def test_every_v1_route_wants_a_valid_key(system: LaybySystem) -> None:
+# Authorization headers that carry no valid key, as raw bytes: none, unknown, a key one
+# character too long, non-ASCII (hmac.compare_digest raised TypeError on it: a 500), a
+# scheme with no key, a key with no scheme, and a key longer than any configured.
+REFUSED_AUTHORIZATIONS = (None, b"Bearer wrong-key", f"Bearer {API_KEY}x".encode(),
+                          "Bearer été".encode(), b"Bearer \xff\xfe", b"Bearer", b"Bearer a b",
+                          b"Basic " + API_KEY.encode(), API_KEY.encode(),
+                          b"Bearer " + b"k" * 600)
+
+
+def test_every_keyed_route_refuses_every_bad_authorization_with_401(system: LaybySystem
+                                                                     ) -> None:
     with system.api(key=None) as anonymous:
         spec = anonymous.get("/openapi.json").json()
-    routes = [(method, path) for path, ops in spec["paths"].items() if path.startswith("/v1")
-              for method in ops]
-    assert len(routes) >= 8, routes
+    routes = [(method, path) for path, ops in spec["paths"].items()
+              if path.startswith(("/v1", "/agui")) for method in ops]
+    assert len(routes) >= 9 and any(p.startswith("/agui") for _, p in routes), routes
     run = system.start_run("demo.trivia", "quiz me")  # a real run: no 404 to hide behind
     for method, template in routes:
-        path = template.replace("{run_id}", run["id"]).replace("{interrupt_id}", "int_x")
-        for key in (None, "wrong-key", API_KEY + "x"):
-            with system.api(key=key) as api:
+        path = (template.replace("{run_id}", run["id"]).replace("{interrupt_id}", "int_x")
+                .replace("{agent}", "demo.trivia"))
+        for authorization in REFUSED_AUTHORIZATIONS:
+            headers = {"content-type": "application/json"}
+            if authorization is not None:
+                headers["authorization"] = authorization  # type: ignore[assignment]
+            with system.api(key=None) as api:
                 # A valid-looking body and a broken one: neither gets past the key check.
                 for content in (b'{"status": "resolved", "payload": "Jaws"}', b"{broken"):
                     reply = api.request(method.upper(), path, content=content,
-                                        headers={"content-type": "application/json"})
+                                        headers=headers)
                     error = _refused(reply, 401)
                     assert reply.headers["www-authenticate"] == "Bearer", (method, path)
                     assert "Authorization: Bearer" in error["message"]

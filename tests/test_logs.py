@@ -4,6 +4,7 @@ LAYBY_METRICS_PORT without the API key."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -55,7 +56,8 @@ def test_json_logs_carry_run_and_interrupt_ids(isolated) -> None:
     answered = wait_until(lambda: [g for g in about_the_run("gateway")
                                    if g.get("interrupt_id") == approval["id"]],
                           what="the gateway's line about the answer")
-    assert answered[0]["message"].endswith("resolved by api-key:test… via api")
+    fingerprint = hashlib.sha256(API_KEY.encode()).hexdigest()[:12]
+    assert answered[0]["message"].endswith(f"resolved by api-key:{fingerprint} via api")
     assert answered[0]["level"] == "INFO"
     _json_lines(system.procs["sweeper"].output(), "sweeper")
     for proc in system.procs.values():

@@ -11,6 +11,7 @@ stream, who got mail, `/metrics`, and what `layby policy` and `layby doctor` pri
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import smtplib
@@ -55,8 +56,12 @@ from tests.test_reviewer_answers import (
 
 DB = 8  # the reviewer tests' Valkey server, a database of this module's own
 BOB = "bob@example.com"
-# Fifteen API callers, each recorded as its own reviewer (`api-key:<first four>…`).
-VOTER_KEYS = [f"v{n:03d}-voter-key-0123456789" for n in range(15)]
+# Fifteen API callers, each recorded as its own reviewer: the first two by name (`api:ops`,
+# `api:billing`), the rest by their keys' fingerprints. Every key starts as layby's own do.
+VOTER_KEYS = [f"lby_voter-key-{n:03d}-0123456789" for n in range(15)]
+VOTER_NAMES = ["ops", "billing"]
+CONFIGURED_KEYS = [API_KEY, *(f"{name}:{key}" for name, key in zip(VOTER_NAMES, VOTER_KEYS)),
+                   *VOTER_KEYS[len(VOTER_NAMES):]]
 
 RULES = """\
 [[rules]]
@@ -121,7 +126,7 @@ def policed(reviewer_redis: EmbeddedRedis, tmp_path_factory: pytest.TempPathFact
     rules.write_text(RULES)
     with own_reviewed(reviewer_redis, tmp, DB, SmtpServer().start(), WebhookReceiver().start(),
                       LAYBY_POLICY_FILE=str(rules),
-                      LAYBY_API_KEYS=",".join([API_KEY, *VOTER_KEYS])) as reviewed:
+                      LAYBY_API_KEYS=",".join(CONFIGURED_KEYS)) as reviewed:
         yield reviewed
 
 
@@ -407,8 +412,8 @@ def test_reminders_repeat_until_someone_answers(policed: ReviewedSystem) -> None
     assert kinds.count("request") == 1 and kinds.count("reminder") >= 3
 
 
-def test_a_tool_asks_for_two_approvals_and_the_client_shows_them(policed: ReviewedSystem
-                                                                 ) -> None:
+def test_two_named_keys_make_a_quorum_of_two_and_the_client_shows_them(
+        policed: ReviewedSystem) -> None:
     from layby import Client
 
     with Client(policed.system.base_url, api_key=API_KEY) as client:
@@ -422,8 +427,27 @@ def test_a_tool_asks_for_two_approvals_and_the_client_shows_them(policed: Review
         done = client.wait(run.id, until="completed", timeout=60)
     assert done.result == "Launched: rocket"
     (answered,) = done.interrupts
-    assert [a.answered_by for a in answered.approvals] == \
-        [f"api-key:{k[:4]}…" for k in VOTER_KEYS[:2]]
+    assert [a.answered_by for a in answered.approvals] == ["api:ops", "api:billing"]
+
+
+def test_keys_without_names_that_start_alike_are_two_approvers(policed: ReviewedSystem
+                                                                ) -> None:
+    """Every key layby makes starts with `lby_`: a caller named by its key's first
+    characters made two services one approver, and the second got 409."""
+    from layby import Client
+
+    first, second = VOTER_KEYS[2], VOTER_KEYS[3]
+    assert first[:12] == second[:12]
+    with Client(policed.system.base_url, api_key=API_KEY) as client:
+        run = client.start("test.quorum", input="satellite")
+        intr = client.wait(run.id, until="interrupted", timeout=60).open_interrupts[0]
+        for key in (first, second):
+            with Client(policed.system.base_url, api_key=key) as voter:
+                voter.answer(run.id, intr.id, payload={"approved": True})
+        done = client.wait(run.id, until="completed", timeout=60)
+    callers = [a.answered_by for a in done.interrupts[0].approvals]
+    assert callers == [f"api-key:{hashlib.sha256(k.encode()).hexdigest()[:12]}"
+                       for k in (first, second)]
 
 
 def test_ag_ui_interrupts_carry_how_they_are_reviewed(policed: ReviewedSystem) -> None:

@@ -102,8 +102,8 @@ class System:
     stopping: bool = False
 
     def api_key(self) -> str:
-        if self.settings.api_keys:
-            return self.settings.api_keys[0]
+        if self.settings.bearer_keys:
+            return self.settings.bearer_keys[0]
         key_file = self.settings.data_dir / "api_key"
         if key_file.exists():
             return key_file.read_text().strip()
