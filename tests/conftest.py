@@ -1,16 +1,68 @@
 """Session fixtures: one real Valkey server and one layby system (worker, sweeper, gateway)
-on its database 0. Tests that kill or restart parts build their own on other databases."""
+on its database 0. Tests that kill or restart parts build their own on other databases.
+
+The tiers. A test that starts a process (a worker, the gateway, a browser, a command, an
+install), or uses a fixture that does, carries the `integration` marker; `./dev check`
+runs the others (`-m "not integration"`): unit tests, and the store's own tests against
+a real Valkey. Tests that use the fixtures in PROCESS_FIXTURES are marked here; a test
+that starts processes itself is marked in its module. Outside `integration`, starting any
+process but a Valkey server fails the test, so the fast tier stays fast and honest."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import subprocess
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from layby.ops.embedded import EmbeddedRedis
 from tests.harness import LaybySystem
 from tests.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewed_system
+
+
+# Fixtures (here and in test modules) that start layby's processes or other programs.
+# Fixtures (here and in test modules) that start layby's processes or other programs; a
+# test is marked by any of them it uses, however indirectly.
+PROCESS_FIXTURES = frozenset({
+    "system", "isolated", "reviewed", "policed", "fuzzed", "flower", "durable", "reminding",
+    "kit", "sentinels", "chatty", "browser", "quick_expiry",
+})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+_ALLOWED_PROGRAMS = ("valkey",)  # the store's tests run against a real server
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
+                            ) -> Generator[None, object, object]:
+    if item.get_closest_marker("integration"):
+        return (yield)
+    original = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def refuse(self: subprocess.Popen[Any], args: Any, executable: Any, *rest: Any) -> Any:
+        program = os.path.basename(str(executable or (args if isinstance(args, (str, bytes))
+                                                      else args[0])))
+        if not program.startswith(_ALLOWED_PROGRAMS):
+            raise AssertionError(
+                f"{item.nodeid} started {program!r} but is not marked integration: add "
+                "`@pytest.mark.integration` (or use a fixture of PROCESS_FIXTURES in "
+                "tests/conftest.py), so `./dev check` stays the tier that starts no process")
+        return original(self, args, executable, *rest)
+
+    subprocess.Popen._execute_child = refuse  # type: ignore[attr-defined]
+    try:
+        return (yield)
+    finally:
+        subprocess.Popen._execute_child = original  # type: ignore[attr-defined]
 
 
 def _valkey(factory: pytest.TempPathFactory, name: str) -> Iterator[EmbeddedRedis]:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import redis
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = 5
 

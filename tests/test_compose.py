@@ -46,6 +46,8 @@ from tests.reviewers import SmtpServer, link_in
 from tests.test_reviewer_answers import compose as compose_reply
 from tests.test_reviewer_answers import smtp_send
 
+pytestmark = pytest.mark.integration
+
 BIN = Path(sys.executable).parent
 FLOWER_AUTH = ("ops", "compose-flower-pw-51c2")
 # What a user puts in .env (the rest comes from .env.example as shipped).

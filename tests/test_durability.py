@@ -29,6 +29,8 @@ from layby.parking import Store
 from layby.wire import Answer, InterruptState
 from tests.harness import BASE_ENV, LaybySystem, wait_until
 
+pytestmark = pytest.mark.integration
+
 DURABLE_ENV = {
     "LAYBY_AGENT_MODULES": "layby.demo.agents,tests.agents,tests.agents_durability",
     "LAYBY_TASK_MODULES": "layby.demo.jobs,tests.agents_durability",

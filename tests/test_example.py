@@ -25,7 +25,7 @@ EXAMPLE = ROOT / "examples" / "shop"
 # What the example's own tests and type check need besides layby (its pyproject's extra).
 TOOLS = ["pytest>=8", "mypy>=1.11", "celery-types>=0.22"]
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ import pytest
 
 from tests.harness import ROOT
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.slow
 # Six scenarios of about a minute each, past the suite's per-test timeout; each is bounded

@@ -150,6 +150,7 @@ def test_a_task_is_listed_from_the_moment_it_is_sent(system: LaybySystem,
         app.close()
 
 
+@pytest.mark.integration
 def test_logs_json_lines_without_the_password(tmp_path: Path) -> None:
     # LAYBY_LOG_FORMAT=json reaches Flower too: no banner, no tornado-format lines. A broker
     # that is not there makes it log something.
@@ -222,6 +223,7 @@ def test_layby_up_credentials_file_is_private(tmp_path: Path) -> None:
     assert os.path.exists(argv[argv.index("flower") + 1].split("=", 1)[1])
 
 
+@pytest.mark.integration
 def test_layby_up_starts_flower_and_prints_its_credentials(tmp_path: Path) -> None:
     from tests.test_up import _printed, _stop, _up
 

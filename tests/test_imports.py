@@ -40,6 +40,7 @@ def lint(tree: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 def test_the_import_contracts_hold() -> None:
     done = lint(ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -47,6 +48,7 @@ def test_the_import_contracts_hold() -> None:
     assert "one direction: a room imports only the rooms below it KEPT" in done.stdout
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("room", ["layby/generation", "tasks"])
 def test_a_room_importing_upwards_breaks_the_contracts(tmp_path: Path, room: str) -> None:
     """In a room under layby/ and in one of the design card's top-level folders alike."""
@@ -86,6 +88,7 @@ print(json.dumps({"after_layby": after_layby,
 """
 
 
+@pytest.mark.integration
 def test_importing_layby_connects_to_nothing_and_reads_no_settings(tmp_path: Path) -> None:
     # Settings that could not even be read, and a Redis nobody listens on: an import that
     # read or used them would fail.
@@ -98,6 +101,7 @@ def test_importing_layby_connects_to_nothing_and_reads_no_settings(tmp_path: Pat
     assert found == {"after_layby": [], "aliases_kept": True}
 
 
+@pytest.mark.integration
 def test_every_module_imports(installed: Path) -> None:
     """A name that moved or was renamed fails here, before any system test starts."""
     probe = ("import importlib, pkgutil, layby\n"

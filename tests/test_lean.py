@@ -143,6 +143,7 @@ class _NoNotifyWorker(LaybySystem):
         return proc
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_queued_delivery_is_never_queued_again(redis_server: EmbeddedRedis,
                                                  tmp_path: Path) -> None:

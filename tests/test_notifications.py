@@ -390,6 +390,7 @@ def test_planning_and_delivering_again_sends_nothing_twice(
 
 # --- receivers that fail ---------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_a_receiver_down_for_a_while_gets_its_notification_once_it_is_back(
         reviewer_redis: EmbeddedRedis, tmp_path: Path) -> None:
     """The mail server is down and the webhook receiver answers 503 three times: the run
@@ -433,6 +434,7 @@ def test_a_receiver_down_for_a_while_gets_its_notification_once_it_is_back(
         assert rs.system.run(run_id)["status"] == "interrupted"
 
 
+@pytest.mark.integration
 def test_a_receiver_down_for_good_fails_the_notification_not_the_run(
         reviewer_redis: EmbeddedRedis, tmp_path: Path) -> None:
     """With 2 attempts allowed and both receivers down throughout, the notifications end

@@ -610,6 +610,7 @@ def test_a_broken_rules_file_is_refused_and_the_old_rules_stay(policed: Reviewed
         explained.stdout
 
 
+@pytest.mark.integration
 def test_the_readme_example_file_checks_and_explains() -> None:
     example = ROOT / "examples" / "policies" / "reviewers.toml"
     env = {**os.environ, "LAYBY_REVIEWERS_FILE": str(example)}

@@ -700,6 +700,7 @@ def ledger_of(system: LaybySystem, run_id: str) -> dict[str, list[dict[str, Any]
             for kind, entries in system.ledger().items()}
 
 
+@pytest.mark.integration
 def test_real_openai_transfer_parks_then_the_answer_resumes_it_and_sends_once(real, provider):
     provider.reply(completion(calls=[("call_T250", "transfer_funds",
                                       {"to": "Bob", "amount": 250})]))
@@ -736,6 +737,7 @@ def test_real_openai_transfer_parks_then_the_answer_resumes_it_and_sends_once(re
                                                   "id": transfer["key"]}
 
 
+@pytest.mark.integration
 def test_real_openai_several_calls_in_one_turn(real, provider):
     provider.reply(completion(content="Let me sort this out.", calls=PARALLEL_CALLS))
     provider.reply(completion(content="Sent 40 to Carol from savings. Main holds 1000."))
@@ -776,6 +778,7 @@ def test_real_openai_several_calls_in_one_turn(real, provider):
     ]
 
 
+@pytest.mark.integration
 def test_real_anthropic_transfer_parks_then_the_answer_resumes_it_and_sends_once(real,
                                                                                   provider):
     provider.reply(anthropic_message([{"type": "tool_use", "id": "toolu_T250",
@@ -809,6 +812,7 @@ def test_real_anthropic_transfer_parks_then_the_answer_resumes_it_and_sends_once
                                              "id": transfer["key"]}
 
 
+@pytest.mark.integration
 def test_real_anthropic_several_calls_in_one_turn(real, provider):
     uses = [{"type": "tool_use", "id": cid.replace("call_", "toolu_"), "name": name,
              "input": args} for cid, name, args in PARALLEL_CALLS]
@@ -838,6 +842,7 @@ def test_real_anthropic_several_calls_in_one_turn(real, provider):
         {"account": "main", "balance": 1000}]
 
 
+@pytest.mark.integration
 def test_real_401_fails_the_run_at_once_with_a_clear_message_without_the_key(real, provider):
     provider.reply({"error": {"message": f"Incorrect API key provided: {KEY}.",
                               "type": "invalid_request_error", "code": "invalid_api_key"}},
@@ -857,6 +862,7 @@ def test_real_401_fails_the_run_at_once_with_a_clear_message_without_the_key(rea
     assert not leaks(real.procs["worker"].output())
 
 
+@pytest.mark.integration
 def test_real_500_twice_then_200_is_retried_by_the_sdk_and_the_run_goes_on(real, provider):
     for _ in range(2):
         provider.reply({"error": {"message": "The server had an error."}}, status=500,
@@ -869,6 +875,7 @@ def test_real_500_twice_then_200_is_retried_by_the_sdk_and_the_run_goes_on(real,
     assert len(provider.requests) == 3
 
 
+@pytest.mark.integration
 def test_real_transient_errors_past_the_sdk_retries_are_tried_again_by_the_worker(real,
                                                                                  provider):
     for _ in range(3):  # the SDK's 3 tries (LAYBY_OPENAI_MAX_RETRIES=2) all fail

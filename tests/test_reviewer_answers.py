@@ -637,6 +637,7 @@ def test_a_token_for_another_interrupt_is_refused_in_a_callback(
     assert "not approved" in finished(reviewed, run_b)["result"]
 
 
+@pytest.mark.integration
 def test_a_reply_after_expiry_is_refused_and_the_expiry_policy_applies(
         reviewer_redis: EmbeddedRedis, tmp_path: Path) -> None:
     """With approvals expiring after 4 s, Alice replies "approve" once the request has

@@ -180,6 +180,7 @@ def test_bad_sentinel_configuration_says_what_to_fix(url: str, master: str,
     assert "s3cret" not in caught.value.message
 
 
+@pytest.mark.integration
 def test_a_bad_sentinel_url_stops_the_layby_command_with_the_message(tmp_path: Path
                                                                      ) -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "LAYBY_DATA_DIR": str(tmp_path),

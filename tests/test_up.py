@@ -18,7 +18,7 @@ import pytest
 from layby.ops.embedded import free_port
 from tests.harness import ROOT, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _up(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
