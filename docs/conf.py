@@ -32,17 +32,15 @@ root_doc = "index"
 
 # MyST: `page.md#section` links are checked against the headings' GitHub-style anchors.
 myst_heading_anchors = 3
-myst_enable_extensions = ["deflist"]
 
 # Every reference must resolve.
 nitpicky = True
-# Third-party types named in layby's signatures; their inventories cannot be fetched here
-# (no intersphinx), so their names are taken as they are. layby's own names are never here.
-nitpick_ignore_regex = [
-    (r"py:.*", r"(pydantic|pydantic_core|httpx|typing_extensions|annotated_types|celery|kombu)(\..*)?"),
-    # the standard library's, for the same reason
-    (r"py:.*", r"(enum|collections\.abc|typing|types|datetime|contextlib)\..*"),
-]
+# Types of other packages and of the standard library, where a base class or a signature
+# names one: their inventories cannot be fetched here (no intersphinx), so they are taken
+# as they are. layby's own names are never listed here: each must resolve.
+_EXTERNAL = ("pydantic", "pydantic_core", "httpx", "typing_extensions", "annotated_types",
+             "celery", "kombu", "enum", "collections", "typing", "types", "datetime")
+nitpick_ignore_regex = [(r"py:.*", rf"({'|'.join(_EXTERNAL)})(\..*)?")]
 
 # autodoc reads docstrings as reStructuredText; their `names` are code, as in the Markdown.
 default_role = "literal"
