@@ -13,6 +13,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sphinx.application import Sphinx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # document this checkout's layby, whatever is installed
@@ -50,19 +54,21 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "none"
 # A dataclass without a docstring gets `Name(field: 'type', ...)` as one; not a signature.
 autodoc_docstring_signature = False
-autodoc_default_options = {"members": True, "exclude-members": "model_config, model_post_init"}
+autodoc_default_options = {"members": True, "undoc-members": True,
+                           "exclude-members": "model_config, model_post_init"}
 
 html_theme = "furo"
 html_title = "layby"
 
 
-def _drop_dataclass_docstrings(app, what, name, obj, options, lines):
+def _drop_dataclass_docstrings(app: Sphinx, what: str, name: str, obj: Any,
+                               options: Any, lines: list[str]) -> None:
     """A dataclass without a docstring of its own has `Name(field: 'type', ...)` as one:
     the signature above says that already."""
-    if (what == "class" and dataclasses.is_dataclass(obj) and lines
-            and lines[0].startswith(f"{obj.__name__}(")):
+    if (what == "class" and isinstance(obj, type) and dataclasses.is_dataclass(obj)
+            and lines and lines[0].startswith(f"{obj.__name__}(")):
         lines.clear()
 
 
-def setup(app):
+def setup(app: Sphinx) -> None:
     app.connect("autodoc-process-docstring", _drop_dataclass_docstrings)
