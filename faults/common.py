@@ -36,7 +36,7 @@ class Outcome:
 
 @dataclass
 class Size:
-    """How big a run of the suite is: `--short` for CI, the full one for the README."""
+    """How big a run of the suite is: `--short` for CI, the full one for docs/reliability.md."""
 
     short: bool
 

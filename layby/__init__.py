@@ -1,11 +1,11 @@
 """layby: durable interrupts for LLM agent runs on Celery and Redis/Valkey.
 
-Write agents and tools (run by layby's workers):
+Write agents and tools (run by layby's workers)::
 
     from layby import Agent, tool, interrupt_tool, ToolContext, Ask, Approval
     from layby import ScriptedModel, Reply, Call          # real models: layby.models
 
-Drive runs from another service:
+Drive runs from another service::
 
     from layby import Client, AsyncClient
 

@@ -1,4 +1,4 @@
-"""layby's exceptions: one tree, each carrying the ids a reader needs.
+"""layby's exceptions: one tree, each carrying the ids a reader needs. ::
 
     LaybyError
     ├── ConfigError            an agent, tool, model or setting is declared wrongly

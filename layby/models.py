@@ -1,5 +1,5 @@
 """Models an agent can run on: the scripted model (deterministic turns written as data, for
-demos and tests) and adapters for real providers, and the interface any model implements.
+demos and tests) and adapters for real providers, and the interface any model implements. ::
 
     from layby.models import ScriptedModel, Reply, Call           # scripted
     from layby.models import OpenAIChatModel, AnthropicModel      # OpenAI-compatible, Anthropic

@@ -1,7 +1,7 @@
 """The HTTP API's shapes, shared by the server and `layby.Client`: runs, interrupts and answers
 as readers see them, events, request bodies, and the error body. camelCase on the wire.
 
-Run and interrupt states are here too, since both sides read them:
+Run and interrupt states are here too, since both sides read them::
 
     queued → running → interrupted → resuming → running → … → completed | failed | cancelled
 

@@ -1,7 +1,7 @@
 """The fault suite's short version, as CI runs it: `python -m faults --short` starts its
 own parts as separate processes and must meet every target (no run lost, no side effect
 twice, recovery within its bounds, no secret in a log, hostile input cheap, a failover
-without loss). The full version, with the figures the README states, is
+without loss). The full version, with the figures docs/reliability.md states, is
 `python -m faults`."""
 
 from __future__ import annotations

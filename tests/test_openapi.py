@@ -4,8 +4,8 @@ error body's schema; event streams are `text/event-stream`. Then Schemathesis, r
 that document, sends thousands of generated requests to a real gateway (every check, every
 phase, stateful links; with the API key and real run and interrupt ids, and without a
 key) and finds nothing: no 5xx, no undocumented status or content type, no valid request
-refused, no invalid one taken. Bounded here (`tests/schemathesis.toml`); the README gives
-the long run."""
+refused, no invalid one taken. Bounded here (`tests/schemathesis.toml`); docs/http-api.md
+gives the long run."""
 
 from __future__ import annotations
 
@@ -86,8 +86,8 @@ def test_the_document_says_what_every_operation_takes_and_answers(
     assert bounds["limit"]["maximum"] == 500 and bounds["offset"]["maximum"] == 1000
 
 
-# Examples per operation: a bounded run here; LAYBY_FUZZ_EXAMPLES=100 is the long one the
-# README gives figures for.
+# Examples per operation: a bounded run here; LAYBY_FUZZ_EXAMPLES=100 is the long one
+# docs/reliability.md gives figures for.
 EXAMPLES = int(os.environ.get("LAYBY_FUZZ_EXAMPLES", "10"))
 
 

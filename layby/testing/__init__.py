@@ -2,7 +2,7 @@
 worker and the sweeper in threads of the test process, and the HTTP gateway on loopback,
 driven with `layby.Client`. No fake of Redis or Celery.
 
-As pytest fixtures (`layby.testing.plugin`, registered with pytest when layby is installed):
+As pytest fixtures (`layby.testing.plugin`, registered with pytest when layby is installed)::
 
     def test_refund_needs_approval(layby_client):
         run = layby_client.start("shop.refund", input="Refund order 42")
