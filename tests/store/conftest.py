@@ -135,6 +135,15 @@ class World:
     def now(self) -> int:
         return self.store.now_ms()
 
+    def next_ms(self) -> int:
+        """The server's clock once it has left the millisecond it is in (a spin of at most
+        one ms, not a sleep): what comes after is told apart from what came before by its
+        stream id's time, as events a moment apart are."""
+        start = self.now()
+        while (now := self.now()) == start:
+            pass
+        return now
+
     def run_hash(self, run_id: str) -> dict[str, str]:
         return self.client.hgetall(self.keys.run(run_id))  # type: ignore[no-any-return]
 
