@@ -53,6 +53,17 @@ def test_planning_the_same_notifications_again_changes_nothing(world: World) -> 
     assert world.snapshot() == before
 
 
+def test_a_grant_already_stored_is_not_replaced_by_a_later_plan(world: World) -> None:
+    run = world.make("interrupted")
+    world.store.plan_notifications(run.id, _plan(world))
+    later = Announcements(notes=[(note("ntf_3", "int_a", reviewer="carol"), None)],
+                          grants=[("ref_1", "another grant", 60_000),
+                                  ("ref_3", "grant three", 60_000)])
+    assert world.store.plan_notifications(run.id, later) == (["ntf_3"], ["ntf_3"])
+    assert (world.store.grant("ref_1"), world.store.grant("ref_3")) == ("grant one",
+                                                                        "grant three")
+
+
 def test_a_plan_for_a_run_that_no_longer_waits_is_not_recorded(world: World) -> None:
     run = world.make("resuming")
     before = world.snapshot()
