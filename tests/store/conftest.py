@@ -22,9 +22,9 @@ import pytest
 import redis
 from celery import Celery
 
+from layby.broker_config.celery_app import make_celery
 from layby.broker_config.messages import templates
 from layby.broker_config.settings import Settings
-from layby.broker_config.celery_app import make_celery
 from layby.control.runtime import TASK_NAMES
 from layby.generation.interrupts import Interrupt, ResumeMode
 from layby.generation.messages import Message, text_message

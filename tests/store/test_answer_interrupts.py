@@ -11,7 +11,7 @@ import pytest
 
 from layby.parking import Announcements, Verdict
 from layby.wire import Status
-from tests.store.conftest import OWNER, World, answer, interrupt, note
+from tests.store.conftest import World, answer, interrupt, note
 
 pytestmark = pytest.mark.store
 

@@ -173,6 +173,6 @@ def test_an_event_in_the_millisecond_of_a_fold_is_read_after_the_folded_ones(
     ids = [eid for eid, _ in whole]
     assert ids == sorted(set(ids), key=lambda i: tuple(map(int, i.split("-"))))
     # A follower that has read up to the last folded event (int_a's answer).
-    seen = [eid for eid, f in whole if f["type"] == "interrupt.answered"][0]
+    seen = next(eid for eid, f in whole if f["type"] == "interrupt.answered")
     assert [f["type"] for _, f in _stored(world, after=seen)] == ["interrupt.answered",
                                                                   "run.resuming"]
