@@ -4,11 +4,20 @@
 -- the stream misses nothing: it has read every entry there was (it blocks only when none
 -- is left), and the next event wakes it as the new stream's first.
 -- KEYS: 1 run, 2 events. ARGV: 1 the most events a run keeps (LAYBY_EVENTS_MAX)
--- Returns 'folded' | 'kept' (an entry that cannot be folded: the stream stays as it is) |
+-- Returns 'folded' | 'kept' (an entry that cannot be folded, or one of this very
+--         millisecond: the stream stays as it is) |
 --         'none' (nothing to fold, or the run is not parked)
 if redis.call('HGET', FOLD_RUN, 'status') ~= 'interrupted' then return 'none' end
 local entries = redis.call('XRANGE', FOLD_EVENTS, '-', '+')
 if #entries == 0 then return 'none' end
+-- A stream made again numbers its entries from the time alone: an event appended in the
+-- millisecond of the newest folded one would get an id at or before it, and a follower
+-- past the folded events would never read it. So a stream whose newest entry is of this
+-- millisecond is left for a later pass (one of a run that stays parked comes round again
+-- only at its next park: it costs memory, never an event).
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+if tonumber(string.match(entries[#entries][1], '^%d+')) >= now then return 'kept' end
 local lines = folded_lines(run_field(FOLDED))
 local last_ms, last_seq, planned = 0, -1, {}
 for _, line in ipairs(lines) do planned = planned_after(line[2], planned) end
