@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass, field
 
 from layby.broker_config import Settings
-
 from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
 from layby.parking import Announcements, Store
 from layby.parking.clock import iso
@@ -171,7 +170,7 @@ def for_park(settings: Settings, reviewers: Reviewers, run_id: str, version: int
     try:
         return announcements(settings, reviewers, run_id, version,
                              [InterruptView.of(i, None, True) for i in interrupts])
-    except Exception:  # noqa: BLE001  (never lose the park over its announcements)
+    except Exception:  # never lose the park over its announcements
         log.exception("run %s: could not plan the announcements as it parks; the "
                       "announcement task will", run_id)
         return None

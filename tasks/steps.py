@@ -23,20 +23,29 @@ from typing import Any
 
 import redis
 
+from layby.control.commands import now_iso
 from layby.control.runtime import Runtime, worker_name
+from layby.errors import ConfigError, ResumeError
 from layby.generation.agents import Agent
 from layby.generation.answers import to_resume
-from layby.errors import ConfigError, ResumeError
-from layby.control.commands import now_iso
 from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
 from layby.generation.messages import Message, dump_messages
 from layby.generation.providers.common import ProviderError
-from layby.generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
+from layby.generation.turn import (
+    Continue,
+    Fail,
+    Finish,
+    Outcome,
+    Park,
+    Step,
+    model_turn,
+    resume_turn,
+)
 from layby.notifier import delivery, planning
 from layby.parking import Announcements, RunRecord, Store, Verdict
-from layby.wire import Answer, InterruptState
 from layby.tasks.heartbeat import Heartbeat
 from layby.tasks.jobs import starter
+from layby.wire import Answer, InterruptState
 
 log = logging.getLogger(__name__)
 

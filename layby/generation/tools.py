@@ -15,9 +15,9 @@ to approve each call before the tool runs, with no interrupt code in the tool.
 from __future__ import annotations
 
 import asyncio
-import logging
 import inspect
 import json
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,7 +36,6 @@ from layby.generation.interrupts import (
     check_reason,
     interrupt_id,
 )
-
 
 log = logging.getLogger(__name__)
 

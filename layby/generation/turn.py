@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from layby.generation.agents import Agent
 from layby.errors import InvalidAnswer, UnknownToolCall, UnresolvedToolCall
+from layby.generation.agents import Agent
 from layby.generation.interrupts import Interrupt, OnExpire, ResumeMode
 from layby.generation.messages import Message, Part, ToolRequest, ToolResponse
 from layby.generation.models import ModelRequest
@@ -233,7 +233,7 @@ def _run_one(agent: Agent, step: Step, request: ToolRequest, restart: Part | Non
     except ValidationError as exc:
         return CallResult("output", {"error": f"invalid input for {tool.name}: "
                                               f"{exc.errors(include_url=False)}"})
-    except Exception as exc:  # a tool's failure is news for the model, not the end of the run
+    except Exception as exc:  # noqa: BLE001  (a tool's failure is news for the model, not the end of the run)
         log.warning("tool %s failed in run %s: %r", tool.name, step.run_id, exc)
         return CallResult("output", {"error": f"{type(exc).__name__}: {exc}"})
 

@@ -27,7 +27,6 @@ from ag_ui.core import (
     AssistantMessage,
     BaseEvent,
     FunctionCall,
-    Interrupt as AguiInterrupt,
     MessagesSnapshotEvent,
     RunAgentInput,
     RunErrorEvent,
@@ -47,17 +46,20 @@ from ag_ui.core import (
     ToolMessage,
     UserMessage,
 )
+from ag_ui.core import (
+    Interrupt as AguiInterrupt,
+)
 from ag_ui.encoder import EventEncoder
 from fastapi import APIRouter, Depends, Path, Request
 from starlette.concurrency import run_in_threadpool
 
 from layby.control import Runtime, commands
-from layby.http.deps import Caller, Rt, sane_body
-from layby.http.errors import documented, event_stream
-from layby.http.events import STREAM_HEADERS, EventStreamResponse, run_events
 from layby.errors import Conflict, Invalid, LaybyError, NotFound
 from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
 from layby.generation.messages import Message, Part, load_messages
+from layby.http.deps import Caller, Rt, sane_body
+from layby.http.errors import documented, event_stream
+from layby.http.events import STREAM_HEADERS, EventStreamResponse, run_events
 from layby.wire import Event, InterruptState, RunView
 
 router = APIRouter(tags=["ag-ui"])

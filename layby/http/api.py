@@ -17,15 +17,15 @@ from starlette.concurrency import run_in_threadpool
 from layby.control import Runtime, commands
 from layby.errors import Invalid
 from layby.generation.interrupts import ResumeEntry
-from layby.parking import Verdict
-from layby.parking.registries import CURSOR
+from layby.generation.messages import Wire
 from layby.http.deps import Caller, Rt, SaneBody
 from layby.http.errors import documented, event_stream
 from layby.http.events import EVENT_ID, STREAM_HEADERS, EventStreamResponse, run_exists, sse
-from layby.generation.messages import Wire
+from layby.parking import Verdict
+from layby.parking.registries import CURSOR
 from layby.wire import (
-    Answered,
     AnswerBody,
+    Answered,
     CancelBody,
     ResumeBody,
     RunList,

@@ -248,7 +248,7 @@ def _plain_routes(app: FastAPI) -> None:
     def healthz(rt: Rt) -> JSONResponse:
         try:
             rt.store.redis.ping()
-        except Exception as exc:  # the gateway is up; what it depends on is not
+        except Exception as exc:  # noqa: BLE001  (the gateway is up; what it depends on is not)
             return error_response(503, "redis_unavailable", why_redis_is_away(exc))
         return JSONResponse({"status": "ok"})
 

@@ -13,6 +13,7 @@ from layby.control import Runtime
 from layby.errors import Unauthorized
 from layby.generation.answers import check_storable
 
+
 class _Bearer(HTTPBearer):
     """HTTPBearer (the OpenAPI document's security scheme), reading what the gateway's
     first middleware already read and checked (`request.state.caller`) instead of parsing

@@ -18,8 +18,8 @@ from layby.broker_config import Settings
 from layby.errors import Forbidden, NotFound
 from layby.http.deps import Rt
 from layby.inbox import catcher
-from layby.notifier.mail import LOOPBACK
 from layby.inbox.pages import render_mailbox
+from layby.notifier.mail import LOOPBACK
 
 router = APIRouter(include_in_schema=False)
 

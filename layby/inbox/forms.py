@@ -27,8 +27,10 @@ from layby.reviewers.schemas import (
     is_confirmation,
     is_const,
     json_type,
-    properties as properties_of,
     without_null,
+)
+from layby.reviewers.schemas import (
+    properties as properties_of,
 )
 
 FieldKind = Literal["text", "textarea", "number", "integer", "checkbox", "radio", "json"]

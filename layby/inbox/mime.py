@@ -193,7 +193,7 @@ def _is_automatic(msg: Message) -> bool:
 def _header(msg: Message, name: str) -> str:
     try:
         value = msg.get(name)
-    except Exception:  # a damaged header should not sink the whole reply
+    except Exception:  # noqa: BLE001  (a damaged header should not sink the whole reply)
         return ""
     return " ".join(str(value).split()) if value is not None else ""
 
@@ -203,7 +203,7 @@ def _addresses(msg: Message, name: str) -> list[str]:
     found: list[str] = []
     try:
         values = msg.get_all(name) or []
-    except Exception:
+    except Exception:  # noqa: BLE001  (as above: damaged headers)
         return found
     for value in values:
         # Address headers come parsed (display names may hold commas once decoded); the

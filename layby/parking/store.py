@@ -27,7 +27,6 @@ from layby.parking import compact, events, results, scripts
 from layby.parking.clock import iso
 from layby.parking.keys import Keys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
-from layby.parking.scripts import QueuedTask, ScriptSettings
 from layby.parking.registries import (
     Deadlines,
     DueNotifications,
@@ -38,6 +37,7 @@ from layby.parking.registries import (
     now_ms,
 )
 from layby.parking.results import Transition, Verdict
+from layby.parking.scripts import QueuedTask, ScriptSettings
 from layby.wire import (
     Answer,
     Delegation,

@@ -33,8 +33,8 @@ from layby.generation.providers.common import (
     ProviderModel,
     dumps,
     request_params,
-    stable_ref,
     safe_url,
+    stable_ref,
     tool_schema,
 )
 from layby.generation.providers.settings import AnthropicSettings
@@ -100,7 +100,7 @@ class AnthropicModel(ProviderModel):
                   len(messages), len(request.tools))
         try:
             reply = client.messages.create(**kwargs, extra_body=params or None)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (the SDK's errors, told apart by _error)
             raise self._error(exc, where) from None
         return from_anthropic_message(reply, model=self.model, where=where)
 

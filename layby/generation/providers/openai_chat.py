@@ -32,8 +32,8 @@ from layby.generation.providers.common import (
     dumps,
     redact,
     request_params,
-    stable_ref,
     safe_url,
+    stable_ref,
     tool_schema,
 )
 from layby.generation.providers.settings import OpenAISettings
@@ -91,7 +91,7 @@ class OpenAIChatModel(ProviderModel):
                   len(kwargs["messages"]), len(request.tools))
         try:
             completion = client.chat.completions.create(**kwargs, extra_body=params or None)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (the SDK's errors, told apart by _error)
             raise self._error(exc, where) from None
         return from_chat_completion(completion, model=self.model, where=where)
 
