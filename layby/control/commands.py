@@ -117,7 +117,7 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     request_id = _request_id(by, idempotency_key)
     if idempotency_key is not None and _already_given(run_id, entries, answers, request_id):
         return Transition(Verdict.EXISTS, record.version)  # taken before: nothing new
-    records = []
+    records: list[Answer] = []
     for entry in entries:
         spec = _answerable(rt, record, entry, by_id, answers, open_ids)
         if any(r.interrupt_id == spec.id for r in records):
