@@ -363,13 +363,14 @@ def resume_turn(agent: Agent, step: Step, resume: Resume) -> Outcome:
     if message is None or message.role != "model":
         raise UnresolvedToolCall("there is no parked model turn to resume", run_id=step.run_id)
     calls = message.tool_requests
-    by_ref = {p.tool_request.ref: p for p in calls}  # type: ignore[union-attr]
+    by_ref = {p.tool_request.ref: p for p in calls if p.tool_request is not None}
     for entry in [*resume.respond, *resume.restart]:
         target = entry.tool_response or entry.tool_request
         assert target is not None
         waiting = by_ref.get(target.ref)
-        if waiting is None or waiting.tool_request.name != target.name \
-                or "interrupt" not in (waiting.metadata or {}):  # type: ignore[union-attr]
+        waiting_call = waiting.tool_request if waiting is not None else None
+        if waiting is None or waiting_call is None or waiting_call.name != target.name \
+                or "interrupt" not in (waiting.metadata or {}):
             raise UnknownToolCall(f"no interrupted tool call {target.name!r} with ref "
                                   f"{target.ref!r} is waiting in this run",
                                   run_id=step.run_id, ref=target.ref)

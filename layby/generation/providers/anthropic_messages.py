@@ -35,6 +35,7 @@ from layby.generation.providers.common import (
     request_params,
     safe_url,
     stable_ref,
+    take_unpaired,
     tool_schema,
 )
 from layby.generation.providers.settings import AnthropicSettings
@@ -201,7 +202,7 @@ def _user_blocks(message: Message, m_index: int,
     for p_index, part in enumerate(message.content):
         resp = part.tool_response
         if resp is not None:
-            ref = resp.ref or (unpaired.get(resp.name) or [None]).pop(0) \
+            ref = resp.ref or take_unpaired(unpaired, resp.name) \
                 or stable_ref(m_index, p_index)
             results.append({"type": "tool_result", "tool_use_id": safe_id(ref),
                             "content": dumps(resp.output)})

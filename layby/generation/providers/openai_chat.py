@@ -34,6 +34,7 @@ from layby.generation.providers.common import (
     request_params,
     safe_url,
     stable_ref,
+    take_unpaired,
     tool_schema,
 )
 from layby.generation.providers.settings import OpenAISettings
@@ -153,7 +154,7 @@ def to_chat_messages(messages: list[Message], system: str | None = None) -> list
             for p_index, part in enumerate(message.content):
                 resp = part.tool_response
                 if resp is not None:
-                    ref = resp.ref or (unpaired.get(resp.name) or [None]).pop(0) \
+                    ref = resp.ref or take_unpaired(unpaired, resp.name) \
                         or stable_ref(m_index, p_index)
                     out.append({"role": "tool", "tool_call_id": ref,
                                 "content": dumps(resp.output)})
