@@ -637,6 +637,15 @@ def test_how_to_answer_object_follows_refs() -> None:
     assert json.loads(text.split("For example:\n", 1)[1]) == {"when": {"day": "sat", "hour": 12}}
 
 
+def test_a_list_of_types_is_shown_and_read_as_any_value() -> None:
+    # `type` may list several types: no example of one type, and any JSON value is read
+    schema = {"type": "object", "properties": {"ref": {"type": ["string", "integer"]}}}
+    text = how_to_answer(interrupt(schema))
+    assert json.loads(text.split("For example:\n", 1)[1]) == {"ref": "…"}
+    either = interrupt({"type": ["object", "array"]})
+    assert read_answer(either, 'Here: [1, 2]').payload == [1, 2]
+
+
 def test_base64_html_reply_end_to_end() -> None:
     html = "<div>2</div><div><br></div><blockquote><div>Which film?</div></blockquote>"
     raw = (b"From: Dana <dana@example.org>\nTo: reply+zz9-yy8@layby.example.com\n"

@@ -311,8 +311,10 @@ def _constants(properties: dict[str, dict[str, Any]], ticked: bool = False) -> d
 
 
 def _closed(schema: dict[str, Any] | None) -> bool:
-    return bool(schema) and (schema.get("additionalProperties") is False
-                             or schema.get("unevaluatedProperties") is False)
+    if not schema:
+        return False
+    return (schema.get("additionalProperties") is False
+            or schema.get("unevaluatedProperties") is False)
 
 
 def _choice(value: Any) -> str:
