@@ -7,6 +7,7 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.requests import HTTPConnection
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from layby.control import Runtime
@@ -19,10 +20,11 @@ class _Bearer(HTTPBearer):
     first middleware already read and checked (`request.state.caller`) instead of parsing
     the header again."""
 
-    async def __call__(self, request: Request) -> HTTPAuthorizationCredentials | None:
-        checked = getattr(request.state, "credentials", None)
+    async def __call__(self, request: HTTPConnection) -> HTTPAuthorizationCredentials | None:
+        checked: HTTPAuthorizationCredentials | None = getattr(request.state, "credentials",
+                                                                None)
         if checked is not None:
-            return checked  # type: ignore[no-any-return]
+            return checked
         return await super().__call__(request)
 
 

@@ -82,7 +82,9 @@ def mail_reply(name: str, request: Request, rt: Rt,
             smtp.send_message(reply)
         outcome = "sent"
     except smtplib.SMTPResponseException as exc:
-        outcome = f"refused: {exc.smtp_code} {exc.smtp_error.decode(errors='replace')}"
+        why = exc.smtp_error  # the server's bytes, or smtplib's own text
+        why_text = why.decode(errors="replace") if isinstance(why, bytes) else why
+        outcome = f"refused: {exc.smtp_code} {why_text}"
     except smtplib.SMTPRecipientsRefused as exc:
         code, why = next(iter(exc.recipients.values()))
         outcome = f"refused: {code} {why.decode(errors='replace')}"
