@@ -37,6 +37,7 @@ from layby.generation.turn import (
     Finish,
     Outcome,
     Park,
+    Resume,
     Step,
     model_turn,
     resume_turn,
@@ -190,7 +191,7 @@ def _is_parked(history: list[Message]) -> bool:
                 and any(p.meta("interrupt") is not None for p in last.tool_requests))
 
 
-def _resume_for(store: Store, step: Step, record: RunRecord):  # type: ignore[no-untyped-def]
+def _resume_for(store: Store, step: Step, record: RunRecord) -> Resume:
     waiting = {p.meta("interrupt", {}).get("id") for p in step.history[-1].tool_requests}
     if record.parked_on is not None and waiting <= {s.id for s in record.parked_on}:
         specs, answers = record.parked_on, record.answers  # read by the claim
