@@ -25,7 +25,7 @@ class Sink:
         ids = self.ids
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("content-length") or 0))
                 with lock:
                     ids[self.headers.get("webhook-id") or "?"] += 1

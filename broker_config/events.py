@@ -11,9 +11,13 @@ them together. `LAYBY_TASK_EVENTS=false` turns task events off altogether.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery.worker.consumer import Consumer as CeleryConsumer
+
+if TYPE_CHECKING:
+    from celery.events.dispatcher import EventDispatcher
+    from kombu.asynchronous import Hub
 
 # Where the consumer class is named in the app's settings (`worker_consumer`).
 CONSUMER = "layby.broker_config.events:Consumer"
@@ -22,10 +26,17 @@ ENDED = frozenset({"task-succeeded", "task-failed", "task-retried", "task-reject
 LINGER_S = 1.0  # the longest a buffered event waits for its task to end
 
 
-class Consumer(CeleryConsumer):  # type: ignore[misc]
+class Consumer(CeleryConsumer):
     _lingering: Any = None
 
-    def on_send_event_buffered(self) -> None:
+    if TYPE_CHECKING:  # Celery's Consumer has them; celery-types leaves them out
+        hub: Hub | None
+        event_dispatcher: EventDispatcher | None
+
+        def _flush_events(self) -> None: ...
+
+    # celery-types says this returns a callable; Celery's own returns None.
+    def on_send_event_buffered(self) -> None:  # type: ignore[override]
         dispatcher, hub = self.event_dispatcher, self.hub
         # Celery's own buffer (EventDispatcher._group_buffer); if it is not there, Celery's
         # own behaviour.

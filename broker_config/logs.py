@@ -31,7 +31,8 @@ from layby.broker_config.settings import Settings
 # The fields a line may carry, in the order text lines show them.
 IDS = ("run_id", "interrupt_id", "notification_id", "task_id", "task_name")
 
-_about: ContextVar[dict[str, str]] = ContextVar("layby_log_about", default={})
+# The default is never mutated: each change sets a new dict.
+_about: ContextVar[dict[str, str]] = ContextVar("layby_log_about", default={})  # noqa: B039
 
 # Libraries that set up handlers of their own: their lines go through layby's instead, so
 # a process writes one format.

@@ -49,7 +49,7 @@ def template(app: Celery, task: str, queue: str, args: tuple[str, str],
     number)."""
     # The origin names the host, not the process: a template is written into the scripts'
     # source, and one per process would load a new copy of every script each restart.
-    made = app.amqp.as_task_v2(TASK_ID, task, args=list(args), kwargs={}, root_id=TASK_ID,
+    made = app.amqp.as_task_v2(TASK_ID, task, args=args, kwargs={}, root_id=TASK_ID,
                                argsrepr=repr(list(args)), kwargsrepr="{}",
                                origin=f"layby@{socket.gethostname()}")
     body = json.dumps(made.body)  # what kombu's json serializer writes

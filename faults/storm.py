@@ -1,9 +1,9 @@
 """The SIGKILL storm: workers die every 2-5 s (the whole worker with its pool, as when a
 machine disappears, or one pool child) while runs of a transfer go through their
 approvals; once approved, its step waits 0.2 s before it moves the money
-(`test.careful_transfer`), so kills land on steps that are running. Figures: runs, completed, lost, duplicate transfers, the longest wait between a
-crash and the steps it interrupted running again, and the time from the last kill until
-every run finished."""
+(`test.careful_transfer`), so kills land on steps that are running. Figures: runs,
+completed, lost, duplicate transfers, the longest wait between a crash and the steps it
+interrupted running again, and the time from the last kill until every run finished."""
 
 from __future__ import annotations
 

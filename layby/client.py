@@ -34,7 +34,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -162,7 +162,8 @@ def _stream_run(agent: str, input: Any,
 def _streamed(response: httpx.Response) -> bool:
     """Whether a start asked for events got them (a server that does not stream starts
     answers with the run: its events are then read with `GET …/events`)."""
-    return response.headers.get("content-type", "").startswith("text/event-stream")
+    kind: str = response.headers.get("content-type", "")
+    return kind.startswith("text/event-stream")
 
 
 def _started(response: httpx.Response) -> tuple[str, bool]:
@@ -350,7 +351,7 @@ class _Stream:
         self.failures += 1
         if self.failures > self.RETRIES and not isinstance(exc, httpx.ReadTimeout):
             raise exc
-        return min(5.0, 0.2 * 2 ** (self.failures - 1)) * random.uniform(0.5, 1.0)
+        return min(5.0, 0.2 * 2.0 ** (self.failures - 1)) * random.uniform(0.5, 1.0)
 
 
 def _lines(response: httpx.Response, stream: _Stream) -> Iterator[Event]:
@@ -632,7 +633,7 @@ class AsyncClient:
 
     async def _events(self, run_id: str, after: str | None, follow: bool,
                       deadline: float | None, stream: _Stream | None = None
-                      ) -> AsyncIterator[Event]:
+                      ) -> AsyncGenerator[Event, None]:
         stream = stream or _Stream(after, deadline)
         while not stream.over():
             call = _events(run_id, stream.last_id, follow)

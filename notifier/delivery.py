@@ -38,7 +38,7 @@ def dispatch(app: Celery, pairs: list[tuple[str, str]]) -> int:
                 app.send_task(DELIVER_TASK, args=[run_id, notification_id], queue=NOTIFY,
                               producer=producer)
                 sent += 1
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("could not queue %d deliveries; the sweeper will", len(pairs) - sent)
     return sent
 

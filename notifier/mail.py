@@ -116,7 +116,7 @@ def send(settings: Settings, mail: EmailMessage) -> None:
     secure = ssl.create_default_context()  # verifies the certificate and the host name
     try:
         if settings.smtp_security == "tls":
-            session = smtplib.SMTP_SSL(settings.smtp_host, settings.smtp_port,
+            session: smtplib.SMTP = smtplib.SMTP_SSL(settings.smtp_host, settings.smtp_port,
                                        timeout=settings.smtp_timeout_s, context=secure)
         else:
             session = smtplib.SMTP(settings.smtp_host, settings.smtp_port,

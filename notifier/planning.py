@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from layby.broker_config import Settings
-
 from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
 from layby.parking import Announcements, Store
 from layby.parking.clock import iso
@@ -29,7 +30,10 @@ from layby.wire import Delegation, InterruptState, InterruptView, Notification, 
 
 log = logging.getLogger(__name__)
 
-CHANNELS = ("email", "webhook")
+# A notification's channel and kind, as `Notification` takes them.
+Channel = Literal["email", "webhook"]
+Kind = Literal["request", "reminder", "escalation"]
+CHANNELS: tuple[Channel, ...] = ("email", "webhook")
 
 
 def notification_id(run_id: str, interrupt_id: str, reviewer: str, channel: str,
@@ -39,7 +43,7 @@ def notification_id(run_id: str, interrupt_id: str, reviewer: str, channel: str,
     return f"ntf_{digest[:20]}"
 
 
-def channels_of(reviewer: Reviewer) -> list[str]:
+def channels_of(reviewer: Reviewer) -> list[Channel]:
     return [c for c in CHANNELS if getattr(reviewer, c)]
 
 
@@ -121,14 +125,14 @@ class _Plan(Announcements):
                  start: float) -> None:
         reviewer = asked.reviewer
         token = self.token(intr, reviewer, expires)
-        first_kind = "request" if asked.level == 0 else "escalation"
+        first_kind: Kind = "request" if asked.level == 0 else "escalation"
         first_at = None if asked.since <= self.now + 1 else asked.since
-        sends = [(first_kind, first_kind, first_at)]
+        sends: list[tuple[str, Kind, float | None]] = [(first_kind, first_kind, first_at)]
         sends += [(key, "reminder", at) for key, at in self.reminders(intr, start, expires)
                   if at > asked.since]
         for channel in channels_of(reviewer):
             for key, kind, at in sends:
-                note = Notification(  # type: ignore[arg-type]  (channel, kind)
+                note = Notification(
                     id=notification_id(self.run_id, intr.id, reviewer.id, channel, key),
                     interrupt_id=intr.id, reviewer=reviewer.id, channel=channel, kind=kind,
                     level=asked.level, token=token)
@@ -136,7 +140,7 @@ class _Plan(Announcements):
 
 
 def announcements(settings: Settings, reviewers: Reviewers, run_id: str, version: int,
-                  interrupts: list[InterruptView], sent: list[Notification] = ()
+                  interrupts: list[InterruptView], sent: Sequence[Notification] = ()
                   ) -> Announcements:
     """The announcements of `interrupts` (those open and waiting on people) of run `run_id`
     at `version`, which has sent `sent` before."""
@@ -171,7 +175,7 @@ def for_park(settings: Settings, reviewers: Reviewers, run_id: str, version: int
     try:
         return announcements(settings, reviewers, run_id, version,
                              [InterruptView.of(i, None, True) for i in interrupts])
-    except Exception:  # noqa: BLE001  (never lose the park over its announcements)
+    except Exception:  # never lose the park over its announcements
         log.exception("run %s: could not plan the announcements as it parks; the "
                       "announcement task will", run_id)
         return None

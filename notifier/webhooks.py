@@ -19,8 +19,8 @@ from standardwebhooks import Webhook
 
 from layby.broker_config import Settings
 from layby.generation.interrupts import Interrupt
-from layby.reviewers.directory import Reviewer
 from layby.notifier.mail import PermanentFailure, page_url
+from layby.reviewers.directory import Reviewer
 from layby.wire import Notification, RunView
 
 USER_AGENT = "layby-webhooks/0.1"

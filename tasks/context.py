@@ -17,7 +17,7 @@ from layby.broker_config.logs import IDS, set_about
 from layby.tasks.jobs import job_of
 
 
-def _ids_in(task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _ids_in(task: Task[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     try:
         bound = inspect.signature(task.run).bind_partial(*args, **kwargs).arguments
     except TypeError:  # the task will fail on its arguments; say which task it was anyway
@@ -31,7 +31,7 @@ def connect() -> None:
     task_postrun.connect(_forget_the_task, weak=False, dispatch_uid="layby.log_ids.end")
 
 
-def _about_the_task(sender: Task | None = None, task_id: str | None = None,
+def _about_the_task(sender: Task[..., Any] | None = None, task_id: str | None = None,
                     args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                     **_: Any) -> None:
     if sender is None:

@@ -38,7 +38,7 @@ def starter(app: Celery) -> Any:
     return start_job
 
 
-def job_of(task: Task | None) -> dict[str, str] | None:
+def job_of(task: Task[..., Any] | None) -> dict[str, str] | None:
     if task is None or task.request is None:
         return None
     found = getattr(task.request, HEADER, None) or (task.request.headers or {}).get(HEADER)
@@ -56,7 +56,7 @@ def _plain(value: Any) -> Any:
 def connect(rt: Runtime) -> None:
     """Record the end of every job that runs on `rt.celery`."""
 
-    def record(sender: Task, job: dict[str, str], **outcome: Any) -> None:
+    def record(sender: Task[..., Any], job: dict[str, str], **outcome: Any) -> None:
         # The job's answer exists nowhere else: ride out a Redis failover before giving up.
         try:
             code = through_failover(commands.answer_job, rt, job["run_id"],
@@ -68,16 +68,16 @@ def connect(rt: Runtime) -> None:
         log.info("job %s for run %s answered interrupt %s: %s", sender.name, job["run_id"],
                  job["interrupt_id"], code)
 
-    def ours(sender: Task | None) -> dict[str, str] | None:
+    def ours(sender: Task[..., Any] | None) -> dict[str, str] | None:
         job = job_of(sender)
         return job if job is not None and getattr(sender, "app", None) is rt.celery else None
 
-    def succeeded(sender: Task | None = None, result: Any = None, **_: Any) -> None:
+    def succeeded(sender: Task[..., Any] | None = None, result: Any = None, **_: Any) -> None:
         job = ours(sender)
         if sender is not None and job is not None:
             record(sender, job, result=_plain(result))
 
-    def failed(sender: Task | None = None, exception: BaseException | None = None,
+    def failed(sender: Task[..., Any] | None = None, exception: BaseException | None = None,
                **_: Any) -> None:
         job = ours(sender)
         if sender is not None and job is not None:

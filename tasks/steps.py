@@ -23,20 +23,30 @@ from typing import Any
 
 import redis
 
+from layby.control.commands import now_iso
 from layby.control.runtime import Runtime, worker_name
+from layby.errors import ConfigError, ResumeError
 from layby.generation.agents import Agent
 from layby.generation.answers import to_resume
-from layby.errors import ConfigError, ResumeError
-from layby.control.commands import now_iso
 from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
 from layby.generation.messages import Message, dump_messages
 from layby.generation.providers.common import ProviderError
-from layby.generation.turn import Continue, Fail, Finish, Outcome, Park, Step, model_turn, resume_turn
+from layby.generation.turn import (
+    Continue,
+    Fail,
+    Finish,
+    Outcome,
+    Park,
+    Resume,
+    Step,
+    model_turn,
+    resume_turn,
+)
 from layby.notifier import delivery, planning
 from layby.parking import Announcements, RunRecord, Store, Verdict
-from layby.wire import Answer, InterruptState
 from layby.tasks.heartbeat import Heartbeat
 from layby.tasks.jobs import starter
+from layby.wire import Answer, InterruptState
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +191,7 @@ def _is_parked(history: list[Message]) -> bool:
                 and any(p.meta("interrupt") is not None for p in last.tool_requests))
 
 
-def _resume_for(store: Store, step: Step, record: RunRecord):  # type: ignore[no-untyped-def]
+def _resume_for(store: Store, step: Step, record: RunRecord) -> Resume:
     waiting = {p.meta("interrupt", {}).get("id") for p in step.history[-1].tool_requests}
     if record.parked_on is not None and waiting <= {s.id for s in record.parked_on}:
         specs, answers = record.parked_on, record.answers  # read by the claim

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from layby.broker_config.logs import about
 from layby.control.runtime import Runtime
@@ -175,9 +175,10 @@ def expire(rt: Runtime, run_id: str, interrupt_id: str) -> int:
     return 0
 
 
-def _expiry_answer(interrupt_id: str, status: str, payload: object, now: str = "",
+def _expiry_answer(interrupt_id: str, status: Literal["resolved", "cancelled"],
+                   payload: object, now: str = "",
                    reason: str | None = None) -> Answer:
-    return Answer(interrupt_id=interrupt_id, status=status,  # type: ignore[arg-type]
+    return Answer(interrupt_id=interrupt_id, status=status,
                   payload=payload, metadata={"reason": reason} if reason else None,
                   state=InterruptState.EXPIRED, answered_by="layby:expiry", channel="expiry",
                   answered_at=now)

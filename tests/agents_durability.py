@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-
 from functools import cache
 
 from celery import shared_task
@@ -18,7 +17,6 @@ from redis import Redis
 from layby.broker_config import Settings
 from layby.control.connections import redis_client
 from layby.demo import ledger
-from layby.parking import Keys
 from layby.generation import (
     BACKGROUND_JOB,
     CONFIRMATION,
@@ -36,6 +34,7 @@ from layby.generation import (
     interrupt_tool,
     tool,
 )
+from layby.parking import Keys
 
 QUICK_JOB = "test.quick_job"
 

@@ -19,11 +19,10 @@ from typing import Any
 
 import httpx
 
-from layby.broker_config import JOBS, NOTIFY, TURNS
+from layby.broker_config import JOBS, NOTIFY, TURNS, Settings
 from layby.ops.embedded import free_port
-from layby.parking.keys import Keys
-from layby.broker_config import Settings
 from layby.ops.supervisor import gateway_argv, sweeper_argv, worker_argv
+from layby.parking.keys import Keys
 
 API_KEY = "test-key-0123456789"
 ROOT = Path(__file__).resolve().parent.parent

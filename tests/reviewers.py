@@ -150,7 +150,7 @@ class WebhookReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 try:

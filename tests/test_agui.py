@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from ag_ui.core import RunFinishedEvent
 
-from layby.http import agui
 from layby.generation.messages import Message, Part, ToolRequest, ToolResponse, text_message
+from layby.http import agui
 from layby.wire import Event
 from tests.harness import API_KEY, LaybySystem, wait_until
 
@@ -526,8 +525,8 @@ def test_real_agui_client(system: LaybySystem, folder: Path) -> None:
 def test_a_call_stored_without_a_ref_keeps_one_id_from_request_to_result() -> None:
     # A history written without refs (a client's, or the scripted model's): the request's
     # TOOL_CALL_* events, its result, and the MESSAGES_SNAPSHOT must name the same call.
-    from layby.http.agui import agui_messages, message_events
     from layby.generation.messages import Message, Part, ToolRequest, ToolResponse
+    from layby.http.agui import agui_messages, message_events
 
     history = [Message(role="user", content=[Part(text="hi")]),
                Message(role="model", content=[Part(tool_request=ToolRequest(name="lookup"))]),

@@ -64,7 +64,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
         return True
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.server.keys.append(self.headers.get("Idempotency-Key"))
         if self._away():
@@ -86,7 +86,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self._away():
             return
         if self.path == "/v1/runs/run_a":

@@ -11,10 +11,10 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,8 @@ import redis
 
 from layby.broker_config import RESUME_RUN, RUN_TURN, Settings, make_celery
 from layby.control.runtime import store_config
-from layby.ops.embedded import EmbeddedRedis
 from layby.generation import text_message
+from layby.ops.embedded import EmbeddedRedis
 from layby.parking import Store
 from layby.wire import Answer, InterruptState
 from tests.harness import BASE_ENV, LaybySystem, wait_until
@@ -250,7 +250,7 @@ def _answer_until_done(system: LaybySystem, run_id: str, agent: str) -> dict[str
             payload = answers.get(intr["toolCallId"], answers.get(intr["toolName"]))
             reply = system.answer(run_id, intr["id"], payload=payload)
             assert reply.status_code == 200, reply.text
-        wait_until(lambda: system.run(run_id)["version"] > run["version"] + 1
+        wait_until(lambda: system.run(run_id)["version"] > run["version"] + 1  # noqa: B023  (waited for within this iteration)
                    or system.run(run_id)["status"] == "completed", 40,
                    what=f"run {run_id} to move past its answers")
 
@@ -580,8 +580,8 @@ def test_stale_duplicate_messages_change_nothing(durable: LaybySystem) -> None:
     worker = durable.procs["worker"]
     wait_until(lambda: all(len(returned(worker.output(), t)) == 2 for t in sent), 20,
                what="the worker to take every duplicate")
-    assert {t: returned(worker.output(), t) for t in sent} == dict.fromkeys(
-        sent, ["stale", "stale"])
+    assert {t: returned(worker.output(), t) for t in sent} == {
+        t: ["stale", "stale"] for t in sent}
     assert durable.run(paid) == paid_done
     assert durable.run(parked_id) == parked
     assert len(transfers_of(durable, paid)) == 1

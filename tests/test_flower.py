@@ -110,7 +110,7 @@ def test_tasks_queues_and_workers_with_credentials(system: LaybySystem, flower: 
         return tasks if wanted <= names else None
 
     tasks = wait_until(finished, 60, every=1, what="Flower to list the runs' tasks")
-    for uuid, task in tasks.items():
+    for task in tasks.values():
         assert task["name"].startswith("layby."), task
         assert task["state"] in ("PENDING", "RECEIVED", "STARTED", "SUCCESS", "RETRY"), task
         _ids_only(task["args"], run_ids)

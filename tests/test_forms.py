@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from layby.http.errors import status_of
 from layby.demo.agents import TRIVIA_CHOICES, Approval
 from layby.errors import Invalid
 from layby.generation.interrupts import Interrupt, OnExpire
+from layby.http.errors import status_of
 from layby.inbox.forms import Field, Form, entry_from_form, form_for
-from layby.reviewers.schemas import is_confirmation
 from layby.inbox.pages import render_review
+from layby.reviewers.schemas import is_confirmation
 from layby.wire import Answer, InterruptView
 
 APPROVAL = Approval.model_json_schema()

@@ -873,7 +873,7 @@ def test_check_answer_checks_replace_input_against_the_input_schema(three_interr
 
 
 def test_to_resume_maps_answers_to_respond_restart_and_decline(three_interrupts):
-    agent, parked, by_ref, log = three_interrupts
+    agent, parked, by_ref, _log = three_interrupts
     answers = {
         by_ref["ap"].id: resolved(by_ref["ap"], "approve"),
         by_ref["tr"].id: resolved(by_ref["tr"], {"by": "al"},

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import source_copy
-
 import layby
+from tests.harness import source_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT = Path(sys.executable).parent / "lint-imports"

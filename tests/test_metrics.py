@@ -141,8 +141,8 @@ def test_idempotency_key_still_works_with_the_stats_key(system: LaybySystem) -> 
 def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem) -> None:
     # Straight on the store, under a prefix of its own: grants moved to KEYS[21…], and a
     # notification out of attempts counts in `stats`, read by the collector.
-    from layby.http.metrics import render
     from layby.control.runtime import TASK_NAMES
+    from layby.http.metrics import render
     from layby.parking import Announcements, Store, StoreConfig
     from layby.wire import Notification
 

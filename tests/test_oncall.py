@@ -16,7 +16,6 @@ from tests.reviewers import SmtpServer, WebhookReceiver, reviewed_system
 from tests.test_cli import layby
 
 
-
 def _stuck(system: LaybySystem) -> list[dict]:
     done = layby(system, "ops", "stuck", "--json")
     assert done.returncode == 0, done.stderr

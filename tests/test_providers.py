@@ -38,8 +38,8 @@ from layby.generation import (
     ResumeEntry,
     ResumeMode,
     Step,
-    ToolRequest,
     ToolContext,
+    ToolRequest,
     ToolResponse,
     load_agents,
     model_turn,
@@ -103,7 +103,7 @@ class FakeProvider:
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("content-length") or 0))
                 with provider._lock:
                     provider.requests.append({
@@ -662,7 +662,8 @@ def real(redis_server: Any, fake: FakeProvider, tmp_path_factory: pytest.TempPat
     redis_client.Redis(port=redis_server.port, db=REAL_DB).flushdb()
     system = LaybySystem(f"redis://127.0.0.1:{redis_server.port}/{REAL_DB}",
                          tmp_path_factory.mktemp("providers"), env_overrides={
-                             "LAYBY_AGENT_MODULES": "layby.demo.agents,layby.demo.providers,tests.agents",
+                             "LAYBY_AGENT_MODULES":
+                                 "layby.demo.agents,layby.demo.providers,tests.agents",
                              "LAYBY_OPENAI_MODEL": "gpt-test",
                              "LAYBY_OPENAI_BASE_URL": f"{fake.url}/v1",
                              "LAYBY_OPENAI_API_KEY": KEY,

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from layby.http.errors import status_of
 from layby.demo.agents import TRIVIA_CHOICES, Approval
 from layby.generation.answers import check_answer
 from layby.generation.interrupts import Interrupt, ResumeEntry
+from layby.http.errors import status_of
 from layby.inbox.mime import MalformedMail, parse_mail, reply_text, token_from_address
 from layby.inbox.reading import Unreadable, read_answer
 from layby.reviewers.schemas import how_to_answer, is_confirmation
@@ -635,6 +635,15 @@ def test_how_to_answer_object_follows_refs() -> None:
     text = how_to_answer(interrupt(schema))
     assert "  when (object, required)" in text
     assert json.loads(text.split("For example:\n", 1)[1]) == {"when": {"day": "sat", "hour": 12}}
+
+
+def test_a_list_of_types_is_shown_and_read_as_any_value() -> None:
+    # `type` may list several types: no example of one type, and any JSON value is read
+    schema = {"type": "object", "properties": {"ref": {"type": ["string", "integer"]}}}
+    text = how_to_answer(interrupt(schema))
+    assert json.loads(text.split("For example:\n", 1)[1]) == {"ref": "…"}
+    either = interrupt({"type": ["object", "array"]})
+    assert read_answer(either, 'Here: [1, 2]').payload == [1, 2]
 
 
 def test_base64_html_reply_end_to_end() -> None:

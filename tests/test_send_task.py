@@ -12,6 +12,7 @@ import pytest
 from tests import sse
 from tests.harness import LaybySystem, wait_until
 
+
 @pytest.fixture
 def foreign(system: LaybySystem) -> Iterator[celery.Celery]:
     app = celery.Celery("billing-service", broker=system.redis_url)

@@ -24,10 +24,10 @@ import redis
 from layby.broker_config import Settings, make_celery
 from layby.broker_config.celery_app import celery_config
 from layby.control import connections
-from layby.ops.embedded import EmbeddedRedis
-from layby.generation import text_message
-from layby.errors import ConfigError
 from layby.control.runtime import TASK_NAMES
+from layby.errors import ConfigError
+from layby.generation import text_message
+from layby.ops.embedded import EmbeddedRedis
 from layby.parking import NotReplicated, Store, StoreConfig, Verdict
 from tests.harness import ROOT, LaybySystem, wait_until
 from tests.sentinels import DATA_PASSWORD, MASTER, SENTINEL_PASSWORD, SentinelSetup

@@ -17,15 +17,15 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from layby.generation.answers import check_answer, check_storable
+from layby.control.runtime import Runtime
 from layby.errors import Conflict, Invalid, NotFound, TooLarge
+from layby.generation.answers import check_answer, check_storable
 from layby.generation.interrupts import Interrupt, ResumeEntry
 from layby.generation.messages import Message, text_message
 from layby.generation.tools import Tool
 from layby.parking import RunRecord, Transition, Verdict, iso
 from layby.reviewers import routing
 from layby.wire import Answer, Delegation, InterruptState, RunView, Status
-from layby.control.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     request_id = _request_id(by, idempotency_key)
     if idempotency_key is not None and _already_given(run_id, entries, answers, request_id):
         return Transition(Verdict.EXISTS, record.version)  # taken before: nothing new
-    records = []
+    records: list[Answer] = []
     for entry in entries:
         spec = _answerable(rt, record, entry, by_id, answers, open_ids)
         if any(r.interrupt_id == spec.id for r in records):
@@ -166,7 +166,7 @@ def _already_given(run_id: str, entries: list[ResumeEntry], answers: dict[str, A
             if e.interrupt_id in answers and answers[e.interrupt_id].answer_id == request_id]
     if not mine:
         return False
-    if len(mine) != len(entries) or any(a.entry() != e for a, e in zip(mine, entries)):
+    if len(mine) != len(entries) or any(a.entry() != e for a, e in zip(mine, entries, strict=True)):
         raise Conflict("this idempotency key (the Idempotency-Key, or a callback's "
                        "webhook-id) was used for another answer; send a new key with a new "
                        "answer", run_id=run_id)

@@ -9,9 +9,9 @@ does the same for the broker (`broker_config.celery_app`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -100,7 +100,10 @@ def redis_url(settings: Settings) -> str:
     return url
 
 
-def _from_url(make: Any, url: str, **options: Any) -> Any:
+_Client = TypeVar("_Client")  # the client `_from_url` makes
+
+
+def _from_url(make: Callable[..., _Client], url: str, **options: Any) -> _Client:
     """`make(url)`, with redis-py's complaint about the URL as a ConfigError (a 503 over
     HTTP, a clear line from the CLI) that does not repeat the URL and its password."""
     try:
@@ -144,9 +147,10 @@ def sentinel(settings: Settings, timeout_s: float | None = None
         return None
     group = sentinel_group(url)
     _master_name(settings)  # refused before anything connects
-    return redis.sentinel.Sentinel(group.sentinels,
-                                   sentinel_kwargs=settings.sentinel_kwargs(timeout_s),
-                                   **_node_kwargs(settings, group, timeout_s))
+    # redis-py leaves Sentinel's methods unannotated (here and below).
+    return redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        group.sentinels, sentinel_kwargs=settings.sentinel_kwargs(timeout_s),
+        **_node_kwargs(settings, group, timeout_s))
 
 
 def redis_client(settings: Settings, timeout_s: float | None = None) -> redis.Redis:
@@ -155,7 +159,9 @@ def redis_client(settings: Settings, timeout_s: float | None = None) -> redis.Re
     if group is None:
         return _from_url(redis.Redis.from_url, redis_url(settings),
                          **_node_kwargs(settings, timeout_s=timeout_s))
-    return group.master_for(_master_name(settings), redis_class=redis.Redis)
+    client: redis.Redis = group.master_for(  # type: ignore[no-untyped-call]
+        _master_name(settings), redis_class=redis.Redis)
+    return client
 
 
 @asynccontextmanager
@@ -171,7 +177,7 @@ async def async_redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     if group is None:
         client = _from_url(aioredis.Redis.from_url, url, **options)
     else:
-        manager = redis.asyncio.sentinel.Sentinel(
+        manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
             group.sentinels, sentinel_kwargs=settings.sentinel_kwargs(), **options)
         client = manager.master_for(_master_name(settings), redis_class=aioredis.Redis)
     try:

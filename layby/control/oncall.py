@@ -2,10 +2,10 @@
 
 What `layby ops` does, as plain functions on a `Store`: list runs whose worker died (lapsed
 lease), runs waiting longer than LAYBY_LOST_MESSAGE_S for a message that may be lost,
-outbox entries not published in time, and parked runs whose notifications failed; requeue the stuck runs,
-send failed notifications again, prune finished runs past retention. Every change is one of
-the store's transition scripts, which re-checks its condition, so running these next to
-the sweeper is safe.
+outbox entries not published in time, and parked runs whose notifications failed; requeue
+the stuck runs, send failed notifications again, prune finished runs past retention. Every
+change is one of the store's transition scripts, which re-checks its condition, so running
+these next to the sweeper is safe.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from layby.parking import Store, Verdict
 from layby.broker_config import DELIVER_TASK, NOTIFY
 from layby.control.runtime import Runtime
+from layby.parking import Store, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def retry_notifications(rt: Runtime, run_ids: list[str]) -> dict[str, list[str]]
                 for run_id, nid in dispatch:
                     rt.celery.send_task(DELIVER_TASK, args=[run_id, nid], queue=NOTIFY,
                                         producer=producer)
-        except Exception:  # noqa: BLE001  (each is due in the store: the sweeper queues it)
+        except Exception:  # each is due in the store: the sweeper queues it
             log.exception("could not queue the retried notifications; the sweeper will")
     return {run_id: retried for run_id, (retried, _) in found.items()}
 

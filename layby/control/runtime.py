@@ -83,7 +83,13 @@ class Runtime:
         self._new_locks()
         # A lock held by another thread at fork would stay held in the child for good.
         me = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: (rt := me()) and rt._new_locks())
+
+        def renew_locks() -> None:
+            rt = me()
+            if rt is not None:
+                rt._new_locks()
+
+        os.register_at_fork(after_in_child=renew_locks)
 
     def _new_locks(self) -> None:
         self._store_lock = threading.Lock()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -40,7 +40,8 @@ def ask_question(question: str, choices: list[str] | None = None) -> Ask:
 
 
 @tool
-def transfer_funds(ctx: ToolContext, to: str, amount: Annotated[int, Field(gt=0)]) -> dict:
+def transfer_funds(ctx: ToolContext, to: str,
+                   amount: Annotated[int, Field(gt=0)]) -> dict[str, Any]:
     """Send money. Needs the account holder's approval first."""
     if not ctx.restarted:
         ctx.interrupt(f"Send {amount} to {to}?", reason=CONFIRMATION, response_schema=Approval,
@@ -56,14 +57,14 @@ def transfer_funds(ctx: ToolContext, to: str, amount: Annotated[int, Field(gt=0)
 
 
 @tool
-def check_balance(ctx: ToolContext, account: str = "main") -> dict:
+def check_balance(ctx: ToolContext, account: str = "main") -> dict[str, Any]:
     """Look up an account balance (a plain tool: it never interrupts)."""
     ledger.record("calls", ctx.idempotency_key, {"run": ctx.run_id, "tool": "check_balance"})
     return {"account": account, "balance": 1000}
 
 
 @tool
-def compile_report(ctx: ToolContext, topic: str) -> dict:
+def compile_report(ctx: ToolContext, topic: str) -> dict[str, Any]:
     """Compile a report in the background; the run waits for it."""
     seconds = float(os.environ.get("LAYBY_DEMO_REPORT_S", "3"))
     ctx.start_job("demo.compile_report", topic=topic, seconds=seconds,
@@ -71,13 +72,15 @@ def compile_report(ctx: ToolContext, topic: str) -> dict:
 
 
 @tool
-def deploy_release(ctx: ToolContext, release: str) -> dict:
+def deploy_release(ctx: ToolContext, release: str) -> dict[str, Any]:
     """Deploy a release to production after approval; the approval expires."""
     if not ctx.restarted:
         ctx.interrupt(f"Deploy {release} to production?", reason=CONFIRMATION,
                       response_schema=Approval,
                       expires_in=float(os.environ.get("LAYBY_DEMO_EXPIRY_S", "5")),
-                      on_expire=OnExpire(action="cancel"))
+                      # pydantic takes the action's name and makes it an ExpiryAction (the
+                      # public surface names actions by their strings)
+                      on_expire=OnExpire(action="cancel"))  # type: ignore[arg-type]
     return {"status": "deployed", "release": release}
 
 

@@ -16,8 +16,8 @@ that says what to set.
 
 from __future__ import annotations
 
-from layby.demo.agents import ask_question, check_balance, transfer_funds
 from layby import Agent
+from layby.demo.agents import ask_question, check_balance, transfer_funds
 from layby.errors import ConfigError
 from layby.models import (
     AnthropicModel,

@@ -4,14 +4,6 @@ Pure: no Celery, no Redis, no HTTP. Everything a user needs to declare agents is
 here; `tests/test_public_api.py` checks the list is complete.
 """
 
-from layby.generation.agents import Agent, load_agents
-from layby.generation.answers import (
-    MAX_JSON_DEPTH,
-    check_answer,
-    check_storable,
-    schema_errors,
-    to_resume,
-)
 from layby.errors import (
     ConfigError,
     Conflict,
@@ -28,6 +20,14 @@ from layby.errors import (
     Unavailable,
     UnknownToolCall,
     UnresolvedToolCall,
+)
+from layby.generation.agents import Agent, load_agents
+from layby.generation.answers import (
+    MAX_JSON_DEPTH,
+    check_answer,
+    check_storable,
+    schema_errors,
+    to_resume,
 )
 from layby.generation.interrupts import (
     BACKGROUND_JOB,
@@ -69,8 +69,8 @@ from layby.generation.turn import (
 
 __all__ = [
     "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "MAX_JSON_DEPTH", "TOOL_CALL",
-    "Agent", "Approval", "Ask", "Call", "Case", "Choose", "ConfigError", "Conflict", "Continue", "EndRun",
-    "Escalation", "ExpiryAction", "Fail", "Finish", "Forbidden", "Interrupt", "Invalid",
+    "Agent", "Approval", "Ask", "Call", "Case", "Choose", "ConfigError", "Conflict", "Continue",
+    "EndRun", "Escalation", "ExpiryAction", "Fail", "Finish", "Forbidden", "Interrupt", "Invalid",
     "InvalidAnswer", "JobRequest",
     "LaybyError", "Message", "Model", "ModelRequest", "ModelResponse", "NotFound", "OnExpire",
     "Outcome", "Park", "Part", "Reply", "RequestError", "Resume", "ResumeEntry", "ResumeError",

@@ -28,6 +28,9 @@ class ModelResponse(Wire):
 
 @runtime_checkable
 class Model(Protocol):
-    name: str
+    # Read only: layby reads a model's name and never sets it (the provider models are
+    # frozen, their `name` a read-only attribute).
+    @property
+    def name(self) -> str: ...
 
     def generate(self, request: ModelRequest) -> ModelResponse: ...

@@ -5,7 +5,8 @@ history, so a replayed or resumed turn plays the same step). A step is a `Reply`
 tool calls) or a `Choose`, which picks a reply from the last tool responses. Strings are
 templates: `{input}` is the user's first message, named groups of `input_pattern` are
 available by name, `{tool_name}` is that tool's last output and `{ref}` the output of the
-call with that ref (`{tool[field]}` reaches into an object). A script can be loaded from JSON: `ScriptedModel.model_validate_json(...)`.
+call with that ref (`{tool[field]}` reaches into an object). A script can be loaded from
+JSON: `ScriptedModel.model_validate_json(...)`.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ to approve each call before the tool runs, with no interrupt code in the tool.
 from __future__ import annotations
 
 import asyncio
-import logging
 import inspect
 import json
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,7 +36,6 @@ from layby.generation.interrupts import (
     check_reason,
     interrupt_id,
 )
-
 
 log = logging.getLogger(__name__)
 
@@ -212,11 +211,13 @@ class Tool:
 
     @property
     def input_schema(self) -> dict[str, Any]:
-        return json.loads(self._schemas[0])
+        schema: dict[str, Any] = json.loads(self._schemas[0])
+        return schema
 
     @property
     def output_schema(self) -> dict[str, Any]:
-        return json.loads(self._schemas[1])
+        schema: dict[str, Any] = json.loads(self._schemas[1])
+        return schema
 
     @cached_property
     def _schemas(self) -> tuple[str, str]:
@@ -313,7 +314,7 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None,
                 raise ConfigError(f"tool {tool_name!r}: parameter {p.name!r} needs a type")
             default = ... if p.default is inspect.Parameter.empty else p.default
             fields[p.name] = (hints[p.name], default)
-        input_model = create_model(f"{tool_name}_input", **fields)  # type: ignore[call-overload]
+        input_model = create_model(f"{tool_name}_input", **fields)
     out_type = output if output is not None else hints.get("return", Any)
     return Tool(tool_name, description or inspect.getdoc(fn) or "", fn, input_model,
                 TypeAdapter(out_type), takes_model, ctx_param, interrupt_reason,

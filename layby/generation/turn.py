@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from layby.generation.agents import Agent
 from layby.errors import InvalidAnswer, UnknownToolCall, UnresolvedToolCall
+from layby.generation.agents import Agent
 from layby.generation.interrupts import Interrupt, OnExpire, ResumeMode
 from layby.generation.messages import Message, Part, ToolRequest, ToolResponse
 from layby.generation.models import ModelRequest
@@ -233,7 +233,7 @@ def _run_one(agent: Agent, step: Step, request: ToolRequest, restart: Part | Non
     except ValidationError as exc:
         return CallResult("output", {"error": f"invalid input for {tool.name}: "
                                               f"{exc.errors(include_url=False)}"})
-    except Exception as exc:  # a tool's failure is news for the model, not the end of the run
+    except Exception as exc:  # noqa: BLE001  (a tool's failure is news for the model, not the end of the run)
         log.warning("tool %s failed in run %s: %r", tool.name, step.run_id, exc)
         return CallResult("output", {"error": f"{type(exc).__name__}: {exc}"})
 
@@ -363,13 +363,14 @@ def resume_turn(agent: Agent, step: Step, resume: Resume) -> Outcome:
     if message is None or message.role != "model":
         raise UnresolvedToolCall("there is no parked model turn to resume", run_id=step.run_id)
     calls = message.tool_requests
-    by_ref = {p.tool_request.ref: p for p in calls}  # type: ignore[union-attr]
+    by_ref = {p.tool_request.ref: p for p in calls if p.tool_request is not None}
     for entry in [*resume.respond, *resume.restart]:
         target = entry.tool_response or entry.tool_request
         assert target is not None
         waiting = by_ref.get(target.ref)
-        if waiting is None or waiting.tool_request.name != target.name \
-                or "interrupt" not in (waiting.metadata or {}):  # type: ignore[union-attr]
+        waiting_call = waiting.tool_request if waiting is not None else None
+        if waiting is None or waiting_call is None or waiting_call.name != target.name \
+                or "interrupt" not in (waiting.metadata or {}):
             raise UnknownToolCall(f"no interrupted tool call {target.name!r} with ref "
                                   f"{target.ref!r} is waiting in this run",
                                   run_id=step.run_id, ref=target.ref)

@@ -27,7 +27,6 @@ from ag_ui.core import (
     AssistantMessage,
     BaseEvent,
     FunctionCall,
-    Interrupt as AguiInterrupt,
     MessagesSnapshotEvent,
     RunAgentInput,
     RunErrorEvent,
@@ -47,17 +46,20 @@ from ag_ui.core import (
     ToolMessage,
     UserMessage,
 )
+from ag_ui.core import (
+    Interrupt as AguiInterrupt,
+)
 from ag_ui.encoder import EventEncoder
 from fastapi import APIRouter, Depends, Path, Request
 from starlette.concurrency import run_in_threadpool
 
 from layby.control import Runtime, commands
+from layby.errors import Conflict, Invalid, LaybyError, NotFound
+from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
+from layby.generation.messages import Message, Part, ToolRequest, ToolResponse, load_messages
 from layby.http.deps import Caller, Rt, sane_body
 from layby.http.errors import documented, event_stream
 from layby.http.events import STREAM_HEADERS, EventStreamResponse, run_events
-from layby.errors import Conflict, Invalid, LaybyError, NotFound
-from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
-from layby.generation.messages import Message, Part, load_messages
 from layby.wire import Event, InterruptState, RunView
 
 router = APIRouter(tags=["ag-ui"])
@@ -84,6 +86,7 @@ def call_id(run_id: str, index: int, part: Part) -> str:
     """A tool call's AG-UI id, the same on its request and on its result: the call's ref,
     or (a history stored without refs) one made from the model message that asked for it,
     which the tool message holding the result follows directly."""
+    call: ToolRequest | ToolResponse
     if part.tool_request is not None:
         call, asked_at = part.tool_request, index
     else:
@@ -298,7 +301,8 @@ def prepare(rt: Runtime, agent: str, body: RunAgentInput, caller: str) -> Plan:
 
 
 def _user_message_id(view: RunView) -> str | None:
-    return (view.metadata or {}).get("agui", {}).get("userMessageId")
+    found: str | None = (view.metadata or {}).get("agui", {}).get("userMessageId")
+    return found
 
 
 def _resume(rt: Runtime, view: RunView, body: RunAgentInput, caller: str) -> Plan:
@@ -386,7 +390,8 @@ async def run_agent(agent: Annotated[str, Path(max_length=200)], body: RunAgentI
     """Run (or resume) the thread's layby run and stream it as AG-UI events."""
     if agent not in rt.agents:  # a wrong URL, not a run that went wrong
         raise NotFound(f"no agent named {agent!r}", detail={"agents": sorted(rt.agents)})
-    encoder = EventEncoder(accept=request.headers.get("accept"))
+    # ag_ui declares `accept: str = None`: it takes None, as the default says.
+    encoder = EventEncoder(accept=request.headers.get("accept"))  # type: ignore[arg-type]
     cursor = Cursor(body.thread_id, body.run_id, thread_run_id(body.thread_id))
     try:
         plan = await run_in_threadpool(prepare, rt, agent, body, caller)

@@ -8,7 +8,7 @@ a JSON body `{"error": {"code", "message", "detail"}}` (`layby.http.errors`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import Response
@@ -17,15 +17,15 @@ from starlette.concurrency import run_in_threadpool
 from layby.control import Runtime, commands
 from layby.errors import Invalid
 from layby.generation.interrupts import ResumeEntry
-from layby.parking import Verdict
-from layby.parking.registries import CURSOR
+from layby.generation.messages import Wire
 from layby.http.deps import Caller, Rt, SaneBody
 from layby.http.errors import documented, event_stream
 from layby.http.events import EVENT_ID, STREAM_HEADERS, EventStreamResponse, run_exists, sse
-from layby.generation.messages import Wire
+from layby.parking import Verdict
+from layby.parking.registries import CURSOR
 from layby.wire import (
-    Answered,
     AnswerBody,
+    Answered,
     CancelBody,
     ResumeBody,
     RunList,
@@ -39,7 +39,15 @@ router = APIRouter(prefix="/v1", tags=["runs"], responses=documented(401, 422, 5
 # An offset costs Redis more the deeper it goes (all states' lists are merged up to it):
 # deeper pages follow the cursor, which costs the same at any depth.
 MAX_OFFSET = 1000
-VIEW = {"response_model_by_alias": True, "response_model_exclude_none": True}
+
+
+class _View(TypedDict):
+    response_model_by_alias: bool
+    response_model_exclude_none: bool
+
+
+# The replies' shape (camelCase, no nulls), spread into every route that returns a run.
+VIEW: _View = {"response_model_by_alias": True, "response_model_exclude_none": True}
 # Ids as layby makes them (run ids as callers may choose them: `commands.RUN_ID`).
 RunId = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")]
 InterruptId = Annotated[str, Path(min_length=1, max_length=128)]

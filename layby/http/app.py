@@ -7,7 +7,7 @@ runtime: it builds one from the LAYBY_* settings and sets up the process's logs.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 from typing import Any
@@ -17,9 +17,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+from fastapi.telemetry import TelemetryConfig
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from layby.broker_config import logs
 from layby.control import Runtime, build
@@ -64,8 +66,8 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     on = rt.settings.telemetry
     # Never the reviewer routes: their paths and bodies carry tokens and answers. No log
     # records either: exceptions' messages are not scrubbed there as layby's logs are.
-    telemetry = {"tracing": on, "metrics": on, "logs": False, "operation_spans": on,
-                 "exclude": _carries_tokens}
+    telemetry: TelemetryConfig = {"tracing": on, "metrics": on, "logs": False,
+                                  "operation_spans": on, "exclude": _carries_tokens}
     app = FastAPI(title="layby", version="0.1.0", lifespan=lifespan, telemetry=telemetry,
                   description="Durable interrupts for agent runs: start runs, answer their "
                               "interrupts, follow their events.")
@@ -196,7 +198,7 @@ _PLACES = {"header": "the header", "query": "the query parameter",
            "path": "the path parameter", "body": "the body at"}
 
 
-def _methods_of(app: FastAPI, scope: dict[str, Any]) -> list[str]:
+def _methods_of(app: FastAPI, scope: Mapping[str, Any]) -> list[str]:
     """The methods some route takes at the request's path (Starlette's own `Allow` names
     only the first route that matched the path)."""
     return [method for method in ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -248,7 +250,7 @@ def _plain_routes(app: FastAPI) -> None:
     def healthz(rt: Rt) -> JSONResponse:
         try:
             rt.store.redis.ping()
-        except Exception as exc:  # the gateway is up; what it depends on is not
+        except Exception as exc:  # noqa: BLE001  (the gateway is up; what it depends on is not)
             return error_response(503, "redis_unavailable", why_redis_is_away(exc))
         return JSONResponse({"status": "ok"})
 
@@ -270,10 +272,10 @@ class _LogIds:
     """Lines logged while serving /v1/runs/{id}… carry its ids (uvicorn's access line too:
     it is written from inside the request's context)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = _RUN_PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
         if found is None:
             return await self.app(scope, receive, send)

@@ -7,21 +7,24 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.requests import HTTPConnection
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from layby.control import Runtime
 from layby.errors import Unauthorized
 from layby.generation.answers import check_storable
 
+
 class _Bearer(HTTPBearer):
     """HTTPBearer (the OpenAPI document's security scheme), reading what the gateway's
     first middleware already read and checked (`request.state.caller`) instead of parsing
     the header again."""
 
-    async def __call__(self, request: Request) -> HTTPAuthorizationCredentials | None:
-        checked = getattr(request.state, "credentials", None)
+    async def __call__(self, request: HTTPConnection) -> HTTPAuthorizationCredentials | None:
+        checked: HTTPAuthorizationCredentials | None = getattr(request.state, "credentials",
+                                                                None)
         if checked is not None:
-            return checked  # type: ignore[no-any-return]
+            return checked
         return await super().__call__(request)
 
 

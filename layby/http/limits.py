@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from layby.http.errors import error_response
 
 
@@ -28,11 +30,11 @@ class LimitBodies:
     Pure ASGI, not a BaseHTTPMiddleware: it wraps `receive`, which is where a body comes in.
     """
 
-    def __init__(self, app: Any, limit_of: Callable[[str], tuple[int, str]]) -> None:
+    def __init__(self, app: ASGIApp, limit_of: Callable[[str], tuple[int, str]]) -> None:
         self.app = app
         self.limit_of = limit_of
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         limit, setting = self.limit_of(scope["path"])

@@ -18,8 +18,8 @@ from layby.broker_config import Settings
 from layby.errors import Forbidden, NotFound
 from layby.http.deps import Rt
 from layby.inbox import catcher
-from layby.notifier.mail import LOOPBACK
 from layby.inbox.pages import render_mailbox
+from layby.notifier.mail import LOOPBACK
 
 router = APIRouter(include_in_schema=False)
 
@@ -82,7 +82,9 @@ def mail_reply(name: str, request: Request, rt: Rt,
             smtp.send_message(reply)
         outcome = "sent"
     except smtplib.SMTPResponseException as exc:
-        outcome = f"refused: {exc.smtp_code} {exc.smtp_error.decode(errors='replace')}"
+        why = exc.smtp_error  # the server's bytes, or smtplib's own text
+        why_text = why.decode(errors="replace") if isinstance(why, bytes) else why
+        outcome = f"refused: {exc.smtp_code} {why_text}"
     except smtplib.SMTPRecipientsRefused as exc:
         code, why = next(iter(exc.recipients.values()))
         outcome = f"refused: {code} {why.decode(errors='replace')}"

@@ -12,14 +12,18 @@ from wsgiref.simple_server import WSGIServer
 
 import redis
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
-                                    HistogramMetricFamily, Metric)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from layby.errors import ConfigError
 from layby.parking import Keys, Store, gauges
-from layby.wire import Status
 from layby.parking.scripts import LATENCY_BUCKETS_S
+from layby.wire import Status
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Runs waiting on people, counted by how long they have waited (cumulative, like `le`).

@@ -49,7 +49,7 @@ router = APIRouter(include_in_schema=True, tags=["reviewers"],
 # What the document says of these routes, which read their bodies themselves (a signature
 # covers the exact bytes; a mail is MIME, not JSON).
 Token = Annotated[str, Path(max_length=200)]
-_PAGE = {"description": "the answer page, saying why when it takes no answer",
+_PAGE: dict[str, Any] = {"description": "the answer page, saying why when it takes no answer",
          "content": {"text/html": {"schema": {"type": "string"}}}}
 # A path no route takes (a link cut or mangled past reading) gets the API's JSON 404, a
 # parameter out of its bounds the API's JSON 422.

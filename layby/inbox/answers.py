@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 from layby.control import Runtime, commands
 from layby.errors import Invalid, NotFound
 from layby.generation.interrupts import ResumeEntry
+from layby.parking import Transition
 from layby.reviewers import routing, tokens
 from layby.reviewers.directory import Reviewer
 from layby.reviewers.tokens import BadToken, Grant
-from layby.parking import Transition
 from layby.wire import InterruptState, InterruptView, RunView
 
 

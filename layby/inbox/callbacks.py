@@ -18,11 +18,11 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from layby.control import Runtime, commands
 from layby.errors import Invalid, Unauthorized
 from layby.generation.interrupts import ResumeEntry
-from layby.parking import Transition, Verdict
-from layby.wire import Body, Status
 from layby.inbox import answers
+from layby.parking import Transition, Verdict
 from layby.reviewers.directory import Reviewer
 from layby.reviewers.tokens import BadToken
+from layby.wire import Body, Status
 
 # The specification's tolerance: a timestamp further than this from now is refused.
 TOLERANCE_S = 300

@@ -75,4 +75,4 @@ def load(folder: Path, name: str) -> Caught | None:
     except OSError:
         return None
     message = email.message_from_bytes(raw, policy=email.policy.default)
-    return Caught(name, message)  # type: ignore[arg-type]
+    return Caught(name, message)

@@ -27,8 +27,10 @@ from layby.reviewers.schemas import (
     is_confirmation,
     is_const,
     json_type,
-    properties as properties_of,
     without_null,
+)
+from layby.reviewers.schemas import (
+    properties as properties_of,
 )
 
 FieldKind = Literal["text", "textarea", "number", "integer", "checkbox", "radio", "json"]
@@ -309,8 +311,10 @@ def _constants(properties: dict[str, dict[str, Any]], ticked: bool = False) -> d
 
 
 def _closed(schema: dict[str, Any] | None) -> bool:
-    return bool(schema) and (schema.get("additionalProperties") is False
-                             or schema.get("unevaluatedProperties") is False)
+    if not schema:
+        return False
+    return (schema.get("additionalProperties") is False
+            or schema.get("unevaluatedProperties") is False)
 
 
 def _choice(value: Any) -> str:

@@ -13,7 +13,7 @@ import email.policy
 import re
 from dataclasses import dataclass
 from email.message import Message
-from email.utils import getaddresses
+from email.utils import collapse_rfc2231_value, getaddresses
 from html.parser import HTMLParser
 
 from email_reply_parser import EmailReplyParser
@@ -112,7 +112,8 @@ def _boundaries(raw: bytes) -> set[bytes]:
 
 
 def _check_parts(raw: bytes, boundaries: set[bytes]) -> None:
-    parts, open_ = 0, []  # the multipart containers around where the scan is
+    parts = 0
+    open_: list[bytes] = []  # the multipart containers around where the scan is
     at = raw.find(b"\n--")
     while at >= 0:
         end = raw.find(b"\n", at + 1)
@@ -193,7 +194,7 @@ def _is_automatic(msg: Message) -> bool:
 def _header(msg: Message, name: str) -> str:
     try:
         value = msg.get(name)
-    except Exception:  # a damaged header should not sink the whole reply
+    except Exception:  # noqa: BLE001  (a damaged header should not sink the whole reply)
         return ""
     return " ".join(str(value).split()) if value is not None else ""
 
@@ -203,7 +204,7 @@ def _addresses(msg: Message, name: str) -> list[str]:
     found: list[str] = []
     try:
         values = msg.get_all(name) or []
-    except Exception:
+    except Exception:  # noqa: BLE001  (as above: damaged headers)
         return found
     for value in values:
         # Address headers come parsed (display names may hold commas once decoded); the
@@ -232,8 +233,8 @@ def _body_text(msg: Message) -> str:
             html = part
     if plain is not None:
         text = _decoded(plain)
-        if plain.get_param("format", "").lower() == "flowed":
-            text = _unflow(text, delsp=plain.get_param("delsp", "").lower() == "yes")
+        if _param(plain, "format").lower() == "flowed":
+            text = _unflow(text, delsp=_param(plain, "delsp").lower() == "yes")
     elif html is not None:
         text = html_to_text(_decoded(html))
     else:
@@ -243,12 +244,19 @@ def _body_text(msg: Message) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n").replace("\xa0", " ")
 
 
+def _param(part: Message, name: str) -> str:
+    """A Content-Type parameter's value ('' when absent); one in RFC 2231's encoded form
+    (`format*=…`) comes as a tuple, decoded here."""
+    value = part.get_param(name, "")
+    return value if isinstance(value, str) else collapse_rfc2231_value(value)
+
+
 def _decoded(part: Message) -> str:
     """The part's text: transfer encoding undone, then its charset (or the likely ones)."""
     payload = part.get_payload(decode=True)
     if isinstance(payload, str):
         return payload[:MAX_TEXT_CHARS]
-    raw = payload or b""
+    raw = payload if isinstance(payload, bytes) else b""  # not multipart: bytes or None
     for charset in (part.get_content_charset(), "utf-8"):
         if charset:
             try:

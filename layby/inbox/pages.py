@@ -43,7 +43,7 @@ _env = jinja2.Environment(
 
 
 def render_review(*, agent: str, interrupt: InterruptView | None, reviewer_label: str | None,
-                  state: str, form: Form | None, errors: list[dict] | None = None,
+                  state: str, form: Form | None, errors: list[dict[str, Any]] | None = None,
                   values: Mapping[str, str] | None = None, message: str | None = None,
                   decision: str | None = None,
                   handover_to: list[tuple[str, str]] | None = None) -> str:
@@ -79,7 +79,7 @@ def render_review(*, agent: str, interrupt: InterruptView | None, reviewer_label
     )
 
 
-def _controls(form: Form, errors: list[dict], values: Mapping[str, str] | None
+def _controls(form: Form, errors: list[dict[str, Any]], values: Mapping[str, str] | None
               ) -> list[dict[str, Any]]:
     """Each field with what it shows now and the errors about it."""
     controls = []

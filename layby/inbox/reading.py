@@ -50,7 +50,7 @@ def read_answer(interrupt: Interrupt, text: str) -> ResumeEntry:
     schema = main_schema(interrupt.response_schema)
     if kind == "confirmation":
         entry = _read_confirmation(interrupt, text)
-    elif kind == "enum":
+    elif kind == "enum" and schema is not None:
         entry = _resolved(interrupt, _read_choice(interrupt, schema["enum"], text))
     elif kind in ("integer", "number"):
         entry = _resolved(interrupt, _read_number(interrupt, text, kind == "integer"))
@@ -161,16 +161,21 @@ def _read_number(interrupt: Interrupt, text: str, whole: bool) -> int | float:
     return value
 
 
+_STRAIGHT_QUOTES = str.maketrans("“”‘’", "\"\"''")
+
+
 def _read_json(interrupt: Interrupt, schema: dict[str, Any] | None, text: str) -> Any:
     # Mail clients turn straight quotes into curly ones as the reviewer types.
-    text = text.translate(str.maketrans({"“": '"', "”": '"', "‘": "'", "’": "'"}))
+    text = text.translate(_STRAIGHT_QUOTES)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         whole_error = exc
     except RecursionError:
         raise _unreadable(interrupt, "your reply's JSON is nested too deeply.") from None
-    kind = (schema or {}).get("type")
+    found = (schema or {}).get("type")
+    # No type, or a list of types (["object", "array"]): any JSON value.
+    kind = found if isinstance(found, str) else ""
     opener = {"object": "{", "array": "["}.get(kind, "{[")
     block_error: json.JSONDecodeError | None = None
     decoder = json.JSONDecoder()

@@ -133,7 +133,7 @@ def _mail_back(rt: Runtime, message: Mail, reason: str) -> None:
     try:
         mail.send(settings, mail.unreadable_reply(settings, message.sender, message.subject,
                                                   message.message_id, reason))
-    except Exception:  # noqa: BLE001  (the refusal stands whether or not the mail goes out)
+    except Exception:  # the refusal stands whether or not the mail goes out
         log.exception("could not tell %s that their reply was unreadable", message.sender)
         store.forget_sight(mark)
 

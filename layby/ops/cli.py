@@ -345,7 +345,11 @@ def _prompt_answer(intr: InterruptView) -> ResumeEntry:
     if choices:
         for n, choice in enumerate(choices, 1):
             typer.echo(f"  {n}. {choice}")
-        picked = typer.prompt("  choice", type=typer.IntRange(1, len(choices)))
+        # A number of the list (typer has no IntRange of its own since it vendors click).
+        picked: int = typer.prompt("  choice", type=int)
+        while not 1 <= picked <= len(choices):
+            typer.secho(f"  Error: {picked} is not in the range 1<=x<={len(choices)}.", fg="red")
+            picked = typer.prompt("  choice", type=int)
         return ResumeEntry(interrupt_id=intr.id, status="resolved", payload=choices[picked - 1])
     raw = typer.prompt("  answer")
     return ResumeEntry(interrupt_id=intr.id, status="resolved", payload=_json_or_text(raw, schema))

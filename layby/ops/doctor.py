@@ -8,7 +8,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.sentinel
@@ -104,11 +104,13 @@ def _why(exc: redis.RedisError) -> str:
 def check_sentinels(group: redis.sentinel.Sentinel, master: str,
                     min_replicas_ack: int = 0) -> list[Check]:
     """Sentinels reachable, agreeing on the primary of `master`, and its replicas in sync."""
-    states: dict[str, dict] = {}
+    states: dict[str, dict[str, Any]] = {}
     failures = []
     for node in group.sentinels:
         try:
-            states[_where(node)] = node.sentinel_master(master)
+            # One sentinel's own client answers with the master's state (redis-py's `bool`
+            # is what the Sentinel object's fan-out returns).
+            states[_where(node)] = cast("dict[str, Any]", node.sentinel_master(master))
         except redis.RedisError as exc:
             failures.append(f"{_where(node)}: {_why(exc)}")
     listed = len(group.sentinels)

@@ -119,7 +119,7 @@ class EmbeddedRedis:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"the Valkey server exited at start (code "
                                        f"{self.process.returncode}); see {self.log_path} "
-                                       f"and {self.data_dir / 'valkey.stderr'}")
+                                       f"and {self.data_dir / 'valkey.stderr'}") from None
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the Valkey server did not answer within {timeout} s; "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
@@ -73,7 +73,8 @@ def fill(client: Redis, key: str, found: list[tuple[str, dict[str, str]]]
     (one read of it, only when some need it)."""
     if not any(_without_messages(fields) for _, fields in found):
         return found
-    return _with_messages(found, client.hget(run_key(key), "messages"))
+    # The clients decode replies; redis-py's types say `bytes | str` (see parking.store).
+    return _with_messages(found, cast("str | None", client.hget(run_key(key), "messages")))
 
 
 async def fill_async(client: AsyncRedis, key: str, found: list[tuple[str, dict[str, str]]]
@@ -81,7 +82,8 @@ async def fill_async(client: AsyncRedis, key: str, found: list[tuple[str, dict[s
     """`fill`, on an async client."""
     if not any(_without_messages(fields) for _, fields in found):
         return found
-    return _with_messages(found, await client.hget(run_key(key), "messages"))
+    return _with_messages(found, cast("str | None",
+                                      await client.hget(run_key(key), "messages")))
 
 
 def recorded_at(event_id: str, fields: dict[str, str]) -> int:
@@ -116,9 +118,9 @@ async def stored_async(client: AsyncRedis, key: str, after: str = "0-0", count: 
     """`stored`, on an async client."""
     args = (2, run_key(key), key, after, count)
     try:
-        reply = await client.evalsha(_READ_SHA, *args)  # type: ignore[misc]
+        reply = await client.evalsha(_READ_SHA, *args)
     except NoScriptError:
-        reply = await client.eval(_READ, *args)  # type: ignore[misc]
+        reply = await client.eval(_READ, *args)
     return _entries(reply)
 
 
@@ -160,7 +162,7 @@ async def follow_raw(client: AsyncRedis, key: str, after: str, *, keep_going: bo
         if not batch and not keep_going:
             return
         if not batch:
-            reply = await client.xread({key: after}, count=PAGE, block=KEEP_ALIVE_MS)
+            reply: Any = await client.xread({key: after}, count=PAGE, block=KEEP_ALIVE_MS)
             batch = reply[0][1] if reply else []
             if not batch:
                 look = True

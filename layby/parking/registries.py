@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 
@@ -49,7 +49,8 @@ class Registry:
 
     def oldest(self) -> tuple[str, int] | None:
         """The member with the lowest score, and its score."""
-        return first_scored(self.client.zrange(self.key, 0, 0, withscores=True))
+        return first_scored(cast("list[tuple[str, float]]",
+                                 self.client.zrange(self.key, 0, 0, withscores=True)))
 
     def due(self, at_ms: float, limit: int, *, with_scores: bool = False) -> list[Any]:
         """Members scored at or before `at_ms`, lowest first, at most `limit`."""
@@ -102,8 +103,8 @@ class RunIndex:
         from `offset` on. One state's page costs the same at any depth; all states' merge
         reads every state's first offset + limit runs (callers bound the offset)."""
         if status is not None:
-            found = self.client.zrevrange(self.of[status].key, offset, offset + limit - 1,
-                                          withscores=True)
+            found = cast("list[tuple[str, float]]", self.client.zrevrange(
+                self.of[status].key, offset, offset + limit - 1, withscores=True))
             return [(run_id, int(score)) for run_id, score in found]
         pipe = self.client.pipeline(transaction=False)
         for s in Status:
@@ -138,8 +139,11 @@ class RunIndex:
         merged = heapq.merge(*[[(run_id, int(score)) for run_id, score in found]
                                for found in replies],
                              key=lambda p: (-p[1], _desc(p[0])))
-        items = [p for p in merged
-                 if after is None or p[1] < top or (p[1] == top and p[0] < after)]
+        if after is None:
+            items = list(merged)
+        else:
+            score = int(top)  # the cursor's score (an int whenever there is a cursor)
+            items = [p for p in merged if p[1] < score or (p[1] == score and p[0] < after)]
         page = items[:limit]
         more = len(items) > limit
         return page, cursor_of(*page[-1]) if more and page else None
@@ -177,7 +181,7 @@ class Deadlines(Registry):
 
     def due_pairs(self, at_ms: int, limit: int) -> list[tuple[str, str]]:
         """(run id, interrupt id) of interrupts past their deadline."""
-        return [tuple(m.rsplit(" ", 1)) for m in self.due(at_ms, limit)]  # type: ignore[misc]
+        return [tuple(m.rsplit(" ", 1)) for m in self.due(at_ms, limit)]
 
 
 class Leases(Registry):

@@ -37,8 +37,8 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class Transition:
-    """A transition's result: the store's `verdict`, the run's new `version` and the outbox `entries`
-    to publish when it applied; when it did not, what stood in the way."""
+    """A transition's result: the store's `verdict`, the run's new `version` and the outbox
+    `entries` to publish when it applied; when it did not, what stood in the way."""
 
     verdict: Verdict
     version: int | None = None

@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis, RedisError
 from redis.exceptions import NoScriptError
@@ -27,7 +27,6 @@ from layby.parking import compact, events, results, scripts
 from layby.parking.clock import iso
 from layby.parking.keys import Keys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
-from layby.parking.scripts import QueuedTask, ScriptSettings
 from layby.parking.registries import (
     Deadlines,
     DueNotifications,
@@ -38,6 +37,7 @@ from layby.parking.registries import (
     now_ms,
 )
 from layby.parking.results import Transition, Verdict
+from layby.parking.scripts import QueuedTask, ScriptSettings
 from layby.wire import (
     Answer,
     Delegation,
@@ -115,6 +115,12 @@ class NotReplicated(RedisError):
     where a retry finds it (an answer already recorded, the run of an idempotency key)."""
 
 
+# The client decodes replies (decode_responses=True: `layby.control.connections`), so they
+# are str; redis-py's annotations cannot know that and say `bytes | str`: hence the casts
+# on plain reads below. Script and pipeline replies are lists of whatever the script or
+# the commands sent back (list[Any]).
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
@@ -139,16 +145,20 @@ class Store:
         """Each script's SHA1 (as EVALSHA names it) and its name: for MONITOR's readers."""
         return {script.sha: name for name, script in self._scripts.items()}
 
-    def _run(self, name: str, run_id: str, *argv: Any, extra_keys: tuple[str, ...] = ()) -> list:
+    def _run(self, name: str, run_id: str, *argv: Any,
+             extra_keys: tuple[str, ...] = ()) -> list[Any]:
         keys = [*self.keys.for_scripts(run_id), *extra_keys]
         args = [str(a) for a in argv]
         wanted = self.config.min_replicas_ack
         if not wanted or name not in ACKNOWLEDGED:
-            return self._scripts[name](keys=keys, args=args)
+            replied: list[Any] = self._scripts[name](keys=keys, args=args)
+            return replied
         # WAIT counts the replicas that have this connection's writes: same pipeline.
         pipe = self.redis.pipeline(transaction=False)
         self._scripts[name](keys=keys, args=args, client=pipe)
         pipe.wait(wanted, self.config.replica_ack_timeout_ms)
+        reply: list[Any]
+        acked: int
         reply, acked = pipe.execute()
         if acked < wanted and reply and reply[0] in WROTE:
             raise NotReplicated(
@@ -193,7 +203,7 @@ class Store:
         return bool(reply[0] == "ok")
 
     def checkpoints(self, run_id: str, version: int) -> dict[str, Any]:
-        raw = self.redis.hgetall(self.keys.checkpoints(run_id))
+        raw = cast("dict[str, str]", self.redis.hgetall(self.keys.checkpoints(run_id)))
         if raw.get("v") != str(version):
             return {}
         return {k: json.loads(v) for k, v in raw.items() if k != "v"}
@@ -267,7 +277,7 @@ class Store:
         return replace(results.committed(reply), view=self._view_of(run_id, *read))
 
     def _run_then_read(self, name: str, run_id: str, argv: tuple[Any, ...],
-                       read: Any) -> tuple[list, list]:
+                       read: Any) -> tuple[list[Any], list[Any]]:
         """A transition and reads after it, in one round trip and one moment (MULTI): the
         reads see what it wrote. (Not with `min_replicas_ack`: its WAIT is not for MULTI.)"""
         keys = self.keys.for_scripts(run_id)
@@ -339,15 +349,15 @@ class Store:
         notification id) of those the caller must queue itself (the broker elsewhere)."""
         raw = self._scripts["claim_due_notifications"](keys=[self.keys.notify_due],
                                                        args=[limit, retry_ms])
-        return [tuple(m.split(" ", 1)) for m in raw]  # type: ignore[misc]
+        return [tuple(m.split(" ", 1)) for m in raw]
 
     def redue_queued_notifications(self) -> int:
         """Notifications whose delivery was queued (due again only once a lost message would
         be), made due now: after a store restart or a worker's death, their messages may be
         gone. One that is not due yet goes back to its time when its delivery starts."""
         now = self.now_ms()
-        members = self.due_notifications.client.zrangebyscore(
-            self.keys.notify_due, f"({now}", now + self.config.lost_message_ms)
+        members = cast("list[str]", self.due_notifications.client.zrangebyscore(
+            self.keys.notify_due, f"({now}", now + self.config.lost_message_ms))
         if members:
             self.redis.zadd(self.keys.notify_due, dict.fromkeys(members, now), xx=True)
         return len(members)
@@ -406,7 +416,7 @@ class Store:
         return _notification(notification_id, raw) if raw else None
 
     def grant(self, ref: str) -> str | None:
-        return self.redis.get(self.keys.grant(ref))
+        return cast("str | None", self.redis.get(self.keys.grant(ref)))
 
     def first_sight(self, what: str, ttl_s: int) -> bool:
         """True the first time `what` is seen within `ttl_s` (a webhook-id, a mail)."""
@@ -488,17 +498,20 @@ class Store:
         cursor, found = scanned
         fields = dict(found)
         while cursor:
-            cursor, more = self.redis.hscan(self.keys.run(run_id), cursor,
-                                            match=prefix + "*", count=SCAN_COUNT)
+            cursor, more = cast("tuple[int, dict[str, str]]", self.redis.hscan(
+                self.keys.run(run_id), cursor, match=prefix + "*", count=SCAN_COUNT))
             fields.update(more)
         mine = {name[len(prefix):]: value for name, value in fields.items()}
-        return {**self.redis.hgetall(self._older(prefix, run_id)), **mine} if older else mine
+        if not older:
+            return mine
+        return {**cast("dict[str, str]", self.redis.hgetall(self._older(prefix, run_id))),
+                **mine}
 
     def _field(self, run_id: str, prefix: str, item_id: str) -> str | None:
         """One interrupt's or notification's JSON (None when the run has no such one)."""
-        found: str | None = (self.redis.hget(self.keys.run(run_id), prefix + item_id)
-                             or self.redis.hget(self._older(prefix, run_id), item_id))
-        return found
+        found = (self.redis.hget(self.keys.run(run_id), prefix + item_id)
+                 or self.redis.hget(self._older(prefix, run_id), item_id))
+        return cast("str | None", found)
 
     def _older(self, prefix: str, run_id: str) -> str:
         """The hash an older layby kept the run's `prefix` fields in."""
@@ -508,13 +521,13 @@ class Store:
         """The run's open interrupts from its `open` field; a run of an older layby that has
         no such field keeps them in a set of their own."""
         if field is None:
-            return set(self.redis.smembers(self.keys.open(run_id)))
+            return cast("set[str]", set(self.redis.smembers(self.keys.open(run_id))))
         return set(field.split())
 
     def reviews(self, run_id: str) -> dict[str, Review]:
         """How people review each of the run's interrupts (only those under a policy, or
         handed on, have anything)."""
-        return _reviews(self.redis.hgetall(self.keys.review(run_id)))
+        return _reviews(cast("dict[str, str]", self.redis.hgetall(self.keys.review(run_id))))
 
     def interrupt(self, run_id: str, interrupt_id: str) -> Interrupt | None:
         raw = self._field(run_id, INTERRUPT, interrupt_id)
@@ -540,7 +553,7 @@ class Store:
             pipe = self.redis.pipeline(transaction=True)
             pipe.hgetall(self._older(INTERRUPT, run_id))
             pipe.hgetall(self._older(NOTE, run_id))
-            older = tuple(pipe.execute())  # type: ignore[assignment]
+            older = tuple(pipe.execute())
         specs, answers, open_ids = _interrupts(_prefixed(raw, INTERRUPT, older[0]), given,
                                                self._open(run_id, raw.get("open")))
         reviews = _reviews(review)
@@ -603,14 +616,16 @@ class Store:
 
     def lease_of(self, run_id: str) -> tuple[str | None, int | None]:
         """Who holds the run's claim, and until when (ms)."""
-        owner, until = self.redis.hmget(self.keys.run(run_id), "lease_owner", "lease_until")
+        owner, until = cast("list[str | None]", self.redis.hmget(
+            self.keys.run(run_id), "lease_owner", "lease_until"))
         # Most commits leave them empty ('' and 0: one call fewer); a park and the end of a
         # run delete them.
         return owner or None, int(until) if until and until != "0" else None
 
     def status_of(self, run_id: str) -> tuple[Status | None, int | None]:
         """The run's status and when it last changed (ms)."""
-        status, updated = self.redis.hmget(self.keys.run(run_id), "status", "updated_at")
+        status, updated = cast("list[str | None]", self.redis.hmget(
+            self.keys.run(run_id), "status", "updated_at"))
         return Status(status) if status else None, int(updated) if updated else None
 
     # -- the registries, as the sweeper and on-call read them -------------------------------
@@ -681,7 +696,7 @@ class Store:
         """The server id last noted in the data (`note_server`): kept with the data, so a
         restart or a failover shows as another id, even to a process that never saw the
         server before it."""
-        return self.redis.get(self.keys.server)  # type: ignore[no-any-return]
+        return cast("str | None", self.redis.get(self.keys.server))
 
     def note_server(self, server: str | None = None, *, first: bool = False) -> None:
         """Note this server's id in the data (with `first`, only where none is)."""
@@ -703,9 +718,10 @@ class Store:
         (`fold:cursor`); returns how many were folded. A run parked again later comes
         round again: its place in the index is its last park."""
         cutoff = self.now_ms() - self.config.fold_after_ms
-        start = self.redis.get(self.keys.fold_cursor) or "-inf"
-        found = self.redis.zrangebyscore(self.keys.index(Status.INTERRUPTED), start, cutoff,
-                                         start=0, num=limit, withscores=True)
+        start = cast("str | None", self.redis.get(self.keys.fold_cursor)) or "-inf"
+        found = cast("list[tuple[str, float]]", self.redis.zrangebyscore(
+            self.keys.index(Status.INTERRUPTED), start, cutoff, start=0, num=limit,
+            withscores=True))
         if not found:
             return 0
         folded = 0

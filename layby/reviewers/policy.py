@@ -39,6 +39,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import celpy
+from celpy.adapter import json_to_cel
+from celpy.celparser import CELParseError
+from celpy.evaluation import CELEvalError
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -184,7 +187,7 @@ class Policy:
             return None
         try:
             return self._env.program(self._env.compile(rule.when))
-        except celpy.CELParseError as exc:
+        except CELParseError as exc:
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "syntax error"
             raise ConfigError(f"rule {rule.name!r}: its condition `{rule.when}` does not "
                               f"parse as CEL: {detail}") from None
@@ -219,7 +222,7 @@ class Policy:
                 checks.append(Check(rule.name, True, "no condition"))
                 return rule, checks
             if activation is None:
-                activation = {k: celpy.json_to_cel(v) for k, v in context.items()}
+                activation = {k: json_to_cel(v) for k, v in context.items()}
             matched, why = _condition(compiled.program, activation, rule.when or "")
             checks.append(Check(rule.name, matched, why))
             if matched:
@@ -266,10 +269,10 @@ def _matches(value: str, patterns: list[str]) -> bool:
 def _condition(program: Any, activation: dict[str, Any], text: str) -> tuple[bool, str]:
     try:
         result = program.evaluate(activation)
-    except celpy.CELEvalError as exc:
+    except CELEvalError as exc:
         detail = exc.args[0] if exc.args else str(exc)
         return False, f"`{text}` could not be evaluated ({detail}): taken as false"
-    if isinstance(result, celpy.CELEvalError):  # cel-python returns some errors as values
+    if isinstance(result, CELEvalError):  # cel-python returns some errors as values
         detail = result.args[0] if result.args else str(result)
         return False, f"`{text}` could not be evaluated ({detail}): taken as false"
     if not isinstance(result, celpy.celtypes.BoolType):

@@ -7,7 +7,7 @@ by it, and the notification mail says how to reply with it, so all three agree.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from layby.generation.interrupts import CONFIRMATION, Interrupt
 
@@ -152,7 +152,7 @@ def answer_kind(interrupt: Interrupt) -> AnswerKind:
         return "enum"
     kind = schema.get("type")
     if kind in ("string", "integer", "number", "boolean"):
-        return kind  # type: ignore[no-any-return]
+        return cast("AnswerKind", kind)  # one of the four just listed
     return "json"
 
 
@@ -167,16 +167,16 @@ def how_to_answer(interrupt: Interrupt) -> str:
                         or property_of(interrupt.response_schema, "note") is not None)
         tail = "; anything after it is kept as your reason." if keeps_reason else "."
         return f'Reply with "approve" or "decline" on the first line{tail}'
-    if kind == "enum":
+    if kind == "enum" and schema is not None:
         listed = "\n".join(f"  {i}. {c}" for i, c in enumerate(schema["enum"], 1))
         return ("Reply with one of these choices on the first line (its number is enough):\n"
                 f"{listed}")
-    if kind in ("integer", "number"):
+    if kind in ("integer", "number") and schema is not None:
         what = "a whole number" if kind == "integer" else "a number"
         return f"Reply with {what}{_bounds(schema)} on the first line."
     if kind == "boolean":
         return 'Reply with "yes" or "no" on the first line.'
-    if kind != "json":
+    if kind != "json" or schema is None:
         return "Reply with your answer on the first lines."
     root = interrupt.response_schema
     example = json.dumps(_example(schema, root), indent=2, ensure_ascii=False)
@@ -238,10 +238,13 @@ def _example(prop: Any, root: Any, depth: int = 0) -> Any:
         return main["enum"][0]
     kind = main.get("type")
     if kind == "object":
-        props = main.get("properties") if isinstance(main.get("properties"), dict) else {}
+        found = main.get("properties")
+        props = found if isinstance(found, dict) else {}
         return {name: _example(sub, root, depth + 1) for name, sub in props.items()}
     if kind == "array":
         return [_example(main.get("items") or {}, root, depth + 1)]
     if kind in ("integer", "number"):
         return main.get("minimum", 0)
-    return {"string": "text", "boolean": True, "null": None}.get(kind, "…")
+    # `type` may be a list of types (["string", "integer"]): no one example for that.
+    return {"string": "text", "boolean": True, "null": None}.get(
+        kind if isinstance(kind, str) else "", "…")

@@ -12,9 +12,10 @@ As pytest fixtures (`layby.testing.plugin`, registered with pytest when layby is
 
 While it runs, LAYBY_URL and LAYBY_API_KEY name it (so `layby.Client()` with no arguments,
 in a script under test, reaches it), and LAYBY_REDIS_URL its Valkey. `layby_server`
-(session-scoped: the first test pays the start-up, about a second; later tests reuse it) loads the agent and task modules named by the `layby_agent_modules` and
-`layby_task_modules` ini options (pytest.ini / pyproject.toml), or else by
-LAYBY_AGENT_MODULES and LAYBY_TASK_MODULES. Outside pytest, `serve(...)` is the same as a
+(session-scoped: the first test pays the start-up, about a second; later tests reuse it)
+loads the agent and task modules named by the `layby_agent_modules` and `layby_task_modules`
+ini options (pytest.ini / pyproject.toml), or else by LAYBY_AGENT_MODULES and
+LAYBY_TASK_MODULES. Outside pytest, `serve(...)` is the same as a
 context manager.
 """
 
@@ -30,9 +31,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from layby.client import Client
 

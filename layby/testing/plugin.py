@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the kit (Celery, Redis, uvicorn) is imported when a test asks for it
     from layby.client import Client

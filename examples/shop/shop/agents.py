@@ -7,8 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from layby import Agent, Ask, Call, Case, Choose, Reply, ScriptedModel, ToolContext, tool
-from layby import interrupt_tool
+from layby import (
+    Agent,
+    Ask,
+    Call,
+    Case,
+    Choose,
+    Reply,
+    ScriptedModel,
+    ToolContext,
+    interrupt_tool,
+    tool,
+)
 
 APPROVAL_LIMIT = 100
 

@@ -3,10 +3,9 @@ sweeper and the gateway, started once for the session)."""
 
 from __future__ import annotations
 
+import refund_script
 from layby import CONFIRMATION, Client, Status
 from layby.testing import LaybyServer
-
-import refund_script
 
 
 def test_a_large_refund_waits_for_approval_then_renders_the_credit_note(

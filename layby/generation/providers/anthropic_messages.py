@@ -33,8 +33,9 @@ from layby.generation.providers.common import (
     ProviderModel,
     dumps,
     request_params,
-    stable_ref,
     safe_url,
+    stable_ref,
+    take_unpaired,
     tool_schema,
 )
 from layby.generation.providers.settings import AnthropicSettings
@@ -100,7 +101,7 @@ class AnthropicModel(ProviderModel):
                   len(messages), len(request.tools))
         try:
             reply = client.messages.create(**kwargs, extra_body=params or None)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (the SDK's errors, told apart by _error)
             raise self._error(exc, where) from None
         return from_anthropic_message(reply, model=self.model, where=where)
 
@@ -201,7 +202,7 @@ def _user_blocks(message: Message, m_index: int,
     for p_index, part in enumerate(message.content):
         resp = part.tool_response
         if resp is not None:
-            ref = resp.ref or (unpaired.get(resp.name) or [None]).pop(0) \
+            ref = resp.ref or take_unpaired(unpaired, resp.name) \
                 or stable_ref(m_index, p_index)
             results.append({"type": "tool_result", "tool_use_id": safe_id(ref),
                             "content": dumps(resp.output)})

@@ -236,3 +236,10 @@ def stable_ref(message_index: int, part_index: int) -> str:
     """The id of a tool request stored without a ref (one written by the scripted model or
     a client's history): the same every time the history is sent, in every adapter."""
     return f"call_m{message_index}_p{part_index}"
+
+
+def take_unpaired(unpaired: dict[str, list[str]], name: str) -> str | None:
+    """The first id still unpaired among the calls of tool `name`, taken off its list (None
+    when there is none left)."""
+    waiting = unpaired.get(name)
+    return waiting.pop(0) if waiting else None

@@ -32,8 +32,9 @@ from layby.generation.providers.common import (
     dumps,
     redact,
     request_params,
-    stable_ref,
     safe_url,
+    stable_ref,
+    take_unpaired,
     tool_schema,
 )
 from layby.generation.providers.settings import OpenAISettings
@@ -91,7 +92,7 @@ class OpenAIChatModel(ProviderModel):
                   len(kwargs["messages"]), len(request.tools))
         try:
             completion = client.chat.completions.create(**kwargs, extra_body=params or None)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (the SDK's errors, told apart by _error)
             raise self._error(exc, where) from None
         return from_chat_completion(completion, model=self.model, where=where)
 
@@ -153,7 +154,7 @@ def to_chat_messages(messages: list[Message], system: str | None = None) -> list
             for p_index, part in enumerate(message.content):
                 resp = part.tool_response
                 if resp is not None:
-                    ref = resp.ref or (unpaired.get(resp.name) or [None]).pop(0) \
+                    ref = resp.ref or take_unpaired(unpaired, resp.name) \
                         or stable_ref(m_index, p_index)
                     out.append({"role": "tool", "tool_call_id": ref,
                                 "content": dumps(resp.output)})
