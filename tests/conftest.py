@@ -22,7 +22,6 @@ from layby.ops.embedded import EmbeddedRedis
 from tests.harness import LaybySystem
 from tests.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewed_system
 
-
 # Fixtures (here and in test modules) that start layby's processes or other programs.
 # Fixtures (here and in test modules) that start layby's processes or other programs; a
 # test is marked by any of them it uses, however indirectly.

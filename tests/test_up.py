@@ -102,9 +102,10 @@ def test_layby_up_survives_a_restart_with_a_parked_run(tmp_path: Path) -> None:
 
 
 def test_the_email_round_trip_on_one_machine(tmp_path: Path) -> None:
-    """What docs/getting-started.md promises a newcomer: start a run, read the approval request in the
-    mail catcher's page, reply "approve" from that page (a real SMTP reply to the reply
-    listener), and watch the run finish, the answer recorded as the reviewer's, by email."""
+    """What docs/getting-started.md promises a newcomer: start a run, read the approval
+    request in the mail catcher's page, reply "approve" from that page (a real SMTP reply to
+    the reply listener), and watch the run finish, the answer recorded as the reviewer's, by
+    email."""
     from playwright.sync_api import sync_playwright
 
     from tests.browser import launch
