@@ -248,6 +248,25 @@ def test_an_unknown_redis_scheme_is_refused_by_up_and_the_worker(tmp_path: Path)
 
 
 @integration
+def test_a_bad_task_module_or_reviewer_directory_is_refused_before_anything_starts(
+        tmp_path: Path) -> None:
+    broken = tmp_path / "reviewers.toml"
+    broken.write_text("[reviewers.you]\nemail = \n")
+    cases = [({"LAYBY_TASK_MODULES": "jobs_nowhere"},
+              "error: LAYBY_TASK_MODULES names 'jobs_nowhere', and no module"),
+             ({"LAYBY_REVIEWERS_FILE": str(broken)},
+              f"error: the reviewer directory {broken}")]
+    for extra, expected in cases:
+        env = _env(tmp_path / "data", **_ports(), **extra)
+        for command in (["up", "--port", str(free_port()), "--no-flower"], ["worker"]):
+            done = _layby(*command, env=env)
+            assert done.returncode == 2, (command, done.stderr)
+            assert done.stderr.startswith(expected), (command, done.stderr)
+            assert done.stderr.count("\n") == 1 and done.stdout == ""
+    assert not (tmp_path / "data" / "valkey").exists()
+
+
+@integration
 def test_the_gateway_refuses_a_bad_module_and_says_when_it_is_not_ready(
         tmp_path: Path) -> None:
     env = _env(tmp_path / "data", LAYBY_AGENT_MODULES="nowhere_at_all",

@@ -58,5 +58,7 @@ def _where(exc: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if not f.filename.startswith("<")]
     mine = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_LIBRARY_DIRS)]
-    frame = (mine or frames or [None])[-1]
-    return f"{frame.filename}:{frame.lineno}" if frame else "?"
+    if not (mine or frames):
+        return "?"
+    frame = (mine or frames)[-1]
+    return f"{frame.filename}:{frame.lineno}"
