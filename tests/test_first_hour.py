@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,7 +139,7 @@ def _ports() -> dict[str, str]:
 def _layby(*args: str, env: dict[str, str], cwd: Path = ROOT, timeout: float = 60
            ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "layby", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def _start_up(env: dict[str, str], port: int, log: Path, cwd: Path = ROOT
@@ -198,12 +197,13 @@ def taken_port() -> Iterator[int]:
 
 @integration
 @pytest.mark.parametrize("module, expected", [
-    ("bank.nowhere", "LAYBY_AGENT_MODULES names 'bank.nowhere', and no module "
-                     "'bank.nowhere' is found"),
-    ("bank.typo", "LAYBY_AGENT_MODULES: module 'bank.typo' has a syntax error at "
-                  "{project}/bank/typo.py:2"),
-    ("bank.needy", "LAYBY_AGENT_MODULES: module 'bank.needy' failed while importing, at "
-                   "{project}/bank/needy.py:1: ModuleNotFoundError: No module named 'stripe"),
+    ("bank.nowhere", ("LAYBY_AGENT_MODULES names 'bank.nowhere', and no module "
+                      "'bank.nowhere' is found")),
+    ("bank.typo", ("LAYBY_AGENT_MODULES: module 'bank.typo' has a syntax error at "
+                   "{project}/bank/typo.py:2")),
+    ("bank.needy", ("LAYBY_AGENT_MODULES: module 'bank.needy' failed while importing, at "
+                    "{project}/bank/needy.py:1: ModuleNotFoundError: No module named "
+                    "'stripe")),
 ])
 def test_up_refuses_a_bad_agent_module_before_anything_starts(
         tmp_path: Path, module: str, expected: str) -> None:
@@ -277,7 +277,8 @@ def test_the_gateway_refuses_a_bad_module_and_says_when_it_is_not_ready(
     # Run by uvicorn itself (the factory), it says so in one line too, before it listens.
     direct = subprocess.run([sys.executable, "-m", "uvicorn", "--factory",
                              "layby.http.app:create_app", "--port", str(free_port())],
-                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            check=False)
     assert direct.returncode == 2
     assert direct.stderr.startswith("layby gateway: error: LAYBY_AGENT_MODULES names")
 
