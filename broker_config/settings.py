@@ -81,22 +81,15 @@ HTTP_SCHEMES = ("http", "https")
 
 
 def url_problem(url: str, schemes: tuple[str, ...]) -> str | None:
-    """What is wrong with `url` for a setting that takes `schemes`, or None. Never repeats
-    the URL (it may hold a password)."""
+    """What is wrong with the scheme of `url` for a setting that takes `schemes`, or None
+    (the rest of a Redis URL is checked where clients are made, `control.connections`).
+    Never repeats the URL: it may hold a password."""
     scheme = urlsplit(url.strip()).scheme.lower() if "://" in url else ""
     taken = ", ".join(f"{s}://" for s in schemes)
     if not scheme:
         return f"not a URL (no scheme://): give one of {taken}"
     if scheme not in schemes:
         return f"the scheme {scheme}:// is not one layby takes: give one of {taken}"
-    for part in url.split(";"):
-        try:
-            found = urlsplit(part.strip())
-            found.port  # noqa: B018  (raises on a port that is not a number)
-        except ValueError:
-            return "its port is not a number from 1 to 65535"
-        if part.strip() and not found.hostname:
-            return f"it names no host: give {scheme}://host:port…"
     return None
 
 
@@ -251,6 +244,8 @@ class Settings(BaseSettings):
     @classmethod
     def _public_url(cls, value: str) -> str:
         problem = url_problem(value, HTTP_SCHEMES)
+        if problem is None and not urlsplit(value.strip()).hostname:
+            problem = "it names no host: give http(s)://host[:port]"
         if problem:
             raise ValueError(problem)
         return value

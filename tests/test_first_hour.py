@@ -47,7 +47,6 @@ def test_a_redis_url_of_an_unknown_scheme_is_refused_naming_the_schemes_taken() 
         "the scheme redis+cluster:// is not one layby takes: give one of redis://, "
         "rediss://, sentinel://")
     assert url_problem("localhost:6379", REDIS_SCHEMES).startswith("not a URL")
-    assert "port" in url_problem("redis://h:abc/0", REDIS_SCHEMES)
     assert url_problem("redis://:pw@h:6379/0", REDIS_SCHEMES) is None
     assert url_problem("sentinel://h:26379/0;sentinel://h2:26379", REDIS_SCHEMES) is None
     with pytest.raises(ValidationError) as refused:
