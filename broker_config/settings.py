@@ -4,7 +4,12 @@ Where Redis is: `LAYBY_REDIS_URL`, or else the file `<LAYBY_DATA_DIR>/redis.url`
 `layby up` writes for the embedded server it starts, so every other `layby` command on the
 same machine finds it. The URL names one server, or a Sentinel group in kombu's form
 (`sentinel://[:password@]host:26379/0;sentinel://host2:26379;…`) whose primary is
-LAYBY_REDIS_SENTINEL_MASTER; `control.connections` builds the clients.
+LAYBY_REDIS_SENTINEL_MASTER; `control.connections` builds the clients. A URL of a scheme
+the broker and the store do not both take is refused here, before anything connects.
+
+`Settings.of_this_folder()` is what the `layby` command reads: the variables, and for what
+they leave unset, the settings of a `layby up` running on the same data folder
+(`layby.running`).
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from layby import running
 
 CommaList = Annotated[list[str], NoDecode]
 # The embedded server's malloc (layby.ops.embedded).
@@ -64,6 +72,25 @@ class ApiKey:
 
 def is_sentinel_url(url: str) -> bool:
     return url.strip().lower().startswith("sentinel://")
+
+
+# What both the broker (kombu) and the store (redis-py) take. kombu reads any other
+# `redis+…://` as plain redis:// on localhost, and `unix://` not at all.
+REDIS_SCHEMES = ("redis", "rediss", "sentinel")
+HTTP_SCHEMES = ("http", "https")
+
+
+def url_problem(url: str, schemes: tuple[str, ...]) -> str | None:
+    """What is wrong with the scheme of `url` for a setting that takes `schemes`, or None
+    (the rest of a Redis URL is checked where clients are made, `control.connections`).
+    Never repeats the URL: it may hold a password."""
+    scheme = urlsplit(url.strip()).scheme.lower() if "://" in url else ""
+    taken = ", ".join(f"{s}://" for s in schemes)
+    if not scheme:
+        return f"not a URL (no scheme://): give one of {taken}"
+    if scheme not in schemes:
+        return f"the scheme {scheme}:// is not one layby takes: give one of {taken}"
+    return None
 
 
 class Settings(BaseSettings):
@@ -203,6 +230,26 @@ class Settings(BaseSettings):
             raise ValueError(f"not a log level; use one of {', '.join(levels)}")
         return value.upper()
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        problem = url_problem(value, REDIS_SCHEMES)
+        if problem:
+            raise ValueError(problem)
+        return value.strip()
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str) -> str:
+        problem = url_problem(value, HTTP_SCHEMES)
+        if problem is None and not urlsplit(value.strip()).hostname:
+            problem = "it names no host: give http(s)://host[:port]"
+        if problem:
+            raise ValueError(problem)
+        return value
+
     @field_validator("api_keys", "agent_modules", "task_modules", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
@@ -282,6 +329,29 @@ class Settings(BaseSettings):
             return self.url_file.read_text().strip() or None
         except OSError:
             return None
+
+    @classmethod
+    def of_this_folder(cls) -> Settings:
+        """The settings of a command started in this folder: the LAYBY_* variables, and for
+        every setting they leave unset, the one of the `layby up` running on the same data
+        folder (so a second terminal serves the same agents, reviewers and mail)."""
+        given = cls()
+        stack = running.running(given.data_dir)
+        if stack is None:
+            return given
+        fields = set(cls.model_fields)
+        found = {name: value for name, value in stack.settings.items()
+                 if name in fields and name not in given.model_fields_set}
+        return cls(**found) if found else given
+
+
+def settings_problem(exc: ValidationError) -> str:
+    """Refused settings in one line: each variable and what is wrong with it, never its
+    value (it may be a secret)."""
+    return "; ".join(
+        f"LAYBY_{str(e['loc'][0]).upper() if e['loc'] else '?'}: "
+        f"{e['msg'].removeprefix('Value error, ')}"
+        for e in exc.errors(include_input=False, include_url=False))
 
 
 def write_private(path: Path, text: str) -> None:

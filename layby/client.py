@@ -43,6 +43,7 @@ from urllib.parse import quote, unquote
 import httpx
 from pydantic import BaseModel
 
+from layby import running
 from layby.errors import (
     Conflict,
     Forbidden,
@@ -388,9 +389,18 @@ def _timed_out(run_id: str, timeout: float | None, wanted: frozenset[Status]) ->
 
 
 def _base(base_url: str | None, api_key: str | None) -> tuple[str, dict[str, str]]:
-    url = base_url or os.environ.get("LAYBY_URL") or DEFAULT_URL
+    """The URL and key given, else LAYBY_URL and LAYBY_API_KEY, else those of a `layby up`
+    running in this folder (`layby.running`), else the default URL and no key."""
+    url = base_url or os.environ.get("LAYBY_URL")
     key = api_key or os.environ.get("LAYBY_API_KEY")
-    return url, ({"Authorization": f"Bearer {key}"} if key else {})
+    if url is None or key is None:
+        stack = running.running()
+        if stack is not None:
+            url = url or stack.url
+            # Its key only to its own gateway: never sent to a server someone else named.
+            if key is None and url.rstrip("/") == stack.url.rstrip("/"):
+                key = stack.api_key()
+    return url or DEFAULT_URL, ({"Authorization": f"Bearer {key}"} if key else {})
 
 
 # -- the clients ---------------------------------------------------------------------------
@@ -398,8 +408,9 @@ def _base(base_url: str | None, api_key: str | None) -> tuple[str, dict[str, str
 
 class Client:
     """layby's API, synchronously. `base_url` and `api_key` default to the LAYBY_URL and
-    LAYBY_API_KEY environment variables (and http://127.0.0.1:8000). Close it, or use it as
-    a context manager."""
+    LAYBY_API_KEY environment variables, then to the gateway and key of a `layby up`
+    running in this folder (LAYBY_DATA_DIR, ./.layby), then to http://127.0.0.1:8000.
+    Close it, or use it as a context manager."""
 
     def __init__(self, base_url: str | None = None, api_key: str | None = None, *,
                  timeout: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:

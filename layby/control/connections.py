@@ -1,6 +1,6 @@
 """Redis clients built from settings: the one place that turns LAYBY_REDIS_URL into a client.
 
-The URL names one server (`redis://`, `rediss://`, `unix://`) or a Sentinel group in
+The URL names one server (`redis://`, `rediss://`) or a Sentinel group in
 kombu's form, `sentinel://[:password@]host:26379[/db];sentinel://host2:26379;…`, whose
 primary is LAYBY_REDIS_SENTINEL_MASTER. A Sentinel client asks the sentinels where the
 primary is each time it connects, so after a failover it reconnects to the new one; kombu
@@ -111,7 +111,7 @@ def _from_url(make: Callable[..., _Client], url: str, **options: Any) -> _Client
     except ValueError as exc:
         message = str(exc).replace(url, "LAYBY_REDIS_URL")
         raise ConfigError(f"LAYBY_REDIS_URL is not usable ({message}): give "
-                          "redis://[:password@]host:6379/0, rediss://…, unix://… or "
+                          "redis://[:password@]host:6379/0, rediss://… or "
                           f"{SENTINEL_FORM}") from None
 
 

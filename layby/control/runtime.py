@@ -36,8 +36,11 @@ from layby.broker_config import (
 from layby.broker_config.messages import templates
 from layby.control.connections import redis_client
 from layby.generation.agents import Agent, load_agents
+from layby.generation.importing import import_user_module
 from layby.parking import OutboxEntry, Store, StoreConfig, TaskNames
 from layby.reviewers.config import Reviewers
+from layby.reviewers.directory import load_directory
+from layby.reviewers.policy import load_rules
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,21 @@ def build(settings: Settings | None = None, *, agents: dict[str, Agent] | None =
     given). `agents` replaces LAYBY_AGENT_MODULES (the test kit passes them)."""
     settings = settings or Settings()
     return Runtime(settings, make_celery(settings), agents)
+
+
+def check_config(settings: Settings) -> dict[str, Agent]:
+    """What a process needs before it serves, checked before any part starts (`layby up`,
+    `layby worker`, the gateway): the user's agent and task modules import, the reviewer
+    directory and its rules load. Returns the agents; raises ConfigError, in one line,
+    naming the file (and line) to fix."""
+    agents = load_agents(settings.agent_modules)
+    for name in settings.task_modules:
+        import_user_module(name, "LAYBY_TASK_MODULES")
+    directory = load_directory(settings.reviewers_file)
+    rules = settings.policy_file or settings.reviewers_file
+    if rules is not None:
+        load_rules(rules).check(directory)
+    return agents
 
 
 def worker_name() -> str:

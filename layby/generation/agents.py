@@ -6,11 +6,11 @@ in a setting and collects every agent it finds there.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from layby.errors import ConfigError
+from layby.generation.importing import import_user_module
 from layby.generation.models import Model
 from layby.generation.tools import Tool
 
@@ -42,13 +42,7 @@ def load_agents(modules: list[str]) -> dict[str, Agent]:
     """Import each module and collect its module-level `Agent`s, by name."""
     found: dict[str, Agent] = {}
     for module_name in modules:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ConfigError(
-                f"cannot import agent module {module_name!r} ({exc}); "
-                "check LAYBY_AGENT_MODULES and that the module is on the Python path"
-            ) from exc
+        module = import_user_module(module_name, "LAYBY_AGENT_MODULES")
         for value in vars(module).values():
             if isinstance(value, Agent):
                 other = found.get(value.name)

@@ -2,15 +2,19 @@
 reviewers' routes, the mail catcher's pages, `/metrics`, `/healthz`), the error handlers
 that give every refusal the same JSON body, and the middleware. `uvicorn --factory
 layby.http.app:create_app` (what `layby gateway` and `layby up` run) calls it with no
-runtime: it builds one from the LAYBY_* settings and sets up the process's logs."""
+runtime: it builds one from the LAYBY_* settings, checks them (the user's modules import, the
+reviewer directory loads: one line on stderr and exit code 2 if not, before it listens) and
+sets up the process's logs. `/healthz` says the process lives; `/readyz` whether it can serve
+(503 with the reason until it can)."""
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from http import HTTPStatus
-from typing import Any
+from typing import Any, NoReturn
 
 import redis.exceptions
 from fastapi import FastAPI, Request
@@ -18,14 +22,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from fastapi.telemetry import TelemetryConfig
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from layby.broker_config import logs
+from layby.broker_config.settings import Settings, settings_problem
 from layby.control import Runtime, build
-from layby.errors import LaybyError, Unauthorized
+from layby.control.runtime import check_config
+from layby.errors import ConfigError, LaybyError, Unauthorized
 from layby.http import agui, api, mailbox, reviewers
 from layby.http.deps import Caller, Rt, bearer, check_key
 from layby.http.errors import error_response, refusal, why_redis_is_away
@@ -43,7 +50,7 @@ _RUN_PATH = re.compile(r"^/v1/runs/(?P<run_id>[^/]+)(?:/interrupts/(?P<interrupt
 def create_app(runtime: Runtime | None = None) -> FastAPI:
     """The gateway for `runtime` (built from the environment, logs set up, when None)."""
     if runtime is None:
-        runtime = build()
+        runtime = _checked_runtime()
         # uvicorn has set up its loggers by the time it calls the factory: send them through
         # layby's handler, so the gateway writes the configured format (JSON with ids, or
         # text), scrubbed of reviewer tokens (its access lines hold /review/<token>).
@@ -79,6 +86,24 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     _plain_routes(app)
     _document(app, rt)
     return app
+
+
+def _checked_runtime() -> Runtime:
+    """The runtime of the LAYBY_* settings, its agents loaded; a process that cannot serve
+    says why in one line and exits with 2 before it listens (uvicorn calls the factory
+    first)."""
+    try:
+        settings = Settings()
+        return build(settings, agents=check_config(settings))
+    except ValidationError as exc:
+        _exit(settings_problem(exc))
+    except ConfigError as exc:
+        _exit(exc.message)
+
+
+def _exit(message: str) -> NoReturn:
+    print(f"layby gateway: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 # Beside the API key (FastAPI's HTTPBearer, from the routes' dependency): what the
@@ -253,6 +278,19 @@ def _plain_routes(app: FastAPI) -> None:
         except Exception as exc:  # noqa: BLE001  (the gateway is up; what it depends on is not)
             return error_response(503, "redis_unavailable", why_redis_is_away(exc))
         return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz(rt: Rt) -> JSONResponse:
+        # Ready when a request can be served: the agents load and the store answers.
+        try:
+            rt.agents  # noqa: B018
+        except ConfigError as exc:
+            return refusal(exc)
+        try:
+            rt.store.redis.ping()
+        except Exception as exc:  # noqa: BLE001  (any failure is the reason it is not ready)
+            return error_response(503, "redis_unavailable", why_redis_is_away(exc))
+        return JSONResponse({"status": "ready"})
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics(rt: Rt, _: Caller) -> Response:

