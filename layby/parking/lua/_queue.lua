@@ -6,7 +6,7 @@
 -- file) exactly when the change is, so nothing is published after the commit and nothing
 -- is published twice. The messages come made (layby.broker_config.messages) with
 -- placeholders: @@R@@ run id, @@V@@ version, @@N@@ notification id, @@T@@ task id,
--- @@D@@ delivery tag, @@A@@ the run's agent as Flower shows it after the ids.
+-- @@D@@ delivery tag, @@A@@ the run's agent as Flower shows it before the ids.
 
 -- By kind (turn, resume, notify, deliver): the task and its queue, and, when the broker is
 -- this server, `key` (the queue's list) and `message` (its pieces, for `fill`).
@@ -25,11 +25,11 @@ local function fill(pieces, values)
   return table.concat(out)
 end
 
--- What follows the ids in the arguments Flower shows (argsrepr): ` agent=<name>`, escaped
--- for the JSON header it lands in; nothing when the agent is not known here.
+-- What comes before the ids in the arguments Flower shows (argsrepr): `agent=<name> `,
+-- escaped for the JSON header it lands in; nothing when the agent is not known here.
 local function shown_agent(agent)
   if not agent or agent == '' then return '' end
-  return ' agent=' .. string.sub(cjson.encode(agent), 2, -2)
+  return 'agent=' .. string.sub(cjson.encode(agent), 2, -2) .. ' '
 end
 
 -- Push the task of `kind` for `run` (at `version`, or about notification `note`) of
