@@ -137,8 +137,8 @@ def worker(queues: Annotated[str | None, typer.Option(
 
 @cli.command()
 def sweeper() -> None:
-    """Run the sweeper: its clock (Celery beat, `layby.sweep` every LAYBY_SWEEP_INTERVAL_S)
-    and a one-process worker on the sweep queue. Run one per deployment."""
+    """Run the sweeper: a one-process worker on the sweep queue that sweeps every
+    LAYBY_SWEEP_INTERVAL_S on its own clock. Run one per deployment."""
     from layby.ops.supervisor import sweeper_argv
 
     _exec(sweeper_argv(Settings())[1:])
