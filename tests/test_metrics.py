@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,7 +129,7 @@ def test_the_sweepers_liveness_is_in_metrics_and_doctor(system: LaybySystem,
         client.close()
     assert done.returncode == 1, done.stdout
     (line,) = [x for x in done.stdout.splitlines() if "sweeper" in x]
-    assert line.startswith("PROBLEM") and "last sweep 120 s ago" in line, line
+    assert line.startswith("PROBLEM") and re.search(r"last sweep 12\d s ago", line), line
     assert "is `layby sweeper` running?" in line
 
 
