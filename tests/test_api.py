@@ -215,7 +215,8 @@ def test_malformed_answers_are_refused_and_change_nothing(system: LaybySystem) -
                                              "approve": True})
         metadata_not_object = api.post(path, json={"status": "resolved", "payload": "Jaws",
                                                    "metadata": ["x"]})
-    assert _refused(broken, 422)["detail"][0]["message"] == "JSON decode error"
+    assert _refused(broken, 422)["detail"][0]["message"] == (
+        "the body is not valid JSON: Expecting value at line 1, column 35")
     assert "/status" in {e["path"] for e in _refused(wrong_status, 422)["detail"]}
     assert "/status" in {e["path"] for e in _refused(no_status, 422)["detail"]}
     assert "/approve" in {e["path"] for e in _refused(unknown_field, 422)["detail"]}
