@@ -3,7 +3,8 @@ flowerconfig.py in the working directory is not read). It sets no secrets and no
 those come from the environment (FLOWER_BASIC_AUTH, FLOWER_AUTH, FLOWER_OAUTH2_*) and the
 command line. Its log lines take layby's format (text, or JSON lines).
 
-`format_task` keeps what people type out of Flower's pages: layby's own messages carry ids
+The tasks page shows each task's arguments (`tasks_columns`). `format_task` keeps what
+people type out of Flower's pages: layby's own messages carry ids
 only, but another service's `send_task("layby.start_run", args=[agent, input])` carries the
 user's request; the pages show its agent and run id only.
 """
@@ -20,6 +21,10 @@ from layby.broker_config import Settings, logs
 logs.configure(Settings())
 
 _REDACTED = "…"
+
+# The tasks page shows each task's arguments: layby's are a run's ids and its agent
+# (`broker_config.messages`), so an operator sees, and searches by, which run a step served.
+tasks_columns = "name,uuid,state,args,received,runtime,worker"
 
 
 def _literal(text: Any) -> Any:

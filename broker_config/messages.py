@@ -14,6 +14,13 @@ placeholders the script fills in:
 | `@@N@@`     | a notification id (`layby.notify.deliver`)          |
 | `@@T@@`     | the task id (`<run>:<kind>:<version>`, or the note) |
 | `@@D@@`     | kombu's delivery tag, unique per message            |
+| `@@A@@`     | `agent=<the run's agent> `, or nothing              |
+
+The arguments Flower shows (the `argsrepr` header) are the run's agent and the ids,
+`agent=demo.transfer ['run_…', 3]` (`shown_args`; the agent first, as Flower's narrow
+column cuts the end off): an operator finds a run's steps by its id, and sees which agent
+they served. Ids and the agent's name only: never a message, an
+answer or a token.
 
 The body is the task's JSON as is, without kombu's base64 (a message says how its body is
 encoded, and kombu reads an unencoded one as it is): Lua has no base64, and the version
@@ -26,12 +33,19 @@ from __future__ import annotations
 import json
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 from celery import Celery
 
 from layby.broker_config.names import DELIVER_TASK, NOTIFY, NOTIFY_TASK, RESUME_RUN, RUN_TURN, TURNS
 
-RUN, VERSION, NOTE, TASK_ID, TAG = "@@R@@", "@@V@@", "@@N@@", "@@T@@", "@@D@@"
+RUN, VERSION, NOTE, TASK_ID, TAG, AGENT = ("@@R@@", "@@V@@", "@@N@@", "@@T@@", "@@D@@",
+                                           "@@A@@")
+
+
+def shown_args(args: list[Any] | tuple[Any, ...], agent: str | None = None) -> str:
+    """The arguments as Flower shows them (`argsrepr`): the run's agent, then the ids."""
+    return (f"agent={agent} " if agent else "") + repr(list(args))
 
 
 @dataclass(frozen=True)
@@ -50,7 +64,7 @@ def template(app: Celery, task: str, queue: str, args: tuple[str, str],
     # The origin names the host, not the process: a template is written into the scripts'
     # source, and one per process would load a new copy of every script each restart.
     made = app.amqp.as_task_v2(TASK_ID, task, args=args, kwargs={}, root_id=TASK_ID,
-                               argsrepr=repr(list(args)), kwargsrepr="{}",
+                               argsrepr=AGENT + shown_args(args), kwargsrepr="{}",
                                origin=f"layby@{socket.gethostname()}")
     body = json.dumps(made.body)  # what kombu's json serializer writes
     envelope = {

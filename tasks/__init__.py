@@ -24,6 +24,7 @@ from layby.broker_config import (
     RESUME_RUN,
     RUN_TURN,
     START_RUN,
+    SWEEP,
     SWEEP_TASK,
 )
 from layby.control import Runtime, commands
@@ -31,7 +32,7 @@ from layby.notifier import delivery, planning
 from layby.tasks import context, jobs
 from layby.tasks.heartbeat import beat_worker
 from layby.tasks.steps import advance
-from layby.tasks.sweeper import sweep
+from layby.tasks.sweeper import sweep, tick
 
 
 def register(rt: Runtime) -> Celery:
@@ -75,6 +76,7 @@ def register(rt: Runtime) -> Celery:
     jobs.connect(rt)
     context.connect()
     _beat_while_up(rt)
+    _sweep_while_up(rt)
     # The reviewer policy, read now in the main process: pool children forked from it start
     # with these rules, so a rules file broken later leaves every child the rules it had.
     rt.reviewers.policy()
@@ -100,6 +102,22 @@ def _beat_while_up(rt: Runtime) -> None:
     worker_ready.connect(ready, weak=False, dispatch_uid=f"layby.beat.{id(rt.celery)}")
     worker_shutdown.connect(shutdown, weak=False,
                             dispatch_uid=f"layby.beat.end.{id(rt.celery)}")
+
+
+def _sweep_while_up(rt: Runtime) -> None:
+    """The sweeper's clock (`sweeper.tick`) in the worker that reads the sweep queue (`layby
+    sweeper`), from ready to shutdown."""
+    stop = threading.Event()
+
+    def ready(sender: Any, **_: Any) -> None:
+        consumer = getattr(sender, "task_consumer", None)
+        queues = {q.name for q in getattr(consumer, "queues", ())}
+        if SWEEP in queues:
+            tick(rt, rt.settings.sweep_interval_s, stop)
+
+    worker_ready.connect(ready, weak=False, dispatch_uid=f"layby.sweep.{id(rt.celery)}")
+    worker_shutdown.connect(lambda **_: stop.set(), weak=False,
+                            dispatch_uid=f"layby.sweep.end.{id(rt.celery)}")
 
 
 __all__ = ["register"]

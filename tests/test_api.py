@@ -215,7 +215,8 @@ def test_malformed_answers_are_refused_and_change_nothing(system: LaybySystem) -
                                              "approve": True})
         metadata_not_object = api.post(path, json={"status": "resolved", "payload": "Jaws",
                                                    "metadata": ["x"]})
-    assert _refused(broken, 422)["detail"][0]["message"] == "JSON decode error"
+    assert _refused(broken, 422)["detail"][0]["message"] == (
+        "the body is not valid JSON: Expecting value at line 1, column 35")
     assert "/status" in {e["path"] for e in _refused(wrong_status, 422)["detail"]}
     assert "/status" in {e["path"] for e in _refused(no_status, 422)["detail"]}
     assert "/approve" in {e["path"] for e in _refused(unknown_field, 422)["detail"]}
@@ -418,6 +419,44 @@ def test_max_turns_fails_the_run_with_a_clear_error(system: LaybySystem) -> None
 
 
 # -- limits and hostile input ------------------------------------------------------------
+
+
+def test_a_body_that_is_not_json_says_where_and_a_wrong_content_type_says_so(
+        system: LaybySystem) -> None:
+    """What was observed: a malformed body said "the body at 26: JSON decode error"; a body
+    sent without Content-Type (or as curl -d sends it) said "Input should be a valid
+    dictionary". Now the first gives line and column, the others name the header to send."""
+    broken = b'{"agent": "demo.trivia",\n "input": Quiz me}'
+    good = json.dumps({"agent": "demo.trivia", "input": "Quiz me"}).encode()
+    system.start_run("demo.trivia", "Quiz me")  # the newest run, until one is wrongly made
+    with system.api() as api:
+        before = _latest_start(api)
+        malformed = _refused(api.post("/v1/runs", content=broken,
+                                      headers={"content-type": JSON_TYPE}), 422)
+        untyped = _refused(api.post("/v1/runs", content=good), 422)
+        as_curl_d = _refused(api.post("/v1/runs", content=good, headers={
+            "content-type": "application/x-www-form-urlencoded"}), 422)
+        as_text = _refused(api.post("/v1/runs", content=good,
+                                    headers={"content-type": "text/plain"}), 422)
+        empty = _refused(api.post("/v1/runs", headers={"content-type": JSON_TYPE}), 422)
+        answered = _refused(api.post("/v1/runs/nope/interrupts/nope", content=b'{"status": }',
+                                     headers={"content-type": JSON_TYPE}), 422)
+        assert _latest_start(api) == before, "a refused start request created a run"
+
+    assert malformed["message"] == ("the body is not valid JSON: Expecting value at line 2, "
+                                    "column 11"), malformed
+    assert malformed["detail"] == [{"path": "/", "message": malformed["message"]}]
+    assert untyped["message"] == ("the body must be JSON, sent with the header "
+                                  "`Content-Type: application/json`; this request has no "
+                                  "Content-Type"), untyped
+    assert "Content-Type 'application/x-www-form-urlencoded' (what `curl -d` sends" in \
+        as_curl_d["message"], as_curl_d
+    assert "this request has Content-Type 'text/plain'" in as_text["message"], as_text
+    assert empty["message"] == "the body is empty: send one JSON object", empty
+    assert "at line 1, column 12" in answered["message"], answered
+    for error in (malformed, untyped, as_curl_d, as_text, empty):
+        assert "valid dictionary" not in error["message"] and "decode error" not in \
+            error["message"]
 
 
 def test_hostile_requests_get_json_errors_never_5xx(system: LaybySystem) -> None:

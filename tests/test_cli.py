@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +46,8 @@ def test_run_list_answer_show(system: LaybySystem) -> None:
     assert f"waiting: {question['id']} [input_required]" in out
     assert "Don't go in the water" in out
     assert '"enum": ["Jaws", "Alien"' in out  # what the answer must be
-    assert f"answer with: layby runs answer {run_id}" in out
+    assert f"answer with: layby runs answer {run_id} {question['id']} --text Jaws" in out
+    assert "<interrupt id>" not in out
     assert system.run(run_id)["status"] == "interrupted"
 
     listed = layby(system, "runs", "ls", "--status", "interrupted")
@@ -127,3 +129,33 @@ def test_run_that_fails_exits_non_zero(system: LaybySystem) -> None:
     assert done.returncode == 1, done.stdout
     assert "run.failed: agent 'test.loop' reached its limit of 3 model turns" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def _hinted(out: str) -> list[str]:
+    """The `layby runs answer …` commands the parked-run hint prints, as a person would
+    paste them (up to the note in parentheses)."""
+    return [shlex.split(line.split("answer with: layby ", 1)[1].split("   (")[0])
+            for line in out.splitlines() if line.startswith("answer with: ")]
+
+
+def test_the_parked_run_hint_prints_real_ids_and_runs_as_pasted(system: LaybySystem) -> None:
+    """What was observed: the hint printed `<interrupt id>` although it knew the id. Now it
+    prints, per open interrupt, a command with both ids and the option that fits; pasted,
+    each answers."""
+    done = layby(system, "run", "demo.parallel", "Pay Carol")
+    assert done.returncode == 0, done.stderr
+    run_id = re.match(r"run (run_\w+) ", done.stdout).group(1)  # type: ignore[union-attr]
+    waiting = {i["id"]: i for i in system.open_interrupts(system.run(run_id))}
+    commands = _hinted(done.stdout)
+    assert len(commands) == len(waiting) == 2, done.stdout
+    assert "<interrupt id>" not in done.stdout and "<run id>" not in done.stdout
+    for argv in commands:
+        assert argv[:3] == ["runs", "answer", run_id] and argv[3] in waiting, argv
+        flags = argv[4:]
+        if waiting[argv[3]]["reason"] == "confirmation":
+            assert flags == ["--approve"], argv
+        else:
+            assert flags[0] == "--text", argv
+        answered = layby(system, *argv)
+        assert answered.returncode == 0, answered.stderr
+    assert system.wait_status(run_id, "completed")["status"] == "completed"

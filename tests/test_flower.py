@@ -25,7 +25,7 @@ import pytest
 
 from layby.broker_config import QUEUES
 from layby.ops.embedded import free_port
-from tests.harness import ROOT, LaybySystem, Proc, wait_until
+from tests.harness import API_KEY, ROOT, LaybySystem, Proc, wait_until
 
 USER = "ops"
 PASSWORD = "flower-test-pw-7f3a9c"
@@ -75,7 +75,8 @@ def flower(system: LaybySystem, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 def _ids_only(args: str, run_ids: set[str]) -> None:
     """Arguments of layby's own tasks: a run id, then a version or a notification id."""
-    values = ast.literal_eval(args)
+    values, agent = _shown(args)
+    assert agent in (None, "demo.trivia", "demo.transfer"), args
     assert isinstance(values, (list, tuple)) and 1 <= len(values) <= 2, args
     assert values[0] in run_ids, args
     for value in values[1:]:
@@ -127,6 +128,83 @@ def test_tasks_queues_and_workers_with_credentials(system: LaybySystem, flower: 
     names = {q["name"] for q in lengths}
     assert set(QUEUES) - {"layby.sweep"} <= names, lengths
     assert all(isinstance(q["messages"], int) for q in lengths)
+
+
+def _shown(args: str) -> tuple[list[Any], str | None]:
+    """Arguments as Flower shows layby's: `agent=<name> ` when known, then the ids."""
+    agent = re.match(r"agent=(\S+) ", args)
+    return ast.literal_eval(args[agent.end():] if agent else args), \
+        agent.group(1) if agent else None
+
+
+def test_no_sweep_rows_and_a_runs_steps_found_by_its_id(system: LaybySystem, flower: Flower,
+                                                        tmp_path: Path) -> None:
+    """What was observed: the sweeper's `layby.sweep` ran every second, 370 of 391 tasks
+    after six minutes, and nothing said which run or agent a task served. Now the sweeper
+    sweeps on its own clock (no task; its liveness is in /metrics), and a run's tasks show
+    its id and agent: searching Flower's tasks page for the run id finds its steps. The
+    screenshot is `flower-tasks.png` in the test's folder."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser import launch
+
+    run = system.start_run("demo.transfer", "Send 250 to Bob")
+    run_id = run["id"]
+    parked = system.wait_status(run_id, "interrupted")
+    (approval,) = system.open_interrupts(parked)
+    assert system.answer(run_id, approval["id"], payload={"approved": True}).status_code == 200
+    system.wait_status(run_id, "completed")
+
+    def steps() -> dict[str, dict[str, Any]] | None:
+        tasks = flower.json("/api/tasks", limit=5000)
+        mine = {u: t for u, t in tasks.items() if run_id in (t.get("args") or "")}
+        done = {t["name"] for t in mine.values() if t["state"] == "SUCCESS"}
+        return mine if {"layby.run_turn", "layby.resume_run"} <= done else None
+
+    mine = wait_until(steps, 60, every=1, what="Flower to list the run's steps")
+    for task in mine.values():
+        ids, agent = _shown(task["args"])
+        assert ids[0] == run_id and agent == "demo.transfer", task
+    everything = flower.json("/api/tasks", limit=5000)
+    assert not [t for t in everything.values() if t["name"] == "layby.sweep"]
+    # The sweeper is alive all the same, sweeping every LAYBY_SWEEP_INTERVAL_S (0.5 s).
+    age = _sweep_age(system)
+    assert 0 <= age < 5, age
+
+    shot = tmp_path / "flower-tasks.png"
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        context = browser.new_context(http_credentials={"username": USER,
+                                                        "password": PASSWORD},
+                                      viewport={"width": 1920, "height": 600})
+        page = context.new_page()
+        page.goto(f"{flower.url}/tasks")
+        page.fill("#tasks-table_wrapper input[type=search]", run_id)
+        rows = page.locator("#tasks-table tbody tr")
+
+        def shown() -> list[str] | None:
+            texts = rows.all_inner_texts()
+            return texts if len(texts) >= 2 and all(run_id in t for t in texts) else None
+
+        texts = wait_until(shown, 30, what="the tasks page to show the run's steps")
+        page.screenshot(path=str(shot), full_page=True)
+        whole = page.inner_text("body")
+        browser.close()
+    assert len(texts) == len(mine), (texts, mine)
+    assert any("layby.run_turn" in t for t in texts) and any("layby.resume_run" in t
+                                                             for t in texts), texts
+    assert all("agent=demo.transfer" in t for t in texts), texts
+    assert "layby.sweep" not in whole
+    assert shot.stat().st_size > 10_000
+
+
+def _sweep_age(system: LaybySystem) -> float:
+    """`layby_sweeper_last_sweep_age_seconds` from the gateway's /metrics."""
+    text = httpx.get(f"{system.base_url}/metrics", timeout=10,
+                     headers={"Authorization": f"Bearer {API_KEY}"}).text
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith("layby_sweeper_last_sweep_age_seconds "))
+    return float(line.split()[1])
 
 
 def test_a_task_is_listed_from_the_moment_it_is_sent(system: LaybySystem,

@@ -369,7 +369,8 @@ def test_open_confirmation_shows_the_request_and_the_buttons() -> None:
     assert "Approval needed" in page.text
     assert "Send 250 to Bob?" in page.text
     assert "transfer_funds" in page.text
-    assert '"amount": 250' in page.text  # the tool input, pretty-printed
+    # The tool input as labelled rows, not JSON.
+    assert "Amount" in page.text and "250" in page.text and '"amount"' not in page.text
     assert "01 Jun 2025, 12:00:00 UTC" in page.text
     assert "Reviewing as Alice Martin" in page.text
     form = page.one("form")

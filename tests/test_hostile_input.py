@@ -3,8 +3,10 @@ answers 413 with a JSON reason (whether the body declares its length or streams 
 sender reads that answer instead of a reset connection, the gateway's memory stays flat
 under a body far past the limit, and a reply mail past a limit of size or shape (100,000
 MIME parts, nesting, a giant header) is refused with its reason, by SMTP (552) and by the
-inbound-mail webhook (413), before it is parsed. Nothing is recorded; the run still
-answers; the gateway keeps serving."""
+inbound-mail webhook (413), before it is parsed. A reply to a token that answers nothing
+(unknown, spent) is refused at RCPT, before a byte of it is sent. A start whose history
+cannot begin a run is a 422 saying why. Nothing is recorded; the run still answers; the
+gateway keeps serving."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from tests.test_reviewer_answers import (
     smtp_send,
     start,
     token_of,
+    unknown_ref,
 )
 
 ANSWER_LIMIT = 256 * 1024  # LAYBY_MAX_ANSWER_BYTES's default
@@ -169,3 +172,70 @@ def test_a_reply_past_the_size_limit_gets_552(reviewed: ReviewedSystem) -> None:
     assert token_of(mail)  # the request is still open to the genuine reply
     reply(reviewed, mail, "approve")
     assert finished(reviewed, run_id)["result"] == "Sent 250 to Bob."
+
+
+def _rcpt_then_data(port: int, sender: str, to: str, raw: bytes) -> tuple[tuple[int, str],
+                                                                          tuple[int, str]]:
+    """RCPT's reply, and DATA's (sent anyway, as a careless sender would)."""
+    with smtplib.SMTP("127.0.0.1", port, timeout=60) as smtp:
+        smtp.ehlo("mail.example.com")
+        smtp.mail(sender)
+        rcpt_code, rcpt_why = smtp.rcpt(to)
+        data_code, data_why = smtp.docmd("DATA")
+        if data_code == 354:  # it would read the mail: send it, to see what it answers
+            data_code, data_why = smtp.data(raw)
+    return (rcpt_code, rcpt_why.decode()), (data_code, data_why.decode())
+
+
+def test_a_reply_to_an_unknown_or_spent_token_is_refused_at_rcpt(reviewed: ReviewedSystem
+                                                                 ) -> None:
+    """What was observed: any reply+<token>@ recipient got 250 at RCPT, and a 5 MB mail to
+    a made-up token was read and parsed before the 552. Now the token is checked at RCPT:
+    550 with the reason, and DATA is refused (no valid recipient) without reading a byte.
+    The same for a token already spent (its request answered by email)."""
+    run_id = start(reviewed, "demo.transfer", "Send 250 to Bob")
+    mail = notification(reviewed, run_id)
+    fake = f"reply+{unknown_ref(token_of(mail))}@{reply_address(mail).split('@')[1]}"
+    big = compose(mail, "approve", to=fake)
+    big.add_attachment(b"\0" * (5 * 1024 * 1024), maintype="application",
+                       subtype="octet-stream", filename="big.bin")
+
+    rcpt, data = _rcpt_then_data(reviewed.reply_port, "alice@example.com", fake,
+                                 big.as_bytes())
+
+    assert rcpt[0] == 550 and "unknown or has expired" in rcpt[1], rcpt
+    assert data[0] == 503, data  # "no valid recipients": the mail is never read
+    assert reviewed.system.run(run_id)["status"] == "interrupted"
+
+    reply(reviewed, mail, "approve")
+    finished(reviewed, run_id)
+    rcpt, data = _rcpt_then_data(reviewed.reply_port, "alice@example.com",
+                                 reply_address(mail), compose(mail, "decline").as_bytes())
+    assert rcpt[0] == 550 and "already resolved by reviewer:alice via email" in rcpt[1], rcpt
+    assert data[0] == 503, data
+
+
+def test_a_start_whose_messages_cannot_begin_a_run_is_a_422_saying_why(
+        system: LaybySystem) -> None:
+    """What was observed: `messages` without a user message was accepted, and the scripted
+    model then failed the run with `TypeError: string indices must be integers`."""
+    with system.api() as api:
+        no_user = api.post("/v1/runs", json={"agent": "demo.trivia", "messages": [
+            {"role": "system", "content": [{"text": "You are a quiz master."}]}]})
+        orphan = api.post("/v1/runs", json={"agent": "demo.trivia", "messages": [
+            {"role": "user", "content": [{"text": "Quiz me"}]},
+            {"role": "tool", "content": [{"toolResponse": {
+                "name": "ask_question", "ref": "q1", "output": "Jaws"}}]}]})
+        fine = api.post("/v1/runs", json={"agent": "demo.trivia", "messages": [
+            {"role": "system", "content": [{"text": "You are a quiz master."}]},
+            {"role": "user", "content": [{"text": "Quiz me"}]}]})
+
+    assert no_user.status_code == 422, no_user.text
+    error = no_user.json()["error"]
+    assert "holds no user message" in error["message"], error
+    assert error["detail"][0]["path"] == "/messages"
+    assert orphan.status_code == 422, orphan.text
+    assert ("tool response to 'ask_question' (ref 'q1') that no earlier model message "
+            "requested") in orphan.json()["error"]["message"]
+    assert fine.status_code == 202, fine.text
+    assert system.wait_status(fine.json()["id"], "interrupted")["status"] == "interrupted"

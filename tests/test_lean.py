@@ -203,7 +203,7 @@ def test_a_transition_pushes_celerys_own_message_with_the_run_filled_in(
         message = json.loads(pushed[0])
         task_id = f"{run_id}:turn:1"
         values = {"R": run_id, "V": "1", "N": "", "T": task_id,
-                  "D": message["properties"]["delivery_tag"]}
+                  "D": message["properties"]["delivery_tag"], "A": "agent=demo.trivia "}
         expected = PLACEHOLDER.sub(lambda m: values[m.group(1)],
                                    templates(celery)["turn"].message)
         assert pushed[0] == expected
@@ -211,6 +211,8 @@ def test_a_transition_pushes_celerys_own_message_with_the_run_filled_in(
         assert message["headers"]["task"] == "layby.run_turn"
         assert message["headers"]["id"] == task_id
         assert json.loads(message["body"])[0] == [run_id, 1]
+        # What Flower shows: the ids and the run's agent (the arguments stay the ids).
+        assert message["headers"]["argsrepr"] == f"agent=demo.trivia ['{run_id}', 1]"
     finally:
         client.flushdb()
         client.close()

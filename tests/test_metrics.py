@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,32 @@ def test_doctor_passes_on_the_embedded_valkey(system: LaybySystem, tmp_path: Pat
     for name in ("redis appendonly", "redis appendfsync", "redis maxmemory-policy",
                  "clock skew", "celery task_acks_late", "celery visibility_timeout"):
         assert any(name in line for line in lines), name
+
+
+def test_the_sweepers_liveness_is_in_metrics_and_doctor(system: LaybySystem,
+                                                        tmp_path: Path) -> None:
+    """The sweeper sweeps on its own clock (no task in Flower a second): each sweep it
+    finishes is noted, so /metrics and `layby doctor` show it alive, and a stopped one."""
+    age = _scrape(system)["layby_sweeper_last_sweep_age_seconds"][()]
+    assert 0 <= age < 5, age  # it sweeps every 0.5 s here
+    done = _doctor(system.env, system.redis_url, tmp_path)
+    assert any(x.startswith("OK") and "sweeper: last sweep" in x
+               for x in done.stdout.splitlines()), done.stdout
+
+    # A deployment whose sweeper stopped two minutes ago (its own key prefix).
+    client = redis.Redis.from_url(system.redis_url)
+    seconds, micros = client.time()
+    client.set("stopped:swept", seconds * 1000 + micros // 1000 - 120_000)
+    try:
+        done = _doctor({**system.env, "LAYBY_KEY_PREFIX": "stopped"}, system.redis_url,
+                       tmp_path)
+    finally:
+        client.delete("stopped:swept")
+        client.close()
+    assert done.returncode == 1, done.stdout
+    (line,) = [x for x in done.stdout.splitlines() if "sweeper" in x]
+    assert line.startswith("PROBLEM") and re.search(r"last sweep 12\d s ago", line), line
+    assert "is `layby sweeper` running?" in line
 
 
 def test_doctor_finds_an_evicting_server(system: LaybySystem, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ it, and no Playwright-downloaded browser is used.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from email.message import EmailMessage
 from pathlib import Path
@@ -205,8 +206,9 @@ def test_transfer_approved_from_the_mails_approve_link(reviewed: ReviewedSystem,
     assert "demo.transfer" in meta and "Alice Martin" in meta
     assert page.inner_text(".message").strip() == "Send 250 to Bob?"
     assert page.inner_text("dd code").strip() == "transfer_funds"
-    tool_input = page.inner_text("dd pre")
-    assert '"to": "Bob"' in tool_input and '"amount": 250' in tool_input
+    shown = page.locator("dl.input").first
+    assert [t.strip() for t in shown.locator("dt").all_inner_texts()] == ["To", "Amount"]
+    assert [t.strip() for t in shown.locator("dd").all_inner_texts()] == ["Bob", "250"]
     assert "you chose Approve" in text(page)
     assert "chosen" in (page.get_attribute("button.approve", "class") or "")
     assert page.get_attribute("button.approve", "autofocus") is not None
@@ -269,6 +271,14 @@ def test_trivia_answered_by_picking_a_radio(reviewed: ReviewedSystem,
     visit(page, link_in(mail, "review"))
     assert headline(page) == "Your answer is needed"
     assert "Don't go in the water" in page.inner_text(".message")
+    # What was observed: the input showed as escaped JSON ({"question": …, "choices": […]}).
+    # Now each field is a labelled row, and the choices a list.
+    shown = page.locator("dl.input").first
+    assert [t.strip() for t in shown.locator(":scope > dt").all_inner_texts()] == ["Question",
+                                                                            "Choices"]
+    assert shown.locator("ul.input > li").all_inner_texts() == [
+        "Jaws", "Alien", "Star Wars", "Close Encounters of the Third Kind"]
+    assert "{" not in shown.inner_text() and '["Jaws"' not in shown.inner_text()
     radios = page.locator("input[type=radio][name=payload]")
     assert [radios.nth(i).get_attribute("value") for i in range(radios.count())] == [
         "Jaws", "Alien", "Star Wars", "Close Encounters of the Third Kind"]
@@ -283,6 +293,45 @@ def test_trivia_answered_by_picking_a_radio(reviewed: ReviewedSystem,
     completed(reviewed, run["id"], "Right! It was Jaws (1975).")
     assert answered_on_page(reviewed, run["id"], intr["id"])["payload"] == "Jaws"
     assert problems == []
+
+
+def test_the_mail_catcher_shows_the_html_mail_and_its_links_open_the_review_page(
+        reviewed: ReviewedSystem, isolated: Callable[..., Any], tmp_path: Path,
+        new_page: Callable[..., Page]) -> None:
+    """What was observed: the local mail pages (`/mail`) showed only the plain-text part, so
+    the Approve and Decline buttons were not clickable. Now the HTML part is shown in a
+    sandboxed frame (no scripts, an origin of its own), and its Approve button opens the
+    review page in a new tab, where it works."""
+    run_id, interrupt_id, mail = parked_transfer(reviewed)
+    folder = tmp_path / "caught"
+    folder.mkdir()
+    (folder / f"{time.time_ns():020d}.eml").write_bytes(mail.as_bytes())
+    catcher = isolated(LAYBY_MAIL_CATCHER_DIR=str(folder)).start()
+    page = new_page()
+
+    visit(page, f"{catcher.base_url}/mail")
+    page.get_by_role("link", name=str(mail["Subject"])).click()
+    frame = page.locator("iframe.mail")
+    sandbox = set((frame.get_attribute("sandbox") or "").split())
+    assert sandbox == {"allow-popups", "allow-popups-to-escape-sandbox"}, sandbox
+    inside = page.frame_locator("iframe.mail")
+    approve = inside.get_by_role("link", name="Approve", exact=True)
+    assert approve.is_visible()
+    assert approve.get_attribute("href") == link_in(mail, "decision=approve")
+    assert inside.get_by_role("link", name="Decline", exact=True).is_visible()
+    assert "Send 250 to Bob?" in inside.locator("body").inner_text()
+
+    with page.expect_popup() as opened:
+        approve.click()
+    review = opened.value
+    review.wait_for_load_state()
+    assert headline(review) == "Approval needed"
+    assert "you chose Approve" in text(review)
+    still_waiting(reviewed, run_id, interrupt_id)
+    press(review, "button.approve")
+    assert headline(review) == "Thank you" and "you approved this request" in text(review)
+    completed(reviewed, run_id, "Sent 250 to Bob.")
+    assert answered_on_page(reviewed, run_id, interrupt_id)["payload"] == {"approved": True}
 
 
 def test_parallel_two_mails_two_pages(reviewed: ReviewedSystem,

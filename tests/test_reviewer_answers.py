@@ -536,14 +536,14 @@ def test_trivia_answered_by_callback(reviewed: ReviewedSystem) -> None:
 
 
 def test_forged_token_in_the_reply_address_is_refused(reviewed: ReviewedSystem) -> None:
-    """A reply to an address whose token signature was changed is refused in the SMTP
-    conversation (550, saying the token was altered); a reply to the real address then
+    """A reply to an address whose token signature was changed is refused at RCPT, before
+    any data is sent (550, saying the token was altered); a reply to the real address then
     works."""
     run_id = start(reviewed, "demo.transfer", "Send 250 to Bob")
     mail = notification(reviewed, run_id)
     fake = f"reply+{forged(token_of(mail))}@{INBOUND_DOMAIN}"
 
-    with pytest.raises(smtplib.SMTPDataError) as refused:
+    with pytest.raises(smtplib.SMTPRecipientsRefused) as refused:
         reply(reviewed, mail, "approve", to=fake)
 
     code, why = smtp_refusal(refused.value)
@@ -591,7 +591,7 @@ def test_unknown_token_is_refused_by_reply_and_by_inbound_mail(
     mail = notification(reviewed, run_id)
     fake = f"reply+{unknown_ref(token_of(mail))}@{INBOUND_DOMAIN}"
 
-    with pytest.raises(smtplib.SMTPDataError) as refused:
+    with pytest.raises(smtplib.SMTPRecipientsRefused) as refused:
         reply(reviewed, mail, "Jaws", to=fake)
     got = inbound(reviewed, compose(mail, "Jaws", to=fake).as_bytes(), fake)
 
@@ -601,12 +601,12 @@ def test_unknown_token_is_refused_by_reply_and_by_inbound_mail(
 
 
 def test_garbage_reply_addresses_are_refused(reviewed: ReviewedSystem) -> None:
-    """`reply+nothing@…` holds no token (550 at DATA); an address that is not a reply
+    """`reply+nothing@…` holds no token (550 at RCPT); an address that is not a reply
     address at all is refused at RCPT."""
     run_id = start(reviewed, "demo.trivia")
     mail = notification(reviewed, run_id)
 
-    with pytest.raises(smtplib.SMTPDataError) as no_token:
+    with pytest.raises(smtplib.SMTPRecipientsRefused) as no_token:
         reply(reviewed, mail, "Jaws", to=f"reply+nothing@{INBOUND_DOMAIN}")
     with pytest.raises(smtplib.SMTPRecipientsRefused) as not_reply:
         reply(reviewed, mail, "Jaws", to=f"layby@{INBOUND_DOMAIN}")
@@ -651,7 +651,7 @@ def test_a_reply_after_expiry_is_refused_and_the_expiry_policy_applies(
         wait_until(lambda: datetime.now(UTC) > expires_at + timedelta(seconds=0.5), 30,
                    what="the request to expire")
 
-        with pytest.raises(smtplib.SMTPDataError) as refused:
+        with pytest.raises(smtplib.SMTPRecipientsRefused) as refused:
             reply(own, mail, "approve")
 
         code, why = smtp_refusal(refused.value)
@@ -673,7 +673,7 @@ def test_a_token_answers_once_page_then_reply(reviewed: ReviewedSystem) -> None:
 
     assert httpx.post(page, data={"decision": "approve", "note": "from the page"},
                       timeout=60).status_code == 200
-    with pytest.raises(smtplib.SMTPDataError) as refused:
+    with pytest.raises(smtplib.SMTPRecipientsRefused) as refused:
         reply(reviewed, mail, "decline")
 
     code, why = smtp_refusal(refused.value)
@@ -693,7 +693,7 @@ def test_a_token_answers_once_reply_then_reply_and_inbound(reviewed: ReviewedSys
     reply(reviewed, mail, "approve")
     answered_at = assert_answered(reviewed, run_id, mail["X-Layby-Interrupt"])["answeredAt"]
 
-    with pytest.raises(smtplib.SMTPDataError) as again:
+    with pytest.raises(smtplib.SMTPRecipientsRefused) as again:
         reply(reviewed, mail, "decline")
     got = inbound(reviewed, compose(mail, "decline").as_bytes(), reply_address(mail))
 
@@ -901,7 +901,7 @@ def test_an_unreadable_reply_to_an_answered_request_is_refused_as_answered(
     finished(reviewed, run_id)
     late = compose(mail, "maybe later?")
 
-    with pytest.raises(smtplib.SMTPDataError) as refused:
+    with pytest.raises(smtplib.SMTPRecipientsRefused) as refused:
         smtp_send(reviewed.reply_port, late.as_bytes(), ALICE, reply_address(mail))
     got = inbound(reviewed, compose(mail, "maybe later?").as_bytes(), reply_address(mail))
 
@@ -959,7 +959,7 @@ def test_a_broken_reviewer_directory_defers_replies_instead_of_bouncing_them(
     good = directory.read_text()
     try:
         directory.write_text(good + "\n[reviewers.broken\n")
-        with pytest.raises(smtplib.SMTPDataError) as deferred:
+        with pytest.raises(smtplib.SMTPRecipientsRefused) as deferred:
             reply(reviewed, mail, "approve")
         got = inbound(reviewed, compose(mail, "approve").as_bytes(), reply_address(mail))
     finally:

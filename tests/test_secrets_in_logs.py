@@ -69,7 +69,7 @@ def test_no_secret_or_token_in_any_log_at_debug(chatty: ReviewedSystem) -> None:
     run_id, mail = _transfer(reviewed, 101)
     reply(reviewed, mail, "approve")
     finished(reviewed, run_id)
-    with pytest.raises(smtplib.SMTPDataError):
+    with pytest.raises(smtplib.SMTPRecipientsRefused):
         reply(reviewed, mail, "decline")
 
     # The inbound-mail webhook, with the provider's secret; and one without it.

@@ -21,7 +21,7 @@ from layby.control.runtime import Runtime
 from layby.errors import Conflict, Invalid, NotFound, TooLarge
 from layby.generation.answers import check_answer, check_storable
 from layby.generation.interrupts import Interrupt, ResumeEntry
-from layby.generation.messages import Message, text_message
+from layby.generation.messages import Message, text_message, why_not_a_start
 from layby.generation.tools import Tool
 from layby.parking import RunRecord, Transition, Verdict, iso
 from layby.reviewers import routing
@@ -63,6 +63,8 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
         messages = [text_message("user", text)]
     elif not messages:
         raise Invalid("`messages` is empty: give at least one user message")
+    elif (why := why_not_a_start(messages)) is not None:
+        raise Invalid(why, detail=[{"path": "/messages", "message": why}])
     run_id = run_id or new_run_id()
     result = store.create_run(run_id, agent, input=input, messages=messages,
                               metadata=metadata or {}, idempotency_key=idempotency_key)

@@ -33,7 +33,7 @@ from layby.broker_config import (
     Settings,
     make_celery,
 )
-from layby.broker_config.messages import templates
+from layby.broker_config.messages import shown_args, templates
 from layby.control.connections import redis_client
 from layby.generation.agents import Agent, load_agents
 from layby.generation.importing import import_user_module
@@ -130,7 +130,8 @@ class Runtime:
             with self.celery.producer_or_acquire() as producer:
                 for e in entries:
                     self.celery.send_task(e.task, args=e.args, task_id=e.id, queue=e.queue,
-                                          producer=producer)
+                                          producer=producer,
+                                          argsrepr=shown_args(e.args, e.agent))
         except Exception:  # the outbox keeps them; the sweeper tries again
             log.exception("publish failed; %d outbox entries left for the sweeper",
                           len(entries))

@@ -76,3 +76,27 @@ def dump_messages(messages: list[Message]) -> list[dict[str, Any]]:
 
 def load_messages(data: list[Any]) -> list[Message]:
     return [Message.model_validate(m) for m in data]
+
+
+def why_not_a_start(messages: list[Message]) -> str | None:
+    """Why a history given to start a run cannot begin one, or None: the model needs a
+    user message to answer, and every tool response must follow the model's request for
+    it (by `ref`, or by tool name when a response has no ref)."""
+    if not any(m.role == "user" for m in messages):
+        roles = ", ".join(m.role for m in messages)
+        return (f"`messages` holds no user message (roles: {roles}): a run begins with what "
+                "the user asks; add {\"role\": \"user\", \"content\": [{\"text\": \"…\"}]}")
+    asked: dict[str, set[str | None]] = {}  # tool name → the refs of its requests
+    for at, message in enumerate(messages):
+        for part in message.content:
+            if part.tool_request is not None and message.role == "model":
+                asked.setdefault(part.tool_request.name, set()).add(part.tool_request.ref)
+            response = part.tool_response
+            refs = asked.get(response.name) if response is not None else None
+            if response is not None and not (refs is not None and (
+                    response.ref is None or None in refs or response.ref in refs)):
+                call = f"{response.name!r}" + (f" (ref {response.ref!r})" if response.ref else "")
+                return (f"`messages[{at}]` holds a tool response to {call} that no earlier "
+                        "model message requested: a tool response must follow the model "
+                        "message whose toolRequest it answers")
+    return None

@@ -35,7 +35,7 @@ from layby.control.runtime import check_config
 from layby.errors import ConfigError, LaybyError, Unauthorized
 from layby.http import agui, api, mailbox, reviewers
 from layby.http.deps import Caller, Rt, bearer, check_key
-from layby.http.errors import error_response, refusal, why_redis_is_away
+from layby.http.errors import body_problem, error_response, refusal, why_redis_is_away
 from layby.http.events import close_clients
 from layby.http.limits import LimitBodies
 from layby.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -205,8 +205,11 @@ def _handle_errors(app: FastAPI) -> None:
                               str(exc.detail), headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         found = exc.errors()
+        problem = body_problem(request.headers.get("content-type"), list(found), exc.body)
+        if problem is not None:
+            return error_response(422, "invalid_request", *problem)
         errors = [{"path": "/" + "/".join(str(p) for p in e["loc"][1:]), "message": e["msg"]}
                   for e in found]
         # The message names the first problem (a header, a query parameter, the body…), so

@@ -110,3 +110,49 @@ def why_redis_is_away(exc: Exception) -> str:
         return ("no Redis primary: the sentinels name none right now (a failover under "
                 "way?); try again in a few seconds")
     return f"Redis does not answer: {exc}"
+
+
+def is_json_type(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of this Content-Type as JSON (`application/json` or
+    `application/…+json`, parameters aside)."""
+    kind = (content_type or "").split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/")
+                                          and kind.endswith("+json"))
+
+
+def body_problem(content_type: str | None, errors: list[dict[str, Any]],
+                 body: Any) -> tuple[str, list[dict[str, str]]] | None:
+    """What is wrong with a JSON body as a person would fix it, when FastAPI's own words
+    point the wrong way (a character offset for a JSON error; "Input should be a valid
+    dictionary" for a body sent without `Content-Type: application/json`); None when its
+    own words do. Returns the message and the error list of `detail`."""
+    broken = next((e for e in errors if e.get("type") == "json_invalid"), None)
+    if broken is not None:
+        where = _line_and_column(body, broken["loc"][-1])
+        why = (broken.get("ctx") or {}).get("error") or "not JSON"
+        message = f"the body is not valid JSON: {why} at {where}"
+        return message, [{"path": "/", "message": message}]
+    whole_body = [e for e in errors if tuple(e.get("loc", ())) == ("body",)]
+    if not whole_body:
+        return None  # a field inside the body: FastAPI's path and message say it
+    if not is_json_type(content_type):
+        sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+        if "x-www-form-urlencoded" in (content_type or ""):
+            sent += " (what `curl -d` sends unless given another)"
+        message = (f"the body must be JSON, sent with the header `Content-Type: "
+                   f"application/json`; this request has {sent}")
+    elif whole_body[0].get("type") == "missing":
+        message = "the body is empty: send one JSON object"
+    else:
+        return None
+    return message, [{"path": "/", "message": message}]
+
+
+def _line_and_column(body: Any, offset: Any) -> str:
+    """`line L, column C` of a character offset into the body (both from 1)."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    if not isinstance(text, str) or not isinstance(offset, int):
+        return f"character {offset}"
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return f"line {line}, column {column}"

@@ -89,6 +89,11 @@ def _runs(g: gauges.Gauges) -> Iterator[Metric]:
 
 
 def _backlogs(g: gauges.Gauges) -> Iterator[Metric]:
+    yield _gauge("layby_sweeper_last_sweep_age_seconds",
+                 "Seconds since the sweeper last finished a sweep (it sweeps every "
+                 "LAYBY_SWEEP_INTERVAL_S; -1: no sweep recorded yet)",
+                 -1.0 if g.last_sweep_ms is None
+                 else max(0.0, (g.now_ms - g.last_sweep_ms) / 1000))
     yield _gauge("layby_outbox_backlog",
                  "Tasks in the outbox (written, not yet acked as published)", g.outbox)
     yield _gauge("layby_outbox_due",

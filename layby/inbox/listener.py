@@ -50,11 +50,35 @@ class ReplyHandler:
 
     async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
                           rcpt_options: list[str]) -> str:
-        if token_from_address(address) is None:
+        token = token_from_address(address)
+        if token is None:
             return (f"550 5.1.1 <{_one_line(address)}>: this server takes only replies to "
                     "layby notifications (reply+<token>@ addresses)")
+        # The token is checked now, before any data is sent: a forged, unknown, spent or
+        # handed-on one costs the sender one round trip, not the reading of a whole mail.
+        refused = await asyncio.get_running_loop().run_in_executor(
+            None, self._refusal_of, token, envelope.mail_from)
+        if refused is not None:
+            return refused
         envelope.rcpt_tos.append(address)
         return "250 2.1.5 OK"
+
+    def _refusal_of(self, token: str, sender: str | None) -> str | None:
+        """The SMTP refusal for a recipient whose token answers nothing (any more), or
+        None: a token that opens an open request (the mail itself is checked at DATA)."""
+        try:
+            inbox.check_recipient(self.rt, token)
+        except ConfigError:
+            log.exception("reply from %s not taken now", sender)
+            return ("451 4.3.5 layby cannot take replies right now (a configuration "
+                    "problem on its side); try again later")
+        except LaybyError as exc:
+            log.info("reply from %s refused at RCPT: %s", sender, exc.message)
+            return smtp_reply(exc)
+        except (redis.RedisError, OSError):
+            log.exception("reply from %s not taken now", sender)
+            return "451 4.3.0 layby cannot take replies right now; try again later"
+        return None
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         loop = asyncio.get_running_loop()

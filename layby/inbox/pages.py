@@ -18,6 +18,7 @@ States:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,8 +71,7 @@ def render_review(*, agent: str, interrupt: InterruptView | None, reviewer_label
         message=message,
         decision=chosen,
         confirmation=interrupt is not None and is_confirmation(interrupt),
-        tool_input=_pretty(interrupt.tool_input) if interrupt is not None
-        and interrupt.tool_input is not None else None,
+        tool_input=interrupt.tool_input if interrupt is not None else None,
         outcome=_outcome(interrupt) if interrupt is not None else None,
         answer=getattr(interrupt, "answer", None),
         recorded=_recorded(interrupt),
@@ -148,12 +148,33 @@ def _when(value: str | None) -> str:
     return moment.astimezone(UTC).strftime("%d %b %Y, %H:%M:%S UTC")
 
 
+def _label(key: object) -> str:
+    """A field name as a label: `amount` → Amount, `dueDate` and `due_date` → Due date."""
+    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", str(key)).replace("_", " ").strip()
+    return words[:1].upper() + words[1:].lower() if words else str(key)
+
+
 _env.filters["when"] = _when
+_env.filters["label"] = _label
+_env.filters["json"] = _pretty
 
 
 def render_mailbox(messages: list[Any], current: Any | None,
                    reply_outcome: str | None = None) -> str:
     """The mail catcher's page (`layby up` only): the caught mails, one of them open with a
     reply box."""
-    return _env.get_template("mailbox.html").render(messages=messages, current=current,
-                                                    reply_outcome=reply_outcome)
+    html = getattr(current, "html", None)
+    return _env.get_template("mailbox.html").render(
+        messages=messages, current=current, reply_outcome=reply_outcome,
+        mail_html=_links_in_new_tabs(html) if html else None)
+
+
+def _links_in_new_tabs(html: str) -> str:
+    """The mail's HTML with `<base target="_blank">` at the start of its head: in the
+    sandboxed frame, a link that opened in the frame itself would show the page inside
+    the mail."""
+    base = '<base target="_blank">'
+    head = re.search(r"<head(\s[^>]*)?>", html, flags=re.IGNORECASE)
+    if head is None:
+        return base + html
+    return html[:head.end()] + base + html[head.end():]

@@ -65,6 +65,13 @@ def check_envelope(rt: Runtime, envelope_recipients: list[str]) -> None:
         answers.verify_token(rt, token)
 
 
+def check_recipient(rt: Runtime, token: str) -> None:
+    """Refuse, before the mail is sent at all (SMTP's RCPT), a token that answers nothing:
+    forged, unknown or expired (BadToken), handed on or its reviewer gone (NotAllowed),
+    its request already answered or closed (Conflict, naming who answered first)."""
+    answers.refuse_if_closed(answers.open_token(rt, token))
+
+
 def receive(rt: Runtime, raw: bytes, envelope_recipients: list[str] | None = None
             ) -> Received:
     """Answer with a reply mail. Raises MailTooLarge, MalformedMail, BadToken/WrongSender,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import sys
 from collections.abc import Iterator
 from typing import Annotated, Any, NoReturn
@@ -165,8 +166,8 @@ def worker(queues: Annotated[str | None, typer.Option(
 
 @cli.command()
 def sweeper() -> None:
-    """Run the sweeper: its clock (Celery beat, `layby.sweep` every LAYBY_SWEEP_INTERVAL_S)
-    and a one-process worker on the sweep queue. Run one per deployment."""
+    """Run the sweeper: a one-process worker on the sweep queue that sweeps every
+    LAYBY_SWEEP_INTERVAL_S on its own clock. Run one per deployment."""
     from layby.ops.supervisor import sweeper_argv
 
     settings = Settings()
@@ -354,8 +355,22 @@ def _print_open(view: RunView) -> None:
         typer.echo(f"  waiting: {intr.id} [{intr.reason}] {intr.message or ''}")
         if intr.response_schema:
             typer.echo(f"    answer schema: {json.dumps(intr.response_schema)}")
-    typer.echo(f"answer with: layby runs answer {view.id} <interrupt id> "
-               "--approve | --decline | --text TEXT | --payload JSON")
+        typer.echo(f"answer with: layby runs answer {view.id} {intr.id} {_answer_flags(intr)}")
+
+
+def _answer_flags(intr: InterruptView) -> str:
+    """The `runs answer` options that fit what the interrupt asks for: the hint a person
+    can paste (ids filled in), not a template to fill."""
+    from layby.reviewers.schemas import is_confirmation
+
+    if is_confirmation(intr):
+        return "--approve   (or: --decline --reason TEXT)"
+    schema = intr.response_schema or {}
+    if schema.get("type") == "string":
+        choices = schema.get("enum") or []
+        return (f"--text {shlex.quote(str(choices[0]))}   (one of: "
+                f"{', '.join(map(str, choices))})" if choices else "--text TEXT")
+    return "--payload JSON" if schema else "--text TEXT   (or: --payload JSON)"
 
 
 def _ask(view: RunView) -> None:

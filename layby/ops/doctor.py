@@ -14,6 +14,7 @@ import redis
 import redis.sentinel
 
 from layby.broker_config.settings import Settings
+from layby.parking.keys import Keys
 
 MAX_SKEW_S = 2.0
 # A failover needs a majority of the sentinels: with fewer than 3, losing the primary's
@@ -87,6 +88,24 @@ def check_clock(client: redis.Redis) -> Check:
     return Check("clock skew", False,
                  f"{text} (more than {MAX_SKEW_S:g} s): deadlines, leases and tokens are "
                  "timed on both; run NTP (chrony, systemd-timesyncd) on every machine")
+
+
+def check_sweeper(client: redis.Redis, settings: Settings) -> Check:
+    """The sweeper's liveness: when it last finished a sweep (it notes each one; it sweeps
+    in its own loop, so Flower shows no task for it)."""
+    raw = client.get(Keys(settings.key_prefix).swept)
+    if not raw:
+        return Check("sweeper", True, "no sweep recorded yet: start `layby sweeper` (one "
+                                      "per deployment) before runs are started")
+    seconds, micros = client.time()
+    age = max(0.0, (int(seconds) * 1000 + int(micros) // 1000 - int(raw)) / 1000)
+    late = max(10.0, 10 * settings.sweep_interval_s)
+    if age <= late:
+        return Check("sweeper", True, f"last sweep {age:.1f} s ago")
+    return Check("sweeper", False,
+                 f"last sweep {age:.0f} s ago (it sweeps every {settings.sweep_interval_s:g} "
+                 "s): is `layby sweeper` running? Without it nothing expires, lost steps "
+                 "are not requeued and unpublished work waits")
 
 
 def _where(node: redis.Redis) -> str:
@@ -289,6 +308,7 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
                 except redis.ResponseError as exc:  # CONFIG renamed or refused by a host
                     checks.append(Check(check.__name__.removeprefix("check_"), False,
                                         f"cannot read it: {exc}; check it by hand"))
+            checks.append(check_sweeper(client, settings))
         except redis.sentinel.MasterNotFoundError:
             # Its text lists every sentinel client's settings; the checks above say why.
             checks.append(Check("redis", False, "does not answer: the sentinels name no "

@@ -68,11 +68,12 @@ def worker_argv(settings: Settings, queues: list[str], concurrency: int | None,
 
 
 def sweeper_argv(settings: Settings) -> list[str]:
-    """A one-process worker on the sweep queue with the clock (beat) that feeds it, so
-    sweeps never wait behind model calls and their log lines stay out of the worker's."""
-    # The in-memory scheduler: a fixed interval needs no schedule file to survive restarts.
+    """A one-process worker on the sweep queue, which sweeps on its own clock (a worker
+    reading that queue runs `layby.tasks.sweeper.tick`), so sweeps never wait behind model
+    calls, put no task on the broker or in Flower every second, and their log lines stay
+    out of the worker's."""
     return [*celery_argv(settings), "worker", "-Q", SWEEP, *QUIET_STEPS,
-            "-P", "solo", "-B", "--scheduler", "celery.beat:Scheduler", "-n",
+            "-P", "solo", "-n",
             f"layby-sweeper-{os.getpid()}@%h", "-l",
             # A sweep a second at INFO would drown what matters; DEBUG asked for is DEBUG.
             "DEBUG" if settings.log_level == "DEBUG" else "WARNING"]

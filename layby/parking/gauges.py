@@ -27,6 +27,7 @@ class Gauges:
     notifications_due: int
     oldest_notification: tuple[str, int] | None
     stats: dict[str, str]              # the scripts' counters (see `layby.parking.keys`)
+    last_sweep_ms: int | None = None   # when the sweeper last finished a sweep
 
 
 def read(client: Redis, keys: Keys, wait_buckets_s: tuple[int, ...]) -> Gauges:
@@ -44,12 +45,14 @@ def read(client: Redis, keys: Keys, wait_buckets_s: tuple[int, ...]) -> Gauges:
         pipe.zcount(key, "-inf", now)
     pipe.zcard(keys.outbox)
     pipe.hgetall(keys.stats)
+    pipe.get(keys.swept)
     replies = iter(pipe.execute())
     runs = {status: int(next(replies)) for status in Status}
     parked_since = {bound: int(next(replies)) for bound in wait_buckets_s}
     oldest_parked, oldest_outbox, oldest_note = (first_scored(next(replies)) for _ in range(3))
     deadlines = int(next(replies))
     overdue, lapsed, outbox_due, notes_due = (int(next(replies)) for _ in range(4))
+    outbox, stats, swept = int(next(replies)), next(replies), next(replies)
     return Gauges(now, runs, parked_since, oldest_parked, deadlines, overdue, lapsed,
-                  int(next(replies)), outbox_due, oldest_outbox, notes_due, oldest_note,
-                  next(replies))
+                  outbox, outbox_due, oldest_outbox, notes_due, oldest_note, stats,
+                  int(swept) if swept else None)

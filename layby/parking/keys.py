@@ -73,6 +73,8 @@ Global:
 |                      |      | failover since, which may have lost task messages |
 | fold:cursor          | str  | the park time (ms) the sweeper's next fold of     |
 |                      |      | parked runs' events starts from                   |
+| swept                | str  | when (server time, ms) the sweeper last finished  |
+|                      |      | a sweep: its liveness, for /metrics and doctor    |
 | seen:<what>          | str  | something taken once: a callback's webhook-id     |
 |                      |      | (past the replay tolerance), a reply mail that    |
 |                      |      | was mailed back (a provider's retries are not)    |
@@ -171,6 +173,10 @@ class Keys:
 
     def grant(self, ref: str) -> str:
         return f"{self.prefix}:grant:{ref}"
+
+    @property
+    def swept(self) -> str:
+        return f"{self.prefix}:swept"
 
     @property
     def fold_cursor(self) -> str:

@@ -17,6 +17,7 @@ class OutboxEntry(Wire):
     task: str
     queue: str
     args: list[Any]
+    agent: str | None = None  # the run's, shown in Flower beside the ids (never an argument)
 
 
 @dataclass

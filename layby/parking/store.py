@@ -702,6 +702,15 @@ class Store:
         """Note this server's id in the data (with `first`, only where none is)."""
         self.redis.set(self.keys.server, server or self.server_id(), nx=first)
 
+    def note_sweep(self) -> None:
+        """Note that a sweep just finished (the sweeper's liveness, by the server's clock)."""
+        self.redis.set(self.keys.swept, self.now_ms())
+
+    def last_sweep_ms(self) -> int | None:
+        """When the sweeper last finished a sweep (server time, ms), or None: never."""
+        raw = self.redis.get(self.keys.swept)
+        return int(raw) if raw else None
+
     def waiting(self, before_ms: int, limit: int = 200) -> list[str]:
         """Every run queued or resuming since before `before_ms`, a page at a time: a
         requeued run leaves the scan, its place in the index refreshed past it."""

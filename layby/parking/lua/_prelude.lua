@@ -136,12 +136,13 @@ end
 -- long as a lost message would.
 local function enqueue(kind, version, now, note)
   local entry_id = note or (ID .. ':' .. kind .. ':' .. version)
-  local pushed = push(kind, ID, version, note, now)
+  local agent = redis.call('HGET', RUN, 'agent')  -- shown in Flower beside the ids
+  local pushed = push(kind, ID, version, note, now, agent)
   if pushed and kind ~= 'notify' then return '' end
   local task = TASKS[kind]
   local args = note and {ID, note} or {ID, tonumber(version)}
   local entry = cjson.encode({id = entry_id, task = task.task, queue = task.queue,
-                              args = args})
+                              args = args, agent = agent or nil})
   redis.call('HSET', OUTBOX_ENTRIES, entry_id, entry)
   redis.call('ZADD', OUTBOX, now + (pushed and LOST_MESSAGE_MS or OUTBOX_GRACE_MS), entry_id)
   return pushed and '' or entry
@@ -151,7 +152,7 @@ end
 -- true, or, with the broker elsewhere, false: the caller dispatches it, and the sweeper's
 -- copy waits out the grace time.
 local function deliver_now(nid, now)
-  local pushed = push('deliver', ID, nil, nid, now)
+  local pushed = push('deliver', ID, nil, nid, now, redis.call('HGET', RUN, 'agent'))
   redis.call('ZADD', NOTIFY_DUE, now + (pushed and LOST_MESSAGE_MS or OUTBOX_GRACE_MS),
              ID .. ' ' .. nid)
   return pushed

@@ -6,7 +6,7 @@
 -- file) exactly when the change is, so nothing is published after the commit and nothing
 -- is published twice. The messages come made (layby.broker_config.messages) with
 -- placeholders: @@R@@ run id, @@V@@ version, @@N@@ notification id, @@T@@ task id,
--- @@D@@ delivery tag.
+-- @@D@@ delivery tag, @@A@@ the run's agent as Flower shows it before the ids.
 
 -- By kind (turn, resume, notify, deliver): the task and its queue, and, when the broker is
 -- this server, `key` (the queue's list) and `message` (its pieces, for `fill`).
@@ -25,15 +25,23 @@ local function fill(pieces, values)
   return table.concat(out)
 end
 
--- Push the task of `kind` for `run` (at `version`, or about notification `note`) at `now`
--- (ms); false when the broker is elsewhere (nothing pushed). kombu's delivery tag must be
--- unique among messages in flight: the task id and the moment make it so (a task id is
--- pushed again only by a requeue, long after).
-local function push(kind, run, version, note, now)
+-- What comes before the ids in the arguments Flower shows (argsrepr): `agent=<name> `,
+-- escaped for the JSON header it lands in; nothing when the agent is not known here.
+local function shown_agent(agent)
+  if not agent or agent == '' then return '' end
+  return 'agent=' .. string.sub(cjson.encode(agent), 2, -2) .. ' '
+end
+
+-- Push the task of `kind` for `run` (at `version`, or about notification `note`) of
+-- `agent` (or nil) at `now` (ms); false when the broker is elsewhere (nothing pushed).
+-- kombu's delivery tag must be unique among messages in flight: the task id and the moment
+-- make it so (a task id is pushed again only by a requeue, long after).
+local function push(kind, run, version, note, now, agent)
   local task = TASKS[kind]
   if not task.message then return false end
   local task_id = note or (run .. ':' .. kind .. ':' .. version)
   redis.call('LPUSH', task.key, fill(task.message, {R = run, V = tostring(version or ''),
-                                     N = note or '', T = task_id, D = task_id .. ':' .. now}))
+                                     N = note or '', T = task_id, D = task_id .. ':' .. now,
+                                     A = shown_agent(agent)}))
   return true
 end
