@@ -41,7 +41,14 @@ from layby.generation.interrupts import (
     ResumeEntry,
     ResumeMode,
 )
-from layby.generation.messages import Message, Part, ToolRequest, ToolResponse, text_message
+from layby.generation.messages import (
+    Message,
+    Part,
+    ToolRequest,
+    ToolResponse,
+    text_message,
+    why_not_a_start,
+)
 from layby.generation.models import Model, ModelRequest, ModelResponse
 from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
 from layby.generation.tools import (
@@ -79,4 +86,5 @@ __all__ = [
     "Unauthorized", "Unavailable", "UnknownToolCall", "UnresolvedToolCall", "check_answer",
     "check_storable", "interrupt_tool", "load_agents",
     "model_turn", "resume_turn", "schema_errors", "text_message", "to_resume", "tool",
+    "why_not_a_start",
 ]
