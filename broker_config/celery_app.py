@@ -101,10 +101,8 @@ def celery_config(settings: Settings) -> dict[str, object]:
             SWEEP_TASK: {"queue": SWEEP, "routing_key": SWEEP},
             "layby.notify.*": {"queue": NOTIFY, "routing_key": NOTIFY},
         },
-        "beat_schedule": {
-            "layby-sweep": {"task": SWEEP_TASK, "schedule": settings.sweep_interval_s,
-                            "options": {"expires": max(5.0, settings.sweep_interval_s * 5)}},
-        },
+        # No beat schedule: the sweeper sweeps on its own clock (`layby.tasks`), so no task
+        # goes through the broker, and into Flower's task list, every second.
         "worker_hijack_root_logger": False,
     }
 

@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from layby.ops.embedded import EmbeddedRedis
-from tests.harness import ROOT, LaybySystem
+from tests.harness import BASE_ENV, ROOT, LaybySystem, Proc, wait_until
 
 
 def _scrape(system: LaybySystem) -> dict[str, dict[tuple, float]]:
@@ -131,6 +133,32 @@ def test_the_sweepers_liveness_is_in_metrics_and_doctor(system: LaybySystem,
     (line,) = [x for x in done.stdout.splitlines() if "sweeper" in x]
     assert line.startswith("PROBLEM") and re.search(r"last sweep 12\d s ago", line), line
     assert "is `layby sweeper` running?" in line
+
+
+@pytest.mark.integration
+def test_a_worker_started_with_beat_sweeps_on_its_own_clock(redis_server: EmbeddedRedis,
+                                                            tmp_path: Path) -> None:
+    """`layby worker --beat` (no `layby sweeper` beside it) sweeps: its sweeps are noted as
+    the sweeper's, one after another, with no sweep task sent through the broker."""
+    url = f"redis://127.0.0.1:{redis_server.port}/14"
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    worker = Proc("worker", [sys.executable, "-m", "layby", "worker", "--beat",
+                             "--queues", "layby.jobs", "--concurrency", "1"],
+                  tmp_path / "worker.log")
+    worker.start({**os.environ, **BASE_ENV, "LAYBY_REDIS_URL": url,
+                  "LAYBY_DATA_DIR": str(tmp_path / "data")})
+    try:
+        first = int(wait_until(lambda: client.get("layby:swept"), 60,
+                               what="the worker's first sweep"))
+        wait_until(lambda: int(client.get("layby:swept") or 0) > first, 10,
+                   what="a second sweep")
+        assert client.llen("layby.sweep") == 0  # nothing queued for it: its own clock
+    finally:
+        worker.stop()
+        client.flushdb()
+        client.close()
+    assert "Traceback" not in worker.output(), worker.output()[-3000:]
 
 
 def test_doctor_finds_an_evicting_server(system: LaybySystem, tmp_path: Path) -> None:

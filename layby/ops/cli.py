@@ -150,18 +150,19 @@ def worker(queues: Annotated[str | None, typer.Option(
            ] = None,
            concurrency: Annotated[int, typer.Option(help="processes")] = 0,
            loglevel: str = "INFO", beat: Annotated[bool, typer.Option(
-               help="also run the sweeper's clock (one per deployment)")] = False) -> None:
+               help="also sweep, on the sweeper's own clock (one per deployment; "
+                    "`layby sweeper` is the sweeper on its own)")] = False) -> None:
     """Run a Celery worker on layby's queues."""
     from layby.ops.supervisor import worker_argv
 
     settings = Settings()
     _check_config(settings)
+    chosen = queues.split(",") if queues else worker_queues(settings)
+    # A worker reading the sweep queue runs the sweeper's clock (layby.tasks).
+    chosen += [SWEEP] if beat and SWEEP not in chosen else []
     # Named layby-<pid>@<host> as `layby up` names its worker: one worker per queue on the
     # same machine must not share Celery's default node name.
-    argv = worker_argv(settings, queues.split(",") if queues else worker_queues(settings),
-                       concurrency or None, loglevel)[1:]
-    argv += ["-B", "--scheduler", "celery.beat:Scheduler"] if beat else []
-    _exec(argv)
+    _exec(worker_argv(settings, chosen, concurrency or None, loglevel)[1:])
 
 
 @cli.command()

@@ -1,7 +1,7 @@
 """`layby up`: the whole system on one machine, started in order and stopped in reverse.
 
 Redis (embedded unless `LAYBY_REDIS_URL` is set), a worker on every layby queue, the
-sweeper's clock (Celery beat sending `layby.sweep`), the HTTP gateway, the reply listener,
+sweeper (a one-process worker that sweeps on its own clock), the HTTP gateway, the reply listener,
 Flower (basic auth, credentials in <data dir>/flower.auth) and, unless an SMTP server is
 configured, a mail catcher that keeps the notifications (read them at <gateway>/mail), each
 a child process in its own process group. What a newcomer has not configured is made up in
