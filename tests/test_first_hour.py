@@ -232,6 +232,15 @@ def test_up_refuses_a_taken_port_before_the_banner(tmp_path: Path, taken_port: i
                            "stop what holds it, or choose another (--port or LAYBY_PORT)\n")
     assert done.stdout == ""
     assert not (tmp_path / "data" / "valkey").exists()
+    # Flower's port too (it was skipped with a warning once every other part had started).
+    done = _layby("up", "--port", str(free_port()),
+                  env=_env(tmp_path / "data", **{**_ports(),
+                                                 "LAYBY_FLOWER_PORT": str(taken_port)}))
+    assert done.returncode == 2
+    assert done.stderr == (f"error: port {taken_port} on 127.0.0.1 (the Flower dashboard) "
+                           "is taken: stop what holds it, or choose another "
+                           "(LAYBY_FLOWER_PORT, or --no-flower)\n")
+    assert not (tmp_path / "data" / "valkey").exists()
 
 
 @integration

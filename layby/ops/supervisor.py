@@ -194,13 +194,9 @@ class System:
         flower_url, flower_auth = "", ""
         if self.flower:
             flower_auth = ensure_credentials(self.settings)
-            if port_free(self.settings.flower_host, self.settings.flower_port):
-                self.children.append(Child("flower", flower_argv(self.settings),
-                                           env=flower_env(self.settings, env)))
-                flower_url = f"http://{self.settings.flower_host}:{self.settings.flower_port}"
-            else:
-                _say(f"layby: port {self.settings.flower_port} is taken: not starting Flower "
-                     "(set LAYBY_FLOWER_PORT)")
+            self.children.append(Child("flower", flower_argv(self.settings),
+                                       env=flower_env(self.settings, env)))
+            flower_url = f"http://{self.settings.flower_host}:{self.settings.flower_port}"
         for child in self.children:
             # From this (the main) thread: the parent-death signal follows the thread.
             child.process = subprocess.Popen(child.argv, env=child.env or env,
@@ -243,6 +239,9 @@ class System:
         if settings.metrics_port:
             wanted["metrics exporter"] = (settings.metrics_host, settings.metrics_port,
                                           "LAYBY_METRICS_PORT")
+        if self.flower:
+            wanted["Flower dashboard"] = (settings.flower_host, settings.flower_port,
+                                "LAYBY_FLOWER_PORT, or --no-flower")
         check_ports(wanted)
 
     def _stack(self, data_dir: Path, env: dict[str, str], url: str) -> running.Stack:
