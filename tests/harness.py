@@ -7,6 +7,7 @@ each other's messages. Tests talk to it the way users do: over HTTP on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 
+import layby
 from layby.broker_config import JOBS, NOTIFY, TURNS, Settings
 from layby.ops.embedded import free_port
 from layby.ops.supervisor import gateway_argv, sweeper_argv, worker_argv
@@ -193,15 +195,17 @@ class LaybySystem:
         return reply.json()
 
     def wait_status(self, run_id: str, *statuses: str, timeout: float = 30) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            run = self.run(run_id)
-            if run["status"] in statuses:
-                return run
-            if time.monotonic() > deadline:
-                raise AssertionError(f"run {run_id} is {run['status']}, not {statuses}, after "
-                                     f"{timeout} s: {run.get('error') or run['interrupts']}")
-            time.sleep(0.1)
+        """The run once its status is one of `statuses`, found by following its events as
+        `layby.Client.wait` does (no polling); AssertionError after `timeout` seconds, or
+        at once when it finished in another state."""
+        with layby.Client(self.base_url, api_key=API_KEY, timeout=30) as client:
+            with contextlib.suppress(TimeoutError):
+                client.wait(run_id, until=statuses, timeout=timeout)
+        run = self.run(run_id)
+        if run["status"] in statuses:
+            return run
+        raise AssertionError(f"run {run_id} is {run['status']}, not {statuses}, after "
+                             f"{timeout} s: {run.get('error') or run['interrupts']}")
 
     def open_interrupts(self, run: dict[str, Any]) -> list[dict[str, Any]]:
         return [i for i in run["interrupts"] if i["state"] == "open"]

@@ -137,8 +137,7 @@ def test_worker_killed_after_the_transfer_finishes_the_run_with_one_transfer(
     # Starting the new worker after the visibility timeout makes it receive both copies:
     # one claims the run and runs the step again (the transfer is found in the ledger by its
     # idempotency key), the other finds the run busy or done and does nothing.
-    wait_until(lambda: system.run(run_id)["status"] == "queued", 15,
-               what="the sweeper to requeue the run")
+    system.wait_status(run_id, "queued", timeout=15)  # the sweeper requeued the run
     time.sleep(max(0.0, visibility_s + 0.5 - (time.monotonic() - delivered)))
     second = system.start_worker("worker2")
 

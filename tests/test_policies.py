@@ -308,7 +308,10 @@ def test_fifty_concurrent_answers_record_five_approvals_and_resume_once(
         barrier.wait(30)
         try:
             answer = reply(policed, mail, "approve")
-        except smtplib.SMTPResponseException as exc:  # refused: a 5xx naming the reason
+        except smtplib.SMTPRecipientsRefused as exc:  # refused at RCPT, naming why
+            code, why = next(iter(exc.recipients.values()))
+            answer = f"{code} {why.decode()}"
+        except smtplib.SMTPResponseException as exc:  # refused at DATA
             answer = f"{exc.smtp_code} {exc.smtp_error.decode()}"
         with lock:
             outcomes.append(200 if answer.startswith("250 2.0.0 Answer") else

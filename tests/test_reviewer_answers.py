@@ -679,6 +679,13 @@ def test_a_token_answers_once_page_then_reply(reviewed: ReviewedSystem) -> None:
     code, why = smtp_refusal(refused.value)
     assert code == 550
     assert "already resolved by reviewer:alice via page at" in why, why
+    # Anyone else holding the reply address (a forward, a list) learns only that it takes
+    # no reply: who answered, and when, is for the reviewer.
+    with pytest.raises(smtplib.SMTPRecipientsRefused) as stranger:
+        reply(reviewed, mail, "decline", sender="mallory@example.net")
+    code, why = smtp_refusal(stranger.value)
+    assert code == 550 and "takes no reply any more" in why, why
+    assert "alice" not in why and "page" not in why, why
     assert finished(reviewed, run_id)["result"] == "Sent 250 to Bob."
     answer = assert_answered(reviewed, run_id, mail["X-Layby-Interrupt"], channel="page")
     assert answer["payload"] == {"approved": True, "note": "from the page"}

@@ -67,7 +67,7 @@ class ReplyHandler:
         """The SMTP refusal for a recipient whose token answers nothing (any more), or
         None: a token that opens an open request (the mail itself is checked at DATA)."""
         try:
-            inbox.check_recipient(self.rt, token)
+            inbox.check_recipient(self.rt, token, sender)
         except ConfigError:
             log.exception("reply from %s not taken now", sender)
             return ("451 4.3.5 layby cannot take replies right now (a configuration "

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 
 from layby.control import Runtime
-from layby.errors import Invalid, LaybyError
+from layby.errors import Conflict, Invalid, LaybyError
 from layby.inbox import answers
 from layby.inbox.mime import (
     Mail,
@@ -65,11 +65,27 @@ def check_envelope(rt: Runtime, envelope_recipients: list[str]) -> None:
         answers.verify_token(rt, token)
 
 
-def check_recipient(rt: Runtime, token: str) -> None:
+def check_recipient(rt: Runtime, token: str, sender: str | None) -> None:
     """Refuse, before the mail is sent at all (SMTP's RCPT), a token that answers nothing:
     forged, unknown or expired (BadToken), handed on or its reviewer gone (NotAllowed),
-    its request already answered or closed (Conflict, naming who answered first)."""
-    answers.refuse_if_closed(answers.open_token(rt, token))
+    its request already answered or closed (Conflict).
+
+    Why a handed-on or closed request is refused (who took it, who answered first) is for
+    its reviewer: told only when the envelope's sender is theirs, as the mail's From must
+    be at DATA. Anyone else holding the address (a forward, a list) learns only that the
+    request takes no reply."""
+    grant = answers.verify_token(rt, token)
+    reviewer = rt.reviewers.get(grant.reviewer)
+    theirs = reviewer is not None and bool(sender) and \
+        (sender or "").lower() == (reviewer.email or "").lower()
+    try:
+        answers.refuse_if_closed(answers.open_token(rt, token))
+    except (answers.NotAllowed, Conflict) as exc:
+        if theirs:
+            raise
+        refused = type(exc)("this request takes no reply any more (handed on, answered or "
+                            "closed); nothing was recorded", run_id=exc.run_id)
+        raise refused from None
 
 
 def receive(rt: Runtime, raw: bytes, envelope_recipients: list[str] | None = None
