@@ -6,6 +6,7 @@ Workers, the sweeper and Flower find the built app with `celery -A layby.tasks.a
 
 from layby.broker_config.celery_app import (
     CELERY_ENTRY,
+    SWEEPER_ENTRY,
     celery_argv,
     celery_config,
     make_celery,
@@ -27,5 +28,5 @@ from layby.broker_config.names import (
 from layby.broker_config.settings import Settings
 
 __all__ = ["CELERY_ENTRY", "DELIVER_TASK", "JOBS", "NOTIFY", "NOTIFY_TASK", "QUEUES",
-           "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP", "SWEEP_TASK", "TURNS", "Settings",
-           "celery_argv", "celery_config", "make_celery", "worker_queues"]
+           "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP", "SWEEPER_ENTRY", "SWEEP_TASK",
+           "TURNS", "Settings", "celery_argv", "celery_config", "make_celery", "worker_queues"]

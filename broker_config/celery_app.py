@@ -42,6 +42,10 @@ from layby.broker_config.settings import Settings, is_sentinel_url
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # What `celery -A` loads in layby's worker, sweeper and Flower processes (it builds the app).
 CELERY_ENTRY = "layby.tasks.app"
+# The same app with the sweeper's clock: a worker started from it sweeps on its own clock
+# (`layby sweeper`, `layby worker --beat`); one started from CELERY_ENTRY never does,
+# whatever queues it reads, so a deployment has the one sweeper it starts.
+SWEEPER_ENTRY = "layby.tasks.clock"
 
 
 def worker_queues(settings: Settings) -> list[str]:
@@ -49,11 +53,12 @@ def worker_queues(settings: Settings) -> list[str]:
     return [TURNS, JOBS, NOTIFY] + ([settings.intake_queue] if settings.intake_queue else [])
 
 
-def celery_argv(settings: Settings) -> list[str]:
-    """`python -m celery -A layby.tasks.app`, the start of every worker, sweeper and Flower
-    command line; without banners when logs are JSON, so every line of their output parses."""
+def celery_argv(settings: Settings, entry: str = CELERY_ENTRY) -> list[str]:
+    """`python -m celery -A layby.tasks.app` (or the sweeper's entry), the start of every
+    worker, sweeper and Flower command line; without banners when logs are JSON, so every
+    line of their output parses."""
     quiet = settings.log_format == "json"
-    return [sys.executable, "-m", "celery", "-A", CELERY_ENTRY, *(["--quiet"] if quiet else [])]
+    return [sys.executable, "-m", "celery", "-A", entry, *(["--quiet"] if quiet else [])]
 
 
 def celery_config(settings: Settings) -> dict[str, object]:

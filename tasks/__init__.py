@@ -24,7 +24,6 @@ from layby.broker_config import (
     RESUME_RUN,
     RUN_TURN,
     START_RUN,
-    SWEEP,
     SWEEP_TASK,
 )
 from layby.control import Runtime, commands
@@ -76,7 +75,6 @@ def register(rt: Runtime) -> Celery:
     jobs.connect(rt)
     context.connect()
     _beat_while_up(rt)
-    _sweep_while_up(rt)
     # The reviewer policy, read now in the main process: pool children forked from it start
     # with these rules, so a rules file broken later leaves every child the rules it had.
     rt.reviewers.policy()
@@ -104,20 +102,19 @@ def _beat_while_up(rt: Runtime) -> None:
                             dispatch_uid=f"layby.beat.end.{id(rt.celery)}")
 
 
-def _sweep_while_up(rt: Runtime) -> None:
-    """The sweeper's clock (`sweeper.tick`) in the worker that reads the sweep queue (`layby
-    sweeper`), from ready to shutdown."""
+def sweep_on_own_clock(rt: Runtime) -> None:
+    """The sweeper's clock (`sweeper.tick`) in this worker, from ready to shutdown: what the
+    sweeper's entry (`layby.tasks.clock`) turns on, for the one worker a deployment sweeps
+    in. Not on by reading the sweep queue: every worker started from `layby.tasks.app`
+    would become a sweeper then."""
     stop = threading.Event()
 
     def ready(sender: Any, **_: Any) -> None:
-        consumer = getattr(sender, "task_consumer", None)
-        queues = {q.name for q in getattr(consumer, "queues", ())}
-        if SWEEP in queues:
-            tick(rt, rt.settings.sweep_interval_s, stop)
+        tick(rt, rt.settings.sweep_interval_s, stop)
 
     worker_ready.connect(ready, weak=False, dispatch_uid=f"layby.sweep.{id(rt.celery)}")
     worker_shutdown.connect(lambda **_: stop.set(), weak=False,
                             dispatch_uid=f"layby.sweep.end.{id(rt.celery)}")
 
 
-__all__ = ["register"]
+__all__ = ["register", "sweep_on_own_clock"]

@@ -16,6 +16,7 @@ which `/metrics` and `layby doctor` show. `layby.sweep` stays a task others may 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,16 @@ RETRIES = 30
 
 # One sweep at a time in a process: the clock's and a `layby.sweep` task's share `_owed`.
 _one_at_a_time = threading.Lock()
+
+
+def _fresh_lock() -> None:
+    # A pool child forked while the clock (in the parent) held the lock would wait on it
+    # forever at its first `layby.sweep` task: the child gets a lock of its own.
+    global _one_at_a_time
+    _one_at_a_time = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock)
 
 
 def tick(rt: Runtime, every_s: float, stop: threading.Event) -> threading.Thread:

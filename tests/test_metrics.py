@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -136,29 +137,47 @@ def test_the_sweepers_liveness_is_in_metrics_and_doctor(system: LaybySystem,
 
 
 @pytest.mark.integration
-def test_a_worker_started_with_beat_sweeps_on_its_own_clock(redis_server: EmbeddedRedis,
-                                                            tmp_path: Path) -> None:
-    """`layby worker --beat` (no `layby sweeper` beside it) sweeps: its sweeps are noted as
-    the sweeper's, one after another, with no sweep task sent through the broker."""
+def test_a_worker_sweeps_when_started_with_beat_and_only_then(redis_server: EmbeddedRedis,
+                                                             tmp_path: Path) -> None:
+    """`layby worker --beat` (no `layby sweeper` beside it) sweeps on its own clock, its
+    sweeps noted as the sweeper's; a worker started without it never sweeps, even one that
+    reads the sweep queue (a deployment has the one sweeper it starts)."""
     url = f"redis://127.0.0.1:{redis_server.port}/14"
     client = redis.Redis.from_url(url, decode_responses=True)
     client.flushdb()
-    worker = Proc("worker", [sys.executable, "-m", "layby", "worker", "--beat",
-                             "--queues", "layby.jobs", "--concurrency", "1"],
-                  tmp_path / "worker.log")
-    worker.start({**os.environ, **BASE_ENV, "LAYBY_REDIS_URL": url,
-                  "LAYBY_DATA_DIR": str(tmp_path / "data")})
+    env = {**os.environ, **BASE_ENV, "LAYBY_REDIS_URL": url,
+           "LAYBY_DATA_DIR": str(tmp_path / "data")}
+
+    def worker(name: str, *options: str) -> Proc:
+        started = Proc(name, [sys.executable, "-m", "layby", "worker", "--concurrency", "1",
+                              *options], tmp_path / f"{name}.log")
+        started.start(env)
+        return started
+
+    plain = worker("plain", "--queues", "layby.jobs,layby.sweep")
+    beating = None
     try:
+        wait_until(lambda: "ready." in plain.output(), 60, what="the plain worker")
+        seconds = float(BASE_ENV["LAYBY_SWEEP_INTERVAL_S"]) * 6
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:  # six sweeps' time: none comes
+            assert client.get("layby:swept") is None
+            time.sleep(0.1)
+
+        beating = worker("beating", "--beat", "--queues", "layby.jobs")
         first = int(wait_until(lambda: client.get("layby:swept"), 60,
-                               what="the worker's first sweep"))
+                               what="the --beat worker's first sweep"))
         wait_until(lambda: int(client.get("layby:swept") or 0) > first, 10,
                    what="a second sweep")
-        assert client.llen("layby.sweep") == 0  # nothing queued for it: its own clock
     finally:
-        worker.stop()
+        for started in (plain, beating):
+            if started is not None:
+                started.stop()
         client.flushdb()
         client.close()
-    assert "Traceback" not in worker.output(), worker.output()[-3000:]
+    for started in (plain, beating):
+        assert started is not None and "Traceback" not in started.output(), \
+            started.output()[-3000:] if started else ""
 
 
 def test_doctor_finds_an_evicting_server(system: LaybySystem, tmp_path: Path) -> None:

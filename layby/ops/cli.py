@@ -158,11 +158,9 @@ def worker(queues: Annotated[str | None, typer.Option(
     settings = Settings()
     _check_config(settings)
     chosen = queues.split(",") if queues else worker_queues(settings)
-    # A worker reading the sweep queue runs the sweeper's clock (layby.tasks).
-    chosen += [SWEEP] if beat and SWEEP not in chosen else []
     # Named layby-<pid>@<host> as `layby up` names its worker: one worker per queue on the
     # same machine must not share Celery's default node name.
-    _exec(worker_argv(settings, chosen, concurrency or None, loglevel)[1:])
+    _exec(worker_argv(settings, chosen, concurrency or None, loglevel, sweeps=beat)[1:])
 
 
 @cli.command()

@@ -30,7 +30,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from layby import running
-from layby.broker_config import SWEEP, Settings, celery_argv, worker_queues
+from layby.broker_config import (
+    CELERY_ENTRY,
+    SWEEP,
+    SWEEPER_ENTRY,
+    Settings,
+    celery_argv,
+    worker_queues,
+)
 from layby.broker_config.settings import write_private
 from layby.control.runtime import check_config
 from layby.errors import ConfigError
@@ -61,18 +68,20 @@ QUIET_STEPS = ["--without-gossip", "--without-mingle"]
 
 
 def worker_argv(settings: Settings, queues: list[str], concurrency: int | None,
-                loglevel: str) -> list[str]:
-    argv = [*celery_argv(settings), "worker", "-Q", ",".join(queues), *QUIET_STEPS, "-n",
-            f"layby-{os.getpid()}@%h", "-l", loglevel]
+                loglevel: str, *, sweeps: bool = False) -> list[str]:
+    """A worker on `queues`; one that `sweeps` runs the sweeper's clock too."""
+    entry = SWEEPER_ENTRY if sweeps else CELERY_ENTRY
+    argv = [*celery_argv(settings, entry), "worker", "-Q", ",".join(queues), *QUIET_STEPS,
+            "-n", f"layby-{os.getpid()}@%h", "-l", loglevel]
     return argv + (["-c", str(concurrency)] if concurrency else [])
 
 
 def sweeper_argv(settings: Settings) -> list[str]:
-    """A one-process worker on the sweep queue, which sweeps on its own clock (a worker
-    reading that queue runs `layby.tasks.sweeper.tick`), so sweeps never wait behind model
-    calls, put no task on the broker or in Flower every second, and their log lines stay
-    out of the worker's."""
-    return [*celery_argv(settings), "worker", "-Q", SWEEP, *QUIET_STEPS,
+    """A one-process worker on the sweep queue, which sweeps on its own clock (started from
+    the sweeper's entry, `layby.tasks.clock`), so sweeps never wait behind model calls, put
+    no task on the broker or in Flower every second, and their log lines stay out of the
+    worker's."""
+    return [*celery_argv(settings, SWEEPER_ENTRY), "worker", "-Q", SWEEP, *QUIET_STEPS,
             "-P", "solo", "-n",
             f"layby-sweeper-{os.getpid()}@%h", "-l",
             # A sweep a second at INFO would drown what matters; DEBUG asked for is DEBUG.
