@@ -40,6 +40,8 @@ SENTINEL_TIMEOUT_S = 3.0
 
 # A key's name in LAYBY_API_KEYS (`name:key`): what the audit records its caller as.
 KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# The longest bearer key: the gateway refuses a longer one before any comparison.
+MAX_KEY_BYTES = 512
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class ApiKey:
                              "or a non-ASCII character: an Authorization header carries "
                              "printable ASCII only")
         secret = key.encode()
+        if len(secret) > MAX_KEY_BYTES:
+            raise ValueError(f"a key{' named ' + name if name else ''} is longer than "
+                             f"{MAX_KEY_BYTES} bytes, which the gateway never accepts")
         if name:
             return cls(f"api:{name}", secret)
         return cls(f"api-key:{hashlib.sha256(secret).hexdigest()[:12]}", secret)

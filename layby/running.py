@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -80,7 +81,12 @@ class Lock:
         path = folder / LOCK_FILE
         # Not truncated on open: a refused taker must still read the owner's line.
         handle = open(path, "a+")
-        if not _try_lock(handle, exclusive=True):
+        # Tried for a second: a command that only looks (`is_held`: a client, `doctor`)
+        # holds the lock shared for a moment, and must not refuse a `layby up` starting.
+        deadline = time.monotonic() + 1.0
+        while not (got := _try_lock(handle, exclusive=True)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not got:
             handle.seek(0)
             owner = handle.read().strip()
             handle.close()
@@ -132,12 +138,17 @@ def is_held(folder: Path) -> bool:
 
 
 def write(folder: Path, stack: Stack) -> None:
-    """Write `up.json`, readable by its owner only (it says where secrets are)."""
+    """Write `up.json`, readable by its owner only (it says where secrets are), whole or
+    not at all: written beside it, then renamed over it, so a reader (or a kill) never
+    finds half a file."""
     path = folder / STATE_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    partial = folder / f".{STATE_FILE}.{os.getpid()}"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a leftover of a killed writer may have had another mode
     with os.fdopen(fd, "w") as out:
         json.dump(asdict(stack), out, indent=2)
         out.write("\n")
+    os.replace(partial, path)
 
 
 def remove(folder: Path) -> None:

@@ -411,3 +411,30 @@ def test_a_second_terminal_in_the_project_folder_uses_the_running_stack(
         assert not (project / ".layby" / running.STATE_FILE).exists()
     finally:
         _kill(up, family)
+
+
+@integration
+def test_ctrl_c_while_a_module_hangs_at_import_stops_at_once(tmp_path: Path) -> None:
+    """A user's module that hangs at import (a connection it makes, say): Ctrl-C stops
+    `layby up` there and then, nothing left running, rather than once every part started."""
+    (tmp_path / "bank").mkdir()
+    (tmp_path / "bank" / "__init__.py").write_text("")
+    importing = tmp_path / "importing"
+    (tmp_path / "bank" / "slow.py").write_text(
+        f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\ntime.sleep(120)\n")
+    env = _env(tmp_path / "data", LAYBY_AGENT_MODULES="bank.slow", **_ports(),
+               PYTHONPATH=f"{ROOT}:{tmp_path}")
+    log = tmp_path / "up.log"
+    up = _start_up(env, free_port(), log)
+    family: list[psutil.Process] = []
+    try:
+        wait_until(importing.exists, 60, what="layby up to import the module")
+        family = _family(up)
+        up.send_signal(signal.SIGINT)
+        assert up.wait(10) == 130, log.read_text()
+        assert "stopped while starting; nothing is left running" in log.read_text()
+        assert "layby is up" not in log.read_text()
+        assert _gone(family) == []
+        assert not (tmp_path / "data" / "valkey").exists()
+    finally:
+        _kill(up, family)

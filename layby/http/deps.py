@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from fastapi.requests import HTTPConnection
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from layby.broker_config.settings import MAX_KEY_BYTES
 from layby.control import Runtime
 from layby.errors import Unauthorized
 from layby.generation.answers import check_storable
@@ -39,10 +40,6 @@ async def runtime_of(request: Request) -> Runtime:
 
 
 Rt = Annotated[Runtime, Depends(runtime_of)]
-
-
-# Longer than any key a person would configure: refused before any comparison.
-MAX_KEY_BYTES = 512
 
 
 def check_key(rt: Runtime, credentials: HTTPAuthorizationCredentials | None) -> str:

@@ -107,6 +107,12 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
     except NotStarted as exc:
         system.stop()
         _fail(str(exc), 2)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP while starting
+        system.stop()
+        _fail("stopped while starting; nothing is left running", 130)
+    except BaseException:  # a part that could not be started: none is left running
+        system.stop()
+        raise
     try:
         typer.echo(
             f"layby is up\n"

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from layby import running
 from layby.broker_config import (
@@ -40,7 +40,7 @@ from layby.broker_config import (
 )
 from layby.broker_config.settings import write_private
 from layby.control.runtime import check_config
-from layby.errors import ConfigError
+from layby.errors import LaybyError
 from layby.ops.embedded import EmbeddedRedis
 from layby.ops.flower import ensure_credentials, flower_argv, flower_env
 from layby.ops.lifetime import die_with_parent
@@ -149,6 +149,7 @@ class System:
     redis: EmbeddedRedis | None = None
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
+    started: bool = False  # every part started: a signal now only ends `wait`
     lock: running.Lock | None = None
 
     def api_key(self) -> str:
@@ -182,9 +183,11 @@ class System:
         self._check(env)
         url = self.settings.redis_url
         if not url:
+            # Kept before it starts: stopped with the rest if a signal comes while it does.
+            self.redis = EmbeddedRedis(data_dir / "valkey",
+                                       malloc=self.settings.embedded_malloc)
             try:
-                self.redis = EmbeddedRedis(data_dir / "valkey",
-                                           malloc=self.settings.embedded_malloc).start()
+                self.redis.start()
             except RuntimeError as exc:
                 raise NotStarted(str(exc)) from None
             url = self.redis.url
@@ -212,6 +215,9 @@ class System:
                                              start_new_session=True,
                                              preexec_fn=die_with_parent())
         running.write(data_dir, self._stack(data_dir, env, url))
+        self.started = True
+        if self.stopping:  # a signal that came as the last part started
+            raise KeyboardInterrupt
         return {"redis": url, "gateway": self.gateway_url,
                 "api_key": key, "data_dir": str(data_dir),
                 "reviewers": env["LAYBY_REVIEWERS_FILE"],
@@ -221,12 +227,19 @@ class System:
                 "flower": flower_url, "flower_auth": flower_auth}
 
     def _on_signals(self) -> None:
-        """Ctrl-C, SIGTERM and a closed terminal (SIGHUP) all stop everything, in order;
-        from the start on, so one that comes while parts start stops them too."""
+        """Ctrl-C, SIGTERM and a closed terminal (SIGHUP) all stop everything, in order.
+        While parts start, one raises at once (a user's module that hangs at import must
+        not keep Ctrl-C waiting; what was started is stopped by the caller); once they run,
+        it only asks `wait` to end. A SIGHUP ignored by whoever started us (`nohup`)
+        stays ignored."""
         def _stop(signum: int, _frame: object) -> None:
             self.stopping = True
+            if not self.started:
+                raise KeyboardInterrupt(signal.Signals(signum).name)
 
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if sig == signal.SIGHUP and signal.getsignal(sig) is signal.SIG_IGN:
+                continue
             signal.signal(sig, _stop)
 
     def _check(self, env: dict[str, str]) -> None:
@@ -236,7 +249,7 @@ class System:
             update={"reviewers_file": Path(env["LAYBY_REVIEWERS_FILE"])})
         try:
             check_config(settings)
-        except ConfigError as exc:
+        except LaybyError as exc:
             raise NotStarted(exc.message) from None
         wanted = {"gateway": (settings.host, self.port, "--port or LAYBY_PORT"),
                   "reply listener": (settings.reply_listener_host,
@@ -257,7 +270,11 @@ class System:
         """What the commands started in this folder need of this system: its settings as
         the parts read them, without a secret (where the API key is, not the key)."""
         s = self.settings
-        passwords = any(urlsplit(part.strip()).password for part in url.split(";"))
+        # A password in the URL (user info, or redis-py's `?password=`) stays in the
+        # terminal's environment: this file holds no secret.
+        passwords = any(urlsplit(part.strip()).password
+                        or "password" in parse_qs(urlsplit(part.strip()).query)
+                        for part in url.split(";"))
         found = {
             "redis_url": None if passwords else url,  # a password stays in the terminal's env
             "agent_modules": s.agent_modules, "task_modules": s.task_modules,
