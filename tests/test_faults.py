@@ -44,6 +44,6 @@ def test_the_short_fault_suite_meets_every_target(tmp_path: Path, scenario: str)
               for o in outcomes if not all(o["targets"].values())}
     assert not missed, f"{missed}\n{done.stdout}"
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert len(outcomes) == 1
+    assert len(outcomes) == 1 and f"faults: {scenario} …" in done.stderr, done.stderr[-2000:]
     for outcome in outcomes:
         assert outcome["targets"], outcome["name"]  # every scenario checks something

@@ -5,8 +5,8 @@ scripted agent of "Writing agents". Each file's code is read from the Markdown i
 example that stops working fails here.
 
 What a user changes is changed here too, and nothing else: the gateway's address (this
-system's port), the API key (`KEY`, or `.layby/api_key` in the folder they run from), and
-the ids a command printed, pasted into the next one."""
+system's port), and the ids a command printed, pasted into the next one. The API key is
+read where `layby up` leaves it, `.layby/api_key` in the folder they run from."""
 
 from __future__ import annotations
 
@@ -55,8 +55,9 @@ def newcomer(isolated: Callable[..., LaybySystem], folder: Path) -> LaybySystem:
 
 
 def _python(system: LaybySystem, code: str, cwd: Path) -> str:
-    """A script as pasted, with `KEY` set and the gateway's address this system's."""
-    script = f"KEY = {API_KEY!r}\n" + code.replace(DOCS_URL, system.base_url)
+    """A script as pasted (it reads its key from `.layby/api_key`), the gateway's address
+    this system's."""
+    script = code.replace(DOCS_URL, system.base_url)
     done = subprocess.run([sys.executable, "-c", script], cwd=cwd, capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, f"{code}\n--- stderr:\n{done.stderr}"
