@@ -438,3 +438,20 @@ def test_ctrl_c_while_a_module_hangs_at_import_stops_at_once(tmp_path: Path) -> 
         assert not (tmp_path / "data" / "valkey").exists()
     finally:
         _kill(up, family)
+
+
+@integration
+def test_layby_check_says_ok_or_the_one_problem(tmp_path: Path) -> None:
+    (tmp_path / "bank").mkdir()
+    (tmp_path / "bank" / "__init__.py").write_text("")
+    (tmp_path / "bank" / "payer.py").write_text(PAYER)
+    fine = _layby("check", env=_env(tmp_path / "data", LAYBY_AGENT_MODULES="bank.payer"),
+                  cwd=tmp_path)
+    assert fine.returncode == 0, fine.stderr
+    assert fine.stdout.startswith("ok: agents bank.payer; task modules layby.demo.jobs;")
+    broken = _layby("check", env=_env(tmp_path / "data", LAYBY_AGENT_MODULES="bank.gone"),
+                    cwd=tmp_path)
+    assert broken.returncode == 2 and broken.stdout == ""
+    assert broken.stderr.startswith("error: LAYBY_AGENT_MODULES names 'bank.gone', and no "
+                                    "module 'bank.gone' is found")
+    assert broken.stderr.count("\n") == 1

@@ -78,18 +78,32 @@ def _rt() -> Runtime:
     return build(Settings.of_this_folder())
 
 
-def _check_config(settings: Settings) -> None:
-    """Refuse, in one line with exit code 2, to start a part that could not serve."""
+def _check_config(settings: Settings) -> dict[str, Any]:
+    """Refuse, in one line with exit code 2, to start a part that could not serve; the
+    agents, when it could."""
     from layby.control.runtime import check_config
 
     try:
-        check_config(settings)
+        return check_config(settings)
     except LaybyError as exc:
         _fail(exc.message, 2)
 
 
 def _exec(argv: list[str]) -> NoReturn:
     os.execv(sys.executable, [sys.executable, *argv])
+
+
+@cli.command()
+def check() -> None:
+    """Check the configuration as `layby up` and the workers read it: the settings, the
+    agent and task modules (they import), the reviewer directory and rules (they load).
+    One line, and exit code 2, on the first problem; what `layby up` runs first."""
+    settings = Settings()
+    agents = sorted(_check_config(settings))
+    rules = settings.policy_file or settings.reviewers_file
+    typer.echo(f"ok: agents {', '.join(agents) or 'none'}; task modules "
+               f"{', '.join(settings.task_modules) or 'none'}; reviewers "
+               f"{settings.reviewers_file or 'none configured'}; rules {rules or 'none'}")
 
 
 @cli.command()

@@ -39,8 +39,6 @@ from layby.broker_config import (
     worker_queues,
 )
 from layby.broker_config.settings import write_private
-from layby.control.runtime import check_config
-from layby.errors import LaybyError
 from layby.ops.embedded import EmbeddedRedis
 from layby.ops.flower import ensure_credentials, flower_argv, flower_env
 from layby.ops.lifetime import die_with_parent
@@ -244,13 +242,16 @@ class System:
 
     def _check(self, env: dict[str, str]) -> None:
         """What would stop a part once started, checked before any is: the user's modules,
-        the reviewer directory and rules the parts will read, and the ports."""
+        the reviewer directory and rules the parts will read (`layby check`, in a process
+        of its own: the user's code, and whatever threads it starts at import, stay out of
+        the process that starts every part), and the ports."""
         settings = self.settings.model_copy(
             update={"reviewers_file": Path(env["LAYBY_REVIEWERS_FILE"])})
-        try:
-            check_config(settings)
-        except LaybyError as exc:
-            raise NotStarted(exc.message) from None
+        checked = subprocess.run([sys.executable, "-m", "layby", "check"], env=env,
+                                 capture_output=True, text=True, check=False)
+        if checked.returncode != 0:
+            said = checked.stderr.strip().splitlines() or [f"exit code {checked.returncode}"]
+            raise NotStarted(said[-1].removeprefix("error: "))
         wanted = {"gateway": (settings.host, self.port, "--port or LAYBY_PORT"),
                   "reply listener": (settings.reply_listener_host,
                                      settings.reply_listener_port,
