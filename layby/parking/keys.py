@@ -1,97 +1,103 @@
-"""Every Redis key layby uses, its type and its lifetime. The prefix is a setting.
+"""Every Redis key layby writes, its type and its lifetime: `KEY_SPECS`, one `KeySpec` each,
+listed below as `table()` prints them. `Keys` names them. tests/store/test_keys.py checks
+that this list is `table()`'s, and runs the store through a whole cycle to check that every
+key it writes is one of `KEY_SPECS`, and every one of them (but an older layby's) written.
 
-Per run, under one hash tag so a run lives in one cluster slot (`<p>:{<run_id>}:…`):
+`<p>` is the prefix (a setting, LAYBY_KEY_PREFIX). A run's own keys carry its id as a hash
+tag, `{<run>}`, so a run lives in one cluster slot. "as the run": none while the run lives,
+`retention` seconds once it ended (LAYBY_RETENTION_S); "none": the key stays, its entries
+come and go.
 
-| key          | type   | holds                                                   | lifetime          |
-|--------------|--------|---------------------------------------------------------|-------------------|
-| run          | hash   | agent, status, version, messages (JSON), input (unless  | until retention   |
-|              |        | it is the first message's text), metadata (only when    | after the end     |
-|              |        | given), result, error, lease_owner,                     |                   |
-|              |        | lease_until ('' / 0 when unclaimed, absent while parked |                   |
-|              |        | or finished), attempts (absent: 0), open (ids of        |                   |
-|              |        | interrupts                                              |                   |
-|              |        | waiting for an answer, space-separated), waiting (ids   |                   |
-|              |        | of those the last park waited on; left out while they   |                   |
-|              |        | are the open ones, written by the first answer),        |                   |
-|              |        | checkpointed ('1' while the step saved checkpoints;     |                   |
-|              |        | absent while parked), noted ('0' while the run has no   |                   |
-|              |        | notifications; absent once it has: "look"), …; and the  |                   |
-|              |        | run's interrupts,                                       |                   |
-|              |        | "i:<interrupt id>" → Interrupt JSON (immutable once     |                   |
-|              |        | written), and its notifications, "n:<notification id>"  |                   |
-|              |        | → Notification JSON (with its token), both under short  |                   |
-|              |        | names (parking.compact): keys of their own would cost   |                   |
-|              |        | more than they hold; events (a run parked a while: its  |                   |
-|              |        | events, folded; see events below)                       |                   |
-| interrupts   | hash   | only runs of an older layby (their hash has an `id`     | same              |
-|              |        | field): interrupt id → Interrupt JSON                   |                   |
-| answers      | hash   | interrupt id → answer JSON (first answer only)          | same              |
-| open         | set    | only runs of an older layby, which kept open interrupts | same              |
-|              |        | here: read while the run has no `open` field, dropped   |                   |
-|              |        | by the next write                                       |                   |
-| checkpoints  | hash   | "model", "tool:<ref>" → results within the current      | cleared at every  |
-|              |        | version (field "v" holds that version)                  | commit            |
-| events       | stream | type, version, data (JSON), when: the entry id's ms (an | same as run       |
-|              |        | older layby's entries also have `at`); capped; copied to|                   |
-|              |        | an exact fit when the run parks, its steps' events then |                   |
-|              |        | without their messages (`from`/`historyTo` say where    |                   |
-|              |        | they are in the history; parking.events fills them in). |                   |
-|              |        | Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events move   |                   |
-|              |        | into its hash's field `events`, one line each, their    |                   |
-|              |        | data rebuilt from the hash where it can be              |                   |
-|              |        | (lua/_folding.lua), and the stream is deleted; later    |                   |
-|              |        | events begin a new one                                  |                   |
-| notifications| hash   | only runs of an older layby: notification id →          | same as run       |
-|              |        | Notification JSON                                       |                   |
-| review       | hash   | how people review each interrupt (only runs asked under | same as run       |
-|              |        | a policy): "approval:<iid>:<by>" → approval JSON,       |                   |
-|              |        | "approvals:<iid>" → their count, "delegated:<iid>:<from>|                   |
-|              |        | " → delegation JSON, "escalated:<iid>:<level>" → when   |                   |
-
-Global:
-
-| key                  | type | holds                                             |
-|----------------------|------|---------------------------------------------------|
-| index:<status>       | zset | run ids in that state, scored by last change (ms) |
-| deadlines            | zset | "<run_id> <interrupt_id>" scored by expiry (ms)   |
-| leases               | zset | running run ids scored by lease end (ms)          |
-| outbox               | zset | outbox entry ids scored by when to (re)publish    |
-|                      |      | (only what a transition could not push itself:    |
-|                      |      | the broker elsewhere, or announcement tasks, which|
-|                      |      | ack their entry once done)                        |
-| outbox:entries       | hash | entry id → {"task", "queue", "args"} JSON         |
-| idem:<key>           | str  | run id for an idempotency key; expires (24 h)     |
-| notify:due           | zset | "<run_id> <notification id>" scored by when to    |
-|                      |      | (re)send: a retry's backoff, a reminder; once its |
-|                      |      | delivery is queued, when a lost message would be  |
-| grant:<ref>          | str  | a reviewer token's grant, its values space-       |
-|                      |      | separated (reviewers.tokens; an older layby's:    |
-|                      |      | JSON); expires with the token (and retention)     |
-| server               | str  | the run id of the server (INFO) the sweeper last  |
-|                      |      | requeued waiting runs for, or the first process   |
-|                      |      | saw: another one there means a restart or a       |
-|                      |      | failover since, which may have lost task messages |
-| fold:cursor          | str  | the park time (ms) the sweeper's next fold of     |
-|                      |      | parked runs' events starts from                   |
-| swept                | str  | when (server time, ms) the sweeper last finished  |
-|                      |      | a sweep: its liveness, for /metrics and doctor    |
-| seen:<what>          | str  | something taken once: a callback's webhook-id     |
-|                      |      | (past the replay tolerance), a reply mail that    |
-|                      |      | was mailed back (a provider's retries are not)    |
-| stats                | hash | counters since the data began, for /metrics:      |
-|                      |      | answers:<channel> (answers recorded, by channel;  |
-|                      |      | expiries count as their answer's channel),        |
-|                      |      | <what>_latency_ms_sum, <what>_latency_count and   |
-|                      |      | <what>_latency_le:<bound> (one bucket, not        |
-|                      |      | cumulative) for answer (park → answer, parked     |
-|                      |      | runs only) and resume (last answer → claimed),    |
-|                      |      | notifications_failed (sends out of attempts),     |
-|                      |      | auto_answers:<rule> (interrupts answered by a     |
-|                      |      | policy rule), escalations:<level> (levels asked)  |
+<p>:{<run>}:run             hash    as the run
+    agent, status, version, created_at, updated_at (ms); messages (the history, JSON); input
+    (unless it is the first message's text), metadata (only when given), result, error;
+    lease_owner, lease_until ('' / 0 when unclaimed, absent while parked or finished), attempts
+    (absent: 0); open (ids of the interrupts waiting for an answer, space-separated); waiting
+    (ids of those the last park waited on; left out while they are the open ones, written by the
+    first answer); checkpointed ('1' while the step saved checkpoints; absent while parked);
+    noted ('0' while the run has no notifications; absent once it has: "look"). And the run's
+    interrupts, "i:<interrupt id>" → Interrupt JSON (immutable once written), and its
+    notifications, "n:<notification id>" → Notification JSON (with its token), both under short
+    names (parking.compact): keys of their own would cost more than they hold; events (a run
+    parked a while: its events, folded; see events). A run of an older layby has an `id` field
+    too.
+<p>:{<run>}:interrupts      hash    as the run
+    only runs of an older layby (their hash has an `id` field): interrupt id → Interrupt JSON,
+    read where the run's hash has none.
+<p>:{<run>}:answers         hash    as the run
+    interrupt id → answer JSON (the first answer only; one given before the park, or by a policy
+    rule in the park, too).
+<p>:{<run>}:open            set     its next write
+    only runs of an older layby, which kept their open interrupts here: read while the run has
+    no `open` field, dropped by the next write.
+<p>:{<run>}:checkpoints     hash    to the next commit
+    "model", "tool:<ref>" → results within the current version (field "v" holds that version);
+    deleted by the commit of the step, and at the end of the run.
+<p>:{<run>}:events          stream  as the run
+    type, version, data (JSON), when: the entry id's ms (an older layby's entries also have
+    `at`); capped. Copied to an exact fit when the run parks, its steps' events then without
+    their messages (`from`/`historyTo` say where they are in the history; parking.events fills
+    them in). Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events move into its hash's field
+    `events`, one line each, their data rebuilt from the hash where it can be
+    (lua/_folding.lua), and the stream is deleted; later events begin a new one.
+<p>:{<run>}:events:compact  stream  one park_run call
+    park_run.lua's copy of the run's events, made to an exact fit (its steps' events cut),
+    copied or renamed over events and gone before the script returns.
+<p>:{<run>}:notifications   hash    as the run
+    only runs of an older layby: notification id → Notification JSON.
+<p>:{<run>}:review          hash    as the run
+    how people review each interrupt (only interrupts asked under a policy, handed on or
+    escalated): "approval:<iid>:<by>" → that reviewer's approval (answer JSON),
+    "approvals:<iid>" → how many, "delegated:<iid>:<from>" → the hand-over (Delegation JSON),
+    "escalated:<iid>:<level>" → when that level was first asked (ms).
+<p>:index:<status>          zset    none
+    run ids in that state, scored by their last change (ms); finished runs' entries are pruned
+    by the sweeper once their keys expired.
+<p>:deadlines               zset    none
+    "<run id> <interrupt id>" scored by expiry (ms).
+<p>:leases                  zset    none
+    running runs' ids scored by the end of their lease (ms).
+<p>:workers                 zset    none
+    worker processes ("<hostname>:<pid>") scored by the end of their beat's lease (ms): the
+    sweeper takes out, once, those whose beat lapsed (and requeues what waits); one that stops
+    cleanly takes itself out.
+<p>:outbox                  zset    none
+    outbox entry ids scored by when to (re)publish: only what a transition could not push itself
+    (the broker elsewhere, or announcement tasks, which ack their entry once done).
+<p>:outbox:entries          hash    none
+    outbox entry id → {"id", "task", "queue", "args", "agent"} JSON.
+<p>:idem:<key>              string  24 h
+    the run id of an idempotency key (LAYBY_IDEMPOTENCY_TTL_S).
+<p>:notify:due              zset    none
+    "<run id> <notification id>" scored by when to (re)send: a retry's backoff, a reminder; once
+    its delivery is queued, when a lost message would be.
+<p>:grant:<ref>             string  its token's
+    a reviewer token's grant, its values space-separated (reviewers.tokens; an older layby's:
+    JSON).
+<p>:server                  string  none
+    the run id of the server (INFO) the sweeper last requeued waiting runs for, or the first a
+    process saw: another one there means a restart or a failover since, which may have lost task
+    messages.
+<p>:fold:cursor             string  none
+    the park time (ms) the sweeper's next fold of parked runs' events starts from.
+<p>:swept                   string  none
+    when (server time, ms) the sweeper last finished a sweep: its liveness, for /metrics and
+    doctor.
+<p>:seen:<what>             string  its caller's
+    something done once: "mailed-back:<message id>", a reply mail that was mailed back as
+    unreadable (a mail provider's retries are not; inbox.replies: 3 days).
+<p>:stats                   hash    none
+    counters since the data began, for /metrics: answers:<channel> (answers recorded, by
+    channel; expiries count as their answer's channel), <what>_latency_ms_sum,
+    <what>_latency_count and <what>_latency_le:<bound> (one bucket, not cumulative) for answer
+    (park → answer, parked runs only) and resume (last answer → claimed), notifications_failed
+    (sends out of attempts), auto_answers:<rule> (interrupts answered by a policy rule),
+    escalations:<level> (levels asked).
 
 Besides its own keys, the store's scripts push task messages onto the broker's queues
 (`<LAYBY_BROKER_KEY_PREFIX>layby.turns`, `…layby.notify`: kombu's lists), when the broker
-is this server (`layby.broker_config.messages`).
+is this server (`layby.broker_config.messages`). The demo's ledger (layby.demo.ledger)
+keeps `<p>:demo:…` keys of its own.
 
 Parked runs never expire. Finished runs expire `retention` seconds after they end; their
 index entries are pruned by the sweeper.
@@ -99,11 +105,174 @@ index entries are pruned by the sweeper.
 
 from __future__ import annotations
 
+import re
+import textwrap
 from dataclasses import dataclass
 
 from layby.wire import Status
 
 RUN_PARTS = ("run", "interrupts", "answers", "open", "checkpoints", "events")
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One key, or one family of keys, the store writes. `pattern` names it as `Keys` does:
+    `<p>` is the prefix, `{<run>}` the run's id in its hash tag, `<status>` a `Status`, and
+    any other `<…>` the part the `Keys` method is given. `older`: written only by an older
+    layby (read now, and dropped or expired with the run, never written)."""
+
+    pattern: str
+    type: str
+    lifetime: str
+    what: str
+    older: bool = False
+
+    def regex(self, prefix: str) -> re.Pattern[str]:
+        """The keys of this spec under `prefix`, as a pattern matching a whole key."""
+        parts = re.split(r"(<[^>]+>)", self.pattern)
+        out = []
+        for part in parts:
+            if part == "<p>":
+                out.append(re.escape(prefix))
+            elif part == "<run>":
+                out.append(r"[^{}]+")  # a hash tag ends at its first '}'
+            elif part == "<status>":
+                out.append("(?:" + "|".join(re.escape(s.value) for s in Status) + ")")
+            elif part.startswith("<"):
+                out.append(".+")
+            else:
+                out.append(re.escape(part))
+        return re.compile("".join(out))
+
+
+# Every key the store writes, run's keys first. The module docstring lists them as
+# `table()` prints them (tests/store/test_keys.py checks both).
+KEY_SPECS: tuple[KeySpec, ...] = (
+    KeySpec(
+        "<p>:{<run>}:run", "hash", "as the run",
+        "agent, status, version, created_at, updated_at (ms); messages (the history, JSON); "
+        "input (unless it is the first message's text), metadata (only when given), result, "
+        "error; lease_owner, lease_until ('' / 0 when unclaimed, absent while parked or "
+        "finished), attempts (absent: 0); open (ids of the interrupts waiting for an "
+        "answer, space-separated); waiting (ids of those the last park waited on; left out "
+        "while they are the open ones, written by the first answer); checkpointed ('1' "
+        "while the step saved checkpoints; absent while parked); noted ('0' while the run "
+        "has no notifications; absent once it has: \"look\"). And the run's interrupts, "
+        "\"i:<interrupt id>\" → Interrupt JSON (immutable once written), and its "
+        "notifications, \"n:<notification id>\" → Notification JSON (with its token), both "
+        "under short names (parking.compact): keys of their own would cost more than they "
+        "hold; events (a run parked a while: its events, folded; see events). A run of an "
+        "older layby has an `id` field too."),
+    KeySpec(
+        "<p>:{<run>}:interrupts", "hash", "as the run",
+        "only runs of an older layby (their hash has an `id` field): interrupt id → "
+        "Interrupt JSON, read where the run's hash has none.", older=True),
+    KeySpec(
+        "<p>:{<run>}:answers", "hash", "as the run",
+        "interrupt id → answer JSON (the first answer only; one given before the park, or by "
+        "a policy rule in the park, too)."),
+    KeySpec(
+        "<p>:{<run>}:open", "set", "its next write",
+        "only runs of an older layby, which kept their open interrupts here: read while the "
+        "run has no `open` field, dropped by the next write.", older=True),
+    KeySpec(
+        "<p>:{<run>}:checkpoints", "hash", "to the next commit",
+        "\"model\", \"tool:<ref>\" → results within the current version (field \"v\" holds "
+        "that version); deleted by the commit of the step, and at the end of the run."),
+    KeySpec(
+        "<p>:{<run>}:events", "stream", "as the run",
+        "type, version, data (JSON), when: the entry id's ms (an older layby's entries also "
+        "have `at`); capped. Copied to an exact fit when the run parks, its steps' events "
+        "then without their messages (`from`/`historyTo` say where they are in the history; "
+        "parking.events fills them in). Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events "
+        "move into its hash's field `events`, one line each, their data rebuilt from the "
+        "hash where it can be (lua/_folding.lua), and the stream is deleted; later events "
+        "begin a new one."),
+    KeySpec(
+        "<p>:{<run>}:events:compact", "stream", "one park_run call",
+        "park_run.lua's copy of the run's events, made to an exact fit (its steps' events "
+        "cut), copied or renamed over events and gone before the script returns."),
+    KeySpec(
+        "<p>:{<run>}:notifications", "hash", "as the run",
+        "only runs of an older layby: notification id → Notification JSON.", older=True),
+    KeySpec(
+        "<p>:{<run>}:review", "hash", "as the run",
+        "how people review each interrupt (only interrupts asked under a policy, handed on "
+        "or escalated): \"approval:<iid>:<by>\" → that reviewer's approval (answer JSON), "
+        "\"approvals:<iid>\" → how many, \"delegated:<iid>:<from>\" → the hand-over "
+        "(Delegation JSON), \"escalated:<iid>:<level>\" → when that level was first asked "
+        "(ms)."),
+    KeySpec(
+        "<p>:index:<status>", "zset", "none",
+        "run ids in that state, scored by their last change (ms); finished runs' entries "
+        "are pruned by the sweeper once their keys expired."),
+    KeySpec(
+        "<p>:deadlines", "zset", "none",
+        "\"<run id> <interrupt id>\" scored by expiry (ms)."),
+    KeySpec(
+        "<p>:leases", "zset", "none",
+        "running runs' ids scored by the end of their lease (ms)."),
+    KeySpec(
+        "<p>:workers", "zset", "none",
+        "worker processes (\"<hostname>:<pid>\") scored by the end of their beat's lease "
+        "(ms): the sweeper takes out, once, those whose beat lapsed (and requeues what "
+        "waits); one that stops cleanly takes itself out."),
+    KeySpec(
+        "<p>:outbox", "zset", "none",
+        "outbox entry ids scored by when to (re)publish: only what a transition could not "
+        "push itself (the broker elsewhere, or announcement tasks, which ack their entry "
+        "once done)."),
+    KeySpec(
+        "<p>:outbox:entries", "hash", "none",
+        "outbox entry id → {\"id\", \"task\", \"queue\", \"args\", \"agent\"} JSON."),
+    KeySpec(
+        "<p>:idem:<key>", "string", "24 h",
+        "the run id of an idempotency key (LAYBY_IDEMPOTENCY_TTL_S)."),
+    KeySpec(
+        "<p>:notify:due", "zset", "none",
+        "\"<run id> <notification id>\" scored by when to (re)send: a retry's backoff, a "
+        "reminder; once its delivery is queued, when a lost message would be."),
+    KeySpec(
+        "<p>:grant:<ref>", "string", "its token's",
+        "a reviewer token's grant, its values space-separated (reviewers.tokens; an older "
+        "layby's: JSON)."),
+    KeySpec(
+        "<p>:server", "string", "none",
+        "the run id of the server (INFO) the sweeper last requeued waiting runs for, or the "
+        "first a process saw: another one there means a restart or a failover since, which "
+        "may have lost task messages."),
+    KeySpec(
+        "<p>:fold:cursor", "string", "none",
+        "the park time (ms) the sweeper's next fold of parked runs' events starts from."),
+    KeySpec(
+        "<p>:swept", "string", "none",
+        "when (server time, ms) the sweeper last finished a sweep: its liveness, for "
+        "/metrics and doctor."),
+    KeySpec(
+        "<p>:seen:<what>", "string", "its caller's",
+        "something done once: \"mailed-back:<message id>\", a reply mail that was mailed "
+        "back as unreadable (a mail provider's retries are not; inbox.replies: 3 days)."),
+    KeySpec(
+        "<p>:stats", "hash", "none",
+        "counters since the data began, for /metrics: answers:<channel> (answers recorded, "
+        "by channel; expiries count as their answer's channel), <what>_latency_ms_sum, "
+        "<what>_latency_count and <what>_latency_le:<bound> (one bucket, not cumulative) for "
+        "answer (park → answer, parked runs only) and resume (last answer → claimed), "
+        "notifications_failed (sends out of attempts), auto_answers:<rule> (interrupts "
+        "answered by a policy rule), escalations:<level> (levels asked)."),
+)
+
+
+def table() -> str:
+    """`KEY_SPECS` as the module docstring lists them."""
+    blocks = []
+    for spec in KEY_SPECS:
+        head = f"{spec.pattern:<28}{spec.type:<8}{spec.lifetime}".rstrip()
+        body = textwrap.fill(spec.what, width=96, initial_indent="    ",
+                             subsequent_indent="    ", break_long_words=False,
+                             break_on_hyphens=False)
+        blocks.append(f"{head}\n{body}")
+    return "\n".join(blocks)
 
 
 @dataclass(frozen=True)

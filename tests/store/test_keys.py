@@ -1,0 +1,258 @@
+"""parking.keys is the exact list of the keys the store writes: a whole cycle of the store
+on one prefix (every transition script, and every write the store makes itself), watched
+with MONITOR, writes only keys of `KEY_SPECS`, each matched by exactly one spec, and writes
+every one of them but those only an older layby wrote; the module docstring lists them as
+`table()` prints them; every key a `Keys` method names is one of them.
+
+A key is written when the server ran a command that changes it (its flags in COMMAND
+GETKEYSANDFLAGS: RW, OW or RM): the commands of the scripts included, which MONITOR shows
+one by one (client "lua"); the EVALSHA calls themselves are left out, as they name every
+key a script is given, not those it writes. The monitor's output waits on the server until
+it is read, after the cycle: no thread.
+
+Out of scope: keys that other parts of layby write under the same prefix (the demo's
+ledger, `<p>:demo:…`), and the broker's: Celery's queues (`layby.turns`, `layby.notify`)
+are not under the prefix (layby's broker_key_prefix is '' by default); the store here is
+one whose broker is elsewhere, so its transitions queue into its outbox.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import redis
+
+from layby.parking import Announcements, Keys
+from layby.parking import keys as keys_module
+from layby.parking.keys import KEY_SPECS, KeySpec, table
+from layby.wire import InterruptState, Status
+from tests.store.conftest import (
+    MESSAGES,
+    OWNER,
+    World,
+    answer,
+    handover,
+    interrupt,
+    note,
+    park_event,
+)
+
+pytestmark = pytest.mark.store
+
+# The commands that name the keys a script may touch, not those it writes.
+SCRIPT_CALLS = frozenset({"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO"})
+WRITES = frozenset({"RW", "OW", "RM"})
+_ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_ESCAPES = {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b", "\\": b"\\",
+            '"': b'"'}
+
+
+def _unquote(text: str) -> str:
+    """One argument as MONITOR quotes it (sdscatrepr)."""
+    out, i = bytearray(), 0
+    while i < len(text):
+        if text[i] != "\\":
+            out += text[i].encode()
+            i += 1
+        elif text[i + 1] == "x":
+            out.append(int(text[i + 2:i + 4], 16))
+            i += 4
+        else:
+            out += _ESCAPES[text[i + 1]]
+            i += 2
+    return out.decode(errors="replace")
+
+
+@contextmanager
+def watching(client: redis.Redis) -> Iterator[list[list[str]]]:
+    """The commands the server runs in the block (each as its arguments), filled in as the
+    block ends."""
+    commands: list[list[str]] = []
+    sentinel = "test_keys: the cycle is over"
+    with client.monitor() as monitor:
+        yield commands
+        client.echo(sentinel)
+        while True:
+            assert monitor.connection.can_read(timeout=10), "MONITOR went quiet"
+            line = str(monitor.connection.read_response())
+            args = [_unquote(a) for a in _ARG.findall(line.split("] ", 1)[1])]
+            if args == ["ECHO", sentinel]:
+                return
+            commands.append(args)
+
+
+def written_keys(client: redis.Redis, commands: list[list[str]], prefix: str) -> set[str]:
+    """The keys under `prefix` that `commands` changed."""
+    found: set[str] = set()
+    for args in commands:
+        if args[0].upper() in SCRIPT_CALLS:
+            continue
+        try:
+            named = client.execute_command("COMMAND GETKEYSANDFLAGS", *args)
+        except redis.ResponseError:  # a command without keys (TIME, ECHO, MULTI, …)
+            continue
+        found |= {key for key, flags in named
+                  if WRITES & set(flags) and key.startswith(f"{prefix}:")}
+    return found
+
+
+def specs_of(key: str, prefix: str) -> list[KeySpec]:
+    return [spec for spec in KEY_SPECS if spec.regex(prefix).fullmatch(key)]
+
+
+def _cycle(world: World) -> None:
+    """Every write of the store, on `world`'s prefix: run_1 through a whole life with people
+    (checkpoint, park with a plan, deliveries, hand-over, fold, expiry, approvals, the
+    end), run_2 requeued and cancelled, run_3 failed, then the outbox, the workers, the
+    sweeper's notes and a reply mail seen once."""
+    store = world.store
+    lapsing = world.store_with(lease_ms=-1_000)  # its leases and beats lapse at once
+    now = world.now()
+
+    made = store.create_run("run_1", "demo.agent", input="hi", messages=MESSAGES,
+                            metadata={"team": "a"}, idempotency_key="start-1")
+    assert made.ok, made
+    assert store.claim("run_1", 1, OWNER).ok
+    assert store.renew("run_1", 1, OWNER)
+    assert store.save_checkpoint("run_1", 1, OWNER, "model", {"text": "hello"})
+    assert store.checkpoints("run_1", 1) == {"model": {"text": "hello"}}
+    assert store.advance("run_1", 1, OWNER, world.history(2),
+                         {"from": 1, "historyTo": 2, "messages": []}, inline=True).ok
+
+    # The park: int_a expires, int_b needs two approvals, int_c is answered by a rule.
+    intrs = [interrupt("int_a", expires_ms=now - 1_000),
+             interrupt("int_b", reviewers=["alice", "bob"]),
+             interrupt("int_c").model_copy(update={"rule": "small"})]
+    plan = Announcements(
+        notes=[(note("ntf_1", "int_b", token="t1"), None),
+               (note("ntf_2", "int_b", reviewer="bob", kind="reminder", token="t2"),
+                now + 600_000),
+               (note("ntf_3", "int_b", reviewer="carol", kind="escalation", level=1,
+                     token="t3"), now - 1_000)],
+        grants=[("ref_1", "grant one", 60_000)],
+        handovers=[("int_b", handover("dave", "alice"))])
+    parked = store.park("run_1", 2, OWNER, world.history(3), intrs, park_event(intrs, 2, 3),
+                        plan=plan, by_rule={"int_c": answer("int_c", channel="policy")})
+    assert parked.ok and not parked.resumed, parked
+
+    # Deliveries: one retried, failed and sent again by an operator; an escalation sent.
+    verdict, sending = store.start_delivery("run_1", "ntf_1", deadline_ms=30_000,
+                                            max_attempts=5)
+    assert verdict == "ok" and sending is not None
+    assert store.finish_delivery("run_1", sending, "retry", error="421", retry_in_ms=0) == "ok"
+    world.next_ms()
+    verdict, sending = store.start_delivery("run_1", "ntf_1", deadline_ms=30_000,
+                                            max_attempts=5)
+    assert verdict == "ok" and sending is not None
+    assert store.finish_delivery("run_1", sending, "failed", error="bounced") == "ok"
+    assert store.retry_notifications("run_1", ["ntf_1"])[0] == ["ntf_1"]
+    verdict, escalation = store.start_delivery("run_1", "ntf_3", deadline_ms=30_000,
+                                               max_attempts=5)
+    assert verdict == "ok" and escalation is not None
+    assert store.finish_delivery("run_1", escalation, "sent") == "ok"
+    # After a worker's death: what was queued is due now, and taken by the sweeper.
+    assert store.redue_queued_notifications() >= 1
+    assert ("run_1", "ntf_1") in store.claim_due_notifications()
+
+    # A hand-over, with the new reviewer's request and grant.
+    handed = store.delegate("run_1", "int_b", handover("alice", "erin"), Announcements(
+        notes=[(note("ntf_4", "int_b", reviewer="erin", token="t4"), None)],
+        grants=[("ref_2", "grant two", 60_000)]))
+    assert handed.ok, handed
+
+    # The sweeper folds the parked run's events; they are read back.
+    world.next_ms()
+    assert world.store_with(fold_after_ms=0).fold_parked() == 1
+    assert store.events("run_1") and store.last_park("run_1") is not None
+
+    # int_a expires (the run waits on), then int_b's two approvals resume the run.
+    expired = answer("int_a", status="cancelled", payload=None, by="layby", channel="expiry",
+                     state=InterruptState.EXPIRED)
+    assert store.due_deadlines() == [("run_1", "int_a")]
+    assert store.expire("run_1", expired, None).ok
+    votes = {"int_b": 2}
+    assert not store.answer("run_1", [answer("int_b", by="alice")], votes=votes).resumed
+    resumed = store.answer("run_1", [answer("int_b", by="bob")], votes=votes, view=True)
+    assert resumed.resumed and resumed.version is not None
+    assert store.claim("run_1", resumed.version, OWNER).ok
+    assert store.complete("run_1", resumed.version, OWNER, world.history(4), "done",
+                          {"from": 3, "historyTo": 4}).ok
+
+    # run_2: its worker dies, it is requeued, then cancelled; run_3 fails.
+    for run_id in ("run_2", "run_3"):
+        assert store.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
+                                metadata={}, idempotency_key=None).ok
+    assert lapsing.claim("run_2", 1, OWNER).ok
+    assert store.lapsed_leases() == ["run_2"]
+    # (Its turn's outbox entry overdue at once, for the sweeper to publish below.)
+    assert world.store_with(outbox_grace_ms=-1_000).requeue("run_2").ok
+    assert store.cancel("run_2", "api:ops", "no longer needed").ok
+    assert store.claim("run_3", 1, OWNER).ok
+    assert store.fail("run_3", {"code": "boom", "message": "it broke"}, version=1,
+                      owner=OWNER).ok
+
+    # The outbox published and acked.
+    entries = store.claim_outbox(retry_ms=30_000)
+    assert entries
+    store.hold_outbox([entries[0].id])
+    store.ack_outbox([e.id for e in entries])
+
+    # Workers beat, one dies and is reaped, one stops cleanly.
+    lapsing.beat_worker("celery@a:1")
+    store.beat_worker("celery@b:2")
+    assert [name for name, _ in store.reap_workers()] == ["celery@a:1"]
+    store.forget_worker("celery@b:2")
+
+    # The sweeper's notes, and a reply mail mailed back once.
+    store.note_server(first=True)
+    store.note_server()
+    store.note_sweep()
+    store.prune_finished()
+    assert store.first_sight("mailed-back:<m1@example.com>", 60)
+    store.forget_sight("mailed-back:<m1@example.com>")
+
+    assert {s for s in Status if world.client.zcard(world.keys.index(s))} == {
+        Status.COMPLETED, Status.CANCELLED, Status.FAILED}
+
+
+def test_a_whole_cycle_writes_every_key_of_the_list_and_no_other(world: World) -> None:
+    with watching(world.client) as commands:
+        _cycle(world)
+    written = written_keys(world.client, commands, world.prefix)
+    assert written, "MONITOR saw no write"
+    matched: dict[KeySpec, set[str]] = {}
+    for key in sorted(written):
+        specs = specs_of(key, world.prefix)
+        assert len(specs) == 1, f"{key} matches {[s.pattern for s in specs]}"
+        matched.setdefault(specs[0], set()).add(key)
+    older = {spec.pattern for spec in KEY_SPECS if spec.older}
+    assert not older & {spec.pattern for spec in matched}, "an older layby's key written"
+    assert [spec.pattern for spec in KEY_SPECS if not spec.older and spec not in matched] == []
+    # Every state's index, and the transient copy of the events a park makes.
+    assert {world.keys.index(s) for s in Status} <= written
+    assert f"{world.keys.events('run_1')}:compact" in written
+
+
+def test_every_key_the_keys_methods_name_is_one_of_the_list() -> None:
+    keys = Keys("p")
+    named = [*keys.of_run("r"), *keys.for_scripts("r"), keys.notifications("r"),
+             keys.review("r"), *(keys.index(s) for s in Status), keys.deadlines,
+             keys.leases, keys.workers, keys.outbox, keys.outbox_entries,
+             keys.idempotency("k:1"), keys.server, keys.notify_due, keys.grant("g"),
+             keys.swept, keys.fold_cursor, keys.seen("mailed-back:x"), keys.stats]
+    for key in named:
+        assert len(specs_of(key, "p")) == 1, key
+    # The lookalikes of other keys match none.
+    for key in ("p:{r}:other", "p:index:unknown", "p:outbox:other", "q:stats", "p:{r}x:run"):
+        assert specs_of(key, "p") == [], key
+
+
+def test_the_module_docstring_lists_the_keys_as_the_list_holds_them() -> None:
+    assert keys_module.__doc__ is not None
+    assert table() in keys_module.__doc__, (
+        "layby/parking/keys.py's docstring must hold the list as `table()` prints it: "
+        "python -c 'from layby.parking.keys import table; print(table())'\n" + table())
+    assert len({spec.pattern for spec in KEY_SPECS}) == len(KEY_SPECS)
