@@ -1,0 +1,202 @@
+"""The short names a run's hash stores its interrupts and notifications under are one table
+read two ways: Python's (layby.parking.compact) and the Lua scripts' (lua/_notes.lua for
+notifications; lua/_folding.lua, which reads an interrupt's reason). docs/stored-format.md
+writes the format down; these tests check that both sides read and write it alike.
+
+The Lua is evaluated as parking.scripts assembles it (lua/_notes.lua first, then
+lua/_folding.lua), with a line of the test's own after it that returns what it looks at;
+nothing is loaded or changed in the scripts themselves."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import pytest
+import redis
+
+from layby.generation.interrupts import (
+    BACKGROUND_JOB,
+    CONFIRMATION,
+    INPUT_REQUIRED,
+    TOOL_CALL,
+    Escalation,
+    ExpiryAction,
+    Interrupt,
+    OnExpire,
+    ResumeMode,
+)
+from layby.parking import compact
+from layby.parking.clock import iso
+
+from .conftest import OWNER, World
+
+pytestmark = pytest.mark.store
+
+T0 = 1_700_000_000_000
+
+
+def _lua(name: str) -> str:
+    return (resources.files("layby.parking") / "lua" / f"{name}.lua").read_text()
+
+
+def _notes_eval(client: redis.Redis, tail: str, *args: str) -> Any:
+    """`tail` run after lua/_notes.lua, its reply JSON (cjson) read back."""
+    return json.loads(client.eval(_lua("_notes") + "\n" + tail, 0, *args))  # type: ignore[arg-type]
+
+
+def _encode_note(rec: dict[str, Any]) -> str:
+    """A notification as the run's hash stores it, written from compact's tables alone (no
+    Python code writes one: the scripts do, lua/_notes.lua's encode_note)."""
+    stored = {compact.NOTE_NAMES.get(k, k): v for k, v in rec.items() if k != "id"}
+    for short, value in compact.NOTE_IMPLIED.items():
+        if stored.get(short) == value:
+            del stored[short]
+    if "sa" in stored and "ca" in stored:
+        stored["sa"] -= stored["ca"]
+    return json.dumps(stored, separators=(",", ":"), ensure_ascii=False)
+
+
+# A notification with every field set, none of them at its implied value, and one with
+# those left out (a request, sent, at its first attempt).
+FULL_NOTE = {"id": "n_full", "kind": "escalation", "token": "tok/é", "interruptId": "int_a",
+             "state": "retrying", "attempts": 3, "channel": "webhook",
+             "sentAt": T0 + 1_500, "reviewer": "bob", "createdAt": T0, "due": T0 + 60_000,
+             "level": 2, "lastError": "503 from the hook"}
+IMPLIED_NOTE = {"id": "n_implied", "kind": "request", "token": "tok", "interruptId": "int_a",
+                "state": "sent", "attempts": 1, "channel": "email", "sentAt": T0 + 250,
+                "reviewer": "alice", "createdAt": T0}
+NOTES = pytest.mark.parametrize("rec", [FULL_NOTE, IMPLIED_NOTE], ids=["full", "implied"])
+
+
+def test_the_note_names_are_compacts_both_ways(store_client: redis.Redis) -> None:
+    got = _notes_eval(store_client, "return cjson.encode({names = NOTE_NAMES, wire = NOTE_WIRE})")
+    assert got["names"] == compact.NOTE_NAMES
+    assert got["wire"] == {short: name for name, short in compact.NOTE_NAMES.items()}
+    assert len(set(compact.NOTE_NAMES.values())) == len(compact.NOTE_NAMES)
+
+
+def test_the_implied_note_values_are_compacts(store_client: redis.Redis) -> None:
+    implied = {compact._NOTE_WIRE[k]: v for k, v in compact.NOTE_IMPLIED.items()}
+    # What an empty record reads as, on both sides.
+    assert _notes_eval(store_client, "return cjson.encode(decode_note('{}'))") == implied
+    assert compact.note("n_1", "{}") == {"id": "n_1", **implied}
+    # Those values are left out by the Lua encoder, and any other value is written.
+    encode = "return encode_note(cjson.decode(ARGV[1]))"
+    assert _notes_eval(store_client, encode, json.dumps(implied)) == {}
+    others = {"kind": "reminder", "state": "pending", "attempts": 2}
+    assert set(others) == set(implied)
+    assert _notes_eval(store_client, encode, json.dumps(others)) == {
+        compact.NOTE_NAMES[k]: v for k, v in others.items()}
+
+
+@NOTES
+def test_a_note_goes_round_python_and_lua(store_client: redis.Redis, rec: dict[str, Any]
+                                          ) -> None:
+    if rec is FULL_NOTE:
+        assert set(rec) - {"id"} == set(compact.NOTE_NAMES), "every field is set"
+    stored = _encode_note(rec)
+    if rec is IMPLIED_NOTE:
+        assert not {"k", "s", "a"} & set(json.loads(stored)), "the implied ones left out"
+    assert compact.note(rec["id"], stored) == rec
+    # Lua reads the record compact's tables wrote as Python does…
+    without_id = {k: v for k, v in rec.items() if k != "id"}
+    assert _notes_eval(store_client, "return cjson.encode(decode_note(ARGV[1]))",
+                       stored) == without_id
+    # …writes it back the same…
+    again = _notes_eval(store_client, "return encode_note(decode_note(ARGV[1]))", stored)
+    assert again == json.loads(stored)
+    # …and writes the long-name record the store hands it (parking.store._stored, with its
+    # id, as record_plan is given it) the same, which Python reads back whole.
+    written = _notes_eval(store_client, "return encode_note(cjson.decode(ARGV[1]))",
+                          json.dumps(rec))
+    assert written == json.loads(stored)
+    assert compact.note(rec["id"], json.dumps(written)) == rec
+
+
+@NOTES
+def test_an_older_laybys_note_reads_alike(store_client: redis.Redis, rec: dict[str, Any]
+                                          ) -> None:
+    """A record under the long names (written by an older layby) with all of them."""
+    raw = json.dumps({k: v for k, v in rec.items() if k != "id"})
+    assert _notes_eval(store_client, "return cjson.encode(decode_note(ARGV[1]))", raw) == {
+        k: v for k, v in rec.items() if k != "id"}
+    assert compact.note(rec["id"], raw) == rec
+
+
+# -- interrupts: Python writes them (compact.stored_interrupt), Lua keeps the bytes and
+# reads only the reason (the folded park event), Python reads them back.
+
+def _full_interrupt(iid: str = "int_a", reason: str = CONFIRMATION) -> Interrupt:
+    """Every field set, none at its default (nor at a value compact leaves out)."""
+    return Interrupt(
+        id=iid, reason=reason, message="ship it?", tool_call_id=f"call_{iid}",
+        response_schema={"type": "boolean"}, expires_at=iso(T0 + 86_400_000),
+        metadata={"ticket": 7}, tool_name="ship", tool_input={"order": "o_1"},
+        input_schema={"type": "object"}, mode=ResumeMode.RESTART,
+        on_expire=OnExpire(action=ExpiryAction.RESOLVE, payload=False),
+        reviewers=["alice", "bob"], created_at=iso(T0), turn=3,
+        response_type="shop.models:Decision", required_approvals=2,
+        escalation=[Escalation(after_s=3600, reviewers=["carol"])], remind_every_s=600,
+        rule="big-orders")
+
+
+def _implied_interrupt(iid: str = "int_b") -> Interrupt:
+    return Interrupt(id=iid, reason=INPUT_REQUIRED, message="which size?",
+                     tool_call_id=f"call_{iid}", tool_name="ask", mode=ResumeMode.RESPOND,
+                     created_at=iso(T0))
+
+
+def test_every_interrupt_field_has_its_short_name_or_its_own() -> None:
+    intr = _full_interrupt()
+    wire = intr.model_dump(mode="json", by_alias=True, exclude_none=True,
+                           exclude_defaults=True)
+    stored = json.loads(compact.stored_interrupt(intr))
+    assert set(wire) - {"id"} == {compact._INTERRUPT_WIRE.get(k, k) for k in stored}
+    assert stored["t"] == T0  # createdAt in ms
+    assert len(set(compact.INTERRUPT_NAMES.values())) == len(compact.INTERRUPT_NAMES)
+    implied = json.loads(compact.stored_interrupt(_implied_interrupt()))
+    assert not set(compact.INTERRUPT_IMPLIED) & set(implied)
+
+
+def test_an_interrupt_goes_round_the_scripts(world: World) -> None:
+    """Python's record, stored by park_run as given, handed back by claim_run, read by
+    Python: the same interrupt (every field, and one with the implied ones left out)."""
+    intrs = [_full_interrupt(), _implied_interrupt()]
+    run = world.make("resuming", interrupts=intrs)
+    held = world.run_hash(run.id)
+    for intr in intrs:
+        assert held[f"i:{intr.id}"] == compact.stored_interrupt(intr)
+    claimed = world.store.claim(run.id, run.version, OWNER)
+    assert claimed.ok, claimed
+    assert claimed.record is not None
+    assert claimed.record.parked_on == intrs
+
+
+REASONS = [INPUT_REQUIRED, TOOL_CALL, CONFIRMATION, BACKGROUND_JOB, "acme:sign_off"]
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["compact", "older-wire"])
+@pytest.mark.parametrize("reason", REASONS)
+def test_lua_reads_an_interrupts_reason_as_compact_does(world: World, reason: str,
+                                                        older: bool) -> None:
+    """_folding.lua rebuilds a folded park event from each interrupt's reason, read off its
+    record (`r`, implied when left out; an older layby's record under `reason`)."""
+    intrs = [_full_interrupt("int_a", reason), _implied_interrupt("int_b")]
+    if reason != INPUT_REQUIRED:
+        intrs[1] = intrs[1].model_copy(update={"reason": reason})
+    run_key, events_key = world.keys.run("run_r"), world.keys.events("run_r")
+    raws = {}
+    for intr in intrs:
+        raws[intr.id] = (json.dumps(intr.model_dump(mode="json", by_alias=True,
+                                                    exclude_none=True, exclude={"id"}))
+                         if older else compact.stored_interrupt(intr))
+        world.client.hset(run_key, f"i:{intr.id}", raws[intr.id])
+    source = (_lua("_notes") + "\n" + _lua("_folding") + "\n"
+              + "return REBUILD.i({'1', '2', ARGV[1], ARGV[2]})")
+    got = json.loads(world.client.eval(source, 2, run_key, events_key,  # type: ignore[arg-type]
+                                       *raws))
+    assert got["interrupts"] == [
+        {"id": iid, "reason": compact.interrupt(iid, raw).reason} for iid, raw in raws.items()]
+    assert [i["reason"] for i in got["interrupts"]] == [i.reason for i in intrs]
