@@ -8,10 +8,11 @@ Safe to run anywhere, often, and concurrently: every change it makes is a script
 re-checks its condition.
 
 Its clock (`tick`) runs in the sweeper's own process, a thread of the one-process worker
-started from the sweeper's entry (`layby.tasks.clock`): not a Celery task a second, which would put a message on the broker
-and a row in Flower every second (370 of 391 tasks after six minutes), burying the runs'
-steps. Each sweep notes that it finished (`Store.note_sweep`): the sweeper's liveness,
-which `/metrics` and `layby doctor` show. `layby.sweep` stays a task others may send."""
+started from the sweeper's entry (`layby.tasks.clock`): not a Celery task a second, which
+would put a message on the broker and a row in Flower every second (370 of 391 tasks after
+six minutes), burying the runs' steps. Each sweep notes that it finished
+(`Store.note_sweep`): the sweeper's liveness, which `/metrics` and `layby doctor` show.
+`layby.sweep` stays a task others may send."""
 
 from __future__ import annotations
 
