@@ -40,9 +40,9 @@ class RunRecord:
 @dataclass
 class Announcements:
     """What one planning records (`layby.notifier.planning` makes it): notifications, each
-    with when to send it (epoch ms, None for now); the grants of their new tokens (ref,
-    grant JSON, lifetime in ms; opaque here); the hand-overs of reviewers away (interrupt
-    id, delegation)."""
+    with when to send it (epoch ms, None for now); the grants of their new tokens (ref, the
+    grant as `Grant.stored()` writes it, lifetime in ms; opaque here); the hand-overs of
+    reviewers away (interrupt id, delegation)."""
 
     notes: list[tuple[Notification, int | None]] = field(default_factory=list)
     grants: list[tuple[str, str, int]] = field(default_factory=list)

@@ -360,7 +360,7 @@ end
 
 -- Record the announcements planned for the run's open interrupts, from ARGV[base] on
 -- (parking.store.plan_argv lays them out: counts n, g, d, then n triples notification id,
--- Notification JSON, when to send (ms; '' for now), g pairs grant JSON, its lifetime (ms),
+-- Notification JSON, when to send (ms; '' for now), g pairs grant (Grant.stored), its lifetime (ms),
 -- d triples interrupt id, the reviewer away, Delegation JSON), the grants' keys from
 -- KEYS[grant_key] on. A notification planned before (same id) is left as it is, so
 -- planning again after a crash sends nothing twice; its grant is stored only with a new
