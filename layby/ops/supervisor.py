@@ -165,8 +165,8 @@ class System:
         return f"http://{self.settings.host}:{self.port}"
 
     def start(self) -> dict[str, str]:
-        """Check, then start every part; NotStarted (nothing left running) if a check
-        fails."""
+        """Check, then start every part; NotStarted if a check fails, KeyboardInterrupt on
+        a signal while starting (the caller then stops what did start)."""
         self._on_signals()
         data_dir = self.settings.data_dir.resolve()
         try:
@@ -214,8 +214,6 @@ class System:
                                              preexec_fn=die_with_parent())
         running.write(data_dir, self._stack(data_dir, env, url))
         self.started = True
-        if self.stopping:  # a signal that came as the last part started
-            raise KeyboardInterrupt
         return {"redis": url, "gateway": self.gateway_url,
                 "api_key": key, "data_dir": str(data_dir),
                 "reviewers": env["LAYBY_REVIEWERS_FILE"],
@@ -245,8 +243,7 @@ class System:
         the reviewer directory and rules the parts will read (`layby check`, in a process
         of its own: the user's code, and whatever threads it starts at import, stay out of
         the process that starts every part), and the ports."""
-        settings = self.settings.model_copy(
-            update={"reviewers_file": Path(env["LAYBY_REVIEWERS_FILE"])})
+        settings = self.settings
         checked = subprocess.run([sys.executable, "-m", "layby", "check"], env=env,
                                  capture_output=True, text=True, check=False)
         if checked.returncode != 0:
