@@ -46,7 +46,12 @@ def verify_token(rt: Runtime, token: str) -> Grant:
 
 def open_token(rt: Runtime, token: str) -> Opened:
     """The reviewer, run and interrupt behind `token`; BadToken says why not."""
-    grant = verify_token(rt, token)
+    return open_grant(rt, verify_token(rt, token))
+
+
+def open_grant(rt: Runtime, grant: Grant) -> Opened:
+    """The reviewer, run and interrupt a verified token's grant names; NotAllowed when the
+    reviewer is gone or no longer asked."""
     reviewer = rt.reviewers.get(grant.reviewer)
     if reviewer is None:
         raise NotAllowed(f"reviewer {grant.reviewer!r} is no longer in the reviewer directory")

@@ -79,7 +79,7 @@ def check_recipient(rt: Runtime, token: str, sender: str | None) -> None:
     theirs = reviewer is not None and bool(sender) and \
         (sender or "").lower() == (reviewer.email or "").lower()
     try:
-        answers.refuse_if_closed(answers.open_token(rt, token))
+        answers.refuse_if_closed(answers.open_grant(rt, grant))
     except (answers.NotAllowed, Conflict) as exc:
         if theirs:
             raise
