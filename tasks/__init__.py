@@ -11,12 +11,14 @@ start a second run: the task id is its idempotency key.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from contextlib import suppress
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_ready, worker_shutdown
+from redis import RedisError
 
 from layby.broker_config import (
     DELIVER_TASK,
@@ -28,6 +30,7 @@ from layby.broker_config import (
 )
 from layby.control import Runtime, commands
 from layby.notifier import delivery, planning
+from layby.parking.formats import FormatError
 from layby.tasks import context, jobs
 from layby.tasks.heartbeat import beat_worker
 from layby.tasks.steps import advance
@@ -74,11 +77,28 @@ def register(rt: Runtime) -> Celery:
 
     jobs.connect(rt)
     context.connect()
+    _refuse_an_unreadable_store(rt)
     _beat_while_up(rt)
     # The reviewer policy, read now in the main process: pool children forked from it start
     # with these rules, so a rules file broken later leaves every child the rules it had.
     rt.reviewers.policy()
     return app
+
+
+def _refuse_an_unreadable_store(rt: Runtime) -> None:
+    """A worker whose code cannot read the store's format exits before it takes a message
+    (one line, exit code 2), rather than fail every task it is given."""
+
+    def init(**_: Any) -> None:
+        try:
+            rt.store  # noqa: B018 (made, it has checked the format)
+        except FormatError as exc:
+            print(f"layby worker: error: {exc.message}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        except RedisError:
+            pass  # away for now: the worker waits for it, and the store checks on first use
+
+    worker_init.connect(init, weak=False, dispatch_uid=f"layby.format.{id(rt.celery)}")
 
 
 def _beat_while_up(rt: Runtime) -> None:

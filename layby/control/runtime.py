@@ -37,7 +37,7 @@ from layby.broker_config.messages import shown_args, templates
 from layby.control.connections import redis_client
 from layby.generation.agents import Agent, load_agents
 from layby.generation.importing import import_user_module
-from layby.parking import OutboxEntry, Store, StoreConfig, TaskNames
+from layby.parking import OutboxEntry, Store, StoreConfig, TaskNames, formats, migrations
 from layby.reviewers.config import Reviewers
 from layby.reviewers.directory import load_directory
 from layby.reviewers.policy import load_rules
@@ -106,8 +106,12 @@ class Runtime:
             return found[1]
         with self._store_lock:
             if self._store is None or self._store[0] != os.getpid():
-                self._store = (os.getpid(), Store(redis_client(self.settings),
-                                                  store_config(self.settings, self.celery)))
+                store = Store(redis_client(self.settings),
+                              store_config(self.settings, self.celery))
+                # Before anything is read or written: code that cannot read the store's
+                # format must not serve it (FormatError says what to run).
+                formats.check(store.redis, store.keys, migrations.newest())
+                self._store = (os.getpid(), store)
             return self._store[1]
 
     @property

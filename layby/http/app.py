@@ -42,6 +42,7 @@ from layby.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from layby.http.metrics import render as render_metrics
 from layby.http.metrics import serve as serve_metrics
 from layby.parking import NotReplicated
+from layby.parking.formats import FormatError
 from layby.wire import ErrorBody, Event
 
 _RUN_PATH = re.compile(r"^/v1/runs/(?P<run_id>[^/]+)(?:/interrupts/(?P<interrupt_id>[^/]+))?")
@@ -94,11 +95,18 @@ def _checked_runtime() -> Runtime:
     first)."""
     try:
         settings = Settings()
-        return build(settings, agents=check_config(settings))
+        runtime = build(settings, agents=check_config(settings))
     except ValidationError as exc:
         _exit(settings_problem(exc))
     except ConfigError as exc:
         _exit(exc.message)
+    try:
+        runtime.store  # noqa: B018 (made, it has checked the store's format)
+    except FormatError as exc:
+        _exit(exc.message)
+    except redis.exceptions.RedisError:
+        pass  # away for now (/readyz says so); the store checks its format once it answers
+    return runtime
 
 
 def _exit(message: str) -> NoReturn:

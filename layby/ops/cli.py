@@ -28,6 +28,7 @@ from layby.control import Runtime, build
 from layby.errors import LaybyError
 from layby.generation.interrupts import CONFIRMATION, ResumeEntry
 from layby.parking import Store
+from layby.parking.formats import FormatError
 from layby.wire import InterruptView, RunSummary, RunView, Status
 
 # No locals in tracebacks: they would print settings and keys.
@@ -51,6 +52,8 @@ def main() -> None:
         sys.path.insert(0, os.getcwd())
     try:
         cli()
+    except FormatError as exc:
+        _fail(exc.message, 2)
     except LaybyError as exc:
         # A refused answer's message alone does not say what was wrong with it.
         errors = exc.detail.get("errors", []) if isinstance(exc.detail, dict) else []
@@ -297,6 +300,43 @@ def doctor() -> None:
     for check in checks:
         typer.secho(check.line(), fg=None if check.ok else "red")
     raise SystemExit(0 if all(c.ok for c in checks) else 1)
+
+
+@cli.command()
+def migrate(dry_run: Annotated[bool, typer.Option(
+                "--dry-run", help="count what would change; change nothing")] = False,
+            batch: Annotated[int, typer.Option(min=1, max=10_000,
+                                               help="keys per batch")] = 500) -> None:
+    """Bring the store's records to the newest format this layby knows, online, in
+    batches. Safe to run again: what is done is not done twice, and a run that was killed
+    goes on where it stopped."""
+    from layby.control import connections
+    from layby.parking import formats, migrations
+    from layby.parking.keys import Keys
+
+    settings = Settings.of_this_folder()
+    client = connections.redis_client(settings)
+    keys = Keys(settings.key_prefix)
+    state = formats.read(client, keys)
+    todo = migrations.pending(state)
+    if not todo:
+        typer.echo(f"nothing to do: the store is at format {state.version}, the newest this "
+                   f"layby knows")
+        return
+    total = int(client.dbsize())
+    label = "counting" if dry_run else "migrating"
+    with typer.progressbar(length=max(1, total * len(todo)), label=label, file=sys.stderr,
+                           show_pos=True) as bar:
+        step = bar.update
+        reports = (migrations.dry_run(client, keys, batch=batch, progress=step) if dry_run
+                   else migrations.migrate(client, keys, batch=batch, progress=step))
+    verb = "would change" if dry_run else "changed"
+    for r in reports:
+        typer.echo(f"migration {r.number} ({r.title}): {r.seen} keys looked at, {r.changed} "
+                   f"{verb}")
+    if not dry_run:
+        after = formats.read(client, keys)
+        typer.echo(f"the store is at format {after.version}")
 
 
 @cli.command()

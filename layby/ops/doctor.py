@@ -14,6 +14,7 @@ import redis
 import redis.sentinel
 
 from layby.broker_config.settings import Settings
+from layby.parking import formats, migrations
 from layby.parking.keys import Keys
 
 MAX_SKEW_S = 2.0
@@ -106,6 +107,29 @@ def check_sweeper(client: redis.Redis, settings: Settings) -> Check:
                  f"last sweep {age:.0f} s ago (it sweeps every {settings.sweep_interval_s:g} "
                  "s): is `layby sweeper` running? Without it nothing expires, lost steps "
                  "are not requeued and unpublished work waits")
+
+
+def check_format(client: redis.Redis, settings: Settings) -> Check:
+    """Whether this code reads the store's format, as every process checks before it
+    serves; a migration under way and how far it got."""
+    keys = Keys(settings.key_prefix)
+    state = formats.read(client, keys)
+    newest = migrations.newest()
+    why = formats.readable(state, newest, empty=not formats.has_data(client, keys))
+    if why is not None:
+        return Check("store format", False, why)
+    if state.version is None:
+        return Check("store format", True, f"none yet (an empty store: the first process "
+                                           f"stamps format {newest})")
+    line = f"format {state.version}"
+    if state.written != state.version:
+        line += f", writing format {state.written}"
+    if state.migrating is not None:
+        line += (f"; migration {state.migrating} under way (`layby migrate` goes on "
+                 "where it stopped)")
+    elif state.version < newest:
+        line += f"; this layby writes format {newest} once `layby migrate` has run"
+    return Check("store format", True, line)
 
 
 def _where(node: redis.Redis) -> str:
@@ -309,6 +333,7 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
                     checks.append(Check(check.__name__.removeprefix("check_"), False,
                                         f"cannot read it: {exc}; check it by hand"))
             checks.append(check_sweeper(client, settings))
+            checks.append(check_format(client, settings))
         except redis.sentinel.MasterNotFoundError:
             # Its text lists every sentinel client's settings; the checks above say why.
             checks.append(Check("redis", False, "does not answer: the sentinels name no "

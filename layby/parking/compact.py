@@ -75,6 +75,21 @@ def interrupt(interrupt_id: str, raw: str) -> Interrupt:
     return Interrupt.model_validate(wire)
 
 
+def stored_note(wire: dict[str, Any]) -> str:
+    """A notification's record (wire names, times as epoch ms) as lua/_notes.lua's
+    `encode_note` writes it."""
+    stored: dict[str, Any] = {}
+    for name, value in wire.items():
+        if name == "id" or NOTE_IMPLIED.get(NOTE_NAMES.get(name, "")) == value:
+            continue
+        stored[NOTE_NAMES.get(name, name)] = value
+    if isinstance(stored.get("sa"), int) and isinstance(stored.get("ca"), int):
+        stored["sa"] -= stored["ca"]
+    elif "sa" in stored:  # no creation time to count from: as it is, under its long name
+        stored["sentAt"] = stored.pop("sa")
+    return _dumps(stored)
+
+
 def note(notification_id: str, raw: str) -> dict[str, Any]:
     """A notification's record in its wire names (times still as stored)."""
     data = json.loads(raw)

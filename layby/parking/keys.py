@@ -61,6 +61,13 @@ come and go.
     worker processes ("<hostname>:<pid>") scored by the end of their beat's lease (ms): the
     sweeper takes out, once, those whose beat lapsed (and requeues what waits); one that stops
     cleanly takes itself out.
+<p>:format                  hash    none
+    the store's format (parking.formats): version (the format every record is in), writing (the
+    one processes write now, while a deployment rolls), migrating (the migration under way) and
+    that migration's m<n>:cursor (where its scan is), m<n>:seen, m<n>:changed (its counts so
+    far), m<n>:done (when it finished, ms).
+<p>:migrate:lock            string  30 s, renewed
+    who runs `layby migrate` now ("<host>:<pid>"): one at a time.
 <p>:outbox                  zset    none
     outbox entry ids scored by when to (re)publish: only what a transition could not push itself
     (the broker elsewhere, or announcement tasks, which ack their entry once done).
@@ -218,6 +225,16 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "(ms): the sweeper takes out, once, those whose beat lapsed (and requeues what "
         "waits); one that stops cleanly takes itself out."),
     KeySpec(
+        "<p>:format", "hash", "none",
+        "the store's format (parking.formats): version (the format every record is in), "
+        "writing (the one processes write now, while a deployment rolls), migrating (the "
+        "migration under way) and that migration's m<n>:cursor (where its scan is), "
+        "m<n>:seen, m<n>:changed (its counts so far), m<n>:done (when it "
+        "finished, ms)."),
+    KeySpec(
+        "<p>:migrate:lock", "string", "30 s, renewed",
+        "who runs `layby migrate` now (\"<host>:<pid>\"): one at a time."),
+    KeySpec(
         "<p>:outbox", "zset", "none",
         "outbox entry ids scored by when to (re)publish: only what a transition could not "
         "push itself (the broker elsewhere, or announcement tasks, which ack their entry "
@@ -320,6 +337,14 @@ class Keys:
     @property
     def workers(self) -> str:
         return f"{self.prefix}:workers"
+
+    @property
+    def format(self) -> str:
+        return f"{self.prefix}:format"
+
+    @property
+    def migrate_lock(self) -> str:
+        return f"{self.prefix}:migrate:lock"
 
     @property
     def outbox(self) -> str:

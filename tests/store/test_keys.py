@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import pytest
 import redis
 
-from layby.parking import Announcements, Keys
+from layby.parking import Announcements, Keys, formats, migrations
 from layby.parking import keys as keys_module
 from layby.parking.keys import KEY_SPECS, KeySpec, table
 from layby.wire import InterruptState, Status
@@ -216,6 +216,10 @@ def _cycle(world: World) -> None:
 
     assert {s for s in Status if world.client.zcard(world.keys.index(s))} == {
         Status.COMPLETED, Status.CANCELLED, Status.FAILED}
+
+    # Until now the store had no format (as 0.1.0 left it): `layby migrate` versions it.
+    assert [r.number for r in migrations.migrate(world.client, world.keys)] == [1]
+    assert formats.read(world.client, world.keys).version == migrations.newest()
 
 
 def test_a_whole_cycle_writes_every_key_of_the_list_and_no_other(world: World) -> None:

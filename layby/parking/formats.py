@@ -1,0 +1,102 @@
+"""The store's format version: which format its records are in, which one processes write,
+and the check every process makes before it serves.
+
+One key holds it, `<p>:format` (a hash; `parking.keys`): `version`, the format every record
+is in (migrations bring records up to it); `writing`, the format processes write now
+(`version`, or the next one while a deployment rolls: see `layby.parking.migrations`);
+and a running migration's cursors and counts.
+
+A store without the key is either empty (the first process to see it stamps the newest
+format this code knows) or was written by layby 0.1.0, which kept no version: it is read
+only after `layby migrate` (migration 1) has run. Code reads the newest format it knows
+and the one before it, so that two consecutive versions of layby can share a store while
+a deployment is rolled one process at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+from redis import Redis
+
+from layby.errors import ConfigError
+from layby.parking.keys import Keys
+from layby.wire import Status
+
+
+class FormatError(ConfigError):
+    """The store's format is not one this code reads: nothing is served until it is."""
+
+
+@dataclass(frozen=True)
+class FormatState:
+    """What `<p>:format` says; `version` None: the store has no version (empty, or 0.1.0's)."""
+
+    version: int | None
+    writing: int | None
+    migrating: int | None = None  # the migration under way, if one is
+
+    @property
+    def written(self) -> int | None:
+        """The format records are written in now."""
+        return self.writing if self.writing is not None else self.version
+
+
+def reads(newest: int) -> range:
+    """The formats code whose newest is `newest` reads: that one and the one before (but
+    not 0, a store without a version: migration 1 reads it, nothing else does)."""
+    return range(max(1, newest - 1), newest + 1)
+
+
+def read(client: Redis, keys: Keys) -> FormatState:
+    raw = cast("list[str | None]", client.hmget(keys.format, "version", "writing",
+                                                 "migrating"))
+    version, writing, migrating = (int(v) if v else None for v in raw)
+    return FormatState(version, writing, migrating)
+
+
+def has_data(client: Redis, keys: Keys) -> bool:
+    """Whether any run is indexed (every run is in one state's index while its keys live):
+    a store without runs has nothing to migrate."""
+    return bool(client.exists(*(keys.index(s) for s in Status)))
+
+
+def readable(state: FormatState, newest: int, *, empty: bool) -> str | None:
+    """Why code whose newest format is `newest` cannot serve a store in `state` (None when
+    it can). One line, saying what to run."""
+    known = reads(newest)
+    span = f"format {known.start}" if len(known) == 1 else \
+        f"formats {known.start}–{known.stop - 1}"
+    from layby import __version__
+
+    me = f"layby {__version__} reads {span}"
+    if state.version is None:
+        if empty:
+            return None
+        return (f"the store has no format version (written by layby 0.1.0, which kept "
+                f"none); {me}: stop every layby process, run `layby migrate`, then start "
+                "them again")
+    if state.written not in known or state.version not in known:
+        newer = max(state.version, state.written or 0) > known.stop - 1
+        if newer:
+            return (f"the store is at format {state.written} (written by a newer layby); "
+                    f"{me}: deploy that newer version here")
+        return (f"the store is at format {state.version}; {me}: run `layby migrate` with "
+                f"the layby version that wrote format {state.version} (or the next one) "
+                "first, then deploy this one")
+    return None
+
+
+def check(client: Redis, keys: Keys, newest: int) -> FormatState:
+    """The store's format, for code whose newest format is `newest`: raises `FormatError`
+    (one line: which formats it reads and what to run) when it cannot read it. An empty
+    store without a version is stamped with `newest` (first come: HSETNX)."""
+    state = read(client, keys)
+    if state.version is None and not has_data(client, keys):
+        client.hsetnx(keys.format, "version", newest)
+        state = read(client, keys)
+    why = readable(state, newest, empty=False)
+    if why is not None:
+        raise FormatError(why, code="store_format")
+    return state

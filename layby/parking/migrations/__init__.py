@@ -1,0 +1,225 @@
+"""Numbered migrations of the store's records, and the runner behind `layby migrate`.
+
+A migration `n` takes every record from format `n - 1` to format `n` (`parking.formats`).
+It names the keys it rewrites (globs after the prefix; the prefix's keys are scanned in
+batches) and rewrites one key at a time, atomically and idempotently: a key already in
+format `n` is left as it is, so a run that is killed and started again, or two passes over
+one key, change nothing twice. Where the scan is is kept in `<p>:format` after every
+batch, so a killed run goes on from its last batch; the store's `version` moves to `n`
+once the scan is through.
+
+Migrations live in this package as `m<number>_<what>.py` and register themselves here;
+code reads the newest format registered and the one before it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import cast
+
+from redis import Redis, WatchError
+
+from layby.errors import ConfigError
+from layby.parking import formats
+from layby.parking.keys import Keys
+
+# One key rewritten: (client, keys, the key, dry run) → whether it changed (or would).
+Rewrite = Callable[[Redis, Keys, str, bool], bool]
+
+LOCK_MS = 30_000
+DEFAULT_BATCH = 500
+
+
+@dataclass(frozen=True)
+class Migration:
+    number: int  # the format it brings records to
+    title: str
+    patterns: tuple[str, ...]  # the keys it rewrites, after "<prefix>:" (globs)
+    rewrite: Rewrite
+
+    def rewrites(self, keys: Keys, key: str) -> bool:
+        """Whether `key` is one of those it rewrites."""
+        name = key.removeprefix(f"{keys.prefix}:")
+        return name != key and any(fnmatchcase(name, p) for p in self.patterns)
+
+
+@dataclass
+class Report:
+    """What one migration did (or, dry, would do)."""
+
+    number: int
+    title: str
+    seen: int = 0
+    changed: int = 0
+    finished: bool = False
+
+
+class MigrationBusy(ConfigError):
+    """Another `layby migrate` holds the store's migration lock."""
+
+
+_REGISTRY: dict[int, Migration] = {}
+
+
+def register(migration: Migration) -> Migration:
+    """Add a migration; numbers follow each other from 1 (a gap would leave records of a
+    format nothing migrates)."""
+    known = _REGISTRY.get(migration.number)
+    if known is not None and known is not migration:
+        raise ConfigError(f"two migrations are numbered {migration.number}")
+    if known is None and migration.number != newest() + 1:
+        raise ConfigError(f"migration {migration.number} is not the next one after "
+                          f"{newest()}")
+    _REGISTRY[migration.number] = migration
+    return migration
+
+
+def registered() -> list[Migration]:
+    _load_builtin()
+    return [_REGISTRY[n] for n in sorted(_REGISTRY)]
+
+
+def newest() -> int:
+    """The newest format this code knows (the number of its last migration)."""
+    _load_builtin()
+    return max(_REGISTRY, default=0)
+
+
+def pending(state: formats.FormatState) -> list[Migration]:
+    return [m for m in registered() if m.number > (state.version or 0)]
+
+
+def _load_builtin() -> None:
+    if not _REGISTRY:
+        from layby.parking.migrations import m0001_versioned  # noqa: F401
+
+
+def _batches(client: Redis, keys: Keys, cursor: int, batch: int
+             ) -> Iterator[tuple[int, list[str]]]:
+    """The store's keys, a SCAN batch at a time from `cursor`, with the cursor after each."""
+    while True:
+        cursor, found = cast("tuple[int, list[str]]", client.scan(
+            cursor, match=f"{keys.prefix}:*", count=batch))
+        yield cursor, found
+        if cursor == 0:
+            return
+
+
+def _visited(migration: Migration, keys: Keys, found: list[str]) -> list[str]:
+    """The keys of a batch the migration rewrites. (One scan of the prefix visits them
+    all, and counts towards the progress bar, which then knows its length: DBSIZE.)"""
+    return [k for k in found if migration.rewrites(keys, k)]
+
+
+def dry_run(client: Redis, keys: Keys, *, batch: int = DEFAULT_BATCH,
+            progress: Callable[[int], None] | None = None) -> list[Report]:
+    """What `migrate` would change, counted; nothing is written."""
+    state = formats.read(client, keys)
+    reports = []
+    for migration in pending(state):
+        report = Report(migration.number, migration.title)
+        for _, found in _batches(client, keys, 0, batch):
+            visited = _visited(migration, keys, found)
+            report.seen += len(visited)
+            report.changed += sum(migration.rewrite(client, keys, key, True)
+                                  for key in visited)
+            if progress:
+                progress(len(found))
+        reports.append(report)
+    return reports
+
+
+def migrate(client: Redis, keys: Keys, *, batch: int = DEFAULT_BATCH,
+            progress: Callable[[int], None] | None = None) -> list[Report]:
+    """Run every pending migration in order, online, in batches; resumes where a killed
+    run stopped. One at a time per store (a lock, renewed each batch)."""
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    if not client.set(keys.migrate_lock, owner, nx=True, px=LOCK_MS):
+        holder = cast("str | None", client.get(keys.migrate_lock))
+        if holder is None or not _dead_here(holder) or not _take_over(client, keys, holder,
+                                                                      owner):
+            raise MigrationBusy(f"another `layby migrate` runs on this store ({holder}); wait "
+                            "for it to finish (one killed on another machine: its lock lapses "
+                            f"{LOCK_MS // 1000} s after)")
+    try:
+        state = formats.read(client, keys)
+        if state.version is None and not formats.has_data(client, keys):
+            client.hsetnx(keys.format, "version", newest())
+            return []
+        return [_migrate_one(client, keys, m, owner, batch, progress) for m in pending(state)]
+    finally:
+        # Only our own lock (it may have lapsed and been taken).
+        if client.get(keys.migrate_lock) == owner:
+            client.delete(keys.migrate_lock)
+
+
+def _dead_here(holder: str) -> bool:
+    """Whether the lock's holder was a process of this machine that is gone (killed)."""
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _take_over(client: Redis, keys: Keys, holder: str, owner: str) -> bool:
+    with client.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(keys.migrate_lock)  # type: ignore[no-untyped-call]
+            if pipe.get(keys.migrate_lock) != holder:
+                return False
+            pipe.multi()
+            pipe.set(keys.migrate_lock, owner, px=LOCK_MS)
+            pipe.execute()
+            return True
+        except WatchError:
+            return False
+
+
+def _migrate_one(client: Redis, keys: Keys, migration: Migration, owner: str, batch: int,
+                 progress: Callable[[int], None] | None) -> Report:
+    n = migration.number
+    client.hset(keys.format, "migrating", n)
+    at = cast("str | None", client.hget(keys.format, f"m{n}:cursor"))
+    if at != "done":
+        for cursor, found in _batches(client, keys, int(at or 0), batch):
+            visited = _visited(migration, keys, found)
+            changed = sum(migration.rewrite(client, keys, key, False) for key in visited)
+            # Where the scan is, after the batch's rewrites: a run killed before this line
+            # does the batch again, and finds it done.
+            pipe = client.pipeline(transaction=True)
+            pipe.hincrby(keys.format, f"m{n}:seen", len(visited))
+            pipe.hincrby(keys.format, f"m{n}:changed", changed)
+            pipe.hset(keys.format, f"m{n}:cursor", cursor or "done")
+            pipe.pexpire(keys.migrate_lock, LOCK_MS)
+            pipe.execute()
+            if client.get(keys.migrate_lock) != owner:
+                raise MigrationBusy("this `layby migrate` lost its lock (it stalled longer "
+                                    f"than {LOCK_MS // 1000} s); run it again")
+            if progress:
+                progress(len(found))
+    seen, changed = (int(v or 0) for v in cast("list[str | None]", client.hmget(
+        keys.format, f"m{n}:seen", f"m{n}:changed")))
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(keys.format, mapping={"version": n, f"m{n}:done": int(time.time() * 1000)})
+    pipe.hdel(keys.format, "migrating", "writing", f"m{n}:cursor")
+    pipe.execute()
+    return Report(n, migration.title, seen, changed, finished=True)
+
+
+def finished(client: Redis, keys: Keys) -> list[Report]:
+    """The migrations the store records as done, with their counts."""
+    raw = cast("dict[str, str]", client.hgetall(keys.format))
+    return [Report(m.number, m.title, int(raw.get(f"m{m.number}:seen", 0)),
+                   int(raw.get(f"m{m.number}:changed", 0)), finished=True)
+            for m in registered() if f"m{m.number}:done" in raw]

@@ -1,0 +1,143 @@
+"""Migration 1: a store of layby 0.1.0 (no format version) in format 1.
+
+layby 0.1.0 wrote what format 1 is, and read besides it the records of its unreleased
+predecessors, in 29 places. Those records are rewritten here once, and nothing reads them
+any more:
+
+- a run whose hash has an `id` field kept its interrupts, notifications and open
+  interrupts in keys of their own (`:interrupts`, `:notifications`, `:open`): they move
+  into the run's hash (`i:<id>`, `n:<id>`, `open`), the `id` field goes;
+- interrupts and notifications stored under their wire names are stored under the short
+  names (`parking.compact`);
+- a run answered before layby recorded what a park waited on gets its `waiting` field
+  from the history (the interrupts of its last model message);
+- a reviewer token's grant stored as JSON is stored as its values (`Grant.stored`).
+
+Event entries that also carry their time in an `at` field (the entry id's time, always
+the same) are left as they are: readers take the time from the id.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+from redis import Redis, WatchError
+
+from layby.generation.messages import load_messages
+from layby.parking import compact
+from layby.parking.keys import Keys
+from layby.parking.migrations import Migration, register
+
+INTERRUPT, NOTE = "i:", "n:"
+UNANSWERED_STATES = {"queued", "running", "resuming"}
+
+
+def _run_id(key: str) -> str:
+    return key[key.index("{") + 1:key.rindex("}")]
+
+
+def _fields_of_run(raw: dict[str, str], older: dict[str, dict[str, str]] | None,
+                   open_set: set[str] | None) -> tuple[dict[str, str], list[str]]:
+    """The fields to write (in format 1), and those to delete, for a run hash `raw`."""
+    write: dict[str, str] = {}
+    drop: list[str] = []
+    interrupts = {k[2:]: v for k, v in raw.items() if k.startswith(INTERRUPT)}
+    notes = {k[2:]: v for k, v in raw.items() if k.startswith(NOTE)}
+    if older is not None:  # the run's copy wins, as 0.1.0 read it
+        interrupts = {**older["interrupts"], **interrupts}
+        notes = {**older["notifications"], **notes}
+        drop.append("id")
+        if "open" not in raw:
+            write["open"] = " ".join(sorted(open_set or ()))
+    for iid, rec in interrupts.items():
+        if older is not None or "toolCallId" in json.loads(rec):
+            new = compact.stored_interrupt(compact.interrupt(iid, rec))
+            if new != raw.get(INTERRUPT + iid):
+                write[INTERRUPT + iid] = new
+    for nid, rec in notes.items():
+        if older is not None or "kind" in json.loads(rec):
+            new = compact.stored_note(compact.note(nid, rec))
+            if new != raw.get(NOTE + nid):
+                write[NOTE + nid] = new
+    if raw.get("status") in UNANSWERED_STATES and "waiting" not in raw:
+        history = load_messages(json.loads(raw.get("messages") or "[]"))
+        last = history[-1] if history else None
+        if last is not None and last.role == "model":
+            waited = [p.meta("interrupt", {}).get("id") for p in last.tool_requests
+                      if p.meta("interrupt") is not None]
+            if waited:
+                write["waiting"] = " ".join(waited)
+    return write, drop
+
+
+def rewrite_run(client: Redis, keys: Keys, key: str, dry: bool) -> bool:
+    run_id = _run_id(key)
+    legacy = (keys.interrupts(run_id), keys.notifications(run_id), keys.open(run_id))
+    with client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                # The run and its old keys as one moment: a transition that changes them
+                # meanwhile wins, and the run is read again.
+                pipe.watch(key, *legacy)  # type: ignore[no-untyped-call]
+                raw = cast("dict[str, str]", pipe.hgetall(key))
+                if not raw:
+                    return False
+                older = None
+                open_set = None
+                if "id" in raw:
+                    older = {"interrupts": cast("dict[str, str]", pipe.hgetall(legacy[0])),
+                             "notifications": cast("dict[str, str]",
+                                                   pipe.hgetall(legacy[1]))}
+                    open_set = cast("set[str]", pipe.smembers(legacy[2]))
+                write, drop = _fields_of_run(raw, older, open_set)
+                if not (write or drop):
+                    return False
+                if dry:
+                    return True
+                pipe.multi()
+                if write:
+                    pipe.hset(key, mapping=write)  # type: ignore[arg-type]
+                if drop:
+                    pipe.hdel(key, *drop)
+                    pipe.delete(*legacy)
+                pipe.execute()
+                return True
+            except WatchError:
+                continue
+
+
+# A grant's fields in the order of `layby.reviewers.tokens.Grant` (a JSON array held them
+# so), and the order `Grant.stored` writes them in (the reviewer last: it may hold spaces).
+GRANT_FIELDS = ("run_id", "interrupt_id", "reviewer", "version", "expires")
+STORED_ORDER = ("run_id", "interrupt_id", "version", "expires", "reviewer")
+
+
+def _grant_values(value: Any) -> str:
+    named = value if isinstance(value, dict) else dict(zip(GRANT_FIELDS, value, strict=True))
+    return " ".join(str(named[name]) for name in STORED_ORDER)
+
+
+def rewrite_grant(client: Redis, keys: Keys, key: str, dry: bool) -> bool:
+    with client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(key)  # type: ignore[no-untyped-call]
+                raw = cast("str | None", pipe.get(key))
+                if raw is None or not raw.startswith(("[", "{")):
+                    return False
+                if dry:
+                    return True
+                pipe.multi()
+                pipe.set(key, _grant_values(json.loads(raw)), keepttl=True, xx=True)
+                pipe.execute()
+                return True
+            except WatchError:
+                continue
+
+
+MIGRATION = register(Migration(
+    1, "layby 0.1.0's store, versioned: the records of its predecessors in format 1",
+    ("{*}:run", "grant:*"), lambda client, keys, key, dry: (
+        rewrite_grant if key.startswith(keys.grant("")) else rewrite_run)(
+            client, keys, key, dry)))

@@ -1,0 +1,185 @@
+"""The store's format version and migration 1, straight on a real Valkey: a store of layby
+0.1.0 (no version) is refused until `migrate` has run; the records 0.1.0 still read from its
+unreleased predecessors come out of migration 1 as format 1 writes them; a dry run counts
+and writes nothing; a second run changes nothing; a run stopped mid-way goes on."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from layby.generation.messages import Message, Part, ToolRequest, dump_messages
+from layby.parking import Announcements, compact, formats, migrations
+from layby.parking.formats import FormatError
+from layby.wire import Status
+from tests.store.conftest import World, interrupt, note
+
+pytestmark = pytest.mark.store
+
+
+def _aged(world: World, run_id: str) -> dict[str, str]:
+    """The run as layby's predecessors of 0.1.0 kept it (and 0.1.0 still read): its id in
+    its hash, its interrupts, notifications and open ids in keys of their own, under their
+    wire names. Returns the run's hash as format 1 has it, to compare."""
+    key, before = world.keys.run(run_id), world.run_hash(run_id)
+    old_interrupts, old_notes = {}, {}
+    for name, value in before.items():
+        if name.startswith("i:"):
+            spec = world.store.interrupt(run_id, name[2:])
+            assert spec is not None
+            old_interrupts[name[2:]] = spec.model_dump_json(by_alias=True, exclude_none=True)
+        elif name.startswith("n:"):
+            old_notes[name[2:]] = json.dumps(compact.note(name[2:], value))
+    pipe = world.client.pipeline()
+    pipe.hdel(key, *[n for n in before if n[:2] in ("i:", "n:")], "open")
+    pipe.hset(key, "id", run_id)
+    if old_interrupts:
+        pipe.hset(world.keys.interrupts(run_id), mapping=old_interrupts)
+    if old_notes:
+        pipe.hset(world.keys.notifications(run_id), mapping=old_notes)
+    if before.get("open"):
+        pipe.sadd(world.keys.open(run_id), *before["open"].split())
+    pipe.execute()
+    return before
+
+
+def _decoded(run: dict[str, str]) -> dict[str, Any]:
+    """A run's hash with its records decoded (JSON's order of keys is not the format's)."""
+    return {k: json.loads(v) if k[:2] in ("i:", "n:") else v for k, v in run.items()}
+
+
+def _parked_with_a_note(world: World, run_id: str) -> None:
+    world.make("interrupted", run_id, interrupts=[interrupt("int_a"), interrupt("int_b")],
+               plan=Announcements(notes=[(note("ntf_1", "int_a", token="tok"), None)]))
+
+
+def test_an_empty_store_is_stamped_with_the_newest_format(world: World) -> None:
+    assert formats.read(world.client, world.keys).version is None
+    state = formats.check(world.client, world.keys, migrations.newest())
+    assert state.version == migrations.newest() == 1
+    assert migrations.pending(state) == []
+
+
+def test_a_store_of_0_1_0_is_refused_until_it_is_migrated(world: World) -> None:
+    world.make("interrupted")
+    with pytest.raises(FormatError) as refused:
+        formats.check(world.client, world.keys, migrations.newest())
+    assert "no format version" in refused.value.message
+    assert "reads format 1" in refused.value.message
+    assert "`layby migrate`" in refused.value.message
+    assert formats.read(world.client, world.keys).version is None  # nothing stamped
+    [report] = migrations.migrate(world.client, world.keys)
+    assert (report.number, report.finished) == (1, True)
+    assert formats.check(world.client, world.keys, migrations.newest()).version == 1
+
+
+def test_a_store_of_a_newer_format_is_refused(world: World) -> None:
+    world.make("queued")
+    world.client.hset(world.keys.format, "version", 3)
+    with pytest.raises(FormatError, match=r"format 3 \(written by a newer layby\)"):
+        formats.check(world.client, world.keys, 1)
+
+
+def test_migration_1_gives_back_the_runs_format_1_writes(world: World) -> None:
+    _parked_with_a_note(world, "run_1")
+    world.make("completed", "run_2")
+    expected = _aged(world, "run_1")
+    grant = world.keys.grant("ref_1")
+    world.client.set(grant, json.dumps({"run_id": "run_1", "interrupt_id": "int_a",
+                                        "reviewer": "Alice Smith", "version": 2,
+                                        "expires": 1900000000}), ex=3600)
+
+    counted = migrations.dry_run(world.client, world.keys)
+    assert [(r.number, r.changed) for r in counted] == [(1, 2)]  # run_1 and the grant
+
+    [report] = migrations.migrate(world.client, world.keys)
+    assert report.changed == 2 and report.seen == 3  # two runs, one grant
+    assert _decoded(world.run_hash("run_1")) == _decoded(expected)
+    for gone in (world.keys.interrupts, world.keys.notifications, world.keys.open):
+        assert not world.client.exists(gone("run_1"))
+    assert world.client.get(grant) == "run_1 int_a 2 1900000000 Alice Smith"
+    assert 0 < world.client.ttl(grant) <= 3600
+    # Read as format 1 reads it: both interrupts open, the request planned.
+    view = world.store.view("run_1")
+    assert view is not None
+    assert [(i.id, i.state) for i in view.interrupts] == [("int_a", "open"), ("int_b", "open")]
+    assert [(n.id, n.state) for n in view.notifications] == [("ntf_1", "pending")]
+
+
+def test_a_dry_run_changes_nothing(world: World) -> None:
+    _parked_with_a_note(world, "run_1")
+    _aged(world, "run_1")
+    before = world.snapshot()
+    [report] = migrations.dry_run(world.client, world.keys)
+    assert report.changed == 1 and not report.finished
+    assert world.snapshot() == before
+
+
+def test_migrating_twice_changes_nothing_the_second_time(world: World) -> None:
+    _parked_with_a_note(world, "run_1")
+    _aged(world, "run_1")
+    migrations.migrate(world.client, world.keys)
+    after = world.snapshot()
+    assert migrations.migrate(world.client, world.keys) == []  # nothing pending
+    # And the migration's own rewrite, asked again of every key, finds nothing to do.
+    first = migrations.registered()[0]
+    visited = [key for key in world.client.scan_iter(match=f"{world.prefix}:*")
+               if first.rewrites(world.keys, key)]
+    assert len(visited) == 1
+    assert not any(first.rewrite(world.client, world.keys, key, False) for key in visited)
+    assert world.snapshot() == after
+
+
+def test_a_migration_stopped_mid_way_goes_on_where_it_stopped(world: World) -> None:
+    for n in range(30):
+        _parked_with_a_note(world, f"run_{n:02}")
+        _aged(world, f"run_{n:02}")
+
+    class Killed(Exception):
+        pass
+
+    seen = []
+
+    def die_after_three_batches(count: int) -> None:
+        seen.append(count)
+        if len(seen) == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        migrations.migrate(world.client, world.keys, batch=5,
+                           progress=die_after_three_batches)
+    state = formats.read(world.client, world.keys)
+    assert state.version is None and state.migrating == 1
+    cursor = world.client.hget(world.keys.format, "m1:cursor")
+    assert cursor not in (None, "0", "done")
+    [report] = migrations.migrate(world.client, world.keys, batch=5)
+    assert report.finished and formats.read(world.client, world.keys).version == 1
+    for n in range(30):
+        assert not world.client.exists(world.keys.interrupts(f"run_{n:02}"))
+        assert "id" not in world.run_hash(f"run_{n:02}")
+    assert report.changed == 30
+
+
+def test_one_migration_at_a_time(world: World) -> None:
+    world.make("queued")
+    world.client.set(world.keys.migrate_lock, "elsewhere:1", px=10_000)
+    with pytest.raises(migrations.MigrationBusy, match="elsewhere:1"):
+        migrations.migrate(world.client, world.keys)
+    assert formats.read(world.client, world.keys).version is None
+
+
+def test_a_resumed_run_without_waiting_gets_it_from_its_history(world: World) -> None:
+    """0.1.0's predecessors did not record what a park waited on: migration 1 takes it
+    from the last model message, as the step used to."""
+    world.make("resuming")
+    parked = Message(role="model", content=[
+        Part(tool_request=ToolRequest(name="ask", ref="c1", input={}),
+             metadata={"interrupt": {"id": "int_a"}})])
+    world.client.hset(world.keys.run("run_1"), "messages",
+                      json.dumps(dump_messages([*world.history(1), parked])))
+    world.client.hdel(world.keys.run("run_1"), "waiting")
+    migrations.migrate(world.client, world.keys)
+    assert world.run_hash("run_1")["waiting"] == "int_a"
+    assert world.client.zscore(world.keys.index(Status.RESUMING), "run_1") is not None

@@ -1,0 +1,133 @@
+"""`layby migrate` and the format check, as an operator meets them after upgrading from
+layby 0.1.0: every part refuses the unversioned store in one line that says what to run;
+`layby doctor` says the same; `--dry-run` counts and changes nothing; a migration killed
+with SIGKILL mid-way goes on where it stopped when run again, and a second run changes
+nothing. (Runs parked by 0.1.0 itself completing after the upgrade: test_upgrade.py.)"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from layby.ops.embedded import EmbeddedRedis
+from layby.parking import formats
+from tests.harness import ROOT
+from tests.store.conftest import World
+from tests.store.test_migrations import _aged, _parked_with_a_note
+
+pytestmark = pytest.mark.integration
+
+LAYBY = str(Path(sys.executable).parent / "layby")
+
+
+@dataclass
+class Unversioned:
+    """A store as layby 0.1.0 left it (runs, no format version), and the environment of
+    this layby's command on it."""
+
+    world: World
+    env: dict[str, str]
+
+    def layby(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([LAYBY, *args], env=self.env, cwd=ROOT,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout)
+
+
+@pytest.fixture
+def unversioned(redis_server: EmbeddedRedis, tmp_path: Path,
+                request: pytest.FixtureRequest) -> Iterator[Unversioned]:
+    prefix = f"mig{abs(hash(request.node.name)) % 10**8}"
+    client = redis.Redis(port=redis_server.port, db=9, decode_responses=True)
+    world = World(client, prefix, None)  # type: ignore[arg-type]  # no task pushed
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYBY_")}
+    env |= {"LAYBY_REDIS_URL": f"redis://127.0.0.1:{redis_server.port}/9",
+            "LAYBY_KEY_PREFIX": prefix, "LAYBY_DATA_DIR": str(tmp_path),
+            "LAYBY_BROKER_KEY_PREFIX": f"{prefix}:broker:"}
+    yield Unversioned(world, env)
+    for key in client.scan_iter(match=f"{prefix}:*"):
+        client.delete(key)
+    client.close()
+
+
+def _refused(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    [line] = [ln for ln in done.stderr.splitlines() if "no format version" in ln]
+    assert "reads format 1" in line and "`layby migrate`" in line
+    return line
+
+
+def test_every_part_refuses_the_store_of_0_1_0_until_it_is_migrated(
+        unversioned: Unversioned) -> None:
+    u = unversioned
+    _parked_with_a_note(u.world, "run_1")
+    _refused(u.layby("runs", "ls"))
+    _refused(u.layby("worker", "--concurrency", "1", timeout=120))
+    _refused(u.layby("gateway", "--port", "0", timeout=120))
+    doctor = u.layby("doctor")
+    assert re.search(r"PROBLEM store format: the store has no format version", doctor.stdout)
+
+    counted = u.layby("migrate", "--dry-run")
+    assert counted.returncode == 0, counted.stderr
+    assert "migration 1 (" in counted.stdout and "1 keys looked at, 0 would change" in \
+        counted.stdout
+    assert formats.read(u.world.client, u.world.keys).version is None
+
+    done = u.layby("migrate")
+    assert done.returncode == 0, done.stderr
+    assert "migrating" in done.stderr  # the progress bar
+    assert "the store is at format 1" in done.stdout
+    assert "1 keys looked at, 0 changed" in done.stdout
+    listed = u.layby("runs", "ls")
+    assert listed.returncode == 0 and "run_1" in listed.stdout, listed.stderr
+    doctor = u.layby("doctor")
+    assert "OK      store format: format 1" in doctor.stdout
+    again = u.layby("migrate")
+    assert again.returncode == 0
+    assert "nothing to do: the store is at format 1" in again.stdout
+
+
+def test_a_migration_killed_mid_way_goes_on_where_it_stopped(unversioned: Unversioned) -> None:
+    u = unversioned
+    runs = 400
+    for n in range(runs):
+        _parked_with_a_note(u.world, f"run_{n:03}")
+        _aged(u.world, f"run_{n:03}")
+    counted = u.layby("migrate", "--dry-run")
+    assert f"{runs} keys looked at, {runs} would change" in counted.stdout, counted.stdout
+
+    migrating = subprocess.Popen([LAYBY, "migrate", "--batch", "2"], env=u.env, cwd=ROOT,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+    client, keys = u.world.client, u.world.keys
+    deadline = time.monotonic() + 60
+    while not client.hget(keys.format, "m1:cursor") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    migrating.send_signal(signal.SIGKILL)
+    migrating.communicate(timeout=30)
+    state = formats.read(client, keys)
+    assert state.version is None and state.migrating == 1, "killed after it finished"
+    legacy = sum(1 for n in range(runs) if client.exists(keys.interrupts(f"run_{n:03}")))
+    assert 0 < legacy < runs
+
+    # Its lock names a process of this machine that is gone: the next run takes it over.
+    assert client.exists(keys.migrate_lock)
+    done = u.layby("migrate", "--batch", "50")
+    assert done.returncode == 0, done.stderr
+    assert "the store is at format 1" in done.stdout
+    assert not any(client.exists(keys.interrupts(f"run_{n:03}")) for n in range(runs))
+    assert not any("id" in u.world.run_hash(f"run_{n:03}") for n in range(runs))
+    view = u.world.store.view("run_123")
+    assert view is not None and [i.id for i in view.interrupts] == ["int_a", "int_b"]
+    assert u.layby("migrate").stdout.startswith("nothing to do")
