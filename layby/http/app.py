@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from layby import __version__
 from layby.broker_config import logs
 from layby.broker_config.settings import Settings, settings_problem
 from layby.control import Runtime, build
@@ -35,6 +36,7 @@ from layby.control.runtime import check_config
 from layby.errors import ConfigError, LaybyError, Unauthorized
 from layby.http import agui, api, mailbox, reviewers
 from layby.http.deps import Caller, Rt, bearer, check_key
+from layby.http.drain import Drain
 from layby.http.errors import body_problem, error_response, refusal, why_redis_is_away
 from layby.http.events import close_clients
 from layby.http.limits import LimitBodies
@@ -58,8 +60,11 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
         logs.configure(runtime.settings)
     rt = runtime
 
+    drain = Drain()
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        drain.install()
         settings = rt.settings
         exporter = (serve_metrics(settings.metrics_host, settings.metrics_port,
                                   lambda: rt.store) if settings.metrics_port else None)
@@ -76,10 +81,11 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     # records either: exceptions' messages are not scrubbed there as layby's logs are.
     telemetry: TelemetryConfig = {"tracing": on, "metrics": on, "logs": False,
                                   "operation_spans": on, "exclude": _carries_tokens}
-    app = FastAPI(title="layby", version="0.1.0", lifespan=lifespan, telemetry=telemetry,
+    app = FastAPI(title="layby", version=__version__, lifespan=lifespan, telemetry=telemetry,
                   description="Durable interrupts for agent runs: start runs, answer their "
                               "interrupts, follow their events.")
     app.state.runtime = rt
+    app.state.drain = drain
     _handle_errors(app)
     _middleware(app, rt)
     for router in (api.router, agui.router, reviewers.router, mailbox.router):
@@ -291,14 +297,21 @@ def _plain_routes(app: FastAPI) -> None:
         return JSONResponse({"status": "ok"})
 
     @app.get("/readyz", include_in_schema=False)
-    def readyz(rt: Rt) -> JSONResponse:
-        # Ready when a request can be served: the agents load and the store answers.
+    def readyz(rt: Rt, request: Request) -> JSONResponse:
+        # Ready when a request can be served: the agents load and the store answers (in a
+        # format this code reads); not once the gateway drains (SIGTERM): a load balancer
+        # sends new requests elsewhere.
+        if request.app.state.drain.draining:
+            return error_response(503, "draining", "this gateway is stopping (SIGTERM): "
+                                  "send requests to another one")
         try:
             rt.agents  # noqa: B018
         except ConfigError as exc:
             return refusal(exc)
         try:
             rt.store.redis.ping()
+        except ConfigError as exc:  # the store's format is not one this code reads
+            return refusal(exc)
         except Exception as exc:  # noqa: BLE001  (any failure is the reason it is not ready)
             return error_response(503, "redis_unavailable", why_redis_is_away(exc))
         return JSONResponse({"status": "ready"})

@@ -10,10 +10,11 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from layby.control import Runtime
 from layby.control.connections import async_redis
+from layby.http.drain import Drain, retry_hint
 from layby.parking import events
 from layby.wire import FINAL_EVENTS, Event
 
@@ -34,15 +35,32 @@ class EventStreamResponse(StreamingResponse):
     over HTTP is two requests and one such stream)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        streaming = asyncio.ensure_future(self.stream_response(send))
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        streaming = asyncio.ensure_future(self.stream_response(sending))
         gone = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        app = scope.get("app")
+        drain: Drain | None = getattr(getattr(app, "state", None), "drain", None)
+        drained = asyncio.ensure_future(drain.wait() if drain else asyncio.Future())
         try:
-            await asyncio.wait((streaming, gone), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((streaming, gone, drained),
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             # Cancelled mid-read, the stream's Redis connection is dropped, not reused.
-            for task in (streaming, gone):
+            for task in (streaming, gone, drained):
                 task.cancel()
-            await asyncio.gather(streaming, gone, return_exceptions=True)
+            await asyncio.gather(streaming, gone, drained, return_exceptions=True)
+        if drained.done() and not drained.cancelled() and started and streaming.cancelled():
+            # The gateway drains: the stream ends here, cleanly, and says when to come back
+            # (with Last-Event-ID, to a gateway that stays).
+            await send({"type": "http.response.body", "body": retry_hint(),
+                        "more_body": False})
+            return
         if not streaming.cancelled() and streaming.exception() is not None:
             raise streaming.exception()  # type: ignore[misc]
         if self.background is not None:
