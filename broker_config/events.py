@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery.worker.consumer import Consumer as CeleryConsumer
 
+from layby.broker_config.handback import HandBack
+
 if TYPE_CHECKING:
     from celery.events.dispatcher import EventDispatcher
     from kombu.asynchronous import Hub
@@ -26,7 +28,10 @@ ENDED = frozenset({"task-succeeded", "task-failed", "task-retried", "task-reject
 LINGER_S = 1.0  # the longest a buffered event waits for its task to end
 
 
-class Consumer(CeleryConsumer):
+class Consumer(HandBack, CeleryConsumer):
+    """Celery's consumer, flushing task events when a task ends, and handing back the
+    messages it cannot read (`layby.broker_config.handback`)."""
+
     _lingering: Any = None
 
     if TYPE_CHECKING:  # Celery's Consumer has them; celery-types leaves them out

@@ -9,8 +9,11 @@ import time
 from collections.abc import Callable, Iterator
 
 import httpx
+import redis
 
+from layby.broker_config import TURNS, make_celery
 from layby.ops.supervisor import gateway_argv
+from tests import tasks_new_release
 from tests.harness import LaybySystem, Proc, free_port, wait_until
 
 
@@ -82,3 +85,23 @@ def _order(event_id: str) -> tuple[int, int]:
 def _at(system: LaybySystem, port: int) -> LaybySystem:
     """The same system, seen through the gateway on `port`."""
     return LaybySystem(system.redis_url, system.logs, system.env_overrides, port=port)
+
+
+def test_a_task_message_an_older_worker_cannot_read_waits_for_one_that_can(
+        isolated: Callable[..., LaybySystem]) -> None:
+    system = isolated().start()
+    old = system.procs["worker"]
+    client = redis.Redis.from_url(system.redis_url, decode_responses=True)
+    make_celery(system.settings).send_task(tasks_new_release.NAME, args=["ran"],
+                                           queue=TURNS)
+    wait_until(lambda: "handed back to its queue" in old.output(), 20,
+               what="the older worker to hand the message back")
+    time.sleep(2)
+    assert client.get("ran") is None
+    assert "tests.new_release_task" in old.output()
+
+    system.env_overrides["LAYBY_TASK_MODULES"] = "tests.tasks_new_release"
+    system.start_worker("worker-new")
+    wait_until(lambda: client.get("ran") is not None, 60, what="the newer worker to run it")
+    time.sleep(1)
+    assert client.get("ran") == "1"  # once
