@@ -145,10 +145,12 @@ class Store:
         """Each script's SHA1 (as EVALSHA names it) and its name: for MONITOR's readers."""
         return {script.sha: name for name, script in self._scripts.items()}
 
-    def _run(self, name: str, run_id: str, *argv: Any,
-             extra_keys: tuple[str, ...] = ()) -> list[Any]:
+    def _run(self, name: str, run_id: str, /, *argv: Any, extra_keys: tuple[str, ...] = (),
+             **named: Any) -> list[Any]:
+        """Run script `name` on the run's keys (and `extra_keys` after them), given `named`
+        (`scripts.argv`)."""
         keys = [*self.keys.for_scripts(run_id), *extra_keys]
-        args = [str(a) for a in argv]
+        args = scripts.argv(named) if named else [str(a) for a in argv]
         wanted = self.config.min_replicas_ack
         if not wanted or name not in ACKNOWLEDGED:
             replied: list[Any] = self._scripts[name](keys=keys, args=args)
@@ -177,29 +179,30 @@ class Store:
         # not kept twice for as long as the run lives.
         stored_input = "" if len(messages) == 1 and _first_text(messages) == input \
             else _dumps(input)
-        reply = self._run("create_run", run_id, run_id, agent, stored_input,
-                          _dumps(dump_messages(messages)), _dumps(metadata),
-                          self.config.idempotency_ttl_s, extra_keys=(idem,))
+        reply = self._run("create_run", run_id, run_id=run_id, agent=agent, input=stored_input,
+                          messages=_dumps(dump_messages(messages)), metadata=_dumps(metadata),
+                          idempotency_ttl_s=self.config.idempotency_ttl_s, extra_keys=(idem,))
         return results.created(reply, run_id)
 
     def claim(self, run_id: str, version: int, owner: str) -> Transition:
         """Claim the run's step at `version`; when it applies, `record` holds all the step
         needs (messages, metadata, this version's checkpoints, a parked turn's interrupts
         and answers)."""
-        reply = self._run("claim_run", run_id, version, owner, self.config.lease_ms,
-                          self.config.max_attempts)
+        reply = self._run("claim_run", run_id, version=version, owner=owner,
+                          lease_ms=self.config.lease_ms, max_attempts=self.config.max_attempts)
         return results.claimed(reply, run_id, version)
 
     def renew(self, run_id: str, version: int, owner: str) -> bool:
         """The heartbeat of the worker holding the claim: False when the claim is not its
         own any more (the step must not commit)."""
-        reply = self._run("renew_lease", run_id, version, owner, self.config.lease_ms)
+        reply = self._run("renew_lease", run_id, version=version, owner=owner,
+                          lease_ms=self.config.lease_ms)
         return bool(reply[0] == "ok")
 
     def save_checkpoint(self, run_id: str, version: int, owner: str, name: str,
                         value: Any) -> bool:
-        reply = self._run("save_checkpoint", run_id, version, owner, name, _dumps(value),
-                          self.config.lease_ms)
+        reply = self._run("save_checkpoint", run_id, version=version, owner=owner, field=name,
+                          value=_dumps(value), lease_ms=self.config.lease_ms)
         return bool(reply[0] == "ok")
 
     def checkpoints(self, run_id: str, version: int) -> dict[str, Any]:
@@ -210,9 +213,9 @@ class Store:
 
     def advance(self, run_id: str, version: int, owner: str, messages: list[Message],
                 event: dict[str, Any], *, inline: bool) -> Transition:
-        reply = self._run("advance_turn", run_id, version, owner,
-                          _dumps(dump_messages(messages)), _dumps(event), "1" if inline else "0",
-                          self.config.lease_ms)
+        reply = self._run("advance_turn", run_id, version=version, owner=owner,
+                          messages=_dumps(dump_messages(messages)), event=_dumps(event),
+                          keep_lease=inline, lease_ms=self.config.lease_ms)
         return results.committed(reply)
 
     def park(self, run_id: str, version: int, owner: str, messages: list[Message],
@@ -239,22 +242,23 @@ class Store:
 
     def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
                  result: str, event: dict[str, Any]) -> Transition:
-        reply = self._run("complete_run", run_id, version, owner,
-                          _dumps(dump_messages(messages)), result, _dumps(event),
-                          self.config.retention_s)
+        reply = self._run("complete_run", run_id, version=version, owner=owner,
+                          messages=_dumps(dump_messages(messages)), result=result,
+                          event=_dumps(event), retention_s=self.config.retention_s)
         return results.committed(reply)
 
     def fail(self, run_id: str, error: dict[str, Any], *, version: int | None = None,
              owner: str | None = None, messages: list[Message] | None = None) -> Transition:
-        reply = self._run("fail_run", run_id, "" if version is None else version, owner or "",
-                          _dumps(error),
-                          "" if messages is None else _dumps(dump_messages(messages)),
-                          self.config.retention_s)
+        reply = self._run("fail_run", run_id, version="" if version is None else version,
+                          owner=owner or "", error=_dumps(error),
+                          messages="" if messages is None else _dumps(dump_messages(messages)),
+                          retention_s=self.config.retention_s)
         return results.committed(reply)
 
     def cancel(self, run_id: str, by: str, reason: str | None) -> Transition:
         data = {"code": "cancelled", "message": reason or "cancelled", "by": by}
-        reply = self._run("cancel_run", run_id, _dumps(data), self.config.retention_s)
+        reply = self._run("cancel_run", run_id, event=_dumps(data),
+                          retention_s=self.config.retention_s)
         return results.committed(reply)
 
     def answer(self, run_id: str, answers: list[Answer], *, require_all: bool = False,
@@ -311,13 +315,15 @@ class Store:
         return results.committed(reply)
 
     def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None) -> Transition:
-        reply = self._run("expire_interrupt", run_id, answer.interrupt_id, _dumps(answer.wire()),
-                          _dumps(fail_error) if fail_error else "", self.config.retention_s)
+        reply = self._run("expire_interrupt", run_id, interrupt_id=answer.interrupt_id,
+                          answer=_dumps(answer.wire()),
+                          fail_error=_dumps(fail_error) if fail_error else "",
+                          retention_s=self.config.retention_s)
         return results.committed(reply)
 
     def requeue(self, run_id: str, *, owner: str = "") -> Transition:
         """Queue the run's pending step again. `owner`: '' once its lease lapsed, '*' now."""
-        reply = self._run("requeue_run", run_id, owner)
+        reply = self._run("requeue_run", run_id, owner=owner)
         return results.requeued(reply)
 
     # -- notifications -------------------------------------------------------------------
@@ -364,8 +370,8 @@ class Store:
 
     def start_delivery(self, run_id: str, notification_id: str, *, deadline_ms: int,
                        max_attempts: int) -> tuple[str, Notification | None]:
-        reply = self._run("start_delivery", run_id, notification_id, deadline_ms,
-                          max_attempts, run_id)
+        reply = self._run("start_delivery", run_id, notification_id=notification_id,
+                          deadline_ms=deadline_ms, max_attempts=max_attempts, run_id=run_id)
         if reply[0] == "ok":
             return "ok", _notification(notification_id, reply[1])
         return str(reply[0]), None
@@ -373,8 +379,9 @@ class Store:
     def finish_delivery(self, run_id: str, note: Notification, outcome: str, *,
                         error: str = "", retry_in_ms: int = 0) -> str:
         """Record a send's outcome: "sent", "retry" (in `retry_in_ms`) or "failed"."""
-        reply = self._run("finish_delivery", run_id, note.id, outcome, error[:2000],
-                          retry_in_ms, run_id, note.attempts)
+        reply = self._run("finish_delivery", run_id, notification_id=note.id, outcome=outcome,
+                          error=error[:2000], retry_ms=retry_in_ms, run_id=run_id,
+                          attempts=note.attempts)
         return str(reply[0])
 
     def retry_notifications(self, run_id: str, notification_ids: list[str] | None = None
