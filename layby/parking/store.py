@@ -280,6 +280,11 @@ class Store:
         reply, read = self._run_then_read("answer_interrupts", run_id, argv, self._read_view)
         return replace(results.committed(reply), view=self._view_of(run_id, *read))
 
+    def _call(self, name: str, keys: list[str], /, *, client: Any = None, **named: Any) -> Any:
+        """Run script `name`, one of global keys (or of a run's hash and events alone), on
+        `keys`, given `named` (`scripts.argv`); in `client`'s pipeline when given."""
+        return self._scripts[name](keys=keys, args=scripts.argv(named), client=client)
+
     def _run_then_read(self, name: str, run_id: str, argv: tuple[Any, ...],
                        read: Any) -> tuple[list[Any], list[Any]]:
         """A transition and reads after it, in one round trip and one moment (MULTI): the
@@ -353,8 +358,8 @@ class Store:
                                 retry_ms: int = 10_000) -> list[tuple[str, str]]:
         """Queue the deliveries of notifications due to be sent; returns (run id,
         notification id) of those the caller must queue itself (the broker elsewhere)."""
-        raw = self._scripts["claim_due_notifications"](keys=[self.keys.notify_due],
-                                                       args=[limit, retry_ms])
+        raw = self._call("claim_due_notifications", [self.keys.notify_due], limit=limit,
+                         retry_ms=retry_ms)
         return [tuple(m.split(" ", 1)) for m in raw]
 
     def redue_queued_notifications(self) -> int:
@@ -435,8 +440,8 @@ class Store:
     # -- outbox --------------------------------------------------------------------------
 
     def claim_outbox(self, limit: int = 100, retry_ms: int = 10_000) -> list[OutboxEntry]:
-        raw = self._scripts["claim_outbox"](keys=[self.keys.outbox, self.keys.outbox_entries],
-                                            args=[limit, retry_ms])
+        raw = self._call("claim_outbox", [self.keys.outbox, self.keys.outbox_entries],
+                         limit=limit, retry_ms=retry_ms)
         return list(results.entries_of(raw))
 
     def hold_outbox(self, entry_ids: list[str]) -> None:
@@ -449,8 +454,8 @@ class Store:
 
     def ack_outbox(self, entry_ids: list[str]) -> None:
         if entry_ids:
-            self._scripts["ack_outbox"](keys=[self.keys.outbox, self.keys.outbox_entries],
-                                        args=entry_ids)
+            self._call("ack_outbox", [self.keys.outbox, self.keys.outbox_entries],
+                       ids=entry_ids)
 
     def overdue_outbox(self, older_than_ms: int = 0, limit: int = 200
                        ) -> list[tuple[str, int]]:
@@ -681,13 +686,12 @@ class Store:
 
     def beat_worker(self, name: str) -> None:
         """A worker process is alive: its reserved messages are its own for one lease."""
-        self._scripts["beat_worker"](keys=[self.keys.workers],
-                                     args=[name, self.config.lease_ms])
+        self._call("beat_worker", [self.keys.workers], worker=name,
+                   lease_ms=self.config.lease_ms)
 
     def reap_workers(self) -> list[tuple[str, int]]:
         """Workers whose beat lapsed, once each, with their last beat (epoch ms)."""
-        raw = self._scripts["reap_workers"](keys=[self.keys.workers],
-                                            args=[self.config.lease_ms])
+        raw = self._call("reap_workers", [self.keys.workers], lease_ms=self.config.lease_ms)
         return [(_text(raw[i]), int(_text(raw[i + 1]))) for i in range(0, len(raw), 2)]
 
     def forget_worker(self, name: str) -> None:
@@ -744,9 +748,8 @@ class Store:
         for at in range(0, len(found), 200):
             pipe = self.redis.pipeline(transaction=False)
             for run_id, _ in found[at:at + 200]:
-                self._scripts["fold_events"](keys=[self.keys.run(run_id),
-                                                   self.keys.events(run_id)],
-                                             args=[self.config.events_max], client=pipe)
+                self._call("fold_events", [self.keys.run(run_id), self.keys.events(run_id)],
+                           client=pipe, keep=self.config.events_max)
             folded += sum(reply == "folded" for reply in pipe.execute())
         # The next pass starts at this page's last time again (runs parked in the same ms
         # may be past the page; folding twice finds nothing), or past it when the whole

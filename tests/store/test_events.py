@@ -9,6 +9,7 @@ import pytest
 
 from layby.parking import Announcements
 from layby.parking import events as run_events
+from layby.parking.scripts import argv
 from tests.store.conftest import OWNER, World, answer, interrupt, note
 
 pytestmark = pytest.mark.store
@@ -18,8 +19,8 @@ def _fold(world: World, run_id: str = "run_1", keep: int = 2000) -> str:
     """The sweeper's fold, as it comes: long after the run's newest event (a fold in that
     very millisecond leaves the stream be: the last tests here)."""
     world.next_ms()
-    return world.store._scripts["fold_events"](
-        keys=[world.keys.run(run_id), world.keys.events(run_id)], args=[keep])
+    return world.store._call("fold_events", [world.keys.run(run_id), world.keys.events(run_id)],
+                             keep=keep)
 
 
 def _stored(world: World, run_id: str = "run_1", after: str = "0-0",
@@ -162,8 +163,8 @@ def test_an_event_in_the_millisecond_of_a_fold_is_read_after_the_folded_ones(
     keys = world.keys.for_scripts("run_1")
     for iid in ("int_a", None, "int_b"):
         if iid is None:
-            fold(keys=[world.keys.run("run_1"), world.keys.events("run_1")], args=[2000],
-                 client=pipe)
+            fold(keys=[world.keys.run("run_1"), world.keys.events("run_1")],
+                 args=argv({"keep": 2000}), client=pipe)
         else:
             answer_script(keys=keys, args=["0", "0", "1", iid,
                                            answer(iid).model_dump_json(by_alias=True), "1",
@@ -191,7 +192,7 @@ def test_a_fold_a_millisecond_after_the_newest_event_folds_and_later_events_foll
     world.next_ms()
     fold = world.store._scripts["fold_events"]
     assert fold(keys=[world.keys.run("run_1"), world.keys.events("run_1")],
-                args=[2000]) == "folded"
+                args=argv({"keep": 2000})) == "folded"
     seen = _stored(world)[-1][0]
     answer_script(keys=keys, args=["0", "0", "1", "int_b",
                                    answer("int_b").model_dump_json(by_alias=True), "1", "",
