@@ -269,15 +269,17 @@ class Store:
         `deadlines`: the interrupts that expire, when the caller knows (None: any may).
         With `view`, the result's `view` is the run as the answers left it, read in the
         same round trip."""
-        pairs: list[Any] = []
+        given: list[dict[str, Any]] = []
         for a in answers:
             need = (votes or {}).get(a.interrupt_id, 1)
-            pairs += [a.interrupt_id, _dumps(a.wire()), need, a.answered_by if need > 1 else "",
-                      "1" if deadlines is None or a.interrupt_id in deadlines else "0"]
-        argv = ("1" if require_all else "0", "1" if allow_early else "0", len(answers), *pairs)
+            given.append({"id": a.interrupt_id, "answer": _dumps(a.wire()), "need": need,
+                          "voter": a.answered_by if need > 1 else None,
+                          "deadline": deadlines is None or a.interrupt_id in deadlines})
+        named: dict[str, Any] = {"require_all": require_all, "allow_early": allow_early,
+                                 "answers": given}
         if not view or self.config.min_replicas_ack:
-            return results.committed(self._run("answer_interrupts", run_id, *argv))
-        reply, read = self._run_then_read("answer_interrupts", run_id, argv, self._read_view)
+            return results.committed(self._run("answer_interrupts", run_id, **named))
+        reply, read = self._run_then_read("answer_interrupts", run_id, named, self._read_view)
         return replace(results.committed(reply), view=self._view_of(run_id, *read))
 
     def _call(self, name: str, keys: list[str], /, *, client: Any = None, **named: Any) -> Any:
@@ -285,7 +287,7 @@ class Store:
         `keys`, given `named` (`scripts.argv`); in `client`'s pipeline when given."""
         return self._scripts[name](keys=keys, args=scripts.argv(named), client=client)
 
-    def _run_then_read(self, name: str, run_id: str, argv: tuple[Any, ...],
+    def _run_then_read(self, name: str, run_id: str, named: Mapping[str, Any],
                        read: Any) -> tuple[list[Any], list[Any]]:
         """A transition and reads after it, in one round trip and one moment (MULTI): the
         reads see what it wrote. (Not with `min_replicas_ack`: its WAIT is not for MULTI.)"""
@@ -293,7 +295,7 @@ class Store:
         script = self._scripts[name]
         for attempt in (1, 2):
             pipe = self.redis.pipeline(transaction=True)
-            pipe.evalsha(script.sha, len(keys), *keys, *(str(a) for a in argv))
+            pipe.evalsha(script.sha, len(keys), *keys, *scripts.argv(named))
             read(pipe, run_id)
             try:
                 reply, *found = pipe.execute()

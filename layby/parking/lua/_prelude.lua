@@ -314,7 +314,7 @@ local function observe(what, ms)
   end
 end
 
--- Record answers (each {interrupt id, answer JSON, '1' when it may have a deadline}, all
+-- Record answers (each {interrupt id, answer JSON, true when it may have a deadline}, all
 -- checked to be open); resume if none stays open. `run`: the run's status, version,
 -- updated_at, open, noted and waiting fields as the caller read them. Returns the new version, the
 -- outbox entry ('' while it waits, or when the resume was pushed) and whether the run
@@ -333,7 +333,7 @@ local function apply_answers(answers, now, run)
     stat('answers:' .. channel)
     if parked_at then observe('answer', now - parked_at) end
     redis.call('HSET', ANSWERS, iid, text)
-    if deadline ~= '0' then redis.call('ZREM', DEADLINES, ID .. ' ' .. iid) end
+    if deadline then redis.call('ZREM', DEADLINES, ID .. ' ' .. iid) end
     closed[iid] = true
     event('interrupt.answered', version, text, now)
   end

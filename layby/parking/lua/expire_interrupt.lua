@@ -21,7 +21,7 @@ if not run[1] or not open[interrupt_id] then
   return {'gone'}
 end
 if fail_error == '' then
-  local v, entry, resumed = apply_answers({{interrupt_id, answer, '1'}}, now, run)
+  local v, entry, resumed = apply_answers({{interrupt_id, answer, true}}, now, run)
   return {'ok', v, entry, {}, {}, resumed and '1' or '0'}
 end
 redis.call('HSET', ANSWERS, interrupt_id, answer)
