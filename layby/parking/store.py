@@ -225,19 +225,21 @@ class Store:
         """Park the run on `interrupts` and record `plan`, the announcements of those that
         wait on people (None: queue the announcement task to plan them). `by_rule`: the
         answers policy rules give (by interrupt id), recorded in the park."""
-        triples: list[Any] = []
+        parked: list[dict[str, Any]] = []
         for intr in interrupts:
-            expiry = ""
+            expires = None
             if intr.expires_at:
                 moment = datetime.fromisoformat(intr.expires_at.replace("Z", "+00:00"))
-                expiry = str(int(moment.timestamp() * 1000))
+                expires = int(moment.timestamp() * 1000)
             auto = (by_rule or {}).get(intr.id)
-            triples += [intr.id, compact.stored_interrupt(intr), expiry,
-                        _dumps(auto.wire()) if auto else "", intr.rule or ""]
-        argv, grant_keys = self._plan_argv(plan or Announcements())
-        reply = self._run("park_run", run_id, version, owner, _dumps(dump_messages(messages)),
-                          _dumps(event), "1" if plan is None else "0", len(interrupts),
-                          *triples, *argv, extra_keys=grant_keys)
+            parked.append({"id": intr.id, "record": compact.stored_interrupt(intr),
+                           "expires": expires, "auto": _dumps(auto.wire()) if auto else None,
+                           "rule": intr.rule})
+        given, grant_keys = self._plan(plan or Announcements())
+        reply = self._run("park_run", run_id, version=version, owner=owner,
+                          messages=_dumps(dump_messages(messages)), event=_dumps(event),
+                          announce=plan is None, interrupts=parked, plan=given,
+                          extra_keys=grant_keys)
         return results.committed(reply)
 
     def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
@@ -313,10 +315,10 @@ class Store:
         """Hand an open interrupt from `handover.reviewer` to `handover.to`, recording
         `plan`, the new reviewer's announcements (None: queue the announcement task to plan
         them). AGAIN: handed on before."""
-        argv, grant_keys = self._plan_argv(plan or Announcements())
-        reply = self._run("delegate_interrupt", run_id, interrupt_id, handover.reviewer,
-                          _dumps(handover.wire()), "1" if plan is None else "0", *argv,
-                          extra_keys=grant_keys)
+        given, grant_keys = self._plan(plan or Announcements())
+        reply = self._run("delegate_interrupt", run_id, interrupt_id=interrupt_id,
+                          reviewer=handover.reviewer, handover=_dumps(handover.wire()),
+                          announce=plan is None, plan=given, extra_keys=grant_keys)
         if reply[0] == Verdict.AGAIN:
             return Transition(Verdict.AGAIN, interrupt_id=interrupt_id)
         return results.committed(reply)
@@ -335,24 +337,24 @@ class Store:
 
     # -- notifications -------------------------------------------------------------------
 
-    def _plan_argv(self, plan: Announcements) -> tuple[list[Any], tuple[str, ...]]:
+    def _plan(self, plan: Announcements) -> tuple[dict[str, Any], tuple[str, ...]]:
         """`plan` as the scripts read it (`record_plan` in lua/_prelude.lua), and the keys
-        of its grants."""
-        argv: list[Any] = [len(plan.notes), len(plan.grants), len(plan.handovers)]
-        for note, at in plan.notes:
-            argv += [note.id, _dumps(_stored(note)), "" if at is None else at]
-        for _, grant, ttl_ms in plan.grants:
-            argv += [grant, max(1000, ttl_ms)]
-        for interrupt_id, handover in plan.handovers:
-            argv += [interrupt_id, handover.reviewer, _dumps(handover.wire())]
-        return argv, tuple(self.keys.grant(ref) for ref, _, _ in plan.grants)
+        of its grants, in the same order."""
+        return ({"notes": [{"id": note.id, "record": _dumps(_stored(note)), "at": at}
+                           for note, at in plan.notes],
+                 "grants": [{"grant": grant, "ttl_ms": max(1000, ttl_ms)}
+                            for _, grant, ttl_ms in plan.grants],
+                 "handovers": [{"interrupt_id": interrupt_id, "reviewer": handover.reviewer,
+                                "record": _dumps(handover.wire())}
+                               for interrupt_id, handover in plan.handovers]},
+                tuple(self.keys.grant(ref) for ref, _, _ in plan.grants))
 
     def plan_notifications(self, run_id: str, plan: Announcements) -> tuple[list[str],
                                                                                list[str]]:
         """Record `plan` for a parked run. Returns the ids that were not planned before, and
         those of them whose delivery the caller must queue (the broker elsewhere)."""
-        argv, grant_keys = self._plan_argv(plan)
-        planned, dispatch = self._run("plan_notifications", run_id, *argv,
+        given, grant_keys = self._plan(plan)
+        planned, dispatch = self._run("plan_notifications", run_id, plan=given,
                                       extra_keys=grant_keys)
         return [str(x) for x in planned], [str(x) for x in dispatch]
 
