@@ -145,12 +145,12 @@ class Store:
         """Each script's SHA1 (as EVALSHA names it) and its name: for MONITOR's readers."""
         return {script.sha: name for name, script in self._scripts.items()}
 
-    def _run(self, name: str, run_id: str, /, *argv: Any, extra_keys: tuple[str, ...] = (),
+    def _run(self, name: str, run_id: str, /, *, extra_keys: tuple[str, ...] = (),
              **named: Any) -> list[Any]:
         """Run script `name` on the run's keys (and `extra_keys` after them), given `named`
         (`scripts.argv`)."""
         keys = [*self.keys.for_scripts(run_id), *extra_keys]
-        args = scripts.argv(named) if named else [str(a) for a in argv]
+        args = scripts.argv(named)
         wanted = self.config.min_replicas_ack
         if not wanted or name not in ACKNOWLEDGED:
             replied: list[Any] = self._scripts[name](keys=keys, args=args)
@@ -399,7 +399,7 @@ class Store:
         their attempts reset, delivered now. Returns the ids retried, and those of them
         whose delivery the caller must queue (the broker elsewhere)."""
         retried, dispatch = self._run("retry_notifications", run_id,
-                                      *(notification_ids or []))
+                                      ids=notification_ids or [])
         return [str(x) for x in retried], [str(x) for x in dispatch]
 
     def notifications(self, run_id: str) -> list[Notification]:

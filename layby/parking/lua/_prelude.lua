@@ -2,8 +2,9 @@
 --
 -- KEYS, the same for every script that changes a run (parking.keys.Keys.for_scripts),
 -- named here once; scripts use the names, and add KEYS from 22 on (documented in their
--- header). User JSON (messages, payloads) is stored and returned as opaque strings: cjson
--- would round numbers and confuse empty arrays with objects.
+-- header). Their arguments come by name (_args.lua). User JSON (messages, payloads) is
+-- stored and returned as opaque strings: cjson would round numbers and confuse empty arrays
+-- with objects.
 local RUN, INTERRUPTS, ANSWERS, OPEN = KEYS[1], KEYS[2], KEYS[3], KEYS[4]  -- hash hash hash set
 local CHECKPOINTS, EVENTS = KEYS[5], KEYS[6]                  -- hash, stream (capped)
 local OUTBOX, OUTBOX_ENTRIES = KEYS[7], KEYS[8]               -- zset (due ms), hash (JSON)

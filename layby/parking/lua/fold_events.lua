@@ -3,7 +3,8 @@
 -- as they were (read_events.lua); later events go to a new stream. A follower blocked on
 -- the stream misses nothing: it has read every entry there was (it blocks only when none
 -- is left), and the next event wakes it as the new stream's first.
--- KEYS: 1 run, 2 events. Arguments: keep (the most events a run keeps, LAYBY_EVENTS_MAX)
+-- KEYS: 1 run, 2 events.
+-- Arguments: keep (the most events a run keeps, LAYBY_EVENTS_MAX)
 -- Returns 'folded' | 'kept' (an entry that cannot be folded, or one of this very
 --         millisecond: the stream stays as it is) |
 --         'none' (nothing to fold, or the run is not parked)

@@ -15,6 +15,7 @@
 -- Returns {'ok', new version, outbox entry or '', {notifications planned},
 --          {notifications the caller must dispatch}, '1' if it resumes at once}
 --       | {'stale', …} | {'missing'}
+local A = args({'version', 'owner', 'messages', 'event', 'announce'}, {'interrupts', 'plan'})
 -- The events of a parked run, made as small as they can be, for however long it waits:
 -- copied into an exact fit (the first entry of a stream reserves room for many more, 4 KB
 -- with the defaults), and without the messages its earlier turns' events carried (the
@@ -57,7 +58,6 @@ local function compact_events()
   end
 end
 
-local A = args({'version', 'owner', 'messages', 'event', 'announce'}, {'interrupts', 'plan'})
 local version, owner, messages, event_data = A.version, A.owner, A.messages, A.event
 local announce, interrupts = A.announce, A.interrupts
 local refused, run = check_claim(version, owner)
