@@ -170,6 +170,11 @@ class Store:
                 "failover now could lose it; check the replicas (`layby doctor`)")
         return reply
 
+    def _call(self, name: str, keys: list[str], /, *, client: Any = None, **named: Any) -> Any:
+        """Run script `name`, one of global keys (or of a run's hash and events alone), on
+        `keys`, given `named` (`scripts.argv`); in `client`'s pipeline when given."""
+        return self._scripts[name](keys=keys, args=scripts.argv(named), client=client)
+
     # -- transitions -------------------------------------------------------------------
 
     def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
@@ -283,11 +288,6 @@ class Store:
             return results.committed(self._run("answer_interrupts", run_id, **named))
         reply, read = self._run_then_read("answer_interrupts", run_id, named, self._read_view)
         return replace(results.committed(reply), view=self._view_of(run_id, *read))
-
-    def _call(self, name: str, keys: list[str], /, *, client: Any = None, **named: Any) -> Any:
-        """Run script `name`, one of global keys (or of a run's hash and events alone), on
-        `keys`, given `named` (`scripts.argv`); in `client`'s pipeline when given."""
-        return self._scripts[name](keys=keys, args=scripts.argv(named), client=client)
 
     def _run_then_read(self, name: str, run_id: str, named: Mapping[str, Any],
                        read: Any) -> tuple[list[Any], list[Any]]:

@@ -18,14 +18,17 @@ local function refuse(what)
   error(redis.error_reply('ERR ' .. SCRIPT .. ': ' .. what))
 end
 
+-- A name as a refusal shows it: one from a caller out of step may be a whole JSON value.
+local function shown(name) return string.sub(name, 1, 40) end
+
 local function args(names, groups)
   if #ARGV % 2 ~= 0 then
     refuse('an odd number of ARGV (' .. #ARGV .. '): they go as name, value pairs, and the '
-           .. 'last, ' .. string.sub(ARGV[#ARGV], 1, 40) .. ', has no value')
+           .. 'last, ' .. shown(ARGV[#ARGV]) .. ', has no value')
   end
   local given = {}
   for i = 1, #ARGV, 2 do
-    if given[ARGV[i]] ~= nil then refuse('argument ' .. ARGV[i] .. ' is given twice') end
+    if given[ARGV[i]] ~= nil then refuse('argument ' .. shown(ARGV[i]) .. ' is given twice') end
     given[ARGV[i]] = ARGV[i + 1]
   end
   local known = {}
@@ -43,7 +46,7 @@ local function args(names, groups)
     known[name] = true
   end
   for name in pairs(given) do
-    if not known[name] then refuse('argument ' .. name .. ' is not one it reads') end
+    if not known[name] then refuse('argument ' .. shown(name) .. ' is not one it reads') end
   end
   return given
 end
