@@ -26,7 +26,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import NoScriptError
 
 from layby.parking.clock import iso
-from layby.parking.scripts import folding_source
+from layby.parking.scripts import argv, folding_source
 from layby.wire import Event
 
 KEEP_ALIVE_MS = 15_000
@@ -105,22 +105,22 @@ def _entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
 def stored(client: Redis, key: str, after: str = "0-0", count: int = PAGE
            ) -> list[tuple[str, dict[str, str]]]:
     """The entries after `after` (a stream id), folded or not, as the stream holds them."""
-    args = (2, run_key(key), key, after, count)
+    args = [run_key(key), key, *argv({"after": after, "count": count})]
     try:
-        reply = client.evalsha(_READ_SHA, *args)
+        reply = client.evalsha(_READ_SHA, 2, *args)
     except NoScriptError:
-        reply = client.eval(_READ, *args)
+        reply = client.eval(_READ, 2, *args)
     return _entries(reply)
 
 
 async def stored_async(client: AsyncRedis, key: str, after: str = "0-0", count: int = PAGE
                        ) -> list[tuple[str, dict[str, str]]]:
     """`stored`, on an async client."""
-    args = (2, run_key(key), key, after, count)
+    args = [run_key(key), key, *argv({"after": after, "count": count})]
     try:
-        reply = await client.evalsha(_READ_SHA, *args)
+        reply = await client.evalsha(_READ_SHA, 2, *args)
     except NoScriptError:
-        reply = await client.eval(_READ, *args)
+        reply = await client.eval(_READ, 2, *args)
     return _entries(reply)
 
 

@@ -1,4 +1,14 @@
-"""Loads the Lua transition scripts in `lua/`, each registered once per client.
+"""Loads the Lua transition scripts in `lua/`, each registered once per client, and lays out
+what they are given.
+
+Every script gets `lua/_args.lua` first: it reads its arguments by name. `argv` lays a
+mapping out as ARGV (name, value, name, value, …): a string as it is, an int as its
+digits, a bool as '1' or '0', and a list or a dict (a repeated group: a park's interrupts,
+an answer's answers, a plan; ids) as one argument, JSON whose objects have named members,
+a member that is None left out. A record the script stores as it is goes as a string
+inside it. A call whose arguments do not fit the script's (one missing, one it does not
+read, a name without a value) is refused before the script writes anything. KEYS stay
+positional (a Redis Cluster routes by them).
 
 Run scripts get the task queueing (`lua/_queue.lua`) and the shared prelude
 (`lua/_prelude.lua`) and the KEYS layout it documents; scripts on global keys only
@@ -10,11 +20,13 @@ configuration have one SHA1 whichever process loads them.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
 from redis import Redis
 from redis.commands.core import Script
@@ -100,9 +112,14 @@ def _source(name: str) -> str:
     return (resources.files("layby.parking") / "lua" / f"{name}.lua").read_text()
 
 
+def _args(name: str) -> str:
+    """The argument reader, as script `name`'s (its refusals name it)."""
+    return _source("_args").replace("__SCRIPT__", _lua_string(name))
+
+
 def folding_source(name: str) -> str:
     """A script of FOLDING_SCRIPTS (no settings in them: any process may load them)."""
-    return _source("_notes") + "\n" + _source("_folding") + "\n" + _source(name)
+    return "\n".join((_args(name), _source("_notes"), _source("_folding"), _source(name)))
 
 
 def source(name: str, settings: ScriptSettings) -> str:
@@ -111,11 +128,43 @@ def source(name: str, settings: ScriptSettings) -> str:
     queue = (_source("_queue").replace("__TASKS__", _lua_tasks(settings.tasks))
              .replace("__LOST_MESSAGE_MS__", str(settings.lost_message_ms)))
     if name in STANDALONE_SCRIPTS:
-        return queue + "\n" + _source(name) if name in QUEUEING_SCRIPTS else _source(name)
+        pieces = (queue, _source(name)) if name in QUEUEING_SCRIPTS else (_source(name),)
+        return "\n".join((_args(name), *pieces))
     prelude = (_source("_prelude").replace("__EVENTS_MAX__", str(settings.events_max))
                .replace("__OUTBOX_GRACE_MS__", str(settings.outbox_grace_ms))
                .replace("__LATENCY_BUCKETS_S__", _lua_buckets()))
-    return queue + "\n" + _source("_notes") + "\n" + prelude + "\n" + _source(name)
+    return "\n".join((_args(name), queue, _source("_notes"), prelude, _source(name)))
+
+
+def argv(named: Mapping[str, Any]) -> list[str]:
+    """`named` as a script's ARGV, for `lua/_args.lua` to read (the module's docstring)."""
+    out: list[str] = []
+    for name, value in named.items():
+        out += [name, _arg(name, value)]
+    return out
+
+
+def _arg(name: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):  # (before int: a bool is one)
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list | dict):
+        return json.dumps(_without_none(value), separators=(",", ":"), ensure_ascii=False)
+    raise TypeError(f"script argument {name}: a {type(value).__name__} has no ARGV form "
+                    "(a str, an int, a bool, or a list or dict for JSON)")
+
+
+def _without_none(value: Any) -> Any:
+    """`value` with the None members of its dicts left out, all the way down: the scripts'
+    cjson would read a null as a value, and a true one."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
 
 
 def register(client: Redis, settings: ScriptSettings) -> dict[str, Script]:

@@ -145,10 +145,12 @@ class Store:
         """Each script's SHA1 (as EVALSHA names it) and its name: for MONITOR's readers."""
         return {script.sha: name for name, script in self._scripts.items()}
 
-    def _run(self, name: str, run_id: str, *argv: Any,
-             extra_keys: tuple[str, ...] = ()) -> list[Any]:
+    def _run(self, name: str, run_id: str, /, *, extra_keys: tuple[str, ...] = (),
+             **named: Any) -> list[Any]:
+        """Run script `name` on the run's keys (and `extra_keys` after them), given `named`
+        (`scripts.argv`)."""
         keys = [*self.keys.for_scripts(run_id), *extra_keys]
-        args = [str(a) for a in argv]
+        args = scripts.argv(named)
         wanted = self.config.min_replicas_ack
         if not wanted or name not in ACKNOWLEDGED:
             replied: list[Any] = self._scripts[name](keys=keys, args=args)
@@ -168,6 +170,11 @@ class Store:
                 "failover now could lose it; check the replicas (`layby doctor`)")
         return reply
 
+    def _call(self, name: str, keys: list[str], /, *, client: Any = None, **named: Any) -> Any:
+        """Run script `name`, one of global keys (or of a run's hash and events alone), on
+        `keys`, given `named` (`scripts.argv`); in `client`'s pipeline when given."""
+        return self._scripts[name](keys=keys, args=scripts.argv(named), client=client)
+
     # -- transitions -------------------------------------------------------------------
 
     def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
@@ -177,29 +184,30 @@ class Store:
         # not kept twice for as long as the run lives.
         stored_input = "" if len(messages) == 1 and _first_text(messages) == input \
             else _dumps(input)
-        reply = self._run("create_run", run_id, run_id, agent, stored_input,
-                          _dumps(dump_messages(messages)), _dumps(metadata),
-                          self.config.idempotency_ttl_s, extra_keys=(idem,))
+        reply = self._run("create_run", run_id, run_id=run_id, agent=agent, input=stored_input,
+                          messages=_dumps(dump_messages(messages)), metadata=_dumps(metadata),
+                          idempotency_ttl_s=self.config.idempotency_ttl_s, extra_keys=(idem,))
         return results.created(reply, run_id)
 
     def claim(self, run_id: str, version: int, owner: str) -> Transition:
         """Claim the run's step at `version`; when it applies, `record` holds all the step
         needs (messages, metadata, this version's checkpoints, a parked turn's interrupts
         and answers)."""
-        reply = self._run("claim_run", run_id, version, owner, self.config.lease_ms,
-                          self.config.max_attempts)
+        reply = self._run("claim_run", run_id, version=version, owner=owner,
+                          lease_ms=self.config.lease_ms, max_attempts=self.config.max_attempts)
         return results.claimed(reply, run_id, version)
 
     def renew(self, run_id: str, version: int, owner: str) -> bool:
         """The heartbeat of the worker holding the claim: False when the claim is not its
         own any more (the step must not commit)."""
-        reply = self._run("renew_lease", run_id, version, owner, self.config.lease_ms)
+        reply = self._run("renew_lease", run_id, version=version, owner=owner,
+                          lease_ms=self.config.lease_ms)
         return bool(reply[0] == "ok")
 
     def save_checkpoint(self, run_id: str, version: int, owner: str, name: str,
                         value: Any) -> bool:
-        reply = self._run("save_checkpoint", run_id, version, owner, name, _dumps(value),
-                          self.config.lease_ms)
+        reply = self._run("save_checkpoint", run_id, version=version, owner=owner, field=name,
+                          value=_dumps(value), lease_ms=self.config.lease_ms)
         return bool(reply[0] == "ok")
 
     def checkpoints(self, run_id: str, version: int) -> dict[str, Any]:
@@ -210,9 +218,9 @@ class Store:
 
     def advance(self, run_id: str, version: int, owner: str, messages: list[Message],
                 event: dict[str, Any], *, inline: bool) -> Transition:
-        reply = self._run("advance_turn", run_id, version, owner,
-                          _dumps(dump_messages(messages)), _dumps(event), "1" if inline else "0",
-                          self.config.lease_ms)
+        reply = self._run("advance_turn", run_id, version=version, owner=owner,
+                          messages=_dumps(dump_messages(messages)), event=_dumps(event),
+                          keep_lease=inline, lease_ms=self.config.lease_ms)
         return results.committed(reply)
 
     def park(self, run_id: str, version: int, owner: str, messages: list[Message],
@@ -222,39 +230,42 @@ class Store:
         """Park the run on `interrupts` and record `plan`, the announcements of those that
         wait on people (None: queue the announcement task to plan them). `by_rule`: the
         answers policy rules give (by interrupt id), recorded in the park."""
-        triples: list[Any] = []
+        parked: list[dict[str, Any]] = []
         for intr in interrupts:
-            expiry = ""
+            expires = None
             if intr.expires_at:
                 moment = datetime.fromisoformat(intr.expires_at.replace("Z", "+00:00"))
-                expiry = str(int(moment.timestamp() * 1000))
+                expires = int(moment.timestamp() * 1000)
             auto = (by_rule or {}).get(intr.id)
-            triples += [intr.id, compact.stored_interrupt(intr), expiry,
-                        _dumps(auto.wire()) if auto else "", intr.rule or ""]
-        argv, grant_keys = self._plan_argv(plan or Announcements())
-        reply = self._run("park_run", run_id, version, owner, _dumps(dump_messages(messages)),
-                          _dumps(event), "1" if plan is None else "0", len(interrupts),
-                          *triples, *argv, extra_keys=grant_keys)
+            parked.append({"id": intr.id, "record": compact.stored_interrupt(intr),
+                           "expires": expires, "auto": _dumps(auto.wire()) if auto else None,
+                           "rule": intr.rule})
+        given, grant_keys = self._plan(plan or Announcements())
+        reply = self._run("park_run", run_id, version=version, owner=owner,
+                          messages=_dumps(dump_messages(messages)), event=_dumps(event),
+                          announce=plan is None, interrupts=parked, plan=given,
+                          extra_keys=grant_keys)
         return results.committed(reply)
 
     def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
                  result: str, event: dict[str, Any]) -> Transition:
-        reply = self._run("complete_run", run_id, version, owner,
-                          _dumps(dump_messages(messages)), result, _dumps(event),
-                          self.config.retention_s)
+        reply = self._run("complete_run", run_id, version=version, owner=owner,
+                          messages=_dumps(dump_messages(messages)), result=result,
+                          event=_dumps(event), retention_s=self.config.retention_s)
         return results.committed(reply)
 
     def fail(self, run_id: str, error: dict[str, Any], *, version: int | None = None,
              owner: str | None = None, messages: list[Message] | None = None) -> Transition:
-        reply = self._run("fail_run", run_id, "" if version is None else version, owner or "",
-                          _dumps(error),
-                          "" if messages is None else _dumps(dump_messages(messages)),
-                          self.config.retention_s)
+        reply = self._run("fail_run", run_id, version="" if version is None else version,
+                          owner=owner or "", error=_dumps(error),
+                          messages="" if messages is None else _dumps(dump_messages(messages)),
+                          retention_s=self.config.retention_s)
         return results.committed(reply)
 
     def cancel(self, run_id: str, by: str, reason: str | None) -> Transition:
         data = {"code": "cancelled", "message": reason or "cancelled", "by": by}
-        reply = self._run("cancel_run", run_id, _dumps(data), self.config.retention_s)
+        reply = self._run("cancel_run", run_id, event=_dumps(data),
+                          retention_s=self.config.retention_s)
         return results.committed(reply)
 
     def answer(self, run_id: str, answers: list[Answer], *, require_all: bool = False,
@@ -265,18 +276,20 @@ class Store:
         `deadlines`: the interrupts that expire, when the caller knows (None: any may).
         With `view`, the result's `view` is the run as the answers left it, read in the
         same round trip."""
-        pairs: list[Any] = []
+        given: list[dict[str, Any]] = []
         for a in answers:
             need = (votes or {}).get(a.interrupt_id, 1)
-            pairs += [a.interrupt_id, _dumps(a.wire()), need, a.answered_by if need > 1 else "",
-                      "1" if deadlines is None or a.interrupt_id in deadlines else "0"]
-        argv = ("1" if require_all else "0", "1" if allow_early else "0", len(answers), *pairs)
+            given.append({"id": a.interrupt_id, "answer": _dumps(a.wire()), "need": need,
+                          "voter": a.answered_by if need > 1 else None,
+                          "deadline": deadlines is None or a.interrupt_id in deadlines})
+        named: dict[str, Any] = {"require_all": require_all, "allow_early": allow_early,
+                                 "answers": given}
         if not view or self.config.min_replicas_ack:
-            return results.committed(self._run("answer_interrupts", run_id, *argv))
-        reply, read = self._run_then_read("answer_interrupts", run_id, argv, self._read_view)
+            return results.committed(self._run("answer_interrupts", run_id, **named))
+        reply, read = self._run_then_read("answer_interrupts", run_id, named, self._read_view)
         return replace(results.committed(reply), view=self._view_of(run_id, *read))
 
-    def _run_then_read(self, name: str, run_id: str, argv: tuple[Any, ...],
+    def _run_then_read(self, name: str, run_id: str, named: Mapping[str, Any],
                        read: Any) -> tuple[list[Any], list[Any]]:
         """A transition and reads after it, in one round trip and one moment (MULTI): the
         reads see what it wrote. (Not with `min_replicas_ack`: its WAIT is not for MULTI.)"""
@@ -284,7 +297,7 @@ class Store:
         script = self._scripts[name]
         for attempt in (1, 2):
             pipe = self.redis.pipeline(transaction=True)
-            pipe.evalsha(script.sha, len(keys), *keys, *(str(a) for a in argv))
+            pipe.evalsha(script.sha, len(keys), *keys, *scripts.argv(named))
             read(pipe, run_id)
             try:
                 reply, *found = pipe.execute()
@@ -302,44 +315,46 @@ class Store:
         """Hand an open interrupt from `handover.reviewer` to `handover.to`, recording
         `plan`, the new reviewer's announcements (None: queue the announcement task to plan
         them). AGAIN: handed on before."""
-        argv, grant_keys = self._plan_argv(plan or Announcements())
-        reply = self._run("delegate_interrupt", run_id, interrupt_id, handover.reviewer,
-                          _dumps(handover.wire()), "1" if plan is None else "0", *argv,
-                          extra_keys=grant_keys)
+        given, grant_keys = self._plan(plan or Announcements())
+        reply = self._run("delegate_interrupt", run_id, interrupt_id=interrupt_id,
+                          reviewer=handover.reviewer, handover=_dumps(handover.wire()),
+                          announce=plan is None, plan=given, extra_keys=grant_keys)
         if reply[0] == Verdict.AGAIN:
             return Transition(Verdict.AGAIN, interrupt_id=interrupt_id)
         return results.committed(reply)
 
     def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None) -> Transition:
-        reply = self._run("expire_interrupt", run_id, answer.interrupt_id, _dumps(answer.wire()),
-                          _dumps(fail_error) if fail_error else "", self.config.retention_s)
+        reply = self._run("expire_interrupt", run_id, interrupt_id=answer.interrupt_id,
+                          answer=_dumps(answer.wire()),
+                          fail_error=_dumps(fail_error) if fail_error else "",
+                          retention_s=self.config.retention_s)
         return results.committed(reply)
 
     def requeue(self, run_id: str, *, owner: str = "") -> Transition:
         """Queue the run's pending step again. `owner`: '' once its lease lapsed, '*' now."""
-        reply = self._run("requeue_run", run_id, owner)
+        reply = self._run("requeue_run", run_id, owner=owner)
         return results.requeued(reply)
 
     # -- notifications -------------------------------------------------------------------
 
-    def _plan_argv(self, plan: Announcements) -> tuple[list[Any], tuple[str, ...]]:
+    def _plan(self, plan: Announcements) -> tuple[dict[str, Any], tuple[str, ...]]:
         """`plan` as the scripts read it (`record_plan` in lua/_prelude.lua), and the keys
-        of its grants."""
-        argv: list[Any] = [len(plan.notes), len(plan.grants), len(plan.handovers)]
-        for note, at in plan.notes:
-            argv += [note.id, _dumps(_stored(note)), "" if at is None else at]
-        for _, grant, ttl_ms in plan.grants:
-            argv += [grant, max(1000, ttl_ms)]
-        for interrupt_id, handover in plan.handovers:
-            argv += [interrupt_id, handover.reviewer, _dumps(handover.wire())]
-        return argv, tuple(self.keys.grant(ref) for ref, _, _ in plan.grants)
+        of its grants, in the same order."""
+        return ({"notes": [{"id": note.id, "record": _dumps(_stored(note)), "at": at}
+                           for note, at in plan.notes],
+                 "grants": [{"grant": grant, "ttl_ms": max(1000, ttl_ms)}
+                            for _, grant, ttl_ms in plan.grants],
+                 "handovers": [{"interrupt_id": interrupt_id, "reviewer": handover.reviewer,
+                                "record": _dumps(handover.wire())}
+                               for interrupt_id, handover in plan.handovers]},
+                tuple(self.keys.grant(ref) for ref, _, _ in plan.grants))
 
     def plan_notifications(self, run_id: str, plan: Announcements) -> tuple[list[str],
                                                                                list[str]]:
         """Record `plan` for a parked run. Returns the ids that were not planned before, and
         those of them whose delivery the caller must queue (the broker elsewhere)."""
-        argv, grant_keys = self._plan_argv(plan)
-        planned, dispatch = self._run("plan_notifications", run_id, *argv,
+        given, grant_keys = self._plan(plan)
+        planned, dispatch = self._run("plan_notifications", run_id, plan=given,
                                       extra_keys=grant_keys)
         return [str(x) for x in planned], [str(x) for x in dispatch]
 
@@ -347,8 +362,8 @@ class Store:
                                 retry_ms: int = 10_000) -> list[tuple[str, str]]:
         """Queue the deliveries of notifications due to be sent; returns (run id,
         notification id) of those the caller must queue itself (the broker elsewhere)."""
-        raw = self._scripts["claim_due_notifications"](keys=[self.keys.notify_due],
-                                                       args=[limit, retry_ms])
+        raw = self._call("claim_due_notifications", [self.keys.notify_due], limit=limit,
+                         retry_ms=retry_ms)
         return [tuple(m.split(" ", 1)) for m in raw]
 
     def redue_queued_notifications(self) -> int:
@@ -364,8 +379,8 @@ class Store:
 
     def start_delivery(self, run_id: str, notification_id: str, *, deadline_ms: int,
                        max_attempts: int) -> tuple[str, Notification | None]:
-        reply = self._run("start_delivery", run_id, notification_id, deadline_ms,
-                          max_attempts, run_id)
+        reply = self._run("start_delivery", run_id, notification_id=notification_id,
+                          deadline_ms=deadline_ms, max_attempts=max_attempts, run_id=run_id)
         if reply[0] == "ok":
             return "ok", _notification(notification_id, reply[1])
         return str(reply[0]), None
@@ -373,8 +388,9 @@ class Store:
     def finish_delivery(self, run_id: str, note: Notification, outcome: str, *,
                         error: str = "", retry_in_ms: int = 0) -> str:
         """Record a send's outcome: "sent", "retry" (in `retry_in_ms`) or "failed"."""
-        reply = self._run("finish_delivery", run_id, note.id, outcome, error[:2000],
-                          retry_in_ms, run_id, note.attempts)
+        reply = self._run("finish_delivery", run_id, notification_id=note.id, outcome=outcome,
+                          error=error[:2000], retry_ms=retry_in_ms, run_id=run_id,
+                          attempts=note.attempts)
         return str(reply[0])
 
     def retry_notifications(self, run_id: str, notification_ids: list[str] | None = None
@@ -383,7 +399,7 @@ class Store:
         their attempts reset, delivered now. Returns the ids retried, and those of them
         whose delivery the caller must queue (the broker elsewhere)."""
         retried, dispatch = self._run("retry_notifications", run_id,
-                                      *(notification_ids or []))
+                                      ids=notification_ids or [])
         return [str(x) for x in retried], [str(x) for x in dispatch]
 
     def notifications(self, run_id: str) -> list[Notification]:
@@ -428,8 +444,8 @@ class Store:
     # -- outbox --------------------------------------------------------------------------
 
     def claim_outbox(self, limit: int = 100, retry_ms: int = 10_000) -> list[OutboxEntry]:
-        raw = self._scripts["claim_outbox"](keys=[self.keys.outbox, self.keys.outbox_entries],
-                                            args=[limit, retry_ms])
+        raw = self._call("claim_outbox", [self.keys.outbox, self.keys.outbox_entries],
+                         limit=limit, retry_ms=retry_ms)
         return list(results.entries_of(raw))
 
     def hold_outbox(self, entry_ids: list[str]) -> None:
@@ -442,8 +458,8 @@ class Store:
 
     def ack_outbox(self, entry_ids: list[str]) -> None:
         if entry_ids:
-            self._scripts["ack_outbox"](keys=[self.keys.outbox, self.keys.outbox_entries],
-                                        args=entry_ids)
+            self._call("ack_outbox", [self.keys.outbox, self.keys.outbox_entries],
+                       ids=entry_ids)
 
     def overdue_outbox(self, older_than_ms: int = 0, limit: int = 200
                        ) -> list[tuple[str, int]]:
@@ -674,13 +690,12 @@ class Store:
 
     def beat_worker(self, name: str) -> None:
         """A worker process is alive: its reserved messages are its own for one lease."""
-        self._scripts["beat_worker"](keys=[self.keys.workers],
-                                     args=[name, self.config.lease_ms])
+        self._call("beat_worker", [self.keys.workers], worker=name,
+                   lease_ms=self.config.lease_ms)
 
     def reap_workers(self) -> list[tuple[str, int]]:
         """Workers whose beat lapsed, once each, with their last beat (epoch ms)."""
-        raw = self._scripts["reap_workers"](keys=[self.keys.workers],
-                                            args=[self.config.lease_ms])
+        raw = self._call("reap_workers", [self.keys.workers], lease_ms=self.config.lease_ms)
         return [(_text(raw[i]), int(_text(raw[i + 1]))) for i in range(0, len(raw), 2)]
 
     def forget_worker(self, name: str) -> None:
@@ -737,9 +752,8 @@ class Store:
         for at in range(0, len(found), 200):
             pipe = self.redis.pipeline(transaction=False)
             for run_id, _ in found[at:at + 200]:
-                self._scripts["fold_events"](keys=[self.keys.run(run_id),
-                                                   self.keys.events(run_id)],
-                                             args=[self.config.events_max], client=pipe)
+                self._call("fold_events", [self.keys.run(run_id), self.keys.events(run_id)],
+                           client=pipe, keep=self.config.events_max)
             folded += sum(reply == "folded" for reply in pipe.execute())
         # The next pass starts at this page's last time again (runs parked in the same ms
         # may be past the page; folding twice finds nothing), or past it when the whole

@@ -4,7 +4,8 @@ notifications; lua/_folding.lua, which reads an interrupt's reason). docs/stored
 writes the format down; these tests check that both sides read and write it alike.
 
 The Lua is evaluated as parking.scripts assembles it (lua/_notes.lua first, then
-lua/_folding.lua), with a line of the test's own after it that returns what it looks at;
+lua/_folding.lua; not the argument reader, lua/_args.lua, which they do not use), with a
+line of the test's own after it that returns what it looks at, reading its own ARGV;
 nothing is loaded or changed in the scripts themselves."""
 
 from __future__ import annotations

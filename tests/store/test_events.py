@@ -9,6 +9,7 @@ import pytest
 
 from layby.parking import Announcements
 from layby.parking import events as run_events
+from layby.parking.scripts import argv
 from tests.store.conftest import OWNER, World, answer, interrupt, note
 
 pytestmark = pytest.mark.store
@@ -18,8 +19,15 @@ def _fold(world: World, run_id: str = "run_1", keep: int = 2000) -> str:
     """The sweeper's fold, as it comes: long after the run's newest event (a fold in that
     very millisecond leaves the stream be: the last tests here)."""
     world.next_ms()
-    return world.store._scripts["fold_events"](
-        keys=[world.keys.run(run_id), world.keys.events(run_id)], args=[keep])
+    return world.store._call("fold_events", [world.keys.run(run_id), world.keys.events(run_id)],
+                             keep=keep)
+
+
+def _answering(iid: str) -> list[str]:
+    """answer_interrupts' arguments for one answer, as Store.answer lays them out."""
+    return argv({"require_all": False, "allow_early": False, "answers": [
+        {"id": iid, "answer": answer(iid).model_dump_json(by_alias=True), "need": 1,
+         "deadline": True}]})
 
 
 def _stored(world: World, run_id: str = "run_1", after: str = "0-0",
@@ -162,12 +170,10 @@ def test_an_event_in_the_millisecond_of_a_fold_is_read_after_the_folded_ones(
     keys = world.keys.for_scripts("run_1")
     for iid in ("int_a", None, "int_b"):
         if iid is None:
-            fold(keys=[world.keys.run("run_1"), world.keys.events("run_1")], args=[2000],
-                 client=pipe)
+            fold(keys=[world.keys.run("run_1"), world.keys.events("run_1")],
+                 args=argv({"keep": 2000}), client=pipe)
         else:
-            answer_script(keys=keys, args=["0", "0", "1", iid,
-                                           answer(iid).model_dump_json(by_alias=True), "1",
-                                           "", "1"], client=pipe)
+            answer_script(keys=keys, args=_answering(iid), client=pipe)
     replies = pipe.execute()
     assert replies[1] == "kept" and replies[2][5] == "1"
     whole = _stored(world)
@@ -185,16 +191,12 @@ def test_a_fold_a_millisecond_after_the_newest_event_folds_and_later_events_foll
     answer_script = world.store._scripts["answer_interrupts"]
     keys = world.keys.for_scripts("run_1")
     world.next_ms()
-    answer_script(keys=keys, args=["0", "0", "1", "int_a",
-                                   answer("int_a").model_dump_json(by_alias=True), "1", "",
-                                   "1"])
+    answer_script(keys=keys, args=_answering("int_a"))
     world.next_ms()
     fold = world.store._scripts["fold_events"]
     assert fold(keys=[world.keys.run("run_1"), world.keys.events("run_1")],
-                args=[2000]) == "folded"
+                args=argv({"keep": 2000})) == "folded"
     seen = _stored(world)[-1][0]
-    answer_script(keys=keys, args=["0", "0", "1", "int_b",
-                                   answer("int_b").model_dump_json(by_alias=True), "1", "",
-                                   "1"])
+    answer_script(keys=keys, args=_answering("int_b"))
     assert [f["type"] for _, f in _stored(world, after=seen)] == ["interrupt.answered",
                                                                   "run.resuming"]

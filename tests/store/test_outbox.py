@@ -59,10 +59,9 @@ def test_an_acked_entry_is_gone_for_good(world: World) -> None:
 
 def test_acking_twice_or_acking_an_unknown_entry_changes_nothing_else(world: World) -> None:
     _create(world, "run_1", "run_2")
-    ack = world.store._scripts["ack_outbox"]
     keys = [world.keys.outbox, world.keys.outbox_entries]
-    assert ack(keys=keys, args=["run_1:turn:1", "run_x:turn:9"]) == 2
+    assert world.store._call("ack_outbox", keys, ids=["run_1:turn:1", "run_x:turn:9"]) == 2
     before = world.snapshot()
-    assert ack(keys=keys, args=["run_1:turn:1"]) == 1
+    assert world.store._call("ack_outbox", keys, ids=["run_1:turn:1"]) == 1
     assert world.snapshot() == before
     assert list(world.outbox()) == ["run_2:turn:1"]

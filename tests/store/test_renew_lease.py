@@ -13,7 +13,8 @@ pytestmark = pytest.mark.store
 
 def _renew(world: World, version: int, owner: str, run_id: str = "run_1",
            lease_ms: int = 6_000) -> list:
-    return world.store._run("renew_lease", run_id, version, owner, lease_ms)
+    return world.store._run("renew_lease", run_id, version=version, owner=owner,
+                            lease_ms=lease_ms)
 
 
 def test_a_heartbeat_pushes_the_lease_on(world: World) -> None:

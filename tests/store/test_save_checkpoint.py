@@ -38,8 +38,9 @@ def test_a_checkpoint_from_a_worker_without_the_claim_is_refused_and_writes_noth
     world.make("running")
     before = world.snapshot()
     assert world.store.save_checkpoint("run_1", 1, "worker-2", "model", {"text": "a"}) is False
-    assert world.store._run("save_checkpoint", "run_1", 1, "worker-2", "model", "{}",
-                            6_000) == ["stale", "running", "1", OWNER]
+    assert world.store._run("save_checkpoint", "run_1", version=1, owner="worker-2",
+                            field="model", value="{}", lease_ms=6_000) == [
+        "stale", "running", "1", OWNER]
     assert world.snapshot() == before
 
 
@@ -52,6 +53,6 @@ def test_a_checkpoint_at_an_old_version_is_refused(world: World) -> None:
 
 
 def test_a_checkpoint_for_a_missing_run_writes_nothing(world: World) -> None:
-    assert world.store._run("save_checkpoint", "run_x", 1, OWNER, "model", "{}",
-                            6_000) == ["missing"]
+    assert world.store._run("save_checkpoint", "run_x", version=1, owner=OWNER, field="model",
+                            value="{}", lease_ms=6_000) == ["missing"]
     assert world.snapshot() == {}

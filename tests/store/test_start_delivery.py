@@ -92,8 +92,9 @@ def test_a_failed_or_skipped_notification_is_done_and_leaves_the_due_set(
 def test_a_notification_the_run_does_not_have_is_gone_from_the_due_set(world: World) -> None:
     _parked(world)
     world.client.zadd(world.keys.notify_due, {"run_1 ntf_x": world.now()})
-    assert world.store._run("start_delivery", "run_1", "ntf_x", 30_000, 5,
-                            "run_1") == ["done", "gone"]
+    assert world.store._run("start_delivery", "run_1", notification_id="ntf_x",
+                            deadline_ms=30_000, max_attempts=5,
+                            run_id="run_1") == ["done", "gone"]
     assert world.zset(world.keys.notify_due) == {}
 
 
@@ -102,8 +103,9 @@ def test_a_send_for_an_interrupt_answered_meanwhile_is_skipped_not_sent(world: W
     _start(world, deadline_ms=-1_000)  # its sender died while sending
     world.store.answer("run_1", [answer("int_a", by="bob")])
     assert world.notes("run_1")["ntf_1"].state == "sending"  # an answer skips unsent ones
-    assert world.store._run("start_delivery", "run_1", "ntf_1", 30_000, 5,
-                            "run_1") == ["done", "skipped"]
+    assert world.store._run("start_delivery", "run_1", notification_id="ntf_1",
+                            deadline_ms=30_000, max_attempts=5,
+                            run_id="run_1") == ["done", "skipped"]
     assert world.notes("run_1")["ntf_1"].state == "skipped"
     assert world.zset(world.keys.notify_due) == {}
 

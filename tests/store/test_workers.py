@@ -12,12 +12,15 @@ pytestmark = pytest.mark.store
 
 
 def test_a_beat_pushes_the_workers_lease_on(world: World) -> None:
-    beat = world.store._scripts["beat_worker"]
+    def beat(worker: str, lease_ms: int) -> int:
+        return int(world.store._call("beat_worker", [world.keys.workers], worker=worker,
+                                     lease_ms=lease_ms))
+
     before = world.now()
-    until = beat(keys=[world.keys.workers], args=["celery@a", 6_000])
+    until = beat("celery@a", 6_000)
     assert before + 6_000 <= until <= world.now() + 6_000
     assert world.zset(world.keys.workers) == {"celery@a": until}
-    later = beat(keys=[world.keys.workers], args=["celery@a", 60_000])
+    later = beat("celery@a", 60_000)
     assert later > until and world.zset(world.keys.workers) == {"celery@a": later}
 
 

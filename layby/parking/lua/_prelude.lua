@@ -2,8 +2,9 @@
 --
 -- KEYS, the same for every script that changes a run (parking.keys.Keys.for_scripts),
 -- named here once; scripts use the names, and add KEYS from 22 on (documented in their
--- header). User JSON (messages, payloads) is stored and returned as opaque strings: cjson
--- would round numbers and confuse empty arrays with objects.
+-- header). Their arguments come by name (_args.lua). User JSON (messages, payloads) is
+-- stored and returned as opaque strings: cjson would round numbers and confuse empty arrays
+-- with objects.
 local RUN, INTERRUPTS, ANSWERS, OPEN = KEYS[1], KEYS[2], KEYS[3], KEYS[4]  -- hash hash hash set
 local CHECKPOINTS, EVENTS = KEYS[5], KEYS[6]                  -- hash, stream (capped)
 local OUTBOX, OUTBOX_ENTRIES = KEYS[7], KEYS[8]               -- zset (due ms), hash (JSON)
@@ -314,7 +315,7 @@ local function observe(what, ms)
   end
 end
 
--- Record answers (each {interrupt id, answer JSON, '1' when it may have a deadline}, all
+-- Record answers (each {interrupt id, answer JSON, true when it may have a deadline}, all
 -- checked to be open); resume if none stays open. `run`: the run's status, version,
 -- updated_at, open, noted and waiting fields as the caller read them. Returns the new version, the
 -- outbox entry ('' while it waits, or when the resume was pushed) and whether the run
@@ -333,7 +334,7 @@ local function apply_answers(answers, now, run)
     stat('answers:' .. channel)
     if parked_at then observe('answer', now - parked_at) end
     redis.call('HSET', ANSWERS, iid, text)
-    if deadline ~= '0' then redis.call('ZREM', DEADLINES, ID .. ' ' .. iid) end
+    if deadline then redis.call('ZREM', DEADLINES, ID .. ' ' .. iid) end
     closed[iid] = true
     event('interrupt.answered', version, text, now)
   end
@@ -358,34 +359,31 @@ local function apply_answers(answers, now, run)
   return tonumber(version), '', false
 end
 
--- Record the announcements planned for the run's open interrupts, from ARGV[base] on
--- (parking.store.plan_argv lays them out: counts n, g, d, then n triples notification id,
--- Notification JSON, when to send (ms; '' for now), g pairs grant (Grant.stored), its lifetime (ms),
--- d triples interrupt id, the reviewer away, Delegation JSON), the grants' keys from
--- KEYS[grant_key] on. A notification planned before (same id) is left as it is, so
--- planning again after a crash sends nothing twice; its grant is stored only with a new
--- notification; a hand-over is recorded once per reviewer and interrupt. Requests due now
--- are delivered (`deliver_now`). `open`: the set of open interrupt ids; `mark`: drop the
--- run's `noted` field ('0') when something was planned (the park does it itself). Returns the
--- ids planned by this call, and those the caller must dispatch itself (the broker
--- elsewhere).
-local function record_plan(base, grant_key, version, now, open, mark)
-  local n, g, d = tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-  local first = base + 3
-  local base_grants, base_handovers = first + 3 * n, first + 3 * n + 2 * g
-  for k = 0, d - 1 do
-    local iid, from, record = ARGV[base_handovers + 3 * k], ARGV[base_handovers + 3 * k + 1],
-                              ARGV[base_handovers + 3 * k + 2]
+-- Record `plan`, the announcements planned for the run's open interrupts (one argument of
+-- the script, decoded; `Store._plan` in parking.store makes it): {notes: each {id, record:
+-- Notification JSON (a string), at: when to send (ms; left out for now)}, grants: each
+-- {grant: Grant.stored (a string), ttl_ms: its lifetime}, handovers: each {interrupt_id,
+-- reviewer: the one away, record: Delegation JSON (a string)}}, the grants' keys from
+-- KEYS[grant_key] on, in the order of `grants`. A notification planned before (same id) is
+-- left as it is, so planning again after a crash sends nothing twice; its grant is stored
+-- only with a new notification; a hand-over is recorded once per reviewer and interrupt.
+-- Requests due now are delivered (`deliver_now`). `open`: the set of open interrupt ids;
+-- `mark`: drop the run's `noted` field ('0') when something was planned (the park does it
+-- itself). Returns the ids planned by this call, and those the caller must dispatch itself
+-- (the broker elsewhere).
+local function record_plan(plan, grant_key, version, now, open, mark)
+  for _, handover in ipairs(plan.handovers) do
+    local iid, from, record = handover.interrupt_id, handover.reviewer, handover.record
     if open[iid]
         and redis.call('HSETNX', REVIEW, 'delegated:' .. iid .. ':' .. from, record) == 1 then
       event('interrupt.delegated', version, record, now)
     end
   end
   local planned, dispatch = {}, {}
-  for i = 0, n - 1 do
-    local nid, raw, at = ARGV[first + 3 * i], ARGV[first + 3 * i + 1], ARGV[first + 3 * i + 2]
-    local rec = cjson.decode(raw)
-    rec.due = (at == '') and now or tonumber(at)
+  for _, note in ipairs(plan.notes) do
+    local nid, at = note.id, note.at
+    local rec = cjson.decode(note.record)
+    rec.due = at or now
     rec.createdAt = now
     -- Written only if new (one call for the check and the write); an older layby's run
     -- may hold it in its own hash.
@@ -395,7 +393,7 @@ local function record_plan(base, grant_key, version, now, open, mark)
       new = false
     end
     if new then
-      if at ~= '' then
+      if at then
         redis.call('ZADD', NOTIFY_DUE, rec.due, ID .. ' ' .. nid)
       elseif not deliver_now(nid, now) then
         table.insert(dispatch, nid)
@@ -405,9 +403,8 @@ local function record_plan(base, grant_key, version, now, open, mark)
   end
   if #planned > 0 then
     if mark then redis.call('HDEL', RUN, 'noted') end
-    for j = 0, g - 1 do
-      redis.call('SET', KEYS[grant_key + j], ARGV[base_grants + 2 * j], 'PX',
-                 ARGV[base_grants + 2 * j + 1], 'NX')
+    for j, grant in ipairs(plan.grants) do
+      redis.call('SET', KEYS[grant_key + j - 1], grant.grant, 'PX', grant.ttl_ms, 'NX')
     end
     event('notifications.planned', version, cjson.encode({ids = planned}), now)
   end

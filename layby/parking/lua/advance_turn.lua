@@ -2,11 +2,12 @@
 --                       | queued (next turn queued).
 -- Reads run (status, version, lease). Writes run (messages, version, lease), checkpoints,
 -- events, leases, index; queues the turn.
--- ARGV: 1 version, 2 owner, 3 messages JSON, 4 event data JSON, 5 '1' to keep the lease,
---       6 lease (ms)
+-- Arguments: version, owner, messages (JSON), event (its data, JSON), keep_lease ('1' to
+--   keep it), lease_ms
 -- Returns {'ok', new version, outbox entry or ''} | {'stale', …} | {'missing'}
-local version, owner, messages, event_data = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local keep_lease, lease_ms = ARGV[5], ARGV[6]
+local A = args({'version', 'owner', 'messages', 'event', 'keep_lease', 'lease_ms'})
+local version, owner, messages, event_data = A.version, A.owner, A.messages, A.event
+local keep_lease, lease_ms = A.keep_lease, A.lease_ms
 local refused, run = check_claim(version, owner)
 if refused then return refused end
 local checkpointed = run.checkpointed

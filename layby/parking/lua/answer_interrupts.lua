@@ -5,32 +5,33 @@
 -- Reads run (with its interrupts), answers, open, review. Writes answers, open, deadlines,
 -- events, review (approvals), notifications and notify:due (skipped), stats; with the last
 -- answer run, index, outbox.
--- ARGV: 1 '1' if the answers must cover every open interrupt, 2 '1' to keep an answer for
---       an interrupt not parked yet (a background job that finished first), 3 count n,
---       then n quintuples: interrupt id, answer JSON, approvals it needs, who approves (''
---       when the answer is not an approval counted toward several), '0' when the interrupt
---       has no deadline to drop
+-- Arguments: require_all ('1' if the answers must cover every open interrupt), allow_early
+--   ('1' to keep an answer for an interrupt not parked yet: a background job that finished
+--   first), answers (JSON, each {id: the interrupt's, answer: Answer JSON (a string), need:
+--   the approvals it needs, voter: who approves (left out, or '', when the answer is not an
+--   approval counted toward several), deadline: false when the interrupt has none to drop})
 -- Returns {'ok', version, outbox entry or '', {}, {}, '1' if the run resumes, when (ms),
 --          the id of the last event written} | {'early'} |
 --         {'missing'} | {'finished', status} |
 --         {'unknown', id} |
 --         {'conflict', id, first answer JSON or '', run status} | {'incomplete', open ids…}
 --         | {'again', id, this reviewer's earlier approval JSON}
-local require_all, allow_early, count = ARGV[1], ARGV[2], ARGV[3]
+local A = args({'require_all', 'allow_early'}, {'answers'})
+local require_all, allow_early, given = A.require_all, A.allow_early, A.answers
 local run = run_fields('status', 'version', 'updated_at', 'open', 'noted', 'waiting')
 local status = run[1]
 if not status then return {'missing'} end
 -- A finished run takes no early answers: its keys already count down to expiry.
 if FINISHED[status] and allow_early == '1' then return {'finished', status} end
-local n = tonumber(count)
+local n = #given
 local open_ids, open = parse_open(run[4])
 -- Everything is checked before anything is written.
-for i = 0, n - 1 do
-  local iid, voter = ARGV[4 + 5 * i], ARGV[7 + 5 * i]
+for _, a in ipairs(given) do
+  local iid, voter = a.id, a.voter or ''
   if not open[iid] then
     if not has_interrupt(iid) then
       if allow_early == '1' then
-        redis.call('HSETNX', ANSWERS, iid, ARGV[5 + 5 * i])
+        redis.call('HSETNX', ANSWERS, iid, a.answer)
         return {'early'}
       end
       return {'unknown', iid}
@@ -48,9 +49,8 @@ if require_all == '1' and #open_ids ~= n then
 end
 local now = now_ms()
 local answers = {}
-for i = 0, n - 1 do
-  local iid, answer, need, voter = ARGV[4 + 5 * i], ARGV[5 + 5 * i], ARGV[6 + 5 * i],
-                                   ARGV[7 + 5 * i]
+for _, a in ipairs(given) do
+  local iid, answer, need, voter = a.id, a.answer, a.need, a.voter or ''
   local closes = true
   if voter ~= '' then
     redis.call('HSET', REVIEW, 'approval:' .. iid .. ':' .. voter, answer)
@@ -62,7 +62,7 @@ for i = 0, n - 1 do
                           requiredApprovals = tonumber(need)}), now)
     end
   end
-  if closes then table.insert(answers, {iid, answer, ARGV[8 + 5 * i]}) end
+  if closes then table.insert(answers, {iid, answer, a.deadline ~= false}) end
 end
 if #answers == 0 then return {'ok', run[2], '', {}, {}, '0', now, LAST_EVENT} end
 local v, entry, resumed = apply_answers(answers, now, run)

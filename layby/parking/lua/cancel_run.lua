@@ -2,9 +2,10 @@
 -- drops its commit.
 -- Reads run. Writes run (error, version, status), index, leases, open, deadlines,
 -- notifications, notify:due, events; the run's keys expire after retention.
--- ARGV: 1 event data JSON ({by, reason}), 2 retention (s)
+-- Arguments: event (its data, JSON: {code, message, by}), retention_s
 -- Returns {'ok', new version} | {'finished', status} | {'missing'}
-local event_data, retention_s = ARGV[1], ARGV[2]
+local A = args({'event', 'retention_s'})
+local event_data, retention_s = A.event, A.retention_s
 local st = run_fields('status', 'open', 'noted', 'version')
 local status = st[1]
 if not status then return {'missing'} end

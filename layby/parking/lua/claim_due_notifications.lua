@@ -5,11 +5,12 @@
 -- caller dispatches it, and it is due again after a retry delay. The notification's own
 -- record says whether it is really due (start_delivery.lua).
 -- KEYS: 1 notify:due (zset)
--- ARGV: 1 max entries, 2 retry delay (ms)
+-- Arguments: limit (the most entries), retry_ms (the delay)
 -- Reads and writes notify:due; pushes delivery tasks.
 -- Returns the "<run id> <notification id>" members the caller must dispatch.
+local A = args({'limit', 'retry_ms'})
 local NOTIFY_DUE = KEYS[1]
-local limit, retry_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local limit, retry_ms = tonumber(A.limit), tonumber(A.retry_ms)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local due = redis.call('ZRANGEBYSCORE', NOTIFY_DUE, '-inf', now, 'LIMIT', 0, limit)

@@ -3,13 +3,14 @@
 -- Reads run (with the interrupts it parked on), checkpoints, answers (to those). Writes run
 -- (lease, attempts, status), leases, index, events, checkpoints (dropped when they belong
 -- to a version that never committed), stats.
--- ARGV: 1 expected version, 2 owner, 3 lease (ms), 4 most attempts at one version
+-- Arguments: version (the one expected), owner, lease_ms, max_attempts (at one version)
 -- Returns {'ok', previous status, lease until, attempt, agent, messages JSON, metadata JSON,
 --          {checkpoint name, value JSON, …}, waiting ('' if never recorded: an older park),
 --          {Interrupt JSON of each waiting id}, {its answer JSON or ''}}
 --       | {'stale', status, version} | {'busy', owner, lease until}
 --       | {'exhausted', attempts} | {'missing'}
-local expected, claimer, lease_ms, max_attempts = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local A = args({'version', 'owner', 'lease_ms', 'max_attempts'})
+local expected, claimer, lease_ms, max_attempts = A.version, A.owner, A.lease_ms, A.max_attempts
 local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'lease_until',
                       'updated_at', 'attempts', 'agent', 'messages', 'metadata', 'waiting',
                       'checkpointed')

@@ -1,10 +1,12 @@
 -- complete_run: running → completed, with the final text. Starts the retention clock.
 -- Reads run. Writes run (messages, result, version, status), index, leases, open,
 -- deadlines, notifications, notify:due, checkpoints, events; keys expire after retention.
--- ARGV: 1 version, 2 owner, 3 messages JSON, 4 result text, 5 event data JSON, 6 retention (s)
+-- Arguments: version, owner, messages (JSON), result (text), event (its data, JSON),
+--   retention_s
 -- Returns {'ok', new version} | {'stale', …} | {'missing'}
-local version, owner, messages = ARGV[1], ARGV[2], ARGV[3]
-local result, event_data, retention_s = ARGV[4], ARGV[5], ARGV[6]
+local A = args({'version', 'owner', 'messages', 'result', 'event', 'retention_s'})
+local version, owner, messages = A.version, A.owner, A.messages
+local result, event_data, retention_s = A.result, A.event, A.retention_s
 local refused, run = check_claim(version, owner)
 if refused then return refused end
 local now = now_ms()

@@ -2,14 +2,14 @@
 -- Reads the idempotency key, run. Writes run, idempotency key, index, events; queues the
 -- first turn.
 -- KEYS[22] idempotency key (string).
--- ARGV: 1 run id, 2 agent, 3 input JSON ('' when it is the first message's text: read
---       from there), 4 messages JSON, 5 metadata JSON,
---       6 idempotency ttl (s)
+-- Arguments: run_id, agent, input (JSON; '' when it is the first message's text: read
+--   from there), messages (JSON), metadata (JSON), idempotency_ttl_s
 -- Returns {'created', outbox entry or '', created at (ms), its event's id} or
 -- {'exists', run id} (same idempotency key or run id).
+local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s'})
 local IDEMPOTENCY = KEYS[22]  -- '' without an idempotency key
-local new_id, agent, input, messages = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local metadata, idem_ttl_s = ARGV[5], ARGV[6]
+local new_id, agent, input, messages = A.run_id, A.agent, A.input, A.messages
+local metadata, idem_ttl_s = A.metadata, A.idempotency_ttl_s
 local now = now_ms()
 if IDEMPOTENCY ~= '' then
   local existing = redis.call('GET', IDEMPOTENCY)

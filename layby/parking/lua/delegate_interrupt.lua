@@ -5,12 +5,14 @@
 -- Reads run, open, review. Writes review, notifications, notify:due, grant keys, events;
 -- queues deliveries (or the announcement task).
 -- KEYS from 22: the plan's grant keys.
--- ARGV: 1 interrupt id, 2 the reviewer handing it on, 3 Delegation JSON, 4 '1' to queue the
---       announcement task instead of a plan, then the plan (record_plan) from 5
+-- Arguments: interrupt_id, reviewer (the one handing it on), handover (Delegation JSON),
+--   announce ('1' to queue the announcement task instead of a plan), plan (JSON, as
+--   record_plan reads it)
 -- Returns {'ok', version, outbox entry or '', {notifications planned},
 --          {notifications the caller must dispatch}} | {'missing'} | {'again', id} (handed
 --          on before) | {'conflict', id, first answer JSON or '', run status}
-local iid, from, record, announce = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local A = args({'interrupt_id', 'reviewer', 'handover', 'announce'}, {'plan'})
+local iid, from, record, announce = A.interrupt_id, A.reviewer, A.handover, A.announce
 local st = run_fields('status', 'version', 'open', 'noted')
 local status, v = st[1], st[2]
 if not v then return {'missing'} end
@@ -25,5 +27,5 @@ local now = now_ms()
 skip_notifications({[iid] = true}, from, st[4])
 event('interrupt.delegated', v, record, now)
 if announce == '1' then return {'ok', v, enqueue('notify', v, now), {}, {}} end
-local planned, dispatch = record_plan(5, 22, v, now, open, true)
+local planned, dispatch = record_plan(A.plan, 22, v, now, open, true)
 return {'ok', v, '', planned, dispatch}

@@ -2,13 +2,14 @@
 -- (cancel, or resolve with a default) or the failure of the run.
 -- Reads deadlines, run, open. Writes deadlines, answers, open, events, stats; resumes
 -- (run, index, outbox) or fails the run (as fail_run does).
--- ARGV: 1 interrupt id, 2 answer JSON (state "expired"), 3 error JSON to fail the run
---       ('' to apply the answer and go on), 4 retention (s)
+-- Arguments: interrupt_id, answer (JSON, state "expired"), fail_error (JSON, to fail the
+--   run; '' to apply the answer and go on), retention_s
 -- Returns {'ok', version, outbox entry or '', {}, {}, '1' if the run resumes} |
 -- {'failed', version} | {'gone'} (answered, or the
 -- run is over: the deadline is dropped) | {'later'} (not due yet)
-local interrupt_id, answer, fail_error = ARGV[1], ARGV[2], ARGV[3]
-local retention_s = ARGV[4]
+local A = args({'interrupt_id', 'answer', 'fail_error', 'retention_s'})
+local interrupt_id, answer, fail_error = A.interrupt_id, A.answer, A.fail_error
+local retention_s = A.retention_s
 local now = now_ms()
 local member = ID .. ' ' .. interrupt_id
 local due = redis.call('ZSCORE', DEADLINES, member)
@@ -20,7 +21,7 @@ if not run[1] or not open[interrupt_id] then
   return {'gone'}
 end
 if fail_error == '' then
-  local v, entry, resumed = apply_answers({{interrupt_id, answer, '1'}}, now, run)
+  local v, entry, resumed = apply_answers({{interrupt_id, answer, true}}, now, run)
   return {'ok', v, entry, {}, {}, resumed and '1' or '0'}
 end
 redis.call('HSET', ANSWERS, interrupt_id, answer)

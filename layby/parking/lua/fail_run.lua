@@ -1,10 +1,12 @@
 -- fail_run: any unfinished state → failed, with an error {code, message}.
 -- Reads run. Writes run (error, messages, version, status), index, leases, open, deadlines,
 -- notifications, notify:due, checkpoints, events; keys expire after retention.
--- ARGV: 1 version ('' for any), 2 owner ('' when the caller holds no claim),
---       3 error JSON, 4 messages JSON ('' to keep), 5 retention (s)
+-- Arguments: version ('' for any), owner ('' when the caller holds no claim), error
+--   (JSON), messages (JSON; '' to keep), retention_s
 -- Returns {'ok', new version} | {'stale', …} | {'finished', status} | {'missing'}
-local version, owner, error_json, messages, retention_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local A = args({'version', 'owner', 'error', 'messages', 'retention_s'})
+local version, owner, error_json, messages = A.version, A.owner, A.error, A.messages
+local retention_s = A.retention_s
 if owner ~= '' then
   local refused = check_claim(version, owner)
   if refused then return refused end

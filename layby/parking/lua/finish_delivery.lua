@@ -1,11 +1,12 @@
--- finish_delivery: what a send came to. sending → sent | retrying (due again in ARGV[4] ms) |
+-- finish_delivery: what a send came to. sending → sent | retrying (due again in retry_ms) |
 -- failed (no attempts left: recorded on the run for operators; the run stays parked).
 -- Reads notifications, run (version). Writes notifications, notify:due, events, stats.
--- ARGV: 1 notification id, 2 outcome (sent | retry | failed), 3 error text, 4 retry in (ms),
---       5 run id, 6 attempts of the send being finished
+-- Arguments: notification_id, outcome (sent | retry | failed), error (text), retry_ms (due
+--   again in, for a retry), run_id, attempts (of the send being finished)
 -- Returns {'ok'} | {'stale'} (another sender took this notification over)
-local outcome, error_text, retry_ms, the_run, attempts = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local nid = ARGV[1]
+local A = args({'notification_id', 'outcome', 'error', 'retry_ms', 'run_id', 'attempts'})
+local outcome, error_text, retry_ms = A.outcome, A.error, A.retry_ms
+local the_run, attempts, nid = A.run_id, A.attempts, A.notification_id
 local member = the_run .. ' ' .. nid
 local raw = note_of(nid)
 if not raw then return {'stale'} end

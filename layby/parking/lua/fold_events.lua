@@ -3,10 +3,12 @@
 -- as they were (read_events.lua); later events go to a new stream. A follower blocked on
 -- the stream misses nothing: it has read every entry there was (it blocks only when none
 -- is left), and the next event wakes it as the new stream's first.
--- KEYS: 1 run, 2 events. ARGV: 1 the most events a run keeps (LAYBY_EVENTS_MAX)
+-- KEYS: 1 run, 2 events.
+-- Arguments: keep (the most events a run keeps, LAYBY_EVENTS_MAX)
 -- Returns 'folded' | 'kept' (an entry that cannot be folded, or one of this very
 --         millisecond: the stream stays as it is) |
 --         'none' (nothing to fold, or the run is not parked)
+local A = args({'keep'})
 if redis.call('HGET', FOLD_RUN, 'status') ~= 'interrupted' then return 'none' end
 local entries = redis.call('XRANGE', FOLD_EVENTS, '-', '+')
 if #entries == 0 then return 'none' end
@@ -33,7 +35,7 @@ for _, entry in ipairs(entries) do
   table.insert(lines, {ms, tail})
   last_ms, last_seq = ms, seq
 end
-local keep = tonumber(ARGV[1])
+local keep = tonumber(A.keep)
 if #lines > keep then
   -- The oldest go; a kept line that names a notification by its place in a plan that
   -- goes names it by its id again.

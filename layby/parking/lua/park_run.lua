@@ -7,13 +7,15 @@
 -- the resume, or the deliveries of the requests due now (or, when the caller could not
 -- plan them, the announcement task).
 -- KEYS from 22: the plan's grant keys.
--- ARGV: 1 version, 2 owner, 3 messages JSON, 4 event data JSON, 5 '1' to queue the
---       announcement task (layby.notify.interrupts) instead of a plan, 6 count n, then n
---       quintuples: interrupt id, Interrupt JSON, expiry (ms, or ''), the answer a policy
---       rule gives (JSON, or ''), that rule's name (or ''), then the plan (record_plan)
+-- Arguments: version, owner, messages (JSON), event (its data, JSON), announce ('1' to
+--   queue the announcement task, layby.notify.interrupts, instead of a plan), interrupts
+--   (JSON, each {id, record: Interrupt JSON as stored (a string), expires: ms (left out
+--   when it does not), auto: the answer a policy rule gives (Answer JSON, a string; left
+--   out, or '', when none), rule: that rule's name}), plan (JSON, as record_plan reads it)
 -- Returns {'ok', new version, outbox entry or '', {notifications planned},
 --          {notifications the caller must dispatch}, '1' if it resumes at once}
 --       | {'stale', …} | {'missing'}
+local A = args({'version', 'owner', 'messages', 'event', 'announce'}, {'interrupts', 'plan'})
 -- The events of a parked run, made as small as they can be, for however long it waits:
 -- copied into an exact fit (the first entry of a stream reserves room for many more, 4 KB
 -- with the defaults), and without the messages its earlier turns' events carried (the
@@ -56,30 +58,29 @@ local function compact_events()
   end
 end
 
-local version, owner, messages, event_data = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local announce, count = ARGV[5], tonumber(ARGV[6])
+local version, owner, messages, event_data = A.version, A.owner, A.messages, A.event
+local announce, interrupts = A.announce, A.interrupts
 local refused, run = check_claim(version, owner)
 if refused then return refused end
 local open_raw = run.open
--- Whether the run has notifications from now on (the plan's count is its first argument).
-local plan_base = 7 + 5 * count
-local noted = (run.noted ~= '0' or tonumber(ARGV[plan_base]) > 0) and '1' or '0'
+-- Whether the run has notifications from now on.
+local noted = (run.noted ~= '0' or #A.plan.notes > 0) and '1' or '0'
 local now = now_ms()
 -- The interrupts are written with the commit, in its HSET (fields 'i:<id>' of the run).
 local waiting, specs = {}, {}
-for i = 0, count - 1 do
-  table.insert(waiting, ARGV[7 + 5 * i])
-  table.insert(specs, INTERRUPT .. ARGV[7 + 5 * i])
-  table.insert(specs, ARGV[8 + 5 * i])
+for _, intr in ipairs(interrupts) do
+  table.insert(waiting, intr.id)
+  table.insert(specs, INTERRUPT .. intr.id)
+  table.insert(specs, intr.record)
 end
 -- Answers given before the park (background jobs that finished first) stand.
-local early = count > 0 and redis.call('HMGET', ANSWERS, unpack(waiting)) or {}
+local early = #interrupts > 0 and redis.call('HMGET', ANSWERS, unpack(waiting)) or {}
 local open, open_set = parse_open(open_raw)
 local by_rule, rule_answers = {}, {}
-for i = 0, count - 1 do
-  local iid, expiry = ARGV[7 + 5 * i], ARGV[9 + 5 * i]
-  local auto, rule = ARGV[10 + 5 * i], ARGV[11 + 5 * i]
-  if not early[i + 1] then
+for i, intr in ipairs(interrupts) do
+  local iid, expiry = intr.id, intr.expires
+  local auto, rule = intr.auto or '', intr.rule or ''
+  if not early[i] then
     if auto ~= '' then
       -- Answered by rule, in the park itself: nobody is asked, nothing can answer it twice.
       table.insert(rule_answers, iid)
@@ -88,7 +89,7 @@ for i = 0, count - 1 do
     elseif not open_set[iid] then
       table.insert(open, iid)
       open_set[iid] = true
-      if expiry ~= '' then redis.call('ZADD', DEADLINES, tonumber(expiry), ID .. ' ' .. iid) end
+      if expiry then redis.call('ZADD', DEADLINES, expiry, ID .. ' ' .. iid) end
     end
   end
 end
@@ -127,6 +128,6 @@ if resumes then
 end
 redis.call('ZADD', INDEX.interrupted, now, ID)
 if announce == '1' then return {'ok', v, enqueue('notify', v, now), {}, {}} end
-local planned, dispatch = record_plan(plan_base, 22, v, now, open_set, false)
+local planned, dispatch = record_plan(A.plan, 22, v, now, open_set, false)
 compact_events()
 return {'ok', v, '', planned, dispatch}

@@ -1,8 +1,9 @@
 -- reap_workers: workers whose lease lapsed (a process killed, a machine gone) → removed,
 -- once: two sweepers do not both act on one death.
 -- KEYS: 1 workers (zset: worker name → lease end, ms)
--- ARGV: 1 lease (ms)
+-- Arguments: lease_ms
 -- Returns {name, last beat (ms), …} of each worker removed.
+local A = args({'lease_ms'})
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, 100)
@@ -10,6 +11,6 @@ local out = {}
 for i = 1, #lapsed, 2 do
   redis.call('ZREM', KEYS[1], lapsed[i])
   out[#out + 1] = lapsed[i]
-  out[#out + 1] = tostring(tonumber(lapsed[i + 1]) - tonumber(ARGV[1]))
+  out[#out + 1] = tostring(tonumber(lapsed[i + 1]) - tonumber(A.lease_ms))
 end
 return out

@@ -2,10 +2,11 @@
 -- this version) → the same, its lease pushed to now + lease. A worker that dies stops
 -- beating, its lease lapses, and the sweeper requeues the step (requeue_run.lua).
 -- Reads run (status, version, lease owner). Writes run (lease_until), leases.
--- ARGV: 1 version, 2 owner, 3 lease (ms)
+-- Arguments: version, owner, lease_ms
 -- Returns {'ok', lease until} | {'stale', status, version, owner} (the claim is not this
 -- worker's any more: it must not commit) | {'missing'}
-local version, owner, lease_ms = ARGV[1], ARGV[2], ARGV[3]
+local A = args({'version', 'owner', 'lease_ms'})
+local version, owner, lease_ms = A.version, A.owner, A.lease_ms
 local refused = check_claim(version, owner)
 if refused then return refused end
 local until_ms = now_ms() + tonumber(lease_ms)

@@ -1,10 +1,11 @@
 -- requeue_run: running with a lapsed lease (its worker died) → queued, same version, the
 -- turn queued again. Also used by operators to requeue a run that waits for a lost message.
 -- Reads run. Writes run (lease, status), leases, index, events; queues the step.
--- ARGV: 1 owner: '' waits for the lease to lapse, '*' takes it over now (operators), else
---       only that lease holder may requeue
+-- Arguments: owner ('' waits for the lease to lapse, '*' takes it over now (operators),
+--   else only that lease holder may requeue)
 -- Returns {'ok', outbox entry or ''} | {'busy'} | {'skipped', status} | {'missing'}
-local taker = ARGV[1]
+local A = args({'owner'})
+local taker = A.owner
 local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_until', 'lease_owner')
 local status, version = st[1], st[2]
 if not version then

@@ -3,17 +3,15 @@
 -- interrupt is still open; others are left as they are.
 -- Reads run (status), notifications, open. Writes notifications, notify:due, events;
 -- pushes delivery tasks.
--- ARGV: the notification ids to retry (none: every failed one of the run)
+-- Arguments: ids (JSON: the notification ids to retry; none: every failed one of the run)
 -- Returns {{the ids set back to pending}, {those the caller must dispatch}}.
+local A = args({}, {'ids'})
 local st = run_fields('status', 'open')
 if st[1] ~= 'interrupted' then return {{}, {}} end
 local _, open = parse_open(st[2])
 local now = now_ms()
 local ids, found = notes_of_run()
-if #ARGV > 0 then
-  ids = {}
-  for i = 1, #ARGV do table.insert(ids, ARGV[i]) end
-end
+if #A.ids > 0 then ids = A.ids end
 local retried, dispatch = {}, {}
 for _, nid in ipairs(ids) do
   local raw = found[nid]

@@ -3,9 +3,10 @@
 -- saving results keeps its claim: each save renews the lease.
 -- Reads run (claim). Writes checkpoints (with the version they belong to), run (lease, and
 -- `checkpointed`, which tells the claim and the commit there are some), leases.
--- ARGV: 1 version, 2 owner, 3 field, 4 value JSON, 5 lease (ms)
+-- Arguments: version, owner, field, value (JSON), lease_ms
 -- Returns {'ok'} | {'stale', …} | {'missing'}
-local version, owner, field, value, lease_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local A = args({'version', 'owner', 'field', 'value', 'lease_ms'})
+local version, owner, field, value, lease_ms = A.version, A.owner, A.field, A.value, A.lease_ms
 local refused = check_claim(version, owner)
 if refused then return refused end
 redis.call('HSET', CHECKPOINTS, 'v', version, field, value)

@@ -4,10 +4,11 @@
 -- Reads notifications, run (version), open. Writes notifications, notify:due, events and
 -- stats (when it gives up, and when an escalation level is first asked), review
 -- (escalated levels).
--- ARGV: 1 notification id, 2 send deadline (ms from now), 3 max attempts, 4 run id
+-- Arguments: notification_id, deadline_ms (the send's, from now), max_attempts, run_id
 -- Returns {'ok', Notification JSON} | {'later'} | {'done', state} | {'failed'}
-local deadline_ms, max_attempts, the_run = ARGV[2], ARGV[3], ARGV[4]
-local nid = ARGV[1]
+local A = args({'notification_id', 'deadline_ms', 'max_attempts', 'run_id'})
+local deadline_ms, max_attempts, the_run = A.deadline_ms, A.max_attempts, A.run_id
+local nid = A.notification_id
 local member = the_run .. ' ' .. nid
 local raw = note_of(nid)
 if not raw then
