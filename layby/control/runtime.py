@@ -110,7 +110,8 @@ class Runtime:
                               store_config(self.settings, self.celery))
                 # Before anything is read or written: code that cannot read the store's
                 # format must not serve it (FormatError says what to run).
-                formats.check(store.redis, store.keys, migrations.newest())
+                state = formats.check(store.redis, store.keys, migrations.newest())
+                store.writing = state.written or migrations.newest()
                 self._store = (os.getpid(), store)
             return self._store[1]
 

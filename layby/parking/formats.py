@@ -24,6 +24,8 @@ from layby.errors import ConfigError
 from layby.parking.keys import Keys
 from layby.wire import Status
 
+FIRST = 1  # the format of layby 0.2.0, which migration 1 brings a store of 0.1.0 to
+
 
 class FormatError(ConfigError):
     """The store's format is not one this code reads: nothing is served until it is."""

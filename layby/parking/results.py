@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from layby.generation.messages import load_messages
-from layby.parking import compact
+from layby.parking import codecs, compact
 from layby.parking.records import OutboxEntry, RunRecord
 from layby.wire import Answer, RunView, Status
 
@@ -128,7 +128,7 @@ def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
         found = {a.interrupt_id: a for a in (Answer.model_validate_json(x)
                                              for x in answers if x)}
     record = RunRecord(run_id, agent, Status.RUNNING, version,
-                       load_messages(json.loads(messages)), json.loads(metadata or "{}"),
+                       load_messages(json.loads(messages)), codecs.metadata(metadata),
                        checkpoints={saved[i]: json.loads(saved[i + 1])
                                     for i in range(0, len(saved), 2)},
                        parked_on=parked_on, answers=found)

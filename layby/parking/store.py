@@ -23,7 +23,7 @@ from redis.exceptions import NoScriptError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
-from layby.parking import compact, events, results, scripts
+from layby.parking import codecs, compact, events, formats, results, scripts
 from layby.parking.clock import iso
 from layby.parking.keys import Keys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
@@ -136,6 +136,10 @@ class Store:
         self.leases = Leases(client, self.keys.leases)
         self.outbox = OutboxRegistry(client, self.keys.outbox)
         self.due_notifications = DueNotifications(client, self.keys.notify_due)
+        # The format records are written in (`parking.formats`): the process sets it from
+        # the store's, and each beat brings the store's again (it moves while a deployment
+        # rolls).
+        self.writing = formats.FIRST
         self._scripts = scripts.register(client, ScriptSettings(
             events_max=config.events_max, outbox_grace_ms=config.outbox_grace_ms,
             lost_message_ms=config.lost_message_ms,
@@ -184,8 +188,11 @@ class Store:
         # not kept twice for as long as the run lives.
         stored_input = "" if len(messages) == 1 and _first_text(messages) == input \
             else _dumps(input)
+        # No metadata is written as none (the script stores none).
+        stored_metadata = codecs.RUN_METADATA.encode(metadata, self.writing) if metadata \
+            else "{}"
         reply = self._run("create_run", run_id, run_id=run_id, agent=agent, input=stored_input,
-                          messages=_dumps(dump_messages(messages)), metadata=_dumps(metadata),
+                          messages=_dumps(dump_messages(messages)), metadata=stored_metadata,
                           idempotency_ttl_s=self.config.idempotency_ttl_s, extra_keys=(idem,))
         return results.created(reply, run_id)
 
@@ -486,7 +493,7 @@ class Store:
         pipe.hgetall(self.keys.answers(run_id))
         raw, specs, answers = pipe.execute()
         record = None if raw[0] is None else RunRecord(
-            run_id, raw[0], Status(raw[1]), int(raw[2]), [], json.loads(raw[3] or "{}"))
+            run_id, raw[0], Status(raw[1]), int(raw[2]), [], codecs.metadata(raw[3]))
         return (record, *_interrupts(self._fields(run_id, INTERRUPT, specs, raw[5]), answers,
                                      self._open(run_id, raw[4])))
 
@@ -583,7 +590,7 @@ class Store:
                                          reviews.get(s.id)) for s in specs],
             notifications=_notifications(_prefixed(raw, NOTE, older[1])),
             result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
-            metadata=json.loads(raw.get("metadata") or "{}"), created_at=iso(raw["created_at"]),
+            metadata=codecs.metadata(raw.get("metadata")), created_at=iso(raw["created_at"]),
             updated_at=iso(raw["updated_at"]))
 
     def list_runs(self, status: Status | None = None, *, limit: int = 50,
