@@ -30,6 +30,7 @@ from layby.broker_config import (
 )
 from layby.control import Runtime, commands
 from layby.notifier import delivery, planning
+from layby.parking import migrations
 from layby.parking.formats import FormatError
 from layby.tasks import context, jobs
 from layby.tasks.heartbeat import beat_worker
@@ -108,7 +109,7 @@ def _beat_while_up(rt: Runtime) -> None:
     # The process id too: a worker started again under the same node name (by a supervisor)
     # is another process, and the dead one's beat must lapse.
     def ready(sender: Any, **_: Any) -> None:
-        beat_worker(rt.store, f"{sender.hostname}:{os.getpid()}",
+        beat_worker(rt.store, f"{sender.hostname}:{os.getpid()}", migrations.newest(),
                     rt.settings.heartbeat_interval_s, stop)
 
     def shutdown(sender: Any, **_: Any) -> None:

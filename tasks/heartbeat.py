@@ -24,30 +24,24 @@ from types import TracebackType
 
 import redis
 
+from layby.control.announce import about, announce
 from layby.parking import Store
 
 log = logging.getLogger(__name__)
 
 
-def beat_worker(store: Store, name: str, every_s: float, stop: threading.Event) -> None:
-    """Beat for worker `name` until `stop`, in a thread of its main process."""
-
-    def beat() -> None:
-        noted = False
-        while True:
-            try:
-                if not noted:
-                    # The first process up notes the server: a failover before the sweeper's
-                    # first sweep still shows to it as another server.
-                    store.note_server(first=True)
-                    noted = True
-                store.beat_worker(name)
-            except redis.RedisError as exc:  # the store away: beat again when it is back
-                log.warning("worker %s: heartbeat failed (%s); trying again", name, exc)
-            if stop.wait(every_s):
-                return
-
-    threading.Thread(target=beat, name=f"heartbeat {name}", daemon=True).start()
+def beat_worker(store: Store, name: str, newest_format: int, every_s: float,
+                stop: threading.Event) -> None:
+    """Beat for worker `name` until `stop`, in a thread of its main process
+    (`layby.control.announce`)."""
+    try:
+        # The first process up notes the server: a failover before the sweeper's first
+        # sweep still shows to it as another server.
+        store.note_server(first=True)
+    except redis.RedisError as exc:
+        log.warning("worker %s: could not note the server (%s)", name, exc)
+    announce(lambda: store, name, about("worker", newest_format), newest_format, every_s,
+             stop)
 
 
 class Heartbeat:

@@ -30,7 +30,7 @@ from layby.broker_config.logs import about
 from layby.control.runtime import Runtime
 from layby.generation.interrupts import ExpiryAction
 from layby.notifier import delivery
-from layby.parking import Verdict
+from layby.parking import Verdict, migrations
 from layby.wire import Answer, InterruptState
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,24 @@ def _sweep(rt: Runtime) -> dict[str, int]:
             counts["requeued"] += _guarded(_requeue, rt, run_id,
                                            "its task message is overdue")
     counts["folded"] = _guarded(store.fold_parked)
+    counts["switched"] = _guarded(_switch_format, rt)
     counts["pruned"] = store.prune_finished()
     return counts
+
+
+def _switch_format(rt: Runtime) -> int:
+    """Once no process of an older release is alive (none beats in the registry), the
+    store starts writing the newest format this code knows (`layby.parking.formats`):
+    1 when it switched."""
+    store, newest = rt.store, migrations.newest()
+    if store.writing >= newest:
+        return 0
+    reply = store.switch_format(store.writing + 1)
+    if reply[0] != "switched":
+        return 0
+    log.warning("no process of an older release is left: the store writes format %d now; "
+                "`layby migrate` brings the records written before to it", store.writing)
+    return 1
 
 
 def _after_a_restart(rt: Runtime) -> int:
@@ -135,9 +151,13 @@ def _after_worker_deaths(rt: Runtime) -> int:
     would otherwise come back after kombu's visibility timeout, or LAYBY_LOST_MESSAGE_S.
     Up to its death, a lease after its last beat, it may have reserved any of them, and
     deliveries of notifications too."""
-    for name, last_beat_ms in rt.store.reap_workers():
+    for name, last_beat_ms, told in rt.store.reap_workers():
+        ago = (rt.store.now_ms() - last_beat_ms) / 1000
+        if told and not told.startswith("worker "):  # a gateway or a listener: no messages
+            log.warning("%s stopped beating (last beat %.1f s ago)", name, ago)
+            continue
         log.warning("worker %s stopped beating (last beat %.1f s ago): requeueing every "
-                    "waiting run", name, (rt.store.now_ms() - last_beat_ms) / 1000)
+                    "waiting run", name, ago)
         _owed.append(f"worker {name} died")
     if not _owed:
         return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -32,6 +33,7 @@ from layby import __version__
 from layby.broker_config import logs
 from layby.broker_config.settings import Settings, settings_problem
 from layby.control import Runtime, build
+from layby.control.announce import about, announce, process_name
 from layby.control.runtime import check_config
 from layby.errors import ConfigError, LaybyError, Unauthorized
 from layby.http import agui, api, mailbox, reviewers
@@ -43,7 +45,7 @@ from layby.http.limits import LimitBodies
 from layby.http.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from layby.http.metrics import render as render_metrics
 from layby.http.metrics import serve as serve_metrics
-from layby.parking import NotReplicated
+from layby.parking import NotReplicated, migrations
 from layby.parking.formats import FormatError
 from layby.wire import ErrorBody, Event
 
@@ -66,11 +68,19 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         drain.install()
         settings = rt.settings
+        # In the registry of processes while it serves: a rolling deployment knows which
+        # formats the live gateways read (`layby.control.announce`).
+        stop = threading.Event()
+        newest = migrations.newest()
+        await run_in_threadpool(announce, lambda: rt.store, process_name("gateway"),
+                                about("gateway", newest), newest,
+                                settings.heartbeat_interval_s, stop)
         exporter = (serve_metrics(settings.metrics_host, settings.metrics_port,
                                   lambda: rt.store) if settings.metrics_port else None)
         try:
             yield
         finally:
+            stop.set()
             await close_clients(rt)
             if exporter is not None:
                 exporter.shutdown()

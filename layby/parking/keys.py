@@ -58,9 +58,13 @@ come and go.
 <p>:leases                  zset    none
     running runs' ids scored by the end of their lease (ms).
 <p>:workers                 zset    none
-    worker processes ("<hostname>:<pid>") scored by the end of their beat's lease (ms): the
-    sweeper takes out, once, those whose beat lapsed (and requeues what waits); one that stops
-    cleanly takes itself out.
+    layby's processes (a worker "<hostname>:<pid>", a gateway "gateway <host>:<pid>", a reply
+    listener "listener <host>:<pid>") scored by the end of their beat's lease (ms): the sweeper
+    takes out, once, those whose beat lapsed (and, for a worker, requeues what waits); one that
+    stops cleanly takes itself out.
+<p>:workers:about           hash    none
+    what each process of workers says it is: "<kind> <newest store format its code knows>
+    <release>" (kind: worker, gateway, listener); taken out with it.
 <p>:format                  hash    none
     the store's format (parking.formats): version (the format every record is in), writing (the
     one processes write now, while a deployment rolls), migrating (the migration under way) and
@@ -221,9 +225,14 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "running runs' ids scored by the end of their lease (ms)."),
     KeySpec(
         "<p>:workers", "zset", "none",
-        "worker processes (\"<hostname>:<pid>\") scored by the end of their beat's lease "
-        "(ms): the sweeper takes out, once, those whose beat lapsed (and requeues what "
-        "waits); one that stops cleanly takes itself out."),
+        "layby's processes (a worker \"<hostname>:<pid>\", a gateway \"gateway "
+        "<host>:<pid>\", a reply listener \"listener <host>:<pid>\") scored by the end of "
+        "their beat's lease (ms): the sweeper takes out, once, those whose beat lapsed (and, "
+        "for a worker, requeues what waits); one that stops cleanly takes itself out."),
+    KeySpec(
+        "<p>:workers:about", "hash", "none",
+        "what each process of workers says it is: \"<kind> <newest store format its code "
+        "knows> <release>\" (kind: worker, gateway, listener); taken out with it."),
     KeySpec(
         "<p>:format", "hash", "none",
         "the store's format (parking.formats): version (the format every record is in), "
@@ -337,6 +346,10 @@ class Keys:
     @property
     def workers(self) -> str:
         return f"{self.prefix}:workers"
+
+    @property
+    def workers_about(self) -> str:
+        return f"{self.prefix}:workers:about"
 
     @property
     def format(self) -> str:

@@ -37,7 +37,7 @@ RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "adv
                "finish_delivery", "retry_notifications", "delegate_interrupt")
 # Scripts on global keys only, without the prelude; those that queue tasks get `_queue`.
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
-                      "beat_worker", "reap_workers")
+                      "beat_worker", "reap_workers", "switch_format")
 QUEUEING_SCRIPTS = ("claim_due_notifications",)
 # Scripts on one run's hash and events alone, with what folds and unfolds its events.
 FOLDING_SCRIPTS = ("fold_events", "read_events")

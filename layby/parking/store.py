@@ -695,19 +695,48 @@ class Store:
             return None
         return int(moment) if moment.isdigit() else None
 
-    def beat_worker(self, name: str) -> None:
-        """A worker process is alive: its reserved messages are its own for one lease."""
-        self._call("beat_worker", [self.keys.workers], worker=name,
-                   lease_ms=self.config.lease_ms)
+    def beat_worker(self, name: str, about: str) -> None:
+        """A process is alive (a worker's reserved messages are its own for one lease),
+        and says what it is (`about`: "<kind> <newest format> <release>"); the format the
+        store writes now comes back, and is the one this store writes from now on."""
+        reply = self._call("beat_worker", [self.keys.workers, self.keys.workers_about,
+                                           self.keys.format],
+                           worker=name, lease_ms=self.config.lease_ms, about=about)
+        if reply[2]:
+            self.writing = int(reply[2])
 
-    def reap_workers(self) -> list[tuple[str, int]]:
-        """Workers whose beat lapsed, once each, with their last beat (epoch ms)."""
-        raw = self._call("reap_workers", [self.keys.workers], lease_ms=self.config.lease_ms)
-        return [(_text(raw[i]), int(_text(raw[i + 1]))) for i in range(0, len(raw), 2)]
+    def reap_workers(self) -> list[tuple[str, int, str]]:
+        """Processes whose beat lapsed, once each, with their last beat (epoch ms) and what
+        they said they were."""
+        raw = self._call("reap_workers", [self.keys.workers, self.keys.workers_about],
+                         lease_ms=self.config.lease_ms)
+        return [(_text(raw[i]), int(_text(raw[i + 1])), _text(raw[i + 2]))
+                for i in range(0, len(raw), 3)]
 
     def forget_worker(self, name: str) -> None:
-        """A worker that stopped cleanly (its reserved messages went back to the queue)."""
-        self.redis.zrem(self.keys.workers, name)
+        """A process that stopped cleanly (a worker's reserved messages went back to the
+        queue)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.zrem(self.keys.workers, name)
+        pipe.hdel(self.keys.workers_about, name)
+        pipe.execute()
+
+    def live_processes(self) -> dict[str, str]:
+        """Every process whose beat has not lapsed, and what it said it is."""
+        names = cast("list[str]", self.redis.zrangebyscore(self.keys.workers,
+                                                           f"({self.now_ms()}", "+inf"))
+        about = cast("list[str | None]", self.redis.hmget(self.keys.workers_about, names)) \
+            if names else []
+        return {name: told or "" for name, told in zip(names, about, strict=True)}
+
+    def switch_format(self, to: int, *, force: bool = False) -> list[str]:
+        """Start writing format `to` (`switch_format.lua`); the reply's verdict, then the
+        older processes still alive (name, about, …) when that is why it did not."""
+        reply = self._call("switch_format", [self.keys.workers, self.keys.workers_about,
+                                             self.keys.format], to=to, force=force)
+        if reply[0] == "switched":
+            self.writing = to
+        return [_text(r) for r in reply]
 
     def server_id(self) -> str:
         """The Redis server's run id: a new one after a restart or a failover, when the

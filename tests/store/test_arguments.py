@@ -74,7 +74,7 @@ def _busy(world: World) -> None:
     notification due, an outbox entry, a worker whose beat lapsed."""
     world.make("interrupted", plan=Announcements(
         notes=[(note("ntf_1", "int_a"), world.now() - 1_000)]))
-    world.store_with(lease_ms=-1_000).beat_worker("celery@gone")
+    world.store_with(lease_ms=-1_000).beat_worker("celery@gone", "worker 1 0.2.0")
     assert world.outbox() and world.zset(world.keys.notify_due)
 
 
@@ -86,8 +86,10 @@ def _keys(world: World, name: str) -> list[str]:
     return {"claim_outbox": [world.keys.outbox, world.keys.outbox_entries],
             "ack_outbox": [world.keys.outbox, world.keys.outbox_entries],
             "claim_due_notifications": [world.keys.notify_due],
-            "beat_worker": [world.keys.workers],
-            "reap_workers": [world.keys.workers]}[name]
+            "beat_worker": [world.keys.workers, world.keys.workers_about, world.keys.format],
+            "reap_workers": [world.keys.workers, world.keys.workers_about],
+            "switch_format": [world.keys.workers, world.keys.workers_about,
+                              world.keys.format]}[name]
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -201,9 +201,9 @@ def _cycle(world: World) -> None:
     store.ack_outbox([e.id for e in entries])
 
     # Workers beat, one dies and is reaped, one stops cleanly.
-    lapsing.beat_worker("celery@a:1")
-    store.beat_worker("celery@b:2")
-    assert [name for name, _ in store.reap_workers()] == ["celery@a:1"]
+    lapsing.beat_worker("celery@a:1", "worker 1 0.2.0")
+    store.beat_worker("celery@b:2", "worker 1 0.2.0")
+    assert [name for name, _, _ in store.reap_workers()] == ["celery@a:1"]
     store.forget_worker("celery@b:2")
 
     # The sweeper's notes, and a reply mail mailed back once.
@@ -220,6 +220,8 @@ def _cycle(world: World) -> None:
     # Until now the store had no format (as 0.1.0 left it): `layby migrate` versions it.
     assert [r.number for r in migrations.migrate(world.client, world.keys)] == [1]
     assert formats.read(world.client, world.keys).version == migrations.newest()
+    # A rolling deployment's switch to the next format.
+    assert store.switch_format(migrations.newest() + 1) == ["switched"]
 
 
 def test_a_whole_cycle_writes_every_key_of_the_list_and_no_other(world: World) -> None:

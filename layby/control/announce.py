@@ -1,0 +1,77 @@
+"""A process announces itself while it lives: its beat in the store's registry of
+processes (`Store.beat_worker`) says its kind, the newest store format its code knows and
+its release, every LAYBY_HEARTBEAT_S. The registry is how a rolling deployment knows when
+no process of the older release is left (`layby.parking.formats`: the switch to the newer
+format waits for that), and how `layby doctor` lists what runs.
+
+Each beat also brings back the format the store writes now. A process whose code cannot
+read it (a switch it was too late to stop: it started as the last older process went)
+stops itself with SIGTERM, the way it stops in a deployment."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from importlib import metadata
+
+import redis
+
+from layby.parking import Store
+
+log = logging.getLogger(__name__)
+
+
+def release() -> str:
+    try:
+        return metadata.version("layby")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def about(kind: str, newest_format: int) -> str:
+    """What a process says it is, as `workers:about` keeps it."""
+    return f"{kind} {newest_format} {release()}"
+
+
+def process_name(kind: str) -> str:
+    """The registry's name of a process that is not a worker: "<kind> <host>:<pid>"."""
+    return f"{kind} {socket.gethostname()}:{os.getpid()}"
+
+
+def announce(store_of: Callable[[], Store], name: str, told: str, newest_format: int,
+             every_s: float, stop: threading.Event) -> threading.Thread:
+    """Beat for `name` until `stop`, once now (before the process serves: a switch sees
+    it) and then in a thread; at the end, take it out of the registry. `store_of` gives
+    the process's store (it may be away at first)."""
+
+    def beat_once() -> bool:
+        try:
+            store = store_of()
+            store.beat_worker(name, told)
+        except redis.RedisError as exc:  # the store away: beat again when it is back
+            log.warning("%s: heartbeat failed (%s); trying again", name, exc)
+            return True
+        if store.writing > newest_format:
+            log.critical("%s: the store writes format %d now, which this layby (%s) does not "
+                         "read: stopping", name, store.writing, release())
+            os.kill(os.getpid(), signal.SIGTERM)
+            return False
+        return True
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            if not beat_once():
+                return
+        try:
+            store_of().forget_worker(name)
+        except redis.RedisError:
+            pass  # its beat lapses instead
+
+    beat_once()
+    thread = threading.Thread(target=beat, name=f"heartbeat {name}", daemon=True)
+    thread.start()
+    return thread

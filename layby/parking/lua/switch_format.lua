@@ -1,0 +1,36 @@
+-- switch_format: the store's processes start writing format `to` (the next one), once no
+-- live process's code is older than it (`force`: now, whatever is alive: `layby migrate
+-- --finish`, when the operator knows them gone). A process of an older release that
+-- starts after the switch refuses the store (parking.formats); one alive now reads it
+-- only if its code knows `to`, hence the check.
+-- KEYS: 1 workers (zset: name → lease end, ms), 2 workers:about (hash), 3 format (hash)
+-- Arguments: to, force ('1' or '0')
+-- Returns {'switched'} | {'already', the format written} | {'older', name, about, …}
+--       | {'unversioned'} (no format yet) | {'not_next', the format written}
+local A = args({'to', 'force'})
+local format = redis.call('HMGET', KEYS[3], 'version', 'writing')
+if not format[1] then return {'unversioned'} end
+local written = tonumber(format[2] or format[1])
+local to = tonumber(A.to)
+if written >= to then return {'already', tostring(written)} end
+if to ~= written + 1 then return {'not_next', tostring(written)} end
+if A.force ~= '1' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local older = {}
+  for _, name in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+    local about = redis.call('HGET', KEYS[2], name) or ''
+    local newest = tonumber(string.match(about, '^%S+ (%d+)'))
+    -- A process that says no format is of a release before formats were announced.
+    if not newest or newest < to then
+      table.insert(older, name)
+      table.insert(older, about)
+    end
+  end
+  if #older > 0 then
+    table.insert(older, 1, 'older')
+    return older
+  end
+end
+redis.call('HSET', KEYS[3], 'writing', to)
+return {'switched'}
