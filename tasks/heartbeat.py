@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from types import TracebackType
 
 import redis
@@ -29,8 +30,10 @@ from layby.parking import Store
 log = logging.getLogger(__name__)
 
 
-def beat_worker(store: Store, name: str, every_s: float, stop: threading.Event) -> None:
-    """Beat for worker `name` until `stop`, in a thread of its main process."""
+def beat_worker(store: Store, name: str, every_s: float, stop: threading.Event,
+                hosting: Sequence[str] | None = None) -> None:
+    """Beat for worker `name` until `stop`, in a thread of its main process, telling the
+    agent versions it `hosting` (`<agent>@<version>`; None: it takes no steps)."""
 
     def beat() -> None:
         noted = False
@@ -41,7 +44,7 @@ def beat_worker(store: Store, name: str, every_s: float, stop: threading.Event) 
                     # first sweep still shows to it as another server.
                     store.note_server(first=True)
                     noted = True
-                store.beat_worker(name)
+                store.beat_worker(name, hosting)
             except redis.RedisError as exc:  # the store away: beat again when it is back
                 log.warning("worker %s: heartbeat failed (%s); trying again", name, exc)
             if stop.wait(every_s):

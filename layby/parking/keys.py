@@ -15,12 +15,13 @@ come and go.
     (absent: 0); open (ids of the interrupts waiting for an answer, space-separated); waiting
     (ids of those the last park waited on; left out while they are the open ones, written by the
     first answer); checkpointed ('1' while the step saved checkpoints; absent while parked);
-    noted ('0' while the run has no notifications; absent once it has: "look"). And the run's
-    interrupts, "i:<interrupt id>" → Interrupt JSON (immutable once written), and its
-    notifications, "n:<notification id>" → Notification JSON (with its token), both under short
-    names (parking.compact): keys of their own would cost more than they hold; events (a run
-    parked a while: its events, folded; see events). A run of an older layby has an `id` field
-    too.
+    noted ('0' while the run has no notifications; absent once it has: "look"); agent_version
+    (the version of the agent it started on; absent: unknown), pinned ('1' when its steps go to
+    that version's queue; absent otherwise). And the run's interrupts, "i:<interrupt id>" →
+    Interrupt JSON (immutable once written), and its notifications, "n:<notification id>" →
+    Notification JSON (with its token), both under short names (parking.compact): keys of their
+    own would cost more than they hold; events (a run parked a while: its events, folded; see
+    events). A run of an older layby has an `id` field too.
 <p>:{<run>}:interrupts      hash    as the run
     only runs of an older layby (their hash has an `id` field): interrupt id → Interrupt JSON,
     read where the run's hash has none.
@@ -61,6 +62,10 @@ come and go.
     worker processes ("<hostname>:<pid>") scored by the end of their beat's lease (ms): the
     sweeper takes out, once, those whose beat lapsed (and requeues what waits); one that stops
     cleanly takes itself out.
+<p>:workers:hosting         hash    none
+    worker process name → the agent versions it runs pinned runs of, a JSON list of
+    "<agent>@<version>", written at each of its beats (only by workers that take steps); taken
+    out with the worker from workers, for layby doctor.
 <p>:outbox                  zset    none
     outbox entry ids scored by when to (re)publish: only what a transition could not push itself
     (the broker elsewhere, or announcement tasks, which ack their entry once done).
@@ -157,7 +162,9 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "answer, space-separated); waiting (ids of those the last park waited on; left out "
         "while they are the open ones, written by the first answer); checkpointed ('1' "
         "while the step saved checkpoints; absent while parked); noted ('0' while the run "
-        "has no notifications; absent once it has: \"look\"). And the run's interrupts, "
+        "has no notifications; absent once it has: \"look\"); agent_version (the version "
+        "of the agent it started on; absent: unknown), pinned ('1' when its steps go to "
+        "that version's queue; absent otherwise). And the run's interrupts, "
         "\"i:<interrupt id>\" → Interrupt JSON (immutable once written), and its "
         "notifications, \"n:<notification id>\" → Notification JSON (with its token), both "
         "under short names (parking.compact): keys of their own would cost more than they "
@@ -217,6 +224,11 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "worker processes (\"<hostname>:<pid>\") scored by the end of their beat's lease "
         "(ms): the sweeper takes out, once, those whose beat lapsed (and requeues what "
         "waits); one that stops cleanly takes itself out."),
+    KeySpec(
+        "<p>:workers:hosting", "hash", "none",
+        "worker process name → the agent versions it runs pinned runs of, a JSON list of "
+        "\"<agent>@<version>\", written at each of its beats (only by workers that take "
+        "steps); taken out with the worker from workers, for layby doctor."),
     KeySpec(
         "<p>:outbox", "zset", "none",
         "outbox entry ids scored by when to (re)publish: only what a transition could not "
@@ -320,6 +332,10 @@ class Keys:
     @property
     def workers(self) -> str:
         return f"{self.prefix}:workers"
+
+    @property
+    def hosting(self) -> str:
+        return f"{self.prefix}:workers:hosting"
 
     @property
     def outbox(self) -> str:

@@ -74,7 +74,7 @@ def _lua_string(text: str) -> str:
 
 
 # A message's placeholders (layby.broker_config.messages), by the letter `_queue.lua` fills.
-PLACEHOLDER = re.compile(r"@@([RVNTDA])@@")
+PLACEHOLDER = re.compile(r"@@([RVNTDAS])@@")
 
 
 def _lua_pieces(message: str) -> str:

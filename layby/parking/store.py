@@ -13,7 +13,7 @@ followed by WAIT on the same connection, so what was acknowledged survives a fai
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, cast
@@ -171,7 +171,10 @@ class Store:
     # -- transitions -------------------------------------------------------------------
 
     def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
-                   metadata: dict[str, Any], idempotency_key: str | None) -> Transition:
+                   metadata: dict[str, Any], idempotency_key: str | None,
+                   agent_version: str | None = None, pinned: bool = False) -> Transition:
+        """`agent_version`: the version the run starts on; `pinned`: its steps go to that
+        version's queue, for the workers that host it."""
         idem = self.keys.idempotency(idempotency_key) if idempotency_key else ""
         # An input that is the first message's text is read back from there: a prompt is
         # not kept twice for as long as the run lives.
@@ -179,15 +182,18 @@ class Store:
             else _dumps(input)
         reply = self._run("create_run", run_id, run_id, agent, stored_input,
                           _dumps(dump_messages(messages)), _dumps(metadata),
-                          self.config.idempotency_ttl_s, extra_keys=(idem,))
+                          self.config.idempotency_ttl_s, agent_version or "",
+                          "1" if pinned and agent_version else "", extra_keys=(idem,))
         return results.created(reply, run_id)
 
-    def claim(self, run_id: str, version: int, owner: str) -> Transition:
+    def claim(self, run_id: str, version: int, owner: str,
+              hosted: Sequence[str] = ()) -> Transition:
         """Claim the run's step at `version`; when it applies, `record` holds all the step
         needs (messages, metadata, this version's checkpoints, a parked turn's interrupts
-        and answers)."""
+        and answers). A run pinned to an agent version not in `hosted` (`<agent>@<version>`)
+        is refused, ELSEWHERE, with nothing written."""
         reply = self._run("claim_run", run_id, version, owner, self.config.lease_ms,
-                          self.config.max_attempts)
+                          self.config.max_attempts, "\n".join(hosted))
         return results.claimed(reply, run_id, version)
 
     def renew(self, run_id: str, version: int, owner: str) -> bool:
@@ -561,7 +567,8 @@ class Store:
         input = json.loads(raw["input"]) if "input" in raw else _first_text(messages)
         return RunView(
             id=run_id, agent=raw["agent"], status=Status(raw["status"]),
-            version=int(raw["version"]), input=input,
+            version=int(raw["version"]), agent_version=raw.get("agent_version"),
+            pinned=raw.get("pinned") == "1", input=input,
             messages=messages,
             interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids,
                                          reviews.get(s.id)) for s in specs],
@@ -576,11 +583,14 @@ class Store:
         return self._summaries(self.runs.newest(status, limit, offset))
 
     def list_page(self, status: Status | None = None, *, limit: int = 50,
-                  cursor: str | None = None, offset: int = 0
-                  ) -> tuple[list[RunSummary], str | None]:
+                  cursor: str | None = None, offset: int = 0,
+                  agent_version: str | None = None) -> tuple[list[RunSummary], str | None]:
         """A page of runs, newest first, `offset` runs after `cursor` (or after the top),
         and the next page's cursor (None at the end). Raises `BadCursor` for a cursor the
-        store did not make."""
+        store did not make. With `agent_version`, only runs started on that version (no
+        offset): see `_page_of_version`."""
+        if agent_version is not None:
+            return self._page_of_version(status, limit, cursor, agent_version)
         if offset and cursor is None:
             scored = self.runs.newest(status, limit + 1, offset)
             after = cursor_of(*scored[limit - 1]) if len(scored) > limit else None
@@ -591,18 +601,44 @@ class Store:
             after = cursor_of(*scored[-1])
         return self._summaries(scored), after
 
+    def _page_of_version(self, status: Status | None, limit: int, cursor: str | None,
+                         agent_version: str) -> tuple[list[RunSummary], str | None]:
+        """Runs started on `agent_version`, newest first: the index read from `cursor` on,
+        each run's version looked at, until `limit` are found or VERSION_SCAN runs were
+        read. Its cost is bounded, so a page may hold fewer than `limit` runs (none, even)
+        and still have a next cursor: follow it to read on."""
+        found: list[tuple[str, int]] = []
+        scanned = 0
+        while True:
+            scored, after = self.runs.page(status, min(500, max(limit, 100)), cursor)
+            pipe = self.redis.pipeline(transaction=False)
+            for run_id, _ in scored:
+                pipe.hget(self.keys.run(run_id), "agent_version")
+            for item, version in zip(scored, pipe.execute(), strict=True):
+                scanned += 1
+                if version == agent_version:
+                    found.append(item)
+                    if len(found) == limit:
+                        return self._summaries(found), cursor_of(*item)
+            if after is None:
+                return self._summaries(found), None
+            cursor = after
+            if scanned >= VERSION_SCAN:
+                return self._summaries(found), cursor
+
     def _summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
         pipe = self.redis.pipeline(transaction=False)
         for run_id, _ in scored:
             pipe.hmget(self.keys.run(run_id), "agent", "status", "version", "created_at",
-                       "updated_at", "open")
+                       "updated_at", "open", "agent_version")
         out = []
         for (run_id, _), raw in zip(scored, pipe.execute(), strict=True):
             if raw[0] is not None:  # expired after retention; the sweeper prunes the index
                 out.append(RunSummary(id=run_id, agent=raw[0], status=Status(raw[1]),
                                       version=int(raw[2]),
                                       open_interrupts=len(self._open(run_id, raw[5])),
-                                      created_at=iso(raw[3]), updated_at=iso(raw[4])))
+                                      created_at=iso(raw[3]), updated_at=iso(raw[4]),
+                                      agent_version=raw[6]))
         return out
 
     def events(self, run_id: str, after: str = "0-0", *, block_ms: int | None = None,
@@ -650,7 +686,31 @@ class Store:
         oldest = self.oldest_queued_ms()
         if oldest is not None:
             cutoff = min(cutoff, oldest - 1)
-        return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING), cutoff, limit)
+        return self._not_behind_pinned(self.runs.waiting_since_before(
+            (Status.QUEUED, Status.RESUMING), cutoff, limit))
+
+    def _not_behind_pinned(self, run_ids: list[str]) -> list[str]:
+        """`run_ids` but the pinned runs whose version's queue (`<turns>@<version>`) holds
+        messages: theirs may wait there for as long as no worker hosts that version, and a
+        copy each sweep would only lengthen it. (Known only when the broker is the store's
+        server.)"""
+        pushed = (self.config.messages or {}).get("turn")
+        if not pushed or not run_ids:
+            return run_ids
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hmget(self.keys.run(run_id), "pinned", "agent_version")
+        queues = {run_id: f"{pushed[0]}@{version}"
+                  for run_id, (pinned, version) in zip(run_ids, pipe.execute(), strict=True)
+                  if pinned == "1" and version}
+        if not queues:
+            return run_ids
+        names = sorted(set(queues.values()))
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.llen(name)
+        waiting = {name for name, length in zip(names, pipe.execute(), strict=True) if length}
+        return [run_id for run_id in run_ids if queues.get(run_id) not in waiting]
 
     def oldest_queued_ms(self) -> int | None:
         """When the oldest message still on the turns queue (the next to be taken) was
@@ -672,20 +732,35 @@ class Store:
             return None
         return int(moment) if moment.isdigit() else None
 
-    def beat_worker(self, name: str) -> None:
-        """A worker process is alive: its reserved messages are its own for one lease."""
+    def beat_worker(self, name: str, hosting: Sequence[str] | None = None) -> None:
+        """A worker process is alive: its reserved messages are its own for one lease.
+        `hosting`: the agent versions it runs pinned runs of (`<agent>@<version>`), told
+        again at each beat, for `layby doctor`."""
+        if hosting is None:
+            self._scripts["beat_worker"](keys=[self.keys.workers],
+                                         args=[name, self.config.lease_ms])
+            return
+        pipe = self.redis.pipeline(transaction=False)
         self._scripts["beat_worker"](keys=[self.keys.workers],
-                                     args=[name, self.config.lease_ms])
+                                     args=[name, self.config.lease_ms], client=pipe)
+        pipe.hset(self.keys.hosting, name, _dumps(sorted(hosting)))
+        pipe.execute()
 
     def reap_workers(self) -> list[tuple[str, int]]:
         """Workers whose beat lapsed, once each, with their last beat (epoch ms)."""
         raw = self._scripts["reap_workers"](keys=[self.keys.workers],
                                             args=[self.config.lease_ms])
-        return [(_text(raw[i]), int(_text(raw[i + 1]))) for i in range(0, len(raw), 2)]
+        reaped = [(_text(raw[i]), int(_text(raw[i + 1]))) for i in range(0, len(raw), 2)]
+        if reaped:
+            self.redis.hdel(self.keys.hosting, *(name for name, _ in reaped))
+        return reaped
 
     def forget_worker(self, name: str) -> None:
         """A worker that stopped cleanly (its reserved messages went back to the queue)."""
-        self.redis.zrem(self.keys.workers, name)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(self.keys.workers, name)
+        pipe.hdel(self.keys.hosting, name)
+        pipe.execute()
 
     def server_id(self) -> str:
         """The Redis server's run id: a new one after a restart or a failover, when the
@@ -781,6 +856,8 @@ def _stored(note: Notification) -> dict[str, Any]:
 # (lua/_prelude.lua), and how many a scan for them asks for at once.
 INTERRUPT, NOTE = "i:", "n:"
 SCAN_COUNT = 1000
+# Runs of the index one page of a list by agent version reads at most.
+VERSION_SCAN = 5000
 
 
 def _prefixed(run: dict[str, str], prefix: str, older: dict[str, str]) -> dict[str, str]:

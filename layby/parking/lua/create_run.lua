@@ -4,12 +4,13 @@
 -- KEYS[22] idempotency key (string).
 -- ARGV: 1 run id, 2 agent, 3 input JSON ('' when it is the first message's text: read
 --       from there), 4 messages JSON, 5 metadata JSON,
---       6 idempotency ttl (s)
+--       6 idempotency ttl (s), 7 the agent's version ('' unknown), 8 '1' when the run is
+--       pinned to it (its steps then go to `<turns queue>@<version>`)
 -- Returns {'created', outbox entry or '', created at (ms), its event's id} or
 -- {'exists', run id} (same idempotency key or run id).
 local IDEMPOTENCY = KEYS[22]  -- '' without an idempotency key
 local new_id, agent, input, messages = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local metadata, idem_ttl_s = ARGV[5], ARGV[6]
+local metadata, idem_ttl_s, agent_version, pinned = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local now = now_ms()
 if IDEMPOTENCY ~= '' then
   local existing = redis.call('GET', IDEMPOTENCY)
@@ -29,6 +30,14 @@ end
 if metadata ~= '{}' then
   table.insert(fields, 'metadata')
   table.insert(fields, metadata)
+end
+if agent_version ~= '' then
+  table.insert(fields, 'agent_version')
+  table.insert(fields, agent_version)
+  if pinned == '1' then
+    table.insert(fields, 'pinned')
+    table.insert(fields, '1')
+  end
 end
 redis.call('HSET', RUN, unpack(fields))
 redis.call('ZADD', INDEX.queued, now, ID)
