@@ -93,7 +93,7 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
     owner = f"{worker_name()}:{task_id or uuid.uuid4().hex}:{uuid.uuid4().hex[:8]}"
     claim = store.claim(run_id, version, owner, rt.hosted)
     if claim.verdict is Verdict.ELSEWHERE:
-        return _hand_back(rt, run_id, version)
+        return _hand_back(rt, run_id, version, claim.agent_version)
     if claim.verdict is Verdict.EXHAUSTED:
         store.fail(run_id, {"code": "attempts_exhausted",
                             "message": f"gave up after {claim.attempt} attempts at version "
@@ -117,16 +117,15 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
         raise
 
 
-def _hand_back(rt: Runtime, run_id: str, version: int) -> str:
+def _hand_back(rt: Runtime, run_id: str, version: int, pinned_to: str | None) -> str:
     """A step of a run pinned to a version this worker does not host (the claim refused it,
     changing nothing): back on the run's own queue, `layby.turns@<version>`, for a worker
     that hosts it. Never run here."""
     time.sleep(HAND_BACK_PAUSE_S)
     result = rt.store.requeue(run_id)
     rt.publish(result.entries)
-    log.warning("run %s v%s is pinned to a version of its agent this worker does not host "
-                "(it hosts %s); handed back to its queue", run_id, version,
-                ", ".join(rt.hosted) or "none")
+    log.warning("run %s v%s is pinned to version %s of its agent, which this worker does not "
+                "host; handed back to its queue", run_id, version, pinned_to)
     return "elsewhere"
 
 

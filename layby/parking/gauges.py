@@ -1,9 +1,17 @@
 """What `/metrics` reports, read from the registries and the `stats` counters in one round
-trip, timed by the Redis server's clock like the scripts that write the scores."""
+trip, timed by the Redis server's clock like the scripts that write the scores; and the runs
+by agent version, which no registry counts: a pass over the runs of some states.
+
+`/metrics` and `layby doctor` read the agent versions of parked runs, and `layby doctor` the
+versions the live workers host."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from redis import Redis
 
@@ -56,3 +64,48 @@ def read(client: Redis, keys: Keys, wait_buckets_s: tuple[int, ...]) -> Gauges:
     return Gauges(now, runs, parked_since, oldest_parked, deadlines, overdue, lapsed,
                   outbox, outbox_due, oldest_outbox, notes_due, oldest_note, stats,
                   int(swept) if swept else None)
+
+
+# Runs of an index read a round trip by `runs_by_version`.
+VERSION_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class VersionCount:
+    agent: str
+    version: str | None  # None: started before layby recorded versions
+    pinned: bool
+
+
+def runs_by_version(client: Redis, keys: Keys, statuses: Iterable[Status]
+                    ) -> Counter[VersionCount]:
+    """How many runs in `statuses` each agent version has: each index read a page at a
+    time, with its runs' version fields (one round trip a page). Its cost grows with the
+    runs read (about a millisecond of the server's time per thousand); runs that move on
+    while it reads may be counted in two states, or none."""
+    found: Counter[VersionCount] = Counter()
+    for status in statuses:
+        start = 0
+        while True:
+            run_ids = cast("list[str]", client.zrange(keys.index(status), start,
+                                                       start + VERSION_PAGE - 1))
+            if not run_ids:
+                break
+            pipe = client.pipeline(transaction=False)
+            for run_id in run_ids:
+                pipe.hmget(keys.run(run_id), "agent", "agent_version", "pinned")
+            for agent, version, pinned in pipe.execute():
+                if agent is not None:
+                    found[VersionCount(agent, version, pinned == "1")] += 1
+            start += VERSION_PAGE
+    return found
+
+
+def live_hosting(client: Redis, keys: Keys) -> dict[str, list[str]]:
+    """Live worker (its beat not lapsed) → the agent versions it hosts (`<agent>@<version>`;
+    empty for one that takes no steps)."""
+    live = cast("list[str]", client.zrangebyscore(keys.workers, f"({now_ms(client)}", "+inf"))
+    if not live:
+        return {}
+    told = cast("list[str | None]", client.hmget(keys.hosting, live))
+    return {name: json.loads(raw) if raw else [] for name, raw in zip(live, told, strict=True)}

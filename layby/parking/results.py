@@ -60,6 +60,7 @@ class Transition:
     at: int | None = None              # create, answer: when it applied (ms, server clock)
     event_id: str | None = None        # create, answer: the last event it wrote
     view: RunView | None = None        # answer (asked for): the run as it left it
+    agent_version: str | None = None   # elsewhere: the version the run is pinned to
 
     @property
     def ok(self) -> bool:
@@ -97,6 +98,8 @@ def refusal(reply: list[Any]) -> Transition:
                               first=Answer.model_validate_json(rest[1]))
         case Verdict.INCOMPLETE:
             return Transition(verdict, still_open=tuple(rest))
+        case Verdict.ELSEWHERE:
+            return Transition(verdict, agent_version=first)
         case _:
             return Transition(verdict)
 

@@ -587,10 +587,10 @@ class Store:
                   agent_version: str | None = None) -> tuple[list[RunSummary], str | None]:
         """A page of runs, newest first, `offset` runs after `cursor` (or after the top),
         and the next page's cursor (None at the end). Raises `BadCursor` for a cursor the
-        store did not make. With `agent_version`, only runs started on that version (no
-        offset): see `_page_of_version`."""
+        store did not make. With `agent_version`, only runs started on that version: see
+        `_page_of_version`."""
         if agent_version is not None:
-            return self._page_of_version(status, limit, cursor, agent_version)
+            return self._page_of_version(status, limit, cursor, offset, agent_version)
         if offset and cursor is None:
             scored = self.runs.newest(status, limit + 1, offset)
             after = cursor_of(*scored[limit - 1]) if len(scored) > limit else None
@@ -602,21 +602,27 @@ class Store:
         return self._summaries(scored), after
 
     def _page_of_version(self, status: Status | None, limit: int, cursor: str | None,
-                         agent_version: str) -> tuple[list[RunSummary], str | None]:
-        """Runs started on `agent_version`, newest first: the index read from `cursor` on,
-        each run's version looked at, until `limit` are found or VERSION_SCAN runs were
-        read. Its cost is bounded, so a page may hold fewer than `limit` runs (none, even)
-        and still have a next cursor: follow it to read on."""
+                         offset: int, agent_version: str
+                         ) -> tuple[list[RunSummary], str | None]:
+        """Runs started on `agent_version`, newest first, `offset` of them skipped: the
+        index read from `cursor` on, each run's version looked at, until `limit` are found
+        or VERSION_SCAN runs were read. Its cost is bounded, so a page may hold fewer than
+        `limit` runs (none, even) and still have a next cursor: follow it to read on (the
+        skipping ends with the page)."""
         found: list[tuple[str, int]] = []
+        skip = offset
         scanned = 0
         while True:
-            scored, after = self.runs.page(status, min(500, max(limit, 100)), cursor)
+            scored, after = self.runs.page(status, min(VERSION_SCAN, 500, max(limit, 100)),
+                                           cursor)
             pipe = self.redis.pipeline(transaction=False)
             for run_id, _ in scored:
                 pipe.hget(self.keys.run(run_id), "agent_version")
             for item, version in zip(scored, pipe.execute(), strict=True):
                 scanned += 1
-                if version == agent_version:
+                if version == agent_version and skip:
+                    skip -= 1
+                elif version == agent_version:
                     found.append(item)
                     if len(found) == limit:
                         return self._summaries(found), cursor_of(*item)

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from layby.parking import Verdict
+from layby.parking.gauges import VersionCount, live_hosting, runs_by_version
 from layby.wire import Status
 from tests.store.conftest import MESSAGES, OWNER, World, answer, interrupt, park_event
 
@@ -75,7 +76,7 @@ def test_a_claimer_that_does_not_host_the_version_is_refused_and_nothing_changes
     pinned_run(world)
     before = world.snapshot()
     claimed = world.store.claim("run_1", 1, OWNER, hosted)
-    assert claimed.verdict is Verdict.ELSEWHERE
+    assert claimed.verdict is Verdict.ELSEWHERE and claimed.agent_version == "v1"
     assert world.snapshot() == before  # no attempt counted, no event, no lease
 
 
@@ -125,3 +126,55 @@ def test_a_worker_tells_the_versions_it_hosts_with_its_beat_and_takes_them_out(
     world.store_with(lease_ms=-1_000).beat_worker("w3", hosting=["demo.agent@v2"])
     assert [name for name, _ in world.store.reap_workers()] == ["w3"]
     assert world.client.hgetall(world.keys.hosting) == {}
+
+
+def test_runs_are_counted_by_agent_version_and_the_live_workers_hosting_read(
+        world: World) -> None:
+    store = world.store_with(pushing=True)
+    for run_id, version, pinned in (("run_1", "v1", True), ("run_2", "v1", True),
+                                    ("run_3", "v2", False), ("run_4", None, False)):
+        assert store.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
+                                metadata={}, idempotency_key=None, agent_version=version,
+                                pinned=pinned).ok
+        assert store.claim(run_id, 1, OWNER, ["demo.agent@v1"]).ok
+        intrs = [interrupt(f"int_{run_id}")]
+        assert store.park(run_id, 1, OWNER, world.history(2), intrs, park_event(intrs)).ok
+    pinned_run(world, "run_5")  # queued
+    counted = runs_by_version(world.client, world.keys, [Status.INTERRUPTED])
+    assert counted == {VersionCount("demo.agent", "v1", True): 2,
+                       VersionCount("demo.agent", "v2", False): 1,
+                       VersionCount("demo.agent", None, False): 1}
+    assert runs_by_version(world.client, world.keys, [Status.QUEUED]) == {
+        VersionCount("demo.agent", "v1", True): 1}
+
+    world.store.beat_worker("w1", hosting=["demo.agent@v1"])
+    world.store.beat_worker("w2", hosting=[])
+    world.store_with(lease_ms=-1_000).beat_worker("w3", hosting=["demo.agent@v2"])
+    assert live_hosting(world.client, world.keys) == {"w1": ["demo.agent@v1"], "w2": []}
+
+
+def test_runs_are_listed_by_the_version_they_started_on_a_bounded_stretch_a_page(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(8):
+        world.next_ms()
+        assert world.store.create_run(f"run_{i}", "demo.agent", input="hi", messages=MESSAGES,
+                                      metadata={}, idempotency_key=None,
+                                      agent_version="v1" if i % 2 else "v2").ok
+    store = world.store
+    page, after = store.list_page(limit=2, agent_version="v1")
+    assert [r.id for r in page] == ["run_7", "run_5"] and after is not None
+    page, after = store.list_page(limit=5, cursor=after, agent_version="v1")
+    assert [r.id for r in page] == ["run_3", "run_1"] and after is None
+    page, _ = store.list_page(Status.QUEUED, limit=2, offset=1, agent_version="v1")
+    assert [r.id for r in page] == ["run_5", "run_3"]
+    assert store.list_page(agent_version="v9") == ([], None)
+    # A page reads at most VERSION_SCAN runs of the index: fewer found, and a cursor on.
+    monkeypatch.setattr("layby.parking.store.VERSION_SCAN", 1)
+    seen, cursor, pages = [], None, 0
+    while True:
+        page, cursor = store.list_page(limit=3, cursor=cursor, agent_version="v2")
+        seen += [r.id for r in page]
+        pages += 1
+        if cursor is None:
+            break
+    assert seen == ["run_6", "run_4", "run_2", "run_0"] and pages == 8
