@@ -25,7 +25,7 @@ RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "adv
                "finish_delivery", "retry_notifications", "delegate_interrupt")
 # Scripts on global keys only, without the prelude; those that queue tasks get `_queue`.
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
-                      "beat_worker", "reap_workers")
+                      "beat_worker", "reap_workers", "count_versions")
 QUEUEING_SCRIPTS = ("claim_due_notifications",)
 # Scripts on one run's hash and events alone, with what folds and unfolds its events.
 FOLDING_SCRIPTS = ("fold_events", "read_events")
@@ -116,6 +116,13 @@ def source(name: str, settings: ScriptSettings) -> str:
                .replace("__OUTBOX_GRACE_MS__", str(settings.outbox_grace_ms))
                .replace("__LATENCY_BUCKETS_S__", _lua_buckets()))
     return queue + "\n" + _source("_notes") + "\n" + prelude + "\n" + _source(name)
+
+
+def standalone(client: Redis, name: str) -> Script:
+    """A script of STANDALONE_SCRIPTS that queues nothing, for a reader without a store
+    (no settings in it)."""
+    assert name in STANDALONE_SCRIPTS and name not in QUEUEING_SCRIPTS
+    return client.register_script(_source(name))
 
 
 def register(client: Redis, settings: ScriptSettings) -> dict[str, Script]:
