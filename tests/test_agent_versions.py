@@ -160,3 +160,28 @@ def test_a_pinned_run_resumes_only_on_the_worker_hosting_its_version(isolated: A
     assert done["result"] == "refunded 250 on old"
     assert {v for _, v in step_versions(system, run_id)} == {old}
     assert check_pinned_versions(client, settings)[0].ok
+
+
+def test_an_operator_hands_pinned_runs_to_new_code_with_agent_versions(isolated: Any) -> None:
+    system: LaybySystem = isolated(**ENV).start()
+    old = version_of("a", "versioned.pinned")
+    run_id = system.start_run("versioned.pinned", "refund order 42")["id"]
+    system.wait_status(run_id, "interrupted")
+    system.procs["worker"].stop()
+    refused = subprocess.run([sys.executable, "-m", "layby.ops.cli", "worker",
+                              "--agent-versions", "not a version"], env=system.env,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert "LAYBY_AGENT_VERSIONS: 'not a version' is not a version" in refused.stderr
+    # The new code, told it may run the old version's runs: it takes them, after the check.
+    worker = system._start("worker-hosting-old", [
+        sys.executable, "-m", "layby.ops.cli", "worker", "--agent-versions", old,
+        "--concurrency", "1"], **NEW)
+    wait_until(lambda: "ready." in worker.output(), 40, what="the worker to be ready")
+    assert f"hosting {', '.join(f'{a}@{old}' for a in sorted(agents('b')))}" \
+        in worker.output()
+    client = redis.Redis.from_url(system.redis_url, decode_responses=True)
+    wait_until(lambda: check_pinned_versions(client, system.settings)[0].ok, 15,
+               what="doctor to see the version hosted")
+    approve(system, run_id)
+    assert system.wait_status(run_id, "completed")["result"] == "refunded 250 on new"

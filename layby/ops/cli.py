@@ -171,12 +171,25 @@ def worker(queues: Annotated[str | None, typer.Option(
            concurrency: Annotated[int, typer.Option(help="processes")] = 0,
            loglevel: str = "INFO", beat: Annotated[bool, typer.Option(
                help="also sweep, on the sweeper's own clock (one per deployment; "
-                    "`layby sweeper` is the sweeper on its own)")] = False) -> None:
-    """Run a Celery worker on layby's queues."""
+                    "`layby sweeper` is the sweeper on its own)")] = False,
+           agent_versions: Annotated[str | None, typer.Option(
+               help="comma-separated agent versions whose pinned runs this worker runs, "
+                    "instead of its agents' own (LAYBY_AGENT_VERSIONS)")] = None) -> None:
+    """Run a Celery worker on layby's queues, and on the queues of the runs pinned to the
+    versions of its agents it hosts (`layby.turns@<version>`)."""
+    from layby.generation.agents import hosted
     from layby.ops.supervisor import worker_argv
 
+    if agent_versions is not None:
+        # The worker's own process reads it, as it reads every LAYBY_* setting.
+        os.environ["LAYBY_AGENT_VERSIONS"] = agent_versions
     settings = Settings()
-    _check_config(settings)
+    agents = _check_config(settings)
+    try:
+        hosting = hosted(agents.values(), settings.agent_versions)
+    except LaybyError as exc:
+        _fail(exc.message, 2)
+    typer.echo(f"hosting {', '.join(hosting) or 'no agent'}", err=True)
     chosen = queues.split(",") if queues else worker_queues(settings)
     # Named layby-<pid>@<host> as `layby up` names its worker: one worker per queue on the
     # same machine must not share Celery's default node name.
