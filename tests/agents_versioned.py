@@ -19,8 +19,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from layby import Agent, Call, Reply, ScriptedModel, tool
-from layby.generation import StoredRun
+from layby import Agent, Call, Reply, ScriptedModel, StoredRun, tool
 
 VARIANT = os.environ.get("LAYBY_TEST_AGENT_VARIANT", "a")
 REFUND = Call(name="refund", input={"order": "42", "amount": 250})

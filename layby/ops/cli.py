@@ -316,7 +316,8 @@ def doctor() -> None:
 def agents() -> None:
     """List the agents this machine loads (LAYBY_AGENT_MODULES)."""
     for agent in _rt().agents.values():
-        typer.echo(f"{agent.name:18} {agent.description}")
+        pinned = " (pins)" if agent.on_change == "pin" else ""
+        typer.echo(f"{agent.name:18} {agent.version}{pinned:7} {agent.description}")
 
 
 @cli.command("run")
