@@ -23,7 +23,7 @@ from redis.exceptions import NoScriptError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
-from layby.parking import compact, events, results, scripts
+from layby.parking import compact, events, pinning, results, scripts
 from layby.parking.clock import iso
 from layby.parking.keys import Keys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
@@ -588,9 +588,9 @@ class Store:
         """A page of runs, newest first, `offset` runs after `cursor` (or after the top),
         and the next page's cursor (None at the end). Raises `BadCursor` for a cursor the
         store did not make. With `agent_version`, only runs started on that version: see
-        `_page_of_version`."""
+        `pinning.page_of_version`."""
         if agent_version is not None:
-            return self._page_of_version(status, limit, cursor, offset, agent_version)
+            return pinning.page_of_version(self, status, limit, cursor, offset, agent_version)
         if offset and cursor is None:
             scored = self.runs.newest(status, limit + 1, offset)
             after = cursor_of(*scored[limit - 1]) if len(scored) > limit else None
@@ -600,37 +600,6 @@ class Store:
         if after is not None and scored:
             after = cursor_of(*scored[-1])
         return self._summaries(scored), after
-
-    def _page_of_version(self, status: Status | None, limit: int, cursor: str | None,
-                         offset: int, agent_version: str
-                         ) -> tuple[list[RunSummary], str | None]:
-        """Runs started on `agent_version`, newest first, `offset` of them skipped: the
-        index read from `cursor` on, each run's version looked at, until `limit` are found
-        or VERSION_SCAN runs were read. Its cost is bounded, so a page may hold fewer than
-        `limit` runs (none, even) and still have a next cursor: follow it to read on (the
-        skipping ends with the page)."""
-        found: list[tuple[str, int]] = []
-        skip = offset
-        scanned = 0
-        while True:
-            scored, after = self.runs.page(status, min(VERSION_SCAN, 500, max(limit, 100)),
-                                           cursor)
-            pipe = self.redis.pipeline(transaction=False)
-            for run_id, _ in scored:
-                pipe.hget(self.keys.run(run_id), "agent_version")
-            for item, version in zip(scored, pipe.execute(), strict=True):
-                scanned += 1
-                if version == agent_version and skip:
-                    skip -= 1
-                elif version == agent_version:
-                    found.append(item)
-                    if len(found) == limit:
-                        return self._summaries(found), cursor_of(*item)
-            if after is None:
-                return self._summaries(found), None
-            cursor = after
-            if scanned >= VERSION_SCAN:
-                return self._summaries(found), cursor
 
     def _summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
         pipe = self.redis.pipeline(transaction=False)
@@ -692,31 +661,8 @@ class Store:
         oldest = self.oldest_queued_ms()
         if oldest is not None:
             cutoff = min(cutoff, oldest - 1)
-        return self._not_behind_pinned(self.runs.waiting_since_before(
+        return pinning.not_behind_pinned(self, self.runs.waiting_since_before(
             (Status.QUEUED, Status.RESUMING), cutoff, limit))
-
-    def _not_behind_pinned(self, run_ids: list[str]) -> list[str]:
-        """`run_ids` but the pinned runs whose version's queue (`<turns>@<version>`) holds
-        messages: theirs may wait there for as long as no worker hosts that version, and a
-        copy each sweep would only lengthen it. (Known only when the broker is the store's
-        server.)"""
-        pushed = (self.config.messages or {}).get("turn")
-        if not pushed or not run_ids:
-            return run_ids
-        pipe = self.redis.pipeline(transaction=False)
-        for run_id in run_ids:
-            pipe.hmget(self.keys.run(run_id), "pinned", "agent_version")
-        queues = {run_id: f"{pushed[0]}@{version}"
-                  for run_id, (pinned, version) in zip(run_ids, pipe.execute(), strict=True)
-                  if pinned == "1" and version}
-        if not queues:
-            return run_ids
-        names = sorted(set(queues.values()))
-        pipe = self.redis.pipeline(transaction=False)
-        for name in names:
-            pipe.llen(name)
-        waiting = {name for name, length in zip(names, pipe.execute(), strict=True) if length}
-        return [run_id for run_id in run_ids if queues.get(run_id) not in waiting]
 
     def oldest_queued_ms(self) -> int | None:
         """When the oldest message still on the turns queue (the next to be taken) was
@@ -862,8 +808,6 @@ def _stored(note: Notification) -> dict[str, Any]:
 # (lua/_prelude.lua), and how many a scan for them asks for at once.
 INTERRUPT, NOTE = "i:", "n:"
 SCAN_COUNT = 1000
-# Runs of the index one page of a list by agent version reads at most.
-VERSION_SCAN = 5000
 
 
 def _prefixed(run: dict[str, str], prefix: str, older: dict[str, str]) -> dict[str, str]:

@@ -169,7 +169,7 @@ def test_runs_are_listed_by_the_version_they_started_on_a_bounded_stretch_a_page
     assert [r.id for r in page] == ["run_5", "run_3"]
     assert store.list_page(agent_version="v9") == ([], None)
     # A page reads at most VERSION_SCAN runs of the index: fewer found, and a cursor on.
-    monkeypatch.setattr("layby.parking.store.VERSION_SCAN", 1)
+    monkeypatch.setattr("layby.parking.pinning.VERSION_SCAN", 1)
     seen, cursor, pages = [], None, 0
     while True:
         page, cursor = store.list_page(limit=3, cursor=cursor, agent_version="v2")
