@@ -29,8 +29,9 @@ if status == 'running' and owner and owner ~= claimer and tonumber(st[4] or '0')
 end
 -- A pinned run's step is for a worker that hosts its version: refused before anything is
 -- written, not counted as an attempt (the caller hands it back to its queue).
-if st[13] == '1' and not string.find('\n' .. hosts .. '\n',
-                                     '\n' .. (st[7] or '') .. '@' .. (st[12] or '') .. '\n', 1, true) then
+local pinned_to = (st[7] or '') .. '@' .. (st[12] or '')
+if st[13] == '1'
+    and not string.find('\n' .. hosts .. '\n', '\n' .. pinned_to .. '\n', 1, true) then
   return {'elsewhere', st[12]}
 end
 -- Attempts are counted before running, so a step that kills its worker every time ends.
