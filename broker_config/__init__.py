@@ -24,9 +24,11 @@ from layby.broker_config.names import (
     SWEEP,
     SWEEP_TASK,
     TURNS,
+    pinned_queue,
 )
 from layby.broker_config.settings import Settings
 
 __all__ = ["CELERY_ENTRY", "DELIVER_TASK", "JOBS", "NOTIFY", "NOTIFY_TASK", "QUEUES",
            "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP", "SWEEPER_ENTRY", "SWEEP_TASK",
-           "TURNS", "Settings", "celery_argv", "celery_config", "make_celery", "worker_queues"]
+           "TURNS", "Settings", "celery_argv", "celery_config", "make_celery", "pinned_queue",
+           "worker_queues"]

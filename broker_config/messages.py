@@ -15,6 +15,12 @@ placeholders the script fills in:
 | `@@T@@`     | the task id (`<run>:<kind>:<version>`, or the note) |
 | `@@D@@`     | kombu's delivery tag, unique per message            |
 | `@@A@@`     | `agent=<the run's agent> `, or nothing              |
+| `@@S@@`     | `@<version>` for a pinned run's step, or nothing    |
+
+A pinned run's steps go to the queue of its agent's version, `layby.turns@<version>`: the
+script pushes onto that queue's key, and the message's routing key names it too (`@@S@@`),
+so that kombu gives a message back to that queue, not to `layby.turns`, when a worker
+dies holding it.
 
 The arguments Flower shows (the `argsrepr` header) are the run's agent and the ids,
 `agent=demo.transfer ['run_…', 3]` (`shown_args`; the agent first, as Flower's narrow
@@ -39,8 +45,8 @@ from celery import Celery
 
 from layby.broker_config.names import DELIVER_TASK, NOTIFY, NOTIFY_TASK, RESUME_RUN, RUN_TURN, TURNS
 
-RUN, VERSION, NOTE, TASK_ID, TAG, AGENT = ("@@R@@", "@@V@@", "@@N@@", "@@T@@", "@@D@@",
-                                           "@@A@@")
+RUN, VERSION, NOTE, TASK_ID, TAG, AGENT, SUFFIX = ("@@R@@", "@@V@@", "@@N@@", "@@T@@",
+                                                   "@@D@@", "@@A@@", "@@S@@")
 
 
 def shown_args(args: list[Any] | tuple[Any, ...], agent: str | None = None) -> str:
@@ -58,9 +64,9 @@ class Template:
 
 
 def template(app: Celery, task: str, queue: str, args: tuple[str, str],
-             key_prefix: str = "") -> Template:
+             key_prefix: str = "", *, pinnable: bool = False) -> Template:
     """The message of `task` on `queue` with `args` (placeholders; `VERSION` stands for a
-    number)."""
+    number); a `pinnable` one routed to `queue` + `SUFFIX`."""
     # The origin names the host, not the process: a template is written into the scripts'
     # source, and one per process would load a new copy of every script each restart.
     made = app.amqp.as_task_v2(TASK_ID, task, args=args, kwargs={}, root_id=TASK_ID,
@@ -73,7 +79,8 @@ def template(app: Celery, task: str, queue: str, args: tuple[str, str],
         "content-type": "application/json",
         "headers": made.headers,
         "properties": {**made.properties, "reply_to": "", "delivery_mode": 2,
-                       "delivery_info": {"exchange": "", "routing_key": queue},
+                       "delivery_info": {"exchange": "", "routing_key": queue
+                                         + (SUFFIX if pinnable else "")},
                        "priority": 0, "delivery_tag": TAG},
     }
     text = json.dumps(envelope)
@@ -86,8 +93,9 @@ def template(app: Celery, task: str, queue: str, args: tuple[str, str],
 def templates(app: Celery, key_prefix: str = "") -> dict[str, Template]:
     """The tasks layby's transitions queue, by the kind of step they take."""
     return {
-        "turn": template(app, RUN_TURN, TURNS, (RUN, VERSION), key_prefix),
-        "resume": template(app, RESUME_RUN, TURNS, (RUN, VERSION), key_prefix),
+        "turn": template(app, RUN_TURN, TURNS, (RUN, VERSION), key_prefix, pinnable=True),
+        "resume": template(app, RESUME_RUN, TURNS, (RUN, VERSION), key_prefix,
+                           pinnable=True),
         "notify": template(app, NOTIFY_TASK, NOTIFY, (RUN, VERSION), key_prefix),
         "deliver": template(app, DELIVER_TASK, NOTIFY, (RUN, NOTE), key_prefix),
     }

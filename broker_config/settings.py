@@ -114,6 +114,9 @@ class Settings(BaseSettings):
     agent_modules: CommaList = Field(default_factory=lambda: ["layby.demo.agents"])
     task_modules: CommaList = Field(default_factory=lambda: ["layby.demo.jobs"],
                                     description="modules with Celery tasks to run as jobs")
+    # The versions of its agents a worker runs pinned runs of (and reads the queues of,
+    # `layby.turns@<version>`); empty: each agent's own version.
+    agent_versions: CommaList = Field(default_factory=list)
     key_prefix: str = "layby"
     # Empty by default: another service reaches layby with nothing but the broker URL.
     # Set it (e.g. "layby:broker:") when the broker's Redis database is shared.
@@ -255,7 +258,8 @@ class Settings(BaseSettings):
             raise ValueError(problem)
         return value
 
-    @field_validator("api_keys", "agent_modules", "task_modules", mode="before")
+    @field_validator("api_keys", "agent_modules", "task_modules", "agent_versions",
+                     mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

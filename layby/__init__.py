@@ -29,6 +29,7 @@ from layby.generation.interrupts import (
 )
 from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
 from layby.generation.tools import Approval, Ask, ToolContext, interrupt_tool, tool
+from layby.generation.versions import StoredRun
 from layby.wire import Answer, Delegation, Event, InterruptView, RunSummary, RunView, Status
 
 try:
@@ -41,6 +42,7 @@ __all__ = [
     "Agent", "Answer", "Approval", "Ask", "AsyncClient", "Call", "Case", "Choose", "Client",
     "Conflict", "Delegation", "Event", "InterruptView", "Invalid", "LaybyError", "NotFound",
     "OnExpire", "Reply",
-    "ResumeEntry", "RunSummary", "RunView", "ScriptedModel", "Status", "ToolContext",
+    "ResumeEntry", "RunSummary", "RunView", "ScriptedModel", "Status", "StoredRun",
+    "ToolContext",
     "Unauthorized", "interrupt_tool", "tool",
 ]

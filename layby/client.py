@@ -195,8 +195,10 @@ def _status(value: Status | str) -> Status:
 
 
 def _list(status: Status | str | None, limit: int, offset: int = 0,
-          cursor: str | None = None) -> _Call:
+          cursor: str | None = None, agent_version: str | None = None) -> _Call:
     params: dict[str, Any] = {"limit": limit}
+    if agent_version is not None:
+        params["agentVersion"] = agent_version
     if offset:
         params["offset"] = offset
     if cursor is not None:
@@ -465,15 +467,20 @@ class Client:
         return _reply(self._send(_list(status, limit, offset)), RunList).runs
 
     def page(self, status: Status | str | None = None, *, limit: int = 50,
-             cursor: str | None = None) -> RunList:
-        """One page of runs, newest first; its `next_cursor` asks for the next one."""
-        return _reply(self._send(_list(status, limit, cursor=cursor)), RunList)
+             cursor: str | None = None, agent_version: str | None = None) -> RunList:
+        """One page of runs, newest first; its `next_cursor` asks for the next one. With
+        `agent_version`, only runs started on that version of their agent (a page may then
+        hold fewer than `limit`, and still have a next one)."""
+        return _reply(self._send(_list(status, limit, cursor=cursor,
+                                       agent_version=agent_version)), RunList)
 
-    def iter_runs(self, status: Status | str | None = None) -> Iterator[RunSummary]:
-        """Every run (in one state, or all), newest first, a page at a time."""
+    def iter_runs(self, status: Status | str | None = None, *,
+                  agent_version: str | None = None) -> Iterator[RunSummary]:
+        """Every run (in one state, or all; of one agent version, or all), newest first, a
+        page at a time."""
         cursor: str | None = None
         while True:
-            found = self.page(status, limit=PAGE, cursor=cursor)
+            found = self.page(status, limit=PAGE, cursor=cursor, agent_version=agent_version)
             yield from found.runs
             if found.next_cursor is None:
                 return
@@ -610,14 +617,16 @@ class AsyncClient:
         return _reply(await self._send(_list(status, limit, offset)), RunList).runs
 
     async def page(self, status: Status | str | None = None, *, limit: int = 50,
-                   cursor: str | None = None) -> RunList:
-        return _reply(await self._send(_list(status, limit, cursor=cursor)), RunList)
+                   cursor: str | None = None, agent_version: str | None = None) -> RunList:
+        return _reply(await self._send(_list(status, limit, cursor=cursor,
+                                             agent_version=agent_version)), RunList)
 
-    async def iter_runs(self, status: Status | str | None = None
-                        ) -> AsyncIterator[RunSummary]:
+    async def iter_runs(self, status: Status | str | None = None, *,
+                        agent_version: str | None = None) -> AsyncIterator[RunSummary]:
         cursor: str | None = None
         while True:
-            found = await self.page(status, limit=PAGE, cursor=cursor)
+            found = await self.page(status, limit=PAGE, cursor=cursor,
+                                    agent_version=agent_version)
             for run in found.runs:
                 yield run
             if found.next_cursor is None:

@@ -149,6 +149,10 @@ class RunView(Wire):
     agent: str
     status: Status
     version: int
+    # The version of the agent the run started on (`Agent.version`; None: started before
+    # layby recorded it); `pinned`: its steps run only where that version is hosted.
+    agent_version: str | None = None
+    pinned: bool = False
     input: Any = None
     messages: list[Message]
     interrupts: list[InterruptView]
@@ -170,6 +174,7 @@ class RunSummary(Wire):
     agent: str
     status: Status
     version: int
+    agent_version: str | None = None
     open_interrupts: int
     created_at: str
     updated_at: str

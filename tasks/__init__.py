@@ -17,7 +17,7 @@ from contextlib import suppress
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_init, worker_ready, worker_shutdown
 from redis import RedisError
 
 from layby.broker_config import (
@@ -27,6 +27,7 @@ from layby.broker_config import (
     RUN_TURN,
     START_RUN,
     SWEEP_TASK,
+    TURNS,
 )
 from layby.control import Runtime, commands
 from layby.notifier import delivery, planning
@@ -79,6 +80,7 @@ def register(rt: Runtime) -> Celery:
     jobs.connect(rt)
     context.connect()
     _refuse_an_unreadable_store(rt)
+    _read_pinned_queues(rt)
     _beat_while_up(rt)
     # The reviewer policy, read now in the main process: pool children forked from it start
     # with these rules, so a rules file broken later leaves every child the rules it had.
@@ -102,15 +104,34 @@ def _refuse_an_unreadable_store(rt: Runtime) -> None:
     worker_init.connect(init, weak=False, dispatch_uid=f"layby.format.{id(rt.celery)}")
 
 
+def _takes_steps(app: Celery) -> bool:
+    return TURNS in app.amqp.queues.consume_from
+
+
+def _read_pinned_queues(rt: Runtime) -> None:
+    """A worker that takes steps also reads the queues of the runs pinned to the versions
+    it hosts (`layby.turns@<version>`), however its queues were chosen (`-Q`, `layby up`)."""
+
+    def after_setup(sender: Any, instance: Any, **_: Any) -> None:
+        if _takes_steps(instance.app):
+            for name in rt.pinned_queues:
+                instance.app.amqp.queues.select_add(name)
+
+    celeryd_after_setup.connect(after_setup, weak=False,
+                                dispatch_uid=f"layby.pinned.{id(rt.celery)}")
+
+
 def _beat_while_up(rt: Runtime) -> None:
-    """The worker's own heartbeat (`heartbeat.beat_worker`), from ready to shutdown."""
+    """The worker's own heartbeat (`heartbeat.beat_worker`), from ready to shutdown; one
+    that takes steps tells which agent versions it hosts with each beat."""
     stop = threading.Event()
 
     # The process id too: a worker started again under the same node name (by a supervisor)
     # is another process, and the dead one's beat must lapse.
     def ready(sender: Any, **_: Any) -> None:
         beat_worker(rt.store, f"{sender.hostname}:{os.getpid()}", migrations.newest(),
-                    rt.settings.heartbeat_interval_s, stop)
+                    rt.settings.heartbeat_interval_s, stop,
+                    hosting=rt.hosted if _takes_steps(sender.app) else None)
 
     def shutdown(sender: Any, **_: Any) -> None:
         # A warm shutdown gives reserved messages back to the queue: nothing to reap.

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from types import TracebackType
 
 import redis
@@ -31,9 +32,10 @@ log = logging.getLogger(__name__)
 
 
 def beat_worker(store: Store, name: str, newest_format: int, every_s: float,
-                stop: threading.Event) -> None:
+                stop: threading.Event, hosting: Sequence[str] | None = None) -> None:
     """Beat for worker `name` until `stop`, in a thread of its main process
-    (`layby.control.announce`)."""
+    (`layby.control.announce`), telling the agent versions it is `hosting`
+    (`<agent>@<version>`; None: it takes no steps)."""
     try:
         # The first process up notes the server: a failover before the sweeper's first
         # sweep still shows to it as another server.
@@ -41,7 +43,7 @@ def beat_worker(store: Store, name: str, newest_format: int, every_s: float,
     except redis.RedisError as exc:
         log.warning("worker %s: could not note the server (%s)", name, exc)
     announce(lambda: store, name, about("worker", newest_format), newest_format, every_s,
-             stop)
+             stop, hosting=hosting)
 
 
 class Heartbeat:

@@ -28,7 +28,7 @@ from layby.control.runtime import Runtime, worker_name
 from layby.errors import ConfigError, ResumeError
 from layby.generation.agents import Agent
 from layby.generation.answers import to_resume
-from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
+from layby.generation.interrupts import BACKGROUND_JOB, Interrupt, ResumeEntry
 from layby.generation.messages import Message, dump_messages
 from layby.generation.providers.common import ProviderError
 from layby.generation.turn import (
@@ -37,10 +37,17 @@ from layby.generation.turn import (
     Finish,
     Outcome,
     Park,
-    Resume,
     Step,
     model_turn,
     resume_turn,
+)
+from layby.generation.versions import (
+    AGENT_CHANGED,
+    Changed,
+    StoredRun,
+    migrated,
+    parked_version,
+    what_changed,
 )
 from layby.notifier import delivery, planning
 from layby.parking import Announcements, RunRecord, Store, Verdict
@@ -49,6 +56,10 @@ from layby.tasks.jobs import starter
 from layby.wire import Answer, InterruptState
 
 log = logging.getLogger(__name__)
+# How long a worker holds a pinned run's step it does not host before handing it back: a
+# worker that reads the run's queue for another agent of the same version would otherwise
+# bounce it back and forth as fast as the queue turns.
+HAND_BACK_PAUSE_S = 1.0
 
 
 class LostClaim(Exception):
@@ -80,7 +91,9 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
     """Take the run's pending steps; returns how it went (for logs and Flower)."""
     store = rt.store
     owner = f"{worker_name()}:{task_id or uuid.uuid4().hex}:{uuid.uuid4().hex[:8]}"
-    claim = store.claim(run_id, version, owner)
+    claim = store.claim(run_id, version, owner, rt.hosted)
+    if claim.verdict is Verdict.ELSEWHERE:
+        return _hand_back(rt, run_id, version, claim.agent_version)
     if claim.verdict is Verdict.EXHAUSTED:
         store.fail(run_id, {"code": "attempts_exhausted",
                             "message": f"gave up after {claim.attempt} attempts at version "
@@ -102,6 +115,18 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
         # Give the step back at once rather than after the lease; attempts are bounded.
         rt.publish(store.requeue(run_id, owner=owner).entries)
         raise
+
+
+def _hand_back(rt: Runtime, run_id: str, version: int, pinned_to: str | None) -> str:
+    """A step of a run pinned to a version this worker does not host (the claim refused it,
+    changing nothing): back on the run's own queue, `layby.turns@<version>`, for a worker
+    that hosts it. Never run here."""
+    time.sleep(HAND_BACK_PAUSE_S)
+    result = rt.store.requeue(run_id)
+    rt.publish(result.entries)
+    log.warning("run %s v%s is pinned to version %s of its agent, which this worker does not "
+                "host; handed back to its queue", run_id, version, pinned_to)
+    return "elsewhere"
 
 
 def _loop(rt: Runtime, beat: Heartbeat, record: RunRecord) -> str:
@@ -147,7 +172,7 @@ def _step(rt: Runtime, version: int, owner: str, history: list[Message],
 def _take_step(store: Store, agent: Agent, step: Step, record: RunRecord) -> Outcome:
     try:
         if _is_parked(step.history):
-            return resume_turn(agent, step, _resume_for(store, step, record))
+            return _resume(store, agent, step, record)
         return _model_turn_with_retries(agent, step)
     except ResumeError as exc:
         return Fail(step.history, "invalid_resume", exc.message)
@@ -191,14 +216,40 @@ def _is_parked(history: list[Message]) -> bool:
                 and any(p.meta("interrupt") is not None for p in last.tool_requests))
 
 
-def _resume_for(store: Store, step: Step, record: RunRecord) -> Resume:
+def _resume(store: Store, agent: Agent, step: Step, record: RunRecord) -> Outcome:
+    """The parked turn resumed with its answers; on another version of the agent than the
+    one it parked on, migrated (when the agent has a hook) and checked first."""
+    specs, entries = _parked(store, step, record)
+    parked_on = parked_version(specs)
+    if parked_on != agent.version:
+        stored = StoredRun(id=step.run_id, agent=agent.name,
+                           agent_version=record.agent_version, parked_version=parked_on,
+                           messages=step.history, interrupts=specs, answers=entries,
+                           metadata=step.run_metadata)
+        run = migrated(agent, stored) if agent.migrate is not None else stored
+        changed = run if isinstance(run, Changed) else what_changed(agent, run)
+        if changed is not None:
+            log.warning("run %s cannot resume: %s", step.run_id, changed.message)
+            error = changed.error(agent, parked_on)
+            return Fail(step.history, AGENT_CHANGED, error["message"], error["detail"])
+        assert isinstance(run, StoredRun)
+        step = replace(step, history=run.messages)
+        specs, entries = run.interrupts, run.answers
+        log.info("run %s parked on %s resumes on version %s of %s", step.run_id,
+                 parked_on or "an unrecorded version", agent.version, agent.name)
+    return resume_turn(agent, step, to_resume(specs, entries))
+
+
+def _parked(store: Store, step: Step, record: RunRecord
+            ) -> tuple[list[Interrupt], dict[str, ResumeEntry]]:
+    """The interrupts the parked turn waits on, and their answers."""
     waiting = {p.meta("interrupt", {}).get("id") for p in step.history[-1].tool_requests}
     if record.parked_on is not None and waiting <= {s.id for s in record.parked_on}:
         specs, answers = record.parked_on, record.answers  # read by the claim
     else:  # parked by an older layby, which did not record what it waited on
         specs, answers, _ = store.interrupts(step.run_id)
-    return to_resume([s for s in specs if s.id in waiting],
-                     {k: a.entry() for k, a in answers.items()})
+    return ([s for s in specs if s.id in waiting],
+            {k: a.entry() for k, a in answers.items()})
 
 
 def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], owner: str,
@@ -214,7 +265,8 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
     match outcome:
         case Continue(messages=messages):
             result = store.advance(step.run_id, step.version, owner, messages,
-                                   {**event, "messages": dump_messages(added)}, inline=inline)
+                                   {**event, "agentVersion": agent.version,
+                                    "messages": dump_messages(added)}, inline=inline)
         case Park(messages=messages, interrupts=interrupts):
             interrupts, by_rule = _under_policy(rt, agent, step, interrupts)
             # What the run waits on (ids and reasons: the interrupts themselves are the
@@ -238,10 +290,12 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
         case Finish(messages=messages, result=text):
             event["result"] = text
             result = store.complete(step.run_id, step.version, owner, messages, text,
-                                    {**event, "messages": dump_messages(added)})
-        case Fail(messages=messages, code=code, message=message):
-            result = store.fail(step.run_id, {"code": code, "message": message},
-                                version=step.version, owner=owner, messages=messages)
+                                    {**event, "agentVersion": agent.version,
+                                     "messages": dump_messages(added)})
+        case Fail(messages=messages, code=code, message=message, detail=detail):
+            error = {"code": code, "message": message, **({"detail": detail} if detail else {})}
+            result = store.fail(step.run_id, error, version=step.version, owner=owner,
+                                messages=messages)
     if not result.ok:
         raise LostClaim(f"run {step.run_id}: commit of version {step.version} refused "
                         f"({result.verdict}: the run is {result.status or 'gone'})")

@@ -158,15 +158,18 @@ class LaybySystem:
         wait_until(self._gateway_up, 30, what="the gateway")
         return self
 
-    def _start(self, name: str, argv: list[str]) -> Proc:
+    def _start(self, name: str, argv: list[str], **env: str) -> Proc:
         proc = Proc(name, argv, self.logs / f"{name}.log")
-        proc.start(self.env)
+        proc.start({**self.env, **env})
         self.procs[name] = proc
         return proc
 
-    def start_worker(self, name: str = "worker") -> Proc:
+    def start_worker(self, name: str = "worker", **env: str) -> Proc:
+        """A worker on the system's queues; `env`: variables of its own (another agent
+        module, say: a worker on a new version of the code)."""
         proc = self._start(name, worker_argv(self.settings, [TURNS, JOBS, NOTIFY, "celery"],
-                                             self.worker_count, self.log_level or "INFO"))
+                                             self.worker_count, self.log_level or "INFO"),
+                           **env)
         wait_until(lambda: "ready." in proc.output(), 40, what=f"{name} to be ready")
         return proc
 

@@ -922,7 +922,7 @@ INTERNAL = {
     "Step",  # scripted.Step, the type of a script step; generation.Step is turn.Step
 }
 MODULES = ["agents", "answers", "interrupts", "messages", "models", "scripted",
-           "tools", "turn"]
+           "tools", "turn", "versions"]
 
 
 def test_all_lists_each_public_name_once_and_each_is_importable():

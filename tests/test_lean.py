@@ -203,7 +203,8 @@ def test_a_transition_pushes_celerys_own_message_with_the_run_filled_in(
         message = json.loads(pushed[0])
         task_id = f"{run_id}:turn:1"
         values = {"R": run_id, "V": "1", "N": "", "T": task_id,
-                  "D": message["properties"]["delivery_tag"], "A": "agent=demo.trivia "}
+                  "D": message["properties"]["delivery_tag"], "A": "agent=demo.trivia ",
+                      "S": ""}
         expected = PLACEHOLDER.sub(lambda m: values[m.group(1)],
                                    templates(celery)["turn"].message)
         assert pushed[0] == expected

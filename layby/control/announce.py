@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import metadata
 
 import redis
@@ -43,7 +43,8 @@ def process_name(kind: str) -> str:
 
 
 def announce(store_of: Callable[[], Store], name: str, told: str, newest_format: int,
-             every_s: float, stop: threading.Event) -> threading.Thread:
+             every_s: float, stop: threading.Event,
+             hosting: Sequence[str] | None = None) -> threading.Thread:
     """Beat for `name` until `stop`, once now (before the process serves: a switch sees
     it) and then in a thread; at the end, take it out of the registry. `store_of` gives
     the process's store (it may be away at first)."""
@@ -51,7 +52,7 @@ def announce(store_of: Callable[[], Store], name: str, told: str, newest_format:
     def beat_once() -> bool:
         try:
             store = store_of()
-            store.beat_worker(name, told)
+            store.beat_worker(name, told, hosting)
         except redis.RedisError as exc:  # the store away: beat again when it is back
             log.warning("%s: heartbeat failed (%s); trying again", name, exc)
             return True

@@ -66,8 +66,12 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
     elif (why := why_not_a_start(messages)) is not None:
         raise Invalid(why, detail=[{"path": "/messages", "message": why}])
     run_id = run_id or new_run_id()
+    # The version it starts on is this process's; a run of an agent that pins keeps it.
+    declared = rt.agents[agent]
+    pinned = declared.on_change == "pin"
     result = store.create_run(run_id, agent, input=input, messages=messages,
-                              metadata=metadata or {}, idempotency_key=idempotency_key)
+                              metadata=metadata or {}, idempotency_key=idempotency_key,
+                              agent_version=declared.version, pinned=pinned)
     if result.verdict is Verdict.EXISTS:
         existing = store.view(result.run_id or "")
         if existing is None:
@@ -80,7 +84,8 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
     # The run as accepted, from what was written (a read could show a quick worker's
     # first turn in the reply to the request that created the run).
     created = iso(result.at or 0)
-    return RunView(id=run_id, agent=agent, status=Status.QUEUED, version=1, input=input,
+    return RunView(id=run_id, agent=agent, status=Status.QUEUED, version=1,
+                   agent_version=declared.version, pinned=pinned, input=input,
                    messages=messages, interrupts=[], metadata=metadata or {},
                    created_at=created,
                    updated_at=created), True

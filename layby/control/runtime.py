@@ -32,10 +32,11 @@ from layby.broker_config import (
     TURNS,
     Settings,
     make_celery,
+    pinned_queue,
 )
 from layby.broker_config.messages import shown_args, templates
 from layby.control.connections import redis_client
-from layby.generation.agents import Agent, load_agents
+from layby.generation.agents import Agent, hosted, hosted_versions, load_agents
 from layby.generation.importing import import_user_module
 from layby.parking import OutboxEntry, Store, StoreConfig, TaskNames, formats, migrations
 from layby.reviewers.config import Reviewers
@@ -83,6 +84,7 @@ class Runtime:
         self.reviewers = Reviewers(settings)
         self._store: tuple[int, Store] | None = None
         self._agents = agents
+        self._hosted: tuple[str, ...] | None = None
         self._new_locks()
         # A lock held by another thread at fork would stay held in the child for good.
         me = weakref.ref(self)
@@ -125,6 +127,19 @@ class Runtime:
             if self._agents is None:
                 self._agents = load_agents(self.settings.agent_modules)
             return self._agents
+
+    @property
+    def hosted(self) -> tuple[str, ...]:
+        """The agent versions this process's worker runs pinned runs of, each as
+        `<agent>@<version>` (LAYBY_AGENT_VERSIONS, or each agent's own)."""
+        if self._hosted is None:
+            self._hosted = hosted(self.agents.values(), self.settings.agent_versions)
+        return self._hosted
+
+    @property
+    def pinned_queues(self) -> list[str]:
+        """The queues of the pinned runs this process's worker hosts, one per version."""
+        return [pinned_queue(v) for v in hosted_versions(self.hosted)]
 
     def publish(self, entries: Iterable[OutboxEntry]) -> int:
         """Send entries to the broker and ack them; returns how many were sent."""

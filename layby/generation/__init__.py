@@ -21,7 +21,14 @@ from layby.errors import (
     UnknownToolCall,
     UnresolvedToolCall,
 )
-from layby.generation.agents import Agent, load_agents
+from layby.generation.agents import (
+    Agent,
+    OnChange,
+    fingerprint,
+    hosted,
+    hosted_versions,
+    load_agents,
+)
 from layby.generation.answers import (
     MAX_JSON_DEPTH,
     check_answer,
@@ -73,18 +80,26 @@ from layby.generation.turn import (
     model_turn,
     resume_turn,
 )
+from layby.generation.versions import (
+    AGENT_CHANGED,
+    Changed,
+    StoredRun,
+    migrated,
+    parked_version,
+    what_changed,
+)
 
 __all__ = [
-    "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "MAX_JSON_DEPTH", "TOOL_CALL",
-    "Agent", "Approval", "Ask", "Call", "Case", "Choose", "ConfigError", "Conflict", "Continue",
-    "EndRun", "Escalation", "ExpiryAction", "Fail", "Finish", "Forbidden", "Interrupt", "Invalid",
-    "InvalidAnswer", "JobRequest",
-    "LaybyError", "Message", "Model", "ModelRequest", "ModelResponse", "NotFound", "OnExpire",
+    "AGENT_CHANGED", "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "MAX_JSON_DEPTH",
+    "TOOL_CALL", "Agent", "Approval", "Ask", "Call", "Case", "Changed", "Choose",
+    "ConfigError", "Conflict", "Continue", "EndRun", "Escalation", "ExpiryAction", "Fail",
+    "Finish", "Forbidden", "Interrupt", "Invalid", "InvalidAnswer", "JobRequest", "LaybyError",
+    "Message", "Model", "ModelRequest", "ModelResponse", "NotFound", "OnChange", "OnExpire",
     "Outcome", "Park", "Part", "Reply", "RequestError", "Resume", "ResumeEntry", "ResumeError",
-    "ResumeMode", "RunFailed", "ScriptedModel",
-    "Step", "TooLarge", "Tool", "ToolContext", "ToolInterrupt", "ToolRequest", "ToolResponse",
-    "Unauthorized", "Unavailable", "UnknownToolCall", "UnresolvedToolCall", "check_answer",
-    "check_storable", "interrupt_tool", "load_agents",
-    "model_turn", "resume_turn", "schema_errors", "text_message", "to_resume", "tool",
-    "why_not_a_start",
+    "ResumeMode", "RunFailed", "ScriptedModel", "Step", "StoredRun", "TooLarge", "Tool",
+    "ToolContext", "ToolInterrupt", "ToolRequest", "ToolResponse", "Unauthorized",
+    "Unavailable", "UnknownToolCall", "UnresolvedToolCall", "check_answer", "check_storable",
+    "fingerprint", "hosted", "hosted_versions", "interrupt_tool", "load_agents", "migrated",
+    "model_turn", "parked_version", "resume_turn", "schema_errors", "text_message",
+    "to_resume", "tool", "what_changed", "why_not_a_start",
 ]

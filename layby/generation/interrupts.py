@@ -79,6 +79,9 @@ class Interrupt(Wire):
     escalation: list[Escalation] | None = None
     remind_every_s: float | None = None
     rule: str | None = None
+    # The version of the agent that asked (`Agent.version`): a resume on another version
+    # checks, pins or migrates the run (`layby.generation.versions`). None: not recorded.
+    agent_version: str | None = None
 
 
 class ResumeEntry(Wire):

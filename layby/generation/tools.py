@@ -260,7 +260,9 @@ class Tool:
         """Whether this call waits for a person's approval: on its first run, as the rule
         says; run again, when the answer it got is the approval's (it says yes or no)."""
         if ctx.restarted:
-            return ctx.approval_asked and bool(self.requires_approval)
+            # The answer to an approval stands even if the tool no longer asks for one (a
+            # run parked on an older version of its agent): a decline never runs it.
+            return ctx.approval_asked
         rule = self.requires_approval
         if callable(rule):
             return bool(rule(parsed) if self.takes_model else rule(**dict(parsed)))

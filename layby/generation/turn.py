@@ -103,6 +103,7 @@ class Fail:
     messages: list[Message]
     code: str
     message: str
+    detail: dict[str, Any] | None = None  # kept in the run's error beside code and message
 
 
 Outcome = Continue | Park | Finish | Fail
@@ -227,7 +228,8 @@ def _run_one(agent: Agent, step: Step, request: ToolRequest, restart: Part | Non
     try:
         return CallResult("output", tool.call(ctx, request.input))
     except ToolInterrupt as signal:
-        return CallResult("interrupt", interrupt=_interrupt(step, tool, ctx, request, signal.ask))
+        return CallResult("interrupt", interrupt=_interrupt(agent, step, tool, ctx, request,
+                                                            signal.ask))
     except EndRun as end:
         return CallResult("end", result=end.result)
     except ValidationError as exc:
@@ -238,7 +240,7 @@ def _run_one(agent: Agent, step: Step, request: ToolRequest, restart: Part | Non
         return CallResult("output", {"error": f"{type(exc).__name__}: {exc}"})
 
 
-def _interrupt(step: Step, tool: Tool, ctx: ToolContext, request: ToolRequest,
+def _interrupt(agent: Agent, step: Step, tool: Tool, ctx: ToolContext, request: ToolRequest,
                ask: Ask) -> Interrupt:
     now = step.now()
     expires = ask.expires_at or (now + timedelta(seconds=ask.expires_in)
@@ -253,7 +255,7 @@ def _interrupt(step: Step, tool: Tool, ctx: ToolContext, request: ToolRequest,
         tool_name=tool.name, tool_input=_normalized(tool, request.input),
         input_schema=tool.input_schema if mode is ResumeMode.RESTART else None,
         mode=mode, on_expire=ask.on_expire or OnExpire(), reviewers=ask.reviewers,
-        required_approvals=ask.required_approvals,
+        required_approvals=ask.required_approvals, agent_version=agent.version,
         # a restart runs while the parked model message is already in the history: it
         # belongs to that turn, not to the next one
         created_at=_iso(now), turn=step.turns_taken - (1 if ctx.restarted else 0))

@@ -128,13 +128,20 @@ def list_runs(rt: Rt, _: Caller, status: Status | None = None,
               # to do instead.
               offset: Annotated[int, Query(ge=0, json_schema_extra={"maximum": MAX_OFFSET},
                                            description=f"runs to skip, at most {MAX_OFFSET}: "
-                                           "deeper, follow `nextCursor`")] = 0
+                                           "deeper, follow `nextCursor`")] = 0,
+              agent_version: Annotated[str | None, Query(
+                  alias="agentVersion", min_length=1, max_length=64,
+                  pattern=r"^[A-Za-z0-9._:+-]+$",
+                  description="only runs started on this version of their agent; a page "
+                  "reads a bounded stretch of the list, so it may hold fewer than `limit` "
+                  "runs and still have a `nextCursor`")] = None
               ) -> Response:
     if offset > MAX_OFFSET:
         raise Invalid(f"offset {offset} is past {MAX_OFFSET}: deeper pages are read with the "
                       "cursor (pass each page's `nextCursor` as `cursor`), which costs the "
                       "same at any depth", detail={"maxOffset": MAX_OFFSET})
-    runs, after = rt.store.list_page(status, limit=limit, cursor=cursor, offset=offset)
+    runs, after = rt.store.list_page(status, limit=limit, cursor=cursor, offset=offset,
+                                     agent_version=agent_version)
     return _json(RunList(runs=runs, next_cursor=after))
 
 
@@ -193,7 +200,8 @@ async def events(run_id: RunId, rt: Rt, _: Caller,
 @router.get("/agents", operation_id="listAgents")
 def agents(rt: Rt, _: Caller) -> dict[str, Any]:
     return {"agents": [{"name": a.name, "description": a.description,
-                        "tools": [t.name for t in a.tools]}
+                        "tools": [t.name for t in a.tools], "version": a.version,
+                        "onChange": a.on_change}
                        for a in rt.agents.values()]}
 
 

@@ -7,6 +7,7 @@ Nothing is kept in the gateway process, so any number of gateways report the sam
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
@@ -47,6 +48,7 @@ class LaybyCollector:
         up = GaugeMetricFamily("layby_redis_up", "1 when the Redis server answered this scrape")
         try:
             read = gauges.read(self.client, self.keys, WAIT_BUCKETS_S)
+            by_version = gauges.runs_by_version(self.client, self.keys, (Status.INTERRUPTED,))
         except redis.RedisError:
             up.add_metric([], 0)
             yield up
@@ -54,6 +56,7 @@ class LaybyCollector:
         up.add_metric([], 1)
         yield up
         yield from _runs(read)
+        yield _parked_by_version(by_version)
         yield from _backlogs(read)
         yield from _counters(read.stats)
 
@@ -86,6 +89,18 @@ def _runs(g: gauges.Gauges) -> Iterator[Metric]:
                  g.deadlines_overdue)
     yield _gauge("layby_leases_lapsed",
                  "Running runs past their lease the sweeper has not requeued", g.leases_lapsed)
+
+
+def _parked_by_version(counts: Counter[gauges.VersionCount]) -> GaugeMetricFamily:
+    parked = GaugeMetricFamily(
+        "layby_runs_parked_by_version",
+        "Interrupted runs by agent and the agent version they started on (\"unknown\": "
+        "before layby recorded versions); pinned: whether they resume only on that version",
+        labels=["agent", "version", "pinned"])
+    for count, n in sorted(counts.items(), key=lambda c: (c[0].agent, c[0].version or "")):
+        parked.add_metric([count.agent, count.version or "unknown",
+                           "true" if count.pinned else "false"], n)
+    return parked
 
 
 def _backlogs(g: gauges.Gauges) -> Iterator[Metric]:

@@ -175,12 +175,25 @@ def worker(queues: Annotated[str | None, typer.Option(
            concurrency: Annotated[int, typer.Option(help="processes")] = 0,
            loglevel: str = "INFO", beat: Annotated[bool, typer.Option(
                help="also sweep, on the sweeper's own clock (one per deployment; "
-                    "`layby sweeper` is the sweeper on its own)")] = False) -> None:
-    """Run a Celery worker on layby's queues."""
+                    "`layby sweeper` is the sweeper on its own)")] = False,
+           agent_versions: Annotated[str | None, typer.Option(
+               help="comma-separated agent versions whose pinned runs this worker runs, "
+                    "instead of its agents' own (LAYBY_AGENT_VERSIONS)")] = None) -> None:
+    """Run a Celery worker on layby's queues, and on the queues of the runs pinned to the
+    versions of its agents it hosts (`layby.turns@<version>`)."""
+    from layby.generation.agents import hosted
     from layby.ops.supervisor import worker_argv
 
+    if agent_versions is not None:
+        # The worker's own process reads it, as it reads every LAYBY_* setting.
+        os.environ["LAYBY_AGENT_VERSIONS"] = agent_versions
     settings = Settings()
-    _check_config(settings)
+    agents = _check_config(settings)
+    try:
+        hosting = hosted(agents.values(), settings.agent_versions)
+    except LaybyError as exc:
+        _fail(exc.message, 2)
+    typer.echo(f"hosting {', '.join(hosting) or 'no agent'}", err=True)
     chosen = queues.split(",") if queues else worker_queues(settings)
     # Named layby-<pid>@<host> as `layby up` names its worker: one worker per queue on the
     # same machine must not share Celery's default node name.
@@ -353,7 +366,8 @@ def migrate(dry_run: Annotated[bool, typer.Option(
 def agents() -> None:
     """List the agents this machine loads (LAYBY_AGENT_MODULES)."""
     for agent in _rt().agents.values():
-        typer.echo(f"{agent.name:18} {agent.description}")
+        pinned = " (pins)" if agent.on_change == "pin" else ""
+        typer.echo(f"{agent.name:18} {agent.version}{pinned:7} {agent.description}")
 
 
 @cli.command("run")
@@ -493,21 +507,25 @@ def _user() -> str:
 def runs_ls(status: Annotated[Status | None, typer.Option(help="only runs in this state")] = None,
             limit: Annotated[int, typer.Option(min=1, help="at most this many")] = 50,
             every: Annotated[bool, typer.Option("--all", help="every run, however many")]
-            = False) -> None:
+            = False,
+            agent_version: Annotated[str | None, typer.Option(
+                help="only runs started on this version of their agent")] = None) -> None:
     """List runs, newest first, a page at a time."""
-    for r in _every_run(_rt().store, status, None if every else limit):
+    for r in _every_run(_rt().store, status, None if every else limit, agent_version):
         waiting = f"  {r.open_interrupts} open" if r.open_interrupts else ""
-        typer.echo(f"{r.id}  {r.status.value:11}  {r.agent:16} {r.updated_at}{waiting}")
+        typer.echo(f"{r.id}  {r.status.value:11}  {r.agent:16} {r.agent_version or '-':12} "
+                   f"{r.updated_at}{waiting}")
 
 
-def _every_run(store: Store, status: Status | None, limit: int | None
-               ) -> Iterator[RunSummary]:
+def _every_run(store: Store, status: Status | None, limit: int | None,
+               agent_version: str | None = None) -> Iterator[RunSummary]:
     """Runs, newest first, following the list's cursor (each page costs the same)."""
     cursor: str | None = None
     left = limit
     while left is None or left > 0:
         size = 500 if left is None else min(500, left)
-        page, cursor = store.list_page(status, limit=size, cursor=cursor)
+        page, cursor = store.list_page(status, limit=size, cursor=cursor,
+                                       agent_version=agent_version)
         yield from page
         if left is not None:
             left -= len(page)
@@ -525,6 +543,10 @@ def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
         typer.echo(json.dumps(view.wire(), indent=2))
         return
     typer.echo(f"{view.id}  {view.agent}  {view.status.value}  v{view.version}")
+    if view.agent_version:
+        typer.echo(f"  agent version {view.agent_version}"
+                   + (" (pinned: its steps run only where it is hosted)" if view.pinned
+                      else ""))
     for message in view.messages:
         for part in message.content:
             if part.text:
@@ -540,6 +562,8 @@ def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
                f"{intr.answer.answered_at}" if intr.answer else "")
         typer.echo(f"  interrupt {intr.id} [{intr.reason}] {intr.state.value}{who}: "
                    f"{intr.message or ''}")
+        if intr.agent_version and intr.agent_version != view.agent_version:
+            typer.echo(f"    asked on agent version {intr.agent_version}")
         if intr.rule:
             typer.echo(f"    rule {intr.rule}")
         if intr.required_approvals > 1:
@@ -554,7 +578,7 @@ def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
     if view.result:
         typer.echo(f"result: {view.result}")
     if view.error:
-        typer.echo(f"error: {view.error.get('message')}")
+        typer.echo(f"error [{view.error.get('code')}]: {view.error.get('message')}")
 
 
 @runs.command("answer")

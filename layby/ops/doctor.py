@@ -15,7 +15,9 @@ import redis.sentinel
 
 from layby.broker_config.settings import Settings
 from layby.parking import formats, migrations
+from layby.parking.gauges import live_hosting, runs_by_version
 from layby.parking.keys import Keys
+from layby.wire import Status
 
 MAX_SKEW_S = 2.0
 # A failover needs a majority of the sentinels: with fewer than 3, losing the primary's
@@ -130,6 +132,31 @@ def check_format(client: redis.Redis, settings: Settings) -> Check:
     elif state.version < newest:
         line += f"; this layby writes format {newest} once `layby migrate` has run"
     return Check("store format", True, line)
+
+
+def check_pinned_versions(client: redis.Redis, settings: Settings) -> list[Check]:
+    """Runs pinned to an agent version (`on_change="pin"`) that no live worker hosts: queued
+    or resuming, they wait now; parked, they would wait once answered. One line each
+    version."""
+    keys = Keys(settings.key_prefix)
+    counts = runs_by_version(client, keys, (Status.INTERRUPTED, Status.QUEUED,
+                                            Status.RESUMING))
+    pinned = sorted(((c.agent, c.version or ""), n) for c, n in counts.items() if c.pinned)
+    if not pinned:
+        return [Check("pinned versions", True, "no waiting run is pinned to a version")]
+    hosted = {token for tokens in live_hosting(client, keys).values() for token in tokens}
+    missing = [(agent, version, n) for (agent, version), n in pinned
+               if f"{agent}@{version}" not in hosted]
+    if not missing:
+        return [Check("pinned versions", True,
+                      f"{sum(n for _, n in pinned)} waiting run(s) pinned to {len(pinned)} "
+                      "version(s), each hosted by a live worker")]
+    return [Check("pinned versions", False,
+                  f"{n} run(s) of agent {agent!r} wait pinned to version {version}, which no "
+                  "live worker hosts: keep (or start) a worker on the code of that version "
+                  f"until they are done, or start one with `--agent-versions {version}` "
+                  "whose code can run them")
+            for agent, version, n in missing]
 
 
 def _where(node: redis.Redis) -> str:
@@ -334,6 +361,7 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
                                         f"cannot read it: {exc}; check it by hand"))
             checks.append(check_sweeper(client, settings))
             checks.append(check_format(client, settings))
+            checks.extend(check_pinned_versions(client, settings))
         except redis.sentinel.MasterNotFoundError:
             # Its text lists every sentinel client's settings; the checks above say why.
             checks.append(Check("redis", False, "does not answer: the sentinels name no "

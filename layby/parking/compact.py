@@ -18,7 +18,8 @@ from layby.parking.clock import iso
 INTERRUPT_NAMES = {"reason": "r", "message": "m", "toolCallId": "c", "responseSchema": "s",
                    "toolName": "n", "toolInput": "in", "mode": "md", "reviewers": "rv",
                    "createdAt": "t", "expiresAt": "x", "inputSchema": "is", "turn": "tu",
-                   "responseType": "rt", "metadata": "me", "onExpire": "oe"}
+                   "responseType": "rt", "metadata": "me", "onExpire": "oe",
+                   "agentVersion": "av"}
 # Values most interrupts have, written only when they differ.
 INTERRUPT_IMPLIED = {"r": "input_required", "md": "respond"}
 # lua/_notes.lua's NOTE_NAMES, and the values it leaves out (a request, sent, at the first

@@ -1,14 +1,23 @@
 """What `/metrics` reports, read from the registries and the `stats` counters in one round
-trip, timed by the Redis server's clock like the scripts that write the scores."""
+trip, timed by the Redis server's clock like the scripts that write the scores; and the runs
+by agent version, which no registry counts: a pass over the runs of some states.
+
+`/metrics` and `layby doctor` read the agent versions of parked runs, and `layby doctor` the
+versions the live workers host."""
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from redis import Redis
 
 from layby.parking.keys import Keys
 from layby.parking.registries import first_scored, now_ms
+from layby.parking.scripts import standalone
 from layby.wire import Status
 
 
@@ -56,3 +65,48 @@ def read(client: Redis, keys: Keys, wait_buckets_s: tuple[int, ...]) -> Gauges:
     return Gauges(now, runs, parked_since, oldest_parked, deadlines, overdue, lapsed,
                   outbox, outbox_due, oldest_outbox, notes_due, oldest_note, stats,
                   int(swept) if swept else None)
+
+
+# Runs of an index counted a round trip by `runs_by_version`: a script call of about 0.7 ms
+# of the server's time, short enough not to hold up the transitions queued behind it.
+VERSION_PAGE = 500
+
+
+@dataclass(frozen=True)
+class VersionCount:
+    agent: str
+    version: str | None  # None: started before layby recorded versions
+    pinned: bool
+
+
+def runs_by_version(client: Redis, keys: Keys, statuses: Iterable[Status]
+                    ) -> Counter[VersionCount]:
+    """How many runs in `statuses` each agent version has: each index read a page at a
+    time, its runs counted by a script where they are (lua/count_versions.lua), one round
+    trip a page: at 100,000 runs, about 0.2 s, 0.13 s of it the server's. Runs that move on
+    while it reads may be counted in two states, or none."""
+    count = standalone(client, "count_versions")
+    found: Counter[VersionCount] = Counter()
+    for status in statuses:
+        start = 0
+        while True:
+            run_ids = cast("list[str]", client.zrange(keys.index(status), start,
+                                                       start + VERSION_PAGE - 1))
+            if not run_ids:
+                break
+            reply = count(keys=[keys.run(run_id) for run_id in run_ids])
+            for i in range(0, len(reply), 4):
+                agent, version, pinned, n = reply[i:i + 4]
+                found[VersionCount(agent, version or None, pinned == "1")] += int(n)
+            start += VERSION_PAGE
+    return found
+
+
+def live_hosting(client: Redis, keys: Keys) -> dict[str, list[str]]:
+    """Live worker (its beat not lapsed) → the agent versions it hosts (`<agent>@<version>`;
+    empty for one that takes no steps)."""
+    live = cast("list[str]", client.zrangebyscore(keys.workers, f"({now_ms(client)}", "+inf"))
+    if not live:
+        return {}
+    told = cast("list[str | None]", client.hmget(keys.hosting, live))
+    return {name: json.loads(raw) if raw else [] for name, raw in zip(live, told, strict=True)}

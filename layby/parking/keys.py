@@ -15,12 +15,13 @@ come and go.
     (absent: 0); open (ids of the interrupts waiting for an answer, space-separated); waiting
     (ids of those the last park waited on; left out while they are the open ones, written by the
     first answer); checkpointed ('1' while the step saved checkpoints; absent while parked);
-    noted ('0' while the run has no notifications; absent once it has: "look"). And the run's
-    interrupts, "i:<interrupt id>" → Interrupt JSON (immutable once written), and its
-    notifications, "n:<notification id>" → Notification JSON (with its token), both under short
-    names (parking.compact): keys of their own would cost more than they hold; events (a run
-    parked a while: its events, folded; see events). A run of an older layby has an `id` field
-    too.
+    noted ('0' while the run has no notifications; absent once it has: "look"); agent_version
+    (the version of the agent it started on; absent: unknown), pinned ('1' when its steps go to
+    that version's queue; absent otherwise). And the run's interrupts, "i:<interrupt id>" →
+    Interrupt JSON (immutable once written), and its notifications, "n:<notification id>" →
+    Notification JSON (with its token), both under short names (parking.compact): keys of their
+    own would cost more than they hold; events (a run parked a while: its events, folded; see
+    events). A run of an older layby has an `id` field too.
 <p>:{<run>}:interrupts      hash    as the run
     only runs of an older layby (their hash has an `id` field): interrupt id → Interrupt JSON,
     read where the run's hash has none.
@@ -72,6 +73,10 @@ come and go.
     far), m<n>:done (when it finished, ms).
 <p>:migrate:lock            string  30 s, renewed
     who runs `layby migrate` now ("<host>:<pid>"): one at a time.
+<p>:workers:hosting         hash    none
+    worker process name → the agent versions it runs pinned runs of, a JSON list of
+    "<agent>@<version>", written at each of its beats (only by workers that take steps); taken
+    out with the worker from workers, for layby doctor.
 <p>:outbox                  zset    none
     outbox entry ids scored by when to (re)publish: only what a transition could not push itself
     (the broker elsewhere, or announcement tasks, which ack their entry once done).
@@ -168,7 +173,9 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "answer, space-separated); waiting (ids of those the last park waited on; left out "
         "while they are the open ones, written by the first answer); checkpointed ('1' "
         "while the step saved checkpoints; absent while parked); noted ('0' while the run "
-        "has no notifications; absent once it has: \"look\"). And the run's interrupts, "
+        "has no notifications; absent once it has: \"look\"); agent_version (the version "
+        "of the agent it started on; absent: unknown), pinned ('1' when its steps go to "
+        "that version's queue; absent otherwise). And the run's interrupts, "
         "\"i:<interrupt id>\" → Interrupt JSON (immutable once written), and its "
         "notifications, \"n:<notification id>\" → Notification JSON (with its token), both "
         "under short names (parking.compact): keys of their own would cost more than they "
@@ -243,6 +250,11 @@ KEY_SPECS: tuple[KeySpec, ...] = (
     KeySpec(
         "<p>:migrate:lock", "string", "30 s, renewed",
         "who runs `layby migrate` now (\"<host>:<pid>\"): one at a time."),
+    KeySpec(
+        "<p>:workers:hosting", "hash", "none",
+        "worker process name → the agent versions it runs pinned runs of, a JSON list of "
+        "\"<agent>@<version>\", written at each of its beats (only by workers that take "
+        "steps); taken out with the worker from workers, for layby doctor."),
     KeySpec(
         "<p>:outbox", "zset", "none",
         "outbox entry ids scored by when to (re)publish: only what a transition could not "
@@ -358,6 +370,10 @@ class Keys:
     @property
     def migrate_lock(self) -> str:
         return f"{self.prefix}:migrate:lock"
+
+    @property
+    def hosting(self) -> str:
+        return f"{self.prefix}:workers:hosting"
 
     @property
     def outbox(self) -> str:

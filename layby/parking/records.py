@@ -35,6 +35,8 @@ class RunRecord:
     # not record them (a run parked by an older layby): read them apart.
     parked_on: list[Interrupt] | None = None
     answers: dict[str, Answer] = field(default_factory=dict)
+    agent_version: str | None = None  # the version the run started on (None: unknown)
+    pinned: bool = False  # its steps run only where that version is hosted
 
 
 @dataclass

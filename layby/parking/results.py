@@ -33,6 +33,7 @@ class Verdict(StrEnum):
     GONE = "gone"              # expiry: answered meanwhile, or the run is over
     LATER = "later"            # expiry: not due yet
     AGAIN = "again"            # a reviewer's second approval of a request needing several
+    ELSEWHERE = "elsewhere"    # claim: pinned to an agent version the claimer does not host
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Transition:
     at: int | None = None              # create, answer: when it applied (ms, server clock)
     event_id: str | None = None        # create, answer: the last event it wrote
     view: RunView | None = None        # answer (asked for): the run as it left it
+    agent_version: str | None = None   # elsewhere: the version the run is pinned to
 
     @property
     def ok(self) -> bool:
@@ -96,6 +98,8 @@ def refusal(reply: list[Any]) -> Transition:
                               first=Answer.model_validate_json(rest[1]))
         case Verdict.INCOMPLETE:
             return Transition(verdict, still_open=tuple(rest))
+        case Verdict.ELSEWHERE:
+            return Transition(verdict, agent_version=first)
         case _:
             return Transition(verdict)
 
@@ -116,10 +120,12 @@ def committed(reply: list[Any]) -> Transition:
 
 def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
     """claim_run's `{'ok', previous status, lease until, attempt, agent, messages, metadata,
-    {checkpoints}, waiting, {interrupts}, {answers}}`, or a refusal."""
+    {checkpoints}, waiting, {interrupts}, {answers}, agent version, pinned}`, or a
+    refusal."""
     if reply[0] != Verdict.OK:
         return refusal(reply)
-    _, status, _, attempt, agent, messages, metadata, saved, waiting, specs, answers = reply
+    _, status, _, attempt, agent, messages, metadata, saved, waiting, specs, answers = reply[:11]
+    agent_version, pinned = [*reply[11:13], "", ""][:2]
     parked_on = None
     found: dict[str, Answer] = {}
     if waiting:
@@ -131,7 +137,8 @@ def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
                        load_messages(json.loads(messages)), codecs.metadata(metadata),
                        checkpoints={saved[i]: json.loads(saved[i + 1])
                                     for i in range(0, len(saved), 2)},
-                       parked_on=parked_on, answers=found)
+                       parked_on=parked_on, answers=found,
+                       agent_version=agent_version or None, pinned=pinned == "1")
     return Transition(Verdict.OK, version, claimed_from=_status(status),
                       attempt=int(attempt), record=record)
 

@@ -37,7 +37,7 @@ RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "adv
                "finish_delivery", "retry_notifications", "delegate_interrupt")
 # Scripts on global keys only, without the prelude; those that queue tasks get `_queue`.
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
-                      "beat_worker", "reap_workers", "switch_format")
+                      "beat_worker", "reap_workers", "switch_format", "count_versions")
 QUEUEING_SCRIPTS = ("claim_due_notifications",)
 # Scripts on one run's hash and events alone, with what folds and unfolds its events.
 FOLDING_SCRIPTS = ("fold_events", "read_events")
@@ -86,7 +86,7 @@ def _lua_string(text: str) -> str:
 
 
 # A message's placeholders (layby.broker_config.messages), by the letter `_queue.lua` fills.
-PLACEHOLDER = re.compile(r"@@([RVNTDA])@@")
+PLACEHOLDER = re.compile(r"@@([RVNTDAS])@@")
 
 
 def _lua_pieces(message: str) -> str:
@@ -165,6 +165,13 @@ def _without_none(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_none(v) for v in value]
     return value
+
+
+def standalone(client: Redis, name: str) -> Script:
+    """A script of STANDALONE_SCRIPTS that queues nothing, for a reader without a store
+    (no settings in it)."""
+    assert name in STANDALONE_SCRIPTS and name not in QUEUEING_SCRIPTS
+    return client.register_script("\n".join((_args(name), _source(name))))
 
 
 def register(client: Redis, settings: ScriptSettings) -> dict[str, Script]:

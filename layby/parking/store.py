@@ -13,7 +13,7 @@ followed by WAIT on the same connection, so what was acknowledged survives a fai
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, cast
@@ -23,7 +23,7 @@ from redis.exceptions import NoScriptError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
-from layby.parking import codecs, compact, events, formats, results, scripts
+from layby.parking import codecs, compact, events, formats, pinning, results, scripts
 from layby.parking.clock import iso
 from layby.parking.keys import Keys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
@@ -182,7 +182,10 @@ class Store:
     # -- transitions -------------------------------------------------------------------
 
     def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
-                   metadata: dict[str, Any], idempotency_key: str | None) -> Transition:
+                   metadata: dict[str, Any], idempotency_key: str | None,
+                   agent_version: str | None = None, pinned: bool = False) -> Transition:
+        """`agent_version`: the version the run starts on; `pinned`: its steps go to that
+        version's queue, for the workers that host it."""
         idem = self.keys.idempotency(idempotency_key) if idempotency_key else ""
         # An input that is the first message's text is read back from there: a prompt is
         # not kept twice for as long as the run lives.
@@ -193,15 +196,20 @@ class Store:
             else "{}"
         reply = self._run("create_run", run_id, run_id=run_id, agent=agent, input=stored_input,
                           messages=_dumps(dump_messages(messages)), metadata=stored_metadata,
-                          idempotency_ttl_s=self.config.idempotency_ttl_s, extra_keys=(idem,))
+                          idempotency_ttl_s=self.config.idempotency_ttl_s,
+                          agent_version=agent_version or "",
+                          pinned=bool(pinned and agent_version), extra_keys=(idem,))
         return results.created(reply, run_id)
 
-    def claim(self, run_id: str, version: int, owner: str) -> Transition:
+    def claim(self, run_id: str, version: int, owner: str,
+              hosted: Sequence[str] = ()) -> Transition:
         """Claim the run's step at `version`; when it applies, `record` holds all the step
         needs (messages, metadata, this version's checkpoints, a parked turn's interrupts
-        and answers)."""
+        and answers). A run pinned to an agent version not in `hosted` (`<agent>@<version>`)
+        is refused, ELSEWHERE, with nothing written."""
         reply = self._run("claim_run", run_id, version=version, owner=owner,
-                          lease_ms=self.config.lease_ms, max_attempts=self.config.max_attempts)
+                          lease_ms=self.config.lease_ms, max_attempts=self.config.max_attempts,
+                          hosts="\n".join(hosted))
         return results.claimed(reply, run_id, version)
 
     def renew(self, run_id: str, version: int, owner: str) -> bool:
@@ -584,7 +592,8 @@ class Store:
         input = json.loads(raw["input"]) if "input" in raw else _first_text(messages)
         return RunView(
             id=run_id, agent=raw["agent"], status=Status(raw["status"]),
-            version=int(raw["version"]), input=input,
+            version=int(raw["version"]), agent_version=raw.get("agent_version"),
+            pinned=raw.get("pinned") == "1", input=input,
             messages=messages,
             interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids,
                                          reviews.get(s.id)) for s in specs],
@@ -599,11 +608,14 @@ class Store:
         return self._summaries(self.runs.newest(status, limit, offset))
 
     def list_page(self, status: Status | None = None, *, limit: int = 50,
-                  cursor: str | None = None, offset: int = 0
-                  ) -> tuple[list[RunSummary], str | None]:
+                  cursor: str | None = None, offset: int = 0,
+                  agent_version: str | None = None) -> tuple[list[RunSummary], str | None]:
         """A page of runs, newest first, `offset` runs after `cursor` (or after the top),
         and the next page's cursor (None at the end). Raises `BadCursor` for a cursor the
-        store did not make."""
+        store did not make. With `agent_version`, only runs started on that version: see
+        `pinning.page_of_version`."""
+        if agent_version is not None:
+            return pinning.page_of_version(self, status, limit, cursor, offset, agent_version)
         if offset and cursor is None:
             scored = self.runs.newest(status, limit + 1, offset)
             after = cursor_of(*scored[limit - 1]) if len(scored) > limit else None
@@ -618,14 +630,15 @@ class Store:
         pipe = self.redis.pipeline(transaction=False)
         for run_id, _ in scored:
             pipe.hmget(self.keys.run(run_id), "agent", "status", "version", "created_at",
-                       "updated_at", "open")
+                       "updated_at", "open", "agent_version")
         out = []
         for (run_id, _), raw in zip(scored, pipe.execute(), strict=True):
             if raw[0] is not None:  # expired after retention; the sweeper prunes the index
                 out.append(RunSummary(id=run_id, agent=raw[0], status=Status(raw[1]),
                                       version=int(raw[2]),
                                       open_interrupts=len(self._open(run_id, raw[5])),
-                                      created_at=iso(raw[3]), updated_at=iso(raw[4])))
+                                      created_at=iso(raw[3]), updated_at=iso(raw[4]),
+                                      agent_version=raw[6]))
         return out
 
     def events(self, run_id: str, after: str = "0-0", *, block_ms: int | None = None,
@@ -673,7 +686,8 @@ class Store:
         oldest = self.oldest_queued_ms()
         if oldest is not None:
             cutoff = min(cutoff, oldest - 1)
-        return self.runs.waiting_since_before((Status.QUEUED, Status.RESUMING), cutoff, limit)
+        return pinning.not_behind_pinned(self, self.runs.waiting_since_before(
+            (Status.QUEUED, Status.RESUMING), cutoff, limit))
 
     def oldest_queued_ms(self) -> int | None:
         """When the oldest message still on the turns queue (the next to be taken) was
@@ -695,13 +709,20 @@ class Store:
             return None
         return int(moment) if moment.isdigit() else None
 
-    def beat_worker(self, name: str, about: str) -> None:
+    def beat_worker(self, name: str, about: str,
+                    hosting: Sequence[str] | None = None) -> None:
         """A process is alive (a worker's reserved messages are its own for one lease),
         and says what it is (`about`: "<kind> <newest format> <release>"); the format the
-        store writes now comes back, and is the one this store writes from now on."""
-        reply = self._call("beat_worker", [self.keys.workers, self.keys.workers_about,
-                                           self.keys.format],
-                           worker=name, lease_ms=self.config.lease_ms, about=about)
+        store writes now comes back, and is the one this store writes from now on.
+        `hosting`: the agent versions a worker runs pinned runs of (`<agent>@<version>`),
+        told again at each beat, for `layby doctor`."""
+        pipe = self.redis.pipeline(transaction=False)
+        self._call("beat_worker", [self.keys.workers, self.keys.workers_about,
+                                   self.keys.format],
+                   client=pipe, worker=name, lease_ms=self.config.lease_ms, about=about)
+        if hosting is not None:
+            pipe.hset(self.keys.hosting, name, _dumps(sorted(hosting)))
+        reply = pipe.execute()[0]
         if reply[2]:
             self.writing = int(reply[2])
 
@@ -710,8 +731,11 @@ class Store:
         they said they were."""
         raw = self._call("reap_workers", [self.keys.workers, self.keys.workers_about],
                          lease_ms=self.config.lease_ms)
-        return [(_text(raw[i]), int(_text(raw[i + 1])), _text(raw[i + 2]))
-                for i in range(0, len(raw), 3)]
+        reaped = [(_text(raw[i]), int(_text(raw[i + 1])), _text(raw[i + 2]))
+                  for i in range(0, len(raw), 3)]
+        if reaped:
+            self.redis.hdel(self.keys.hosting, *(name for name, _, _ in reaped))
+        return reaped
 
     def forget_worker(self, name: str) -> None:
         """A process that stopped cleanly (a worker's reserved messages went back to the
@@ -719,6 +743,7 @@ class Store:
         pipe = self.redis.pipeline(transaction=True)
         pipe.zrem(self.keys.workers, name)
         pipe.hdel(self.keys.workers_about, name)
+        pipe.hdel(self.keys.hosting, name)
         pipe.execute()
 
     def live_processes(self) -> dict[str, str]:

@@ -138,7 +138,8 @@ def _worker(rt: Runtime, threads: int) -> Iterator[None]:
     for module in rt.settings.task_modules:  # as `celery worker` imports its app's `include`
         __import__(module)
     with start_worker(app, pool="threads", concurrency=threads, perform_ping_check=False,
-                      loglevel="WARNING", queues=worker_queues(rt.settings),
+                      loglevel="WARNING",
+                      queues=[*worker_queues(rt.settings), *rt.pinned_queues],
                       shutdown_timeout=30):
         yield
 

@@ -202,7 +202,7 @@ def _cycle(world: World) -> None:
 
     # Workers beat, one dies and is reaped, one stops cleanly.
     lapsing.beat_worker("celery@a:1", "worker 1 0.2.0")
-    store.beat_worker("celery@b:2", "worker 1 0.2.0")
+    store.beat_worker("celery@b:2", "worker 1 0.2.0", hosting=["demo.agent@0123abcd4567"])
     assert [name for name, _, _ in store.reap_workers()] == ["celery@a:1"]
     store.forget_worker("celery@b:2")
 
@@ -246,7 +246,7 @@ def test_every_key_the_keys_methods_name_is_one_of_the_list() -> None:
     keys = Keys("p")
     named = [*keys.of_run("r"), *keys.for_scripts("r"), keys.notifications("r"),
              keys.review("r"), *(keys.index(s) for s in Status), keys.deadlines,
-             keys.leases, keys.workers, keys.outbox, keys.outbox_entries,
+             keys.leases, keys.workers, keys.hosting, keys.outbox, keys.outbox_entries,
              keys.idempotency("k:1"), keys.server, keys.notify_due, keys.grant("g"),
              keys.swept, keys.fold_cursor, keys.seen("mailed-back:x"), keys.stats]
     for key in named:

@@ -137,12 +137,17 @@ end
 -- long as a lost message would.
 local function enqueue(kind, version, now, note)
   local entry_id = note or (ID .. ':' .. kind .. ':' .. version)
-  local agent = redis.call('HGET', RUN, 'agent')  -- shown in Flower beside the ids
-  local pushed = push(kind, ID, version, note, now, agent)
+  -- The agent is shown in Flower beside the ids. A pinned run's steps go to the queue of
+  -- the version it started on, read by the workers that host it.
+  local run = redis.call('HMGET', RUN, 'agent', 'pinned', 'agent_version')
+  local agent = run[1]
+  local suffix = (run[2] == '1' and (kind == 'turn' or kind == 'resume'))
+                 and ('@' .. run[3]) or ''
+  local pushed = push(kind, ID, version, note, now, agent, suffix)
   if pushed and kind ~= 'notify' then return '' end
   local task = TASKS[kind]
   local args = note and {ID, note} or {ID, tonumber(version)}
-  local entry = cjson.encode({id = entry_id, task = task.task, queue = task.queue,
+  local entry = cjson.encode({id = entry_id, task = task.task, queue = task.queue .. suffix,
                               args = args, agent = agent or nil})
   redis.call('HSET', OUTBOX_ENTRIES, entry_id, entry)
   redis.call('ZADD', OUTBOX, now + (pushed and LOST_MESSAGE_MS or OUTBOX_GRACE_MS), entry_id)

@@ -6,7 +6,8 @@
 -- file) exactly when the change is, so nothing is published after the commit and nothing
 -- is published twice. The messages come made (layby.broker_config.messages) with
 -- placeholders: @@R@@ run id, @@V@@ version, @@N@@ notification id, @@T@@ task id,
--- @@D@@ delivery tag, @@A@@ the run's agent as Flower shows it before the ids.
+-- @@D@@ delivery tag, @@A@@ the run's agent as Flower shows it before the ids, @@S@@ the
+-- queue's suffix (a pinned run's steps go to `<queue>@<version>`).
 
 -- By kind (turn, resume, notify, deliver): the task and its queue, and, when the broker is
 -- this server, `key` (the queue's list) and `message` (its pieces, for `fill`).
@@ -33,15 +34,17 @@ local function shown_agent(agent)
 end
 
 -- Push the task of `kind` for `run` (at `version`, or about notification `note`) of
--- `agent` (or nil) at `now` (ms); false when the broker is elsewhere (nothing pushed).
+-- `agent` (or nil) at `now` (ms), onto its queue with `suffix` ('@<version>' or nil); false
+-- when the broker is elsewhere (nothing pushed).
 -- kombu's delivery tag must be unique among messages in flight: the task id and the moment
 -- make it so (a task id is pushed again only by a requeue, long after).
-local function push(kind, run, version, note, now, agent)
+local function push(kind, run, version, note, now, agent, suffix)
   local task = TASKS[kind]
   if not task.message then return false end
   local task_id = note or (run .. ':' .. kind .. ':' .. version)
-  redis.call('LPUSH', task.key, fill(task.message, {R = run, V = tostring(version or ''),
-                                     N = note or '', T = task_id, D = task_id .. ':' .. now,
-                                     A = shown_agent(agent)}))
+  redis.call('LPUSH', task.key .. (suffix or ''),
+             fill(task.message, {R = run, V = tostring(version or ''), N = note or '',
+                                 T = task_id, D = task_id .. ':' .. now,
+                                 A = shown_agent(agent), S = suffix or ''}))
   return true
 end

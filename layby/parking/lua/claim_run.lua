@@ -3,17 +3,21 @@
 -- Reads run (with the interrupts it parked on), checkpoints, answers (to those). Writes run
 -- (lease, attempts, status), leases, index, events, checkpoints (dropped when they belong
 -- to a version that never committed), stats.
--- Arguments: version (the one expected), owner, lease_ms, max_attempts (at one version)
+-- Arguments: version (the one expected), owner, lease_ms, max_attempts (at one version),
+--   hosts (what the claimer hosts of pinned runs: '<agent>@<version>', one a line)
 -- Returns {'ok', previous status, lease until, attempt, agent, messages JSON, metadata JSON,
 --          {checkpoint name, value JSON, …}, waiting ('' if never recorded: an older park),
---          {Interrupt JSON of each waiting id}, {its answer JSON or ''}}
+--          {Interrupt JSON of each waiting id}, {its answer JSON or ''}, agent version or '',
+--          '1' if pinned or ''}
 --       | {'stale', status, version} | {'busy', owner, lease until}
+--       | {'elsewhere', agent version} (pinned to a version the claimer does not host)
 --       | {'exhausted', attempts} | {'missing'}
-local A = args({'version', 'owner', 'lease_ms', 'max_attempts'})
+local A = args({'version', 'owner', 'lease_ms', 'max_attempts', 'hosts'})
 local expected, claimer, lease_ms, max_attempts = A.version, A.owner, A.lease_ms, A.max_attempts
+local hosts = A.hosts
 local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'lease_until',
                       'updated_at', 'attempts', 'agent', 'messages', 'metadata', 'waiting',
-                      'checkpointed')
+                      'checkpointed', 'agent_version', 'pinned')
 local status, version, owner = st[1], st[2], st[3]
 if not version then return {'missing'} end
 if version ~= expected or not (status == 'queued' or status == 'resuming'
@@ -23,6 +27,13 @@ end
 local now = now_ms()
 if status == 'running' and owner and owner ~= claimer and tonumber(st[4] or '0') > now then
   return {'busy', owner, st[4]}
+end
+-- A pinned run's step is for a worker that hosts its version: refused before anything is
+-- written, not counted as an attempt (the caller hands it back to its queue).
+local pinned_to = (st[7] or '') .. '@' .. (st[12] or '')
+if st[13] == '1'
+    and not string.find('\n' .. hosts .. '\n', '\n' .. pinned_to .. '\n', 1, true) then
+  return {'elsewhere', st[12]}
 end
 -- Attempts are counted before running, so a step that kills its worker every time ends.
 local attempt = tonumber(st[6] or '0') + 1
@@ -74,4 +85,4 @@ if waiting ~= '' then
   for i = 1, #ids do table.insert(answers, given[i] or '') end
 end
 return {'ok', status, until_ms, attempt, st[7] or '', st[8] or '[]', st[9] or '{}',
-        checkpoints, st[10] or '', specs, answers}
+        checkpoints, st[10] or '', specs, answers, st[12] or '', st[13] or ''}

@@ -3,13 +3,16 @@
 -- first turn.
 -- KEYS[22] idempotency key (string).
 -- Arguments: run_id, agent, input (JSON; '' when it is the first message's text: read
---   from there), messages (JSON), metadata (JSON), idempotency_ttl_s
+--   from there), messages (JSON), metadata (JSON), idempotency_ttl_s, agent_version
+--   ('' unknown), pinned ('1' when the run is pinned to it: its steps then go to
+--   `<turns queue>@<version>`)
 -- Returns {'created', outbox entry or '', created at (ms), its event's id} or
 -- {'exists', run id} (same idempotency key or run id).
-local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s'})
+local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s', 'agent_version', 'pinned'})
 local IDEMPOTENCY = KEYS[22]  -- '' without an idempotency key
 local new_id, agent, input, messages = A.run_id, A.agent, A.input, A.messages
 local metadata, idem_ttl_s = A.metadata, A.idempotency_ttl_s
+local agent_version, pinned = A.agent_version, A.pinned
 local now = now_ms()
 if IDEMPOTENCY ~= '' then
   local existing = redis.call('GET', IDEMPOTENCY)
@@ -29,6 +32,14 @@ end
 if metadata ~= '{}' then
   table.insert(fields, 'metadata')
   table.insert(fields, metadata)
+end
+if agent_version ~= '' then
+  table.insert(fields, 'agent_version')
+  table.insert(fields, agent_version)
+  if pinned == '1' then
+    table.insert(fields, 'pinned')
+    table.insert(fields, '1')
+  end
 end
 redis.call('HSET', RUN, unpack(fields))
 redis.call('ZADD', INDEX.queued, now, ID)
