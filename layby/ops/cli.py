@@ -329,10 +329,16 @@ def doctor() -> None:
 def migrate(dry_run: Annotated[bool, typer.Option(
                 "--dry-run", help="count what would change; change nothing")] = False,
             batch: Annotated[int, typer.Option(min=1, max=10_000,
-                                               help="keys per batch")] = 500) -> None:
+                                               help="keys per batch")] = 500,
+            finish: Annotated[bool, typer.Option(
+                "--finish", help="write the newer format now, without waiting for the "
+                                 "processes of the older release to leave the registry "
+                                 "(when you know they are gone)")] = False) -> None:
     """Bring the store's records to the newest format this layby knows, online, in
     batches. Safe to run again: what is done is not done twice, and a run that was killed
-    goes on where it stopped."""
+    goes on where it stopped. While a deployment rolls, the store keeps writing the older
+    format until no process of the older release is left; only then are its records
+    migrated (`--finish` does not wait)."""
     from layby.control import connections
     from layby.parking import formats, migrations
     from layby.parking.keys import Keys
@@ -346,6 +352,8 @@ def migrate(dry_run: Annotated[bool, typer.Option(
         typer.echo(f"nothing to do: the store is at format {state.version}, the newest this "
                    f"layby knows")
         return
+    if not dry_run and state.version is not None and (state.written or 0) < todo[0].number:
+        _switch_to(todo[0].number, finish)
     total = int(client.dbsize())
     label = "counting" if dry_run else "migrating"
     with typer.progressbar(length=max(1, total * len(todo)), label=label, file=sys.stderr,
@@ -360,6 +368,25 @@ def migrate(dry_run: Annotated[bool, typer.Option(
     if not dry_run:
         after = formats.read(client, keys)
         typer.echo(f"the store is at format {after.version}")
+
+
+def _switch_to(format: int, force: bool) -> None:
+    """The store writes `format` from now on: once no live process is older (or now,
+    with `force`); else the command refuses, naming them."""
+    store = _rt().store
+    older = {name: told for name, told in store.live_processes().items()
+             if not told or int(told.split()[1]) < format}
+    reply = store.switch_format(format, force=force)
+    if reply[0] == "older":
+        names = ", ".join(f"{name} ({told or 'no version'})" for name, told in older.items())
+        _fail(f"processes of an older release are alive: {names}; the store writes format "
+              f"{format - 1} until they are gone (stop them, or wait a lease after they "
+              f"were killed), then run this again; `--finish` if you know they are gone")
+    if reply[0] not in ("switched", "already"):
+        _fail(f"the store cannot switch to format {format} ({' '.join(reply)})")
+    if force and older:
+        typer.secho(f"warning: switched to format {format} with processes of an older "
+                    f"release in the registry: {', '.join(older)}", fg="yellow", err=True)
 
 
 @cli.command()

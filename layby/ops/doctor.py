@@ -159,6 +159,32 @@ def check_pinned_versions(client: redis.Redis, settings: Settings) -> list[Check
             for agent, version, n in missing]
 
 
+def check_processes(client: redis.Redis, settings: Settings) -> Check:
+    """The live processes of the registry, by kind and release: mid-deployment, two
+    releases, and which format the store writes meanwhile."""
+    keys = Keys(settings.key_prefix)
+    seconds, micros = client.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    names = cast("list[str]", client.zrangebyscore(keys.workers, f"({now}", "+inf"))
+    told = cast("list[str | None]", client.hmget(keys.workers_about, names)) if names else []
+    counts: dict[tuple[str, str], int] = {}
+    for about in told:
+        kind, _, rest = (about or "worker ? unknown").partition(" ")
+        release = rest.partition(" ")[2] or "unknown"
+        counts[(kind, release)] = counts.get((kind, release), 0) + 1
+    if not counts:
+        return Check("processes", True, "none beats in the registry (none running, or "
+                                        "all of a release before 0.2.0)")
+    listed = ", ".join(f"{n} {kind}{'s' if n > 1 else ''} of {release}"
+                       for (kind, release), n in sorted(counts.items()))
+    releases = {release for _, release in counts}
+    if len(releases) > 1:
+        state = formats.read(client, keys)
+        listed += (f"; a deployment is rolling: the store writes format {state.written} "
+                   "until no process of the older release is left")
+    return Check("processes", True, listed)
+
+
 def _where(node: redis.Redis) -> str:
     return "{host}:{port}".format_map(node.connection_pool.connection_kwargs)
 
@@ -362,6 +388,7 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
             checks.append(check_sweeper(client, settings))
             checks.append(check_format(client, settings))
             checks.extend(check_pinned_versions(client, settings))
+            checks.append(check_processes(client, settings))
         except redis.sentinel.MasterNotFoundError:
             # Its text lists every sentinel client's settings; the checks above say why.
             checks.append(Check("redis", False, "does not answer: the sentinels name no "
