@@ -6,6 +6,7 @@ migrate` versions the store, and this layby's processes complete the runs 0.1.0 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -53,19 +54,22 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert built.returncode == 0, built.stderr
     [wheel] = (work / "wheels").glob(f"layby-{PREVIOUS}-*.whl")
     venv = work / "venv"
+    # Nothing of this checkout on the old release's path.
+    alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     # This environment's packages (not its editable layby: a .pth line adds a folder, the
     # .pth files in it are not read), then 0.1.0's wheel in the venv's own site-packages.
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
                                 "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+                               capture_output=True, text=True, check=True,
+                               env=alone).stdout.strip())
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                    "--no-deps", str(wheel)], check=True)
+                    "--no-deps", str(wheel)], check=True, env=alone)
     shown = subprocess.run([str(venv / "bin" / "python"), "-c",
                             "import layby, importlib.metadata as m; "
                             "print(m.version('layby'), layby.__file__)"],
-                           capture_output=True, text=True, check=True, cwd=work)
+                           capture_output=True, text=True, check=True, cwd=work, env=alone)
     assert shown.stdout.startswith(PREVIOUS) and str(site) in shown.stdout, shown.stdout
     return venv / "bin"
 
