@@ -22,7 +22,7 @@ import redis
 from layby.ops.embedded import EmbeddedRedis
 from layby.parking import formats
 from tests.harness import ROOT
-from tests.store.conftest import World
+from tests.store.conftest import MESSAGES, World
 from tests.store.test_migrations import _aged, _parked_with_a_note
 
 pytestmark = pytest.mark.integration
@@ -131,3 +131,36 @@ def test_a_migration_killed_mid_way_goes_on_where_it_stopped(unversioned: Unvers
     view = u.world.store.view("run_123")
     assert view is not None and [i.id for i in view.interrupts] == ["int_a", "int_b"]
     assert u.layby("migrate").stdout.startswith("nothing to do")
+
+
+def test_the_next_format_waits_for_the_older_processes_or_for_finish(
+        unversioned: Unversioned) -> None:
+    """A store at format 1 that a newer release (format 2: tests/format2.py) shares with a
+    process of the older one: `layby migrate` of the newer release refuses, naming it;
+    `--finish` switches at once, with a warning, and migrates."""
+    u = unversioned
+    assert u.world.store.create_run("run_1", "demo.agent", input="hi", messages=MESSAGES,
+                                    metadata={"team": "a"}, idempotency_key=None).ok
+    u.world.client.hset(u.world.keys.format, "version", 1)
+    u.world.store.beat_worker("layby-1@old:42", "worker 1 0.2.0")
+
+    def newer(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tests.format2", *args], env=u.env,
+                              cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=120)
+
+    refused = newer("migrate")
+    assert refused.returncode == 1, refused.stdout
+    assert "processes of an older release are alive: layby-1@old:42 (worker 1 0.2.0)" in \
+        refused.stderr
+    assert "the store writes format 1 until they are gone" in refused.stderr
+    assert formats.read(u.world.client, u.world.keys).written == 1
+    assert not u.world.run_hash("run_1")["metadata"].startswith("z:")
+
+    done = newer("migrate", "--finish")
+    assert done.returncode == 0, done.stderr
+    assert "warning: switched to format 2 with processes of an older release in the " \
+           "registry: layby-1@old:42" in done.stderr
+    assert "1 keys looked at, 1 changed" in done.stdout
+    assert "the store is at format 2" in done.stdout
+    assert u.world.run_hash("run_1")["metadata"].startswith("z:")
