@@ -1,18 +1,23 @@
-"""Upgrading from the previous release while runs wait: layby 0.1.0 (CHANGELOG.md names its
-commit) is built from the git history (`git archive`) into a wheel, installed in a
-virtualenv of its own next to this code, and run on a real Valkey: it parks runs, it is
-stopped (0.1.0 announces no version, so this one step stops every process), `layby
-migrate` versions the store, and this layby's processes complete the runs 0.1.0 parked."""
+"""Upgrading from the previous release while runs wait: the previous release (the newest
+CHANGELOG.md names with its commit, 0.1.0 today) is built from the git history (`git
+archive`) into a wheel, installed in a virtualenv of its own next to this code, and run on
+a real Valkey: it parks runs, it is stopped (0.1.0 announces no version, so this one step
+stops every process), `layby migrate` versions the store, and this layby's processes
+complete the runs it parked. (From a previous release of 0.2.0 or later, the two run side
+by side instead, as tests/test_rolling.py rolls a deployment; this test then starts this
+code's parts before it stops the previous release's.)"""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import sysconfig
 import tarfile
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from io import BytesIO
 from pathlib import Path
 
@@ -24,15 +29,23 @@ from tests.harness import ROOT, LaybySystem, Proc, free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PREVIOUS = "0.1.0"
+RELEASE = re.compile(r"^## (\d+)\.(\d+)\.(\d+) \(.*commit ([0-9a-f]{7,40})\)")
 
 
-def _release_commit(version: str) -> str:
-    """The commit CHANGELOG.md records for `version`."""
-    for line in (ROOT / "CHANGELOG.md").read_text().splitlines():
-        if line.startswith(f"## {version} "):
-            return line.split("commit ")[1].split()[0].strip("`).")
-    raise AssertionError(f"CHANGELOG.md names no commit for {version}")
+def _previous_release() -> tuple[str, str]:
+    """The newest release before this code's version, and its commit, as CHANGELOG.md
+    records them ("## 0.1.0 (2026-11-26, commit 4d81e2c)")."""
+    mine = tuple(int(n) for n in metadata.version("layby").split(".")[:3])
+    found = [(tuple(int(n) for n in m.groups()[:3]), m[4])
+             for line in (ROOT / "CHANGELOG.md").read_text().splitlines()
+             if (m := RELEASE.match(line))]
+    older = sorted((v, commit) for v, commit in found if v < mine)
+    assert older, "CHANGELOG.md names no earlier release with its commit"
+    version, commit = older[-1]
+    return ".".join(map(str, version)), commit
+
+
+PREVIOUS, PREVIOUS_COMMIT = _previous_release()
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +53,7 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A virtualenv with layby 0.1.0's wheel, built from its commit, and this one's
     dependencies (0.1.0 pins the same ranges): its `bin/` directory."""
     work = tmp_path_factory.mktemp("release")
-    commit = _release_commit(PREVIOUS)
+    commit = PREVIOUS_COMMIT
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit],
                              capture_output=True, check=False)
     assert archive.returncode == 0, (
@@ -124,7 +137,7 @@ def stores(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[LaybySystem]
     client.close()
 
 
-def test_runs_parked_by_0_1_0_complete_after_the_upgrade(
+def test_runs_parked_by_the_previous_release_complete_after_the_upgrade(
         previous_release: Path, stores: LaybySystem, tmp_path: Path) -> None:
     old = PreviousSystem(previous_release, stores.env, tmp_path / "old")
     old.start()
