@@ -3,9 +3,9 @@ CHANGELOG.md names with its commit, 0.1.0 today) is built from the git history (
 archive`) into a wheel, installed in a virtualenv of its own next to this code, and run on
 a real Valkey: it parks runs, it is stopped (0.1.0 announces no version, so this one step
 stops every process), `layby migrate` versions the store, and this layby's processes
-complete the runs it parked. (From a previous release of 0.2.0 or later, the two run side
-by side instead, as tests/test_rolling.py rolls a deployment; this test then starts this
-code's parts before it stops the previous release's.)"""
+complete the runs it parked. (When the previous release is 0.2.0 or later, which announce
+their format, this test must run the two side by side instead, as tests/test_rolling.py
+rolls a deployment: the next release's work.)"""
 
 from __future__ import annotations
 
