@@ -119,7 +119,7 @@ def _loop(rt: Runtime, beat: Heartbeat, record: RunRecord) -> str:
                  record.checkpoints, run_id)
     while True:
         started = time.monotonic()
-        outcome = _take_step(store, agent, step, record)
+        outcome = _take_step(agent, step, record)
         inline = time.monotonic() < budget_ends
         if isinstance(outcome, Continue) and outcome.replayable and inline:
             # Nothing ran: the next turn goes on from here, at the same version, and one
@@ -144,10 +144,10 @@ def _step(rt: Runtime, version: int, owner: str, history: list[Message],
                 jobs=starter(rt.celery))
 
 
-def _take_step(store: Store, agent: Agent, step: Step, record: RunRecord) -> Outcome:
+def _take_step(agent: Agent, step: Step, record: RunRecord) -> Outcome:
     try:
         if _is_parked(step.history):
-            return resume_turn(agent, step, _resume_for(store, step, record))
+            return resume_turn(agent, step, _resume_for(step, record))
         return _model_turn_with_retries(agent, step)
     except ResumeError as exc:
         return Fail(step.history, "invalid_resume", exc.message)
@@ -191,14 +191,12 @@ def _is_parked(history: list[Message]) -> bool:
                 and any(p.meta("interrupt") is not None for p in last.tool_requests))
 
 
-def _resume_for(store: Store, step: Step, record: RunRecord) -> Resume:
+def _resume_for(step: Step, record: RunRecord) -> Resume:
+    """The parked turn's interrupts and their answers, as the claim read them (what the
+    park waited on: the store records it, migration 1 for runs parked before it did)."""
     waiting = {p.meta("interrupt", {}).get("id") for p in step.history[-1].tool_requests}
-    if record.parked_on is not None and waiting <= {s.id for s in record.parked_on}:
-        specs, answers = record.parked_on, record.answers  # read by the claim
-    else:  # parked by an older layby, which did not record what it waited on
-        specs, answers, _ = store.interrupts(step.run_id)
-    return to_resume([s for s in specs if s.id in waiting],
-                     {k: a.entry() for k, a in answers.items()})
+    return to_resume([s for s in record.parked_on if s.id in waiting],
+                     {k: a.entry() for k, a in record.answers.items()})
 
 
 def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], owner: str,

@@ -3,7 +3,7 @@ short names, without their id (the field's name says it), values most of them ha
 out, times as epoch ms (a notification's sending as ms after its creation). A parked run
 holds them for as long as it waits; reading gives the wire shapes back. Notifications are
 written by the scripts (lua/_notes.lua names their fields the same); interrupts only here.
-Records an older layby wrote, under their wire names, read as they are."""
+docs/stored-format.md writes the format down."""
 
 from __future__ import annotations
 
@@ -64,11 +64,8 @@ def stored_interrupt(intr: Interrupt) -> str:
 
 
 def interrupt(interrupt_id: str, raw: str) -> Interrupt:
-    data = json.loads(raw)
-    if "toolCallId" in data:  # an older layby's: its wire form
-        return Interrupt.model_validate({"id": interrupt_id, **data})
     wire: dict[str, Any] = {"id": interrupt_id}
-    for short, value in {**INTERRUPT_IMPLIED, **data}.items():
+    for short, value in {**INTERRUPT_IMPLIED, **json.loads(raw)}.items():
         wire[_INTERRUPT_WIRE.get(short, short)] = value
     if isinstance(wire.get("createdAt"), int):
         wire["createdAt"] = iso(wire["createdAt"])
@@ -94,7 +91,7 @@ def note(notification_id: str, raw: str) -> dict[str, Any]:
     """A notification's record in its wire names (times still as stored)."""
     data = json.loads(raw)
     wire: dict[str, Any] = {"id": notification_id}
-    for short, value in ({**NOTE_IMPLIED, **data} if "kind" not in data else data).items():
+    for short, value in {**NOTE_IMPLIED, **data}.items():
         wire[_NOTE_WIRE.get(short, short)] = value
     if "sa" in data and "ca" in data:  # ms after it was created
         wire["sentAt"] = data["ca"] + data["sa"]

@@ -86,15 +86,14 @@ async def fill_async(client: AsyncRedis, key: str, found: list[tuple[str, dict[s
                                       await client.hget(run_key(key), "messages")))
 
 
-def recorded_at(event_id: str, fields: dict[str, str]) -> int:
-    """When the event was written (ms): its id's time (an entry of an older layby says it
-    in its `at` field too)."""
-    return int(fields.get("at") or event_id.partition("-")[0])
+def recorded_at(event_id: str) -> int:
+    """When the event was written (ms): its id's time."""
+    return int(event_id.partition("-")[0])
 
 
 def event_of(event_id: str, fields: dict[str, str]) -> Event:
     return Event(id=event_id, type=fields["type"], version=int(fields["version"]),
-                 at=iso(recorded_at(event_id, fields)),
+                 at=iso(recorded_at(event_id)),
                  data=json.loads(fields.get("data") or "null"))
 
 
@@ -177,7 +176,7 @@ def wire_json(event_id: str, fields: dict[str, str]) -> str:
     """An entry as `Event.wire()` writes it, with its data (JSON as stored) spliced in
     unparsed."""
     return (f'{{"id":"{event_id}","type":{json.dumps(fields["type"])},'
-            f'"version":{int(fields["version"])},"at":"{iso(recorded_at(event_id, fields))}",'
+            f'"version":{int(fields["version"])},"at":"{iso(recorded_at(event_id))}",'
             f'"data":{fields.get("data") or "null"}}}')
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from layby.generation.interrupts import Interrupt
 from layby.generation.messages import load_messages
 from layby.parking import compact
 from layby.parking.records import OutboxEntry, RunRecord
@@ -120,7 +121,7 @@ def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
     if reply[0] != Verdict.OK:
         return refusal(reply)
     _, status, _, attempt, agent, messages, metadata, saved, waiting, specs, answers = reply
-    parked_on = None
+    parked_on: list[Interrupt] = []
     found: dict[str, Answer] = {}
     if waiting:
         parked_on = [compact.interrupt(iid, s) for iid, s in zip(waiting.split(), specs,

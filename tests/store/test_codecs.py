@@ -28,8 +28,9 @@ from layby.generation.interrupts import (
     OnExpire,
     ResumeMode,
 )
-from layby.parking import compact
+from layby.parking import compact, migrations
 from layby.parking.clock import iso
+from layby.wire import Status
 
 from .conftest import OWNER, World
 
@@ -117,13 +118,23 @@ def test_a_note_goes_round_python_and_lua(store_client: redis.Redis, rec: dict[s
 
 
 @NOTES
-def test_an_older_laybys_note_reads_alike(store_client: redis.Redis, rec: dict[str, Any]
-                                          ) -> None:
-    """A record under the long names (written by an older layby) with all of them."""
-    raw = json.dumps({k: v for k, v in rec.items() if k != "id"})
-    assert _notes_eval(store_client, "return cjson.encode(decode_note(ARGV[1]))", raw) == {
-        k: v for k, v in rec.items() if k != "id"}
-    assert compact.note(rec["id"], raw) == rec
+def test_a_long_name_note_is_migrated_to_what_lua_writes(world: World, rec: dict[str, Any]
+                                                          ) -> None:
+    """0.1.0's predecessors stored a notification under its long names, all of them.
+    Migration 1 (compact.stored_note) writes it as lua/_notes.lua's encode_note writes the
+    same record, and both sides read it back whole."""
+    world.make("interrupted")
+    field = f"n:{rec['id']}"
+    world.client.hset(world.keys.run("run_1"), field,
+                      json.dumps({k: v for k, v in rec.items() if k != "id"}))
+    migrations.migrate(world.client, world.keys)
+    stored = world.run_hash("run_1")[field]
+    assert json.loads(stored) == _notes_eval(
+        world.client, "return encode_note(cjson.decode(ARGV[1]))", json.dumps(rec))
+    assert json.loads(compact.stored_note(rec)) == json.loads(stored)
+    assert compact.note(rec["id"], stored) == rec
+    assert _notes_eval(world.client, "return cjson.encode(decode_note(ARGV[1]))",
+                       stored) == {k: v for k, v in rec.items() if k != "id"}
 
 
 # -- interrupts: Python writes them (compact.stored_interrupt), Lua keeps the bytes and
@@ -178,12 +189,13 @@ def test_an_interrupt_goes_round_the_scripts(world: World) -> None:
 REASONS = [INPUT_REQUIRED, TOOL_CALL, CONFIRMATION, BACKGROUND_JOB, "acme:sign_off"]
 
 
-@pytest.mark.parametrize("older", [False, True], ids=["compact", "older-wire"])
+@pytest.mark.parametrize("migrated", [False, True], ids=["compact", "migrated"])
 @pytest.mark.parametrize("reason", REASONS)
 def test_lua_reads_an_interrupts_reason_as_compact_does(world: World, reason: str,
-                                                        older: bool) -> None:
+                                                        migrated: bool) -> None:
     """_folding.lua rebuilds a folded park event from each interrupt's reason, read off its
-    record (`r`, implied when left out; an older layby's record under `reason`)."""
+    record (`r`, implied when left out). A record 0.1.0's predecessors stored in the
+    interrupt's wire form reads the same once migration 1 rewrote it."""
     intrs = [_full_interrupt("int_a", reason), _implied_interrupt("int_b")]
     if reason != INPUT_REQUIRED:
         intrs[1] = intrs[1].model_copy(update={"reason": reason})
@@ -192,8 +204,14 @@ def test_lua_reads_an_interrupts_reason_as_compact_does(world: World, reason: st
     for intr in intrs:
         raws[intr.id] = (json.dumps(intr.model_dump(mode="json", by_alias=True,
                                                     exclude_none=True, exclude={"id"}))
-                         if older else compact.stored_interrupt(intr))
+                         if migrated else compact.stored_interrupt(intr))
         world.client.hset(run_key, f"i:{intr.id}", raws[intr.id])
+    if migrated:
+        world.client.hset(run_key, mapping={"status": "interrupted", "version": 2})
+        world.client.zadd(world.keys.index(Status.INTERRUPTED), {"run_r": 1})
+        migrations.migrate(world.client, world.keys)
+        raws = {iid: world.client.hget(run_key, f"i:{iid}") for iid in raws}
+        assert raws == {intr.id: compact.stored_interrupt(intr) for intr in intrs}
     source = (_lua("_notes") + "\n" + _lua("_folding") + "\n"
               + "return REBUILD.i({'1', '2', ARGV[1], ARGV[2]})")
     got = json.loads(world.client.eval(source, 2, run_key, events_key,  # type: ignore[arg-type]

@@ -132,7 +132,8 @@ def test_a_run_with_no_stream_left_has_nothing_folded(world: World) -> None:
 
 def test_a_stream_with_an_entry_the_fold_cannot_hold_is_kept_as_it_is(world: World) -> None:
     world.make("interrupted")
-    # An older layby's entry, with its `at` field.
+    # An entry with a field besides type, version and data (one of 0.1.0's predecessors
+    # may have `at`, which nothing reads).
     world.client.xadd(world.keys.events("run_1"), {"type": "custom", "version": 2,
                                                     "data": "{}", "at": 1})
     before = world.snapshot()

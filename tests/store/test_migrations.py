@@ -13,8 +13,9 @@ import pytest
 from layby.generation.messages import Message, Part, ToolRequest, dump_messages
 from layby.parking import Announcements, compact, formats, migrations
 from layby.parking.formats import FormatError
+from layby.reviewers.tokens import Grant
 from layby.wire import Status
-from tests.store.conftest import World, interrupt, note
+from tests.store.conftest import OWNER, World, answer, interrupt, note
 
 pytestmark = pytest.mark.store
 
@@ -183,3 +184,54 @@ def test_a_resumed_run_without_waiting_gets_it_from_its_history(world: World) ->
     migrations.migrate(world.client, world.keys)
     assert world.run_hash("run_1")["waiting"] == "int_a"
     assert world.client.zscore(world.keys.index(Status.RESUMING), "run_1") is not None
+
+
+@pytest.mark.parametrize("form", ["object", "array"])
+def test_a_grant_stored_as_json_reads_back_the_same_once_migrated(world: World,
+                                                                   form: str) -> None:
+    """0.1.0's predecessors stored a grant as JSON: an object of `Grant`'s fields, or
+    before it an array in their order. Migration 1 stores its values (`Grant.stored`), its
+    lifetime kept, and it reads back as the grant it was."""
+    world.make("interrupted")
+    given = Grant("run_1", "int_a", "Ops team (EU) <ops@example.com>", 4, 1_900_000_000)
+    stored = given.dumps() if form == "object" else json.dumps(
+        [given.run_id, given.interrupt_id, given.reviewer, given.version, given.expires])
+    key = world.keys.grant("ref_1")
+    world.client.set(key, stored, ex=3600)
+    migrations.migrate(world.client, world.keys)
+    assert world.client.get(key) == given.stored()
+    assert Grant.loads(world.client.get(key)) == given
+    assert 0 < world.client.ttl(key) <= 3600
+
+
+def _waiting_on(world: World, run_id: str, *iids: str) -> None:
+    """The run's last message: the model's, parked on `iids`."""
+    parked = Message(role="model", content=[
+        Part(tool_request=ToolRequest(name="ask", ref=f"call_{iid}", input={}),
+             metadata={"interrupt": {"id": iid}}) for iid in iids])
+    world.client.hset(world.keys.run(run_id), "messages",
+                      json.dumps(dump_messages([*world.history(1), parked])))
+
+
+def test_a_parked_run_without_waiting_gets_it_when_its_open_interrupts_say_less(
+        world: World) -> None:
+    """A park of 0.1.0's predecessors recorded no `waiting`; in format 1 its absence means
+    "the open interrupts". One answered before the park (a background job's) is not open:
+    migration 1 takes what the park waited on from the last model message, and the resume
+    is handed both. A run whose open interrupts are what it waited on is left as it is."""
+    for run_id in ("run_1", "run_2"):
+        world.make("interrupted", run_id, interrupts=[interrupt("int_a"), interrupt("int_b")])
+        _waiting_on(world, run_id, "int_a", "int_b")
+        assert "waiting" not in world.run_hash(run_id)
+    world.client.hset(world.keys.run("run_1"), "open", "int_a")
+    world.client.hset(world.keys.answers("run_1"), "int_b",
+                      json.dumps(answer("int_b", by="job").wire()))
+    migrations.migrate(world.client, world.keys)
+    assert world.run_hash("run_1")["waiting"] == "int_a int_b"
+    assert "waiting" not in world.run_hash("run_2")
+    done = world.store.answer("run_1", [answer("int_a")])
+    assert done.resumed and done.version is not None
+    claimed = world.store.claim("run_1", done.version, OWNER)
+    assert claimed.record is not None
+    assert [i.id for i in claimed.record.parked_on] == ["int_a", "int_b"]
+    assert claimed.record.answers["int_b"].answered_by == "job"

@@ -13,6 +13,6 @@ local now = now_ms()
 local fields = ending('completed', now, run)
 for _, x in ipairs({'result', result}) do table.insert(fields, x) end
 local v = commit_step(version, messages, now, run.checkpointed, fields)
-count_down('completed', 'running', now, tonumber(retention_s), run.noted)
+count_down('completed', 'running', now, tonumber(retention_s))
 event('run.completed', v, event_data, now)
 return {'ok', v}

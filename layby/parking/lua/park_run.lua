@@ -6,7 +6,7 @@
 -- index, events, stats, notifications, notify:due, grant keys, review (hand-overs); queues
 -- the resume, or the deliveries of the requests due now (or, when the caller could not
 -- plan them, the announcement task).
--- KEYS from 22: the plan's grant keys.
+-- KEYS from EXTRA: the plan's grant keys.
 -- Arguments: version, owner, messages (JSON), event (its data, JSON), announce ('1' to
 --   queue the announcement task, layby.notify.interrupts, instead of a plan), interrupts
 --   (JSON, each {id, record: Interrupt JSON as stored (a string), expires: ms (left out
@@ -95,7 +95,7 @@ for i, intr in ipairs(interrupts) do
 end
 if #rule_answers > 0 then redis.call('HSET', ANSWERS, unpack(rule_answers)) end
 local resumes = #open == 0
-local open_now, waited = open_field(open, open_raw), table.concat(waiting, ' ')
+local open_now, waited = open_field(open), table.concat(waiting, ' ')
 local fields = {'open', open_now, 'status', resumes and 'resuming' or 'interrupted'}
 -- A parked run with notifications leaves `noted` out (commit_step deletes it): readers
 -- take a missing one as "look".
@@ -128,6 +128,6 @@ if resumes then
 end
 redis.call('ZADD', INDEX.interrupted, now, ID)
 if announce == '1' then return {'ok', v, enqueue('notify', v, now), {}, {}} end
-local planned, dispatch = record_plan(A.plan, 22, v, now, open_set, false)
+local planned, dispatch = record_plan(A.plan, EXTRA, v, now, open_set, false)
 compact_events()
 return {'ok', v, '', planned, dispatch}

@@ -9,8 +9,10 @@ any more:
   into the run's hash (`i:<id>`, `n:<id>`, `open`), the `id` field goes;
 - interrupts and notifications stored under their wire names are stored under the short
   names (`parking.compact`);
-- a run answered before layby recorded what a park waited on gets its `waiting` field
-  from the history (the interrupts of its last model message);
+- a run parked before layby recorded what a park waited on gets its `waiting` field from
+  the history (the interrupts of its last model message): answered (queued, running or
+  resuming), or still parked when that differs from its open interrupts (one answered
+  before the park: the resume must still see it);
 - a reviewer token's grant stored as JSON is stored as its values (`Grant.stored`).
 
 Event entries that also carry their time in an `at` field (the entry id's time, always
@@ -24,13 +26,17 @@ from typing import Any, cast
 
 from redis import Redis, WatchError
 
+from layby.generation.interrupts import Interrupt
 from layby.generation.messages import load_messages
 from layby.parking import compact
 from layby.parking.keys import Keys
 from layby.parking.migrations import Migration, register
 
 INTERRUPT, NOTE = "i:", "n:"
-UNANSWERED_STATES = {"queued", "running", "resuming"}
+# How 0.1.0 told a record under its wire names: a name every interrupt has (toolCallId is
+# required) and one every notification had (the short names leave `kind` out or write `k`).
+WIRE_INTERRUPT, WIRE_NOTE = "toolCallId", "kind"
+UNFINISHED = {"queued", "running", "interrupted", "resuming"}
 
 
 def _run_id(key: str) -> str:
@@ -51,24 +57,44 @@ def _fields_of_run(raw: dict[str, str], older: dict[str, dict[str, str]] | None,
         if "open" not in raw:
             write["open"] = " ".join(sorted(open_set or ()))
     for iid, rec in interrupts.items():
-        if older is not None or "toolCallId" in json.loads(rec):
-            new = compact.stored_interrupt(compact.interrupt(iid, rec))
+        data = json.loads(rec)
+        if older is not None or WIRE_INTERRUPT in data:
+            new = compact.stored_interrupt(_interrupt(iid, data))
             if new != raw.get(INTERRUPT + iid):
                 write[INTERRUPT + iid] = new
     for nid, rec in notes.items():
-        if older is not None or "kind" in json.loads(rec):
-            new = compact.stored_note(compact.note(nid, rec))
+        data = json.loads(rec)
+        if older is not None or WIRE_NOTE in data:
+            new = compact.stored_note({"id": nid, **data} if WIRE_NOTE in data
+                                      else compact.note(nid, rec))
             if new != raw.get(NOTE + nid):
                 write[NOTE + nid] = new
-    if raw.get("status") in UNANSWERED_STATES and "waiting" not in raw:
-        history = load_messages(json.loads(raw.get("messages") or "[]"))
-        last = history[-1] if history else None
-        if last is not None and last.role == "model":
-            waited = [p.meta("interrupt", {}).get("id") for p in last.tool_requests
-                      if p.meta("interrupt") is not None]
-            if waited:
-                write["waiting"] = " ".join(waited)
+    status = raw.get("status")
+    if "waiting" not in raw and status in UNFINISHED:
+        waited = _waited_on(raw.get("messages"))
+        # A parked run without the field waits on its open interrupts (format 1's meaning
+        # of its absence); one whose history says otherwise is given it.
+        opened = set(write.get("open", raw.get("open") or "").split())
+        if waited and (status != "interrupted" or set(waited) != opened):
+            write["waiting"] = " ".join(waited)
     return write, drop
+
+
+def _interrupt(interrupt_id: str, data: dict[str, Any]) -> Interrupt:
+    """An interrupt's record as 0.1.0 read it: its wire form, or format 1's."""
+    if WIRE_INTERRUPT in data:
+        return Interrupt.model_validate({"id": interrupt_id, **data})
+    return compact.interrupt(interrupt_id, json.dumps(data))
+
+
+def _waited_on(messages: str | None) -> list[str]:
+    """The interrupts of the history's last message, when it is the model's (a park's)."""
+    history = load_messages(json.loads(messages or "[]"))
+    last = history[-1] if history else None
+    if last is None or last.role != "model":
+        return []
+    return [p.meta("interrupt", {}).get("id") for p in last.tool_requests
+            if p.meta("interrupt") is not None]
 
 
 def rewrite_run(client: Redis, keys: Keys, key: str, dry: bool) -> bool:
