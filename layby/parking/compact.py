@@ -19,17 +19,21 @@ INTERRUPT_NAMES = {"reason": "r", "message": "m", "toolCallId": "c", "responseSc
                    "toolName": "n", "toolInput": "in", "mode": "md", "reviewers": "rv",
                    "createdAt": "t", "expiresAt": "x", "inputSchema": "is", "turn": "tu",
                    "responseType": "rt", "metadata": "me", "onExpire": "oe"}
-# Values most interrupts have, written only when they differ.
+# Values most interrupts have, written only when they differ. (lua/_folding.lua reads a
+# record's reason by the short name and the value here: parking.scripts writes them in.)
 INTERRUPT_IMPLIED = {"r": "input_required", "md": "respond"}
-# lua/_notes.lua's NOTE_NAMES, and the values it leaves out (a request, sent, at the first
-# attempt: what a parked run's notifications most often are).
+# A notification's long name → its short name, and the values left out (a request, sent, at
+# the first attempt: what a parked run's notifications most often are). lua/_notes.lua
+# writes and reads by these very tables (parking.scripts writes them into its source).
 NOTE_NAMES = {"kind": "k", "token": "t", "interruptId": "i", "state": "s", "attempts": "a",
               "channel": "c", "sentAt": "sa", "reviewer": "r", "createdAt": "ca", "due": "d",
               "level": "l", "lastError": "e"}
-NOTE_IMPLIED = {"k": "request", "s": "sent", "a": 1}
+NOTE_IMPLIED: dict[str, str | int] = {"k": "request", "s": "sent", "a": 1}
 
 _INTERRUPT_WIRE = {v: k for k, v in INTERRUPT_NAMES.items()}
 _NOTE_WIRE = {v: k for k, v in NOTE_NAMES.items()}
+# When a notification was sent is stored as ms after it was created.
+_SENT, _CREATED = NOTE_NAMES["sentAt"], NOTE_NAMES["createdAt"]
 
 
 def _dumps(value: Any) -> str:
@@ -77,13 +81,13 @@ def stored_note(wire: dict[str, Any]) -> str:
     `encode_note` writes it."""
     stored: dict[str, Any] = {}
     for name, value in wire.items():
-        if name == "id" or NOTE_IMPLIED.get(NOTE_NAMES.get(name, "")) == value:
-            continue
-        stored[NOTE_NAMES.get(name, name)] = value
-    if isinstance(stored.get("sa"), int) and isinstance(stored.get("ca"), int):
-        stored["sa"] -= stored["ca"]
-    elif "sa" in stored:  # no creation time to count from: as it is, under its long name
-        stored["sentAt"] = stored.pop("sa")
+        short = NOTE_NAMES.get(name, name)
+        if name != "id" and not (short in NOTE_IMPLIED and NOTE_IMPLIED[short] == value):
+            stored[short] = value
+    if isinstance(stored.get(_SENT), int) and isinstance(stored.get(_CREATED), int):
+        stored[_SENT] -= stored[_CREATED]
+    elif _SENT in stored:  # no creation time to count from: as it is, under its long name
+        stored["sentAt"] = stored.pop(_SENT)
     return _dumps(stored)
 
 
@@ -93,6 +97,6 @@ def note(notification_id: str, raw: str) -> dict[str, Any]:
     wire: dict[str, Any] = {"id": notification_id}
     for short, value in {**NOTE_IMPLIED, **data}.items():
         wire[_NOTE_WIRE.get(short, short)] = value
-    if "sa" in data and "ca" in data:  # ms after it was created
-        wire["sentAt"] = data["ca"] + data["sa"]
+    if _SENT in data and _CREATED in data:  # ms after it was created
+        wire["sentAt"] = data[_CREATED] + data[_SENT]
     return wire
