@@ -205,8 +205,9 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
     messages follow); returns (finished with this task, the new version)."""
     store = rt.store
     added = _added(committed, outcome.messages)
-    # Where the step's messages are in the history; `messages` goes last, so that a park can
-    # cut it off an event without parsing it (layby.parking.events).
+    # Where the step's messages are in the history. `messages` goes last: the store keeps
+    # them beside the event's data, and readers give them back as its last member
+    # (layby.parking.events), so the event reads as it was written.
     event: dict[str, Any] = {"from": len(outcome.messages) - len(added),
                              "historyTo": len(outcome.messages)}
     match outcome:

@@ -34,14 +34,15 @@ come and go.
     "model", "tool:<ref>" → results within the current version (field "v" holds that version);
     deleted by the commit of the step, and at the end of the run.
 <p>:{<run>}:events          stream  as the run
-    type, version, data (JSON), when: the entry id's ms (an entry of 0.1.0's predecessors may
-    also have `at`, which nothing reads); capped. Copied to an exact fit when the run parks, its
-    steps' events then without their messages (`from`/`historyTo` say where they are in the
-    history; parking.events fills them in). Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events
-    move into its hash's field `events`, one line each, their data rebuilt from the hash where
-    it can be (lua/_folding.lua), and the stream is deleted; later events begin a new one.
+    type, version, data (JSON), and a step's messages (JSON), a field of their own beside its
+    data; when: the entry id's ms (an entry of 0.1.0's predecessors may also have `at`, which
+    nothing reads); capped. Copied to an exact fit when the run parks, its steps' events then
+    without their messages (`from`/`historyTo` say where they are in the history; parking.events
+    fills them in). Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events move into its hash's field
+    `events`, one line each, their data rebuilt from the hash where it can be
+    (lua/_folding.lua), and the stream is deleted; later events begin a new one.
 <p>:{<run>}:events:compact  stream  one park_run call
-    park_run.lua's copy of the run's events, made to an exact fit (its steps' events cut),
+    park_run.lua's copy of the run's events, made to an exact fit (its steps' messages dropped),
     copied or renamed over events and gone before the script returns.
 <p>:{<run>}:notifications   hash    until migration 1
     only a run of 0.1.0's predecessors: notification id → Notification JSON; migration 1 moves
@@ -188,17 +189,19 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "that version); deleted by the commit of the step, and at the end of the run."),
     KeySpec(
         "<p>:{<run>}:events", "stream", "as the run",
-        "type, version, data (JSON), when: the entry id's ms (an entry of 0.1.0's "
-        "predecessors may also have `at`, which nothing reads); capped. Copied to an exact fit when the run parks, its steps' events "
-        "then without their messages (`from`/`historyTo` say where they are in the history; "
-        "parking.events fills them in). Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events "
+        "type, version, data (JSON), and a step's messages (JSON), a field of their own "
+        "beside its data; when: the entry id's ms (an entry of 0.1.0's predecessors may "
+        "also have `at`, which nothing reads); capped. Copied to an exact fit when the run "
+        "parks, its steps' events then without their messages (`from`/`historyTo` say "
+        "where they are in the history; parking.events fills them in). Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events "
         "move into its hash's field `events`, one line each, their data rebuilt from the "
         "hash where it can be (lua/_folding.lua), and the stream is deleted; later events "
         "begin a new one."),
     KeySpec(
         "<p>:{<run>}:events:compact", "stream", "one park_run call",
-        "park_run.lua's copy of the run's events, made to an exact fit (its steps' events "
-        "cut), copied or renamed over events and gone before the script returns."),
+        "park_run.lua's copy of the run's events, made to an exact fit (its steps' "
+        "messages dropped), copied or renamed over events and gone before the script "
+        "returns."),
     KeySpec(
         "<p>:{<run>}:notifications", "hash", "until migration 1",
         "only a run of 0.1.0's predecessors: notification id → Notification JSON; migration "

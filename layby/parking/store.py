@@ -218,8 +218,10 @@ class Store:
 
     def advance(self, run_id: str, version: int, owner: str, messages: list[Message],
                 event: dict[str, Any], *, inline: bool) -> Transition:
+        """Commit a turn that goes on. `event`: the step's, as readers get it (`_event`)."""
+        data, added = _event(event)
         reply = self._run("advance_turn", run_id, version=version, owner=owner,
-                          messages=_dumps(dump_messages(messages)), event=_dumps(event),
+                          messages=_dumps(dump_messages(messages)), event=data, added=added,
                           keep_lease=inline, lease_ms=self.config.lease_ms)
         return results.committed(reply)
 
@@ -241,17 +243,21 @@ class Store:
                            "expires": expires, "auto": _dumps(auto.wire()) if auto else None,
                            "rule": intr.rule})
         given, grant_keys = self._plan(plan or Announcements())
+        # A park's event is stored without messages, as the earlier steps' events of a
+        # parked run are: the history holds them (parking.events fills them in).
+        data, _ = _event(event)
         reply = self._run("park_run", run_id, version=version, owner=owner,
-                          messages=_dumps(dump_messages(messages)), event=_dumps(event),
+                          messages=_dumps(dump_messages(messages)), event=data,
                           announce=plan is None, interrupts=parked, plan=given,
                           extra_keys=grant_keys)
         return results.committed(reply)
 
     def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
                  result: str, event: dict[str, Any]) -> Transition:
+        data, added = _event(event)
         reply = self._run("complete_run", run_id, version=version, owner=owner,
                           messages=_dumps(dump_messages(messages)), result=result,
-                          event=_dumps(event), retention_s=self.config.retention_s)
+                          event=data, added=added, retention_s=self.config.retention_s)
         return results.committed(reply)
 
     def fail(self, run_id: str, error: dict[str, Any], *, version: int | None = None,
@@ -735,6 +741,15 @@ class Store:
     def prune_finished(self) -> int:
         """Drop index entries of finished runs whose keys have expired."""
         return self.runs.prune_finished_before(self.retention_cutoff_ms())
+
+
+def _event(event: dict[str, Any]) -> tuple[str, str]:
+    """A step's event (its data as readers get it) as the scripts take it: its data, and
+    its `messages` (the step's, JSON; '' without) apart, for the stream entry holds them in
+    a field of their own (parking.events puts them back)."""
+    data = dict(event)
+    added = data.pop("messages", None)
+    return _dumps(data), "" if added is None else _dumps(added)
 
 
 def _first_text(messages: list[Message]) -> str | None:

@@ -122,13 +122,16 @@ local function planned_after(tail, planned)
 end
 
 -- A stream entry ({id, {field, value, …}}) as a folded line's time (ms) and what follows
--- its time; nil when the entry holds more than a type, a version and one line of data.
+-- its time; nil when the entry holds more than a type, a version and one line of data
+-- (and a step's messages: dropped, as a park drops them, for the run's history holds
+-- them and readers fill them in from there).
 local function fold_line(entry, planned)
   local fields, got = entry[2], {}
   for k = 1, #fields, 2 do got[fields[k]] = fields[k + 1] end
   local kind, version, data = got.type, got.version, got.data
-  if #fields ~= 6 or not kind or not version or not data or string.find(data, '\n', 1, true)
-      or string.find(kind, '%s') or string.find(version, '%s') then
+  if #fields ~= (got.messages and 8 or 6) or not kind or not version or not data
+      or string.find(data, '\n', 1, true) or string.find(kind, '%s')
+      or string.find(version, '%s') then
     return nil
   end
   local ms, seq = split_id(entry[1])

@@ -85,10 +85,18 @@ end
 -- which transitions return so their caller can follow the stream from after them). When it
 -- happened is the id's time, the server's clock as this script runs (`now` too): not
 -- written again in each entry, which a parked run would hold for as long as it waits.
+-- `messages` (a step's event: the messages it added, a JSON array; '' or nil: none) is a
+-- field of its own beside `data`, so that a park drops it without looking into the data
+-- (park_run.lua); readers give it back inside the data (parking.events).
 local LAST_EVENT = ''
-local function event(kind, version, data, now)
-  LAST_EVENT = redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_MAX, '*',
-                          'type', kind, 'version', version, 'data', data or '{}')
+local function event(kind, version, data, now, messages)
+  if messages and messages ~= '' then
+    LAST_EVENT = redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_MAX, '*', 'type', kind,
+                            'version', version, 'data', data or '{}', 'messages', messages)
+  else
+    LAST_EVENT = redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_MAX, '*',
+                            'type', kind, 'version', version, 'data', data or '{}')
+  end
   return LAST_EVENT
 end
 
