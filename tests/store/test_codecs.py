@@ -12,6 +12,7 @@ at, reading its own ARGV; nothing is loaded or changed in the scripts themselves
 from __future__ import annotations
 
 import json
+from importlib import resources
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ from layby.generation.interrupts import (
 )
 from layby.parking import compact, migrations
 from layby.parking.clock import iso
-from layby.parking.scripts import _source, shared_source
+from layby.parking.scripts import shared_source
 from layby.wire import Status
 
 from .conftest import OWNER, World
@@ -38,6 +39,11 @@ from .conftest import OWNER, World
 pytestmark = pytest.mark.store
 
 T0 = 1_700_000_000_000
+
+
+def _file(name: str) -> str:
+    """A Lua file as it is, before parking.scripts writes anything in."""
+    return (resources.files("layby.parking") / "lua" / f"{name}.lua").read_text()
 
 
 def _notes_eval(client: redis.Redis, tail: str, *args: str) -> Any:
@@ -66,7 +72,7 @@ def test_the_note_names_are_compacts_both_ways(store_client: redis.Redis) -> Non
     assert got["implied"] == compact.NOTE_IMPLIED
     assert len(set(compact.NOTE_NAMES.values())) == len(compact.NOTE_NAMES)
     # Written in by parking.scripts: the file itself spells out no name.
-    assert "__NOTE_NAMES__" in _source("_notes") and "interruptId" not in _source("_notes")
+    assert "__NOTE_NAMES__" in _file("_notes") and "interruptId" not in _file("_notes")
 
 
 def test_the_implied_note_values_are_compacts(store_client: redis.Redis) -> None:
@@ -201,7 +207,7 @@ def test_lua_gets_an_interrupts_reason_name_from_compact(store_client: redis.Red
         shared_source("_notes") + "\n" + shared_source("_folding") + "\n"
         + "return cjson.encode({REASON, REASON_IMPLIED})", 0))
     assert got == [compact.INTERRUPT_NAMES["reason"], compact.INTERRUPT_IMPLIED["r"]]
-    assert INPUT_REQUIRED not in _source("_folding")
+    assert INPUT_REQUIRED not in _file("_folding")
 
 
 @pytest.mark.parametrize("migrated", [False, True], ids=["compact", "migrated"])
