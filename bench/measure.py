@@ -142,7 +142,7 @@ def _on_event(rt: Runtime, cycle: Cycle, event_id: str, fields: dict[str, str],
     """Note the event's time, answer an interrupt; True when the run is over. An answer
     follows the stream from after the events it wrote itself (as a client that follows a
     run's events from its own last write does): they are not read back."""
-    kind, at = fields["type"], recorded_at(event_id, fields)
+    kind, at = fields["type"], recorded_at(event_id)
     if kind == "run.created":
         cycle.created_at = at
     elif kind == "run.started":
@@ -158,7 +158,7 @@ def _on_event(rt: Runtime, cycle: Cycle, event_id: str, fields: dict[str, str],
         answered = commands.answer(rt, cycle.run_id, entries, by="bench", channel="bench")
         if answered.resumed and answered.event_id:
             # The `at` of the run.resuming it wrote (its last event): that event's id's time.
-            cycle.resuming_at = recorded_at(answered.event_id, {})
+            cycle.resuming_at = recorded_at(answered.event_id)
             streams[key] = max(streams[key], answered.event_id, key=_stream_id)
     elif kind == "run.resuming":
         cycle.resuming_at = at

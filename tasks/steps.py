@@ -144,7 +144,7 @@ def _loop(rt: Runtime, beat: Heartbeat, record: RunRecord) -> str:
                  record.checkpoints, run_id)
     while True:
         started = time.monotonic()
-        outcome = _take_step(store, agent, step, record)
+        outcome = _take_step(agent, step, record)
         inline = time.monotonic() < budget_ends
         if isinstance(outcome, Continue) and outcome.replayable and inline:
             # Nothing ran: the next turn goes on from here, at the same version, and one
@@ -169,10 +169,10 @@ def _step(rt: Runtime, version: int, owner: str, history: list[Message],
                 jobs=starter(rt.celery))
 
 
-def _take_step(store: Store, agent: Agent, step: Step, record: RunRecord) -> Outcome:
+def _take_step(agent: Agent, step: Step, record: RunRecord) -> Outcome:
     try:
         if _is_parked(step.history):
-            return _resume(store, agent, step, record)
+            return _resume(agent, step, record)
         return _model_turn_with_retries(agent, step)
     except ResumeError as exc:
         return Fail(step.history, "invalid_resume", exc.message)
@@ -216,10 +216,10 @@ def _is_parked(history: list[Message]) -> bool:
                 and any(p.meta("interrupt") is not None for p in last.tool_requests))
 
 
-def _resume(store: Store, agent: Agent, step: Step, record: RunRecord) -> Outcome:
+def _resume(agent: Agent, step: Step, record: RunRecord) -> Outcome:
     """The parked turn resumed with its answers; on another version of the agent than the
     one it parked on, migrated (when the agent has a hook) and checked first."""
-    specs, entries = _parked(store, step, record)
+    specs, entries = _parked(step, record)
     parked_on = parked_version(specs)
     if parked_on != agent.version:
         stored = StoredRun(id=step.run_id, agent=agent.name,
@@ -240,16 +240,13 @@ def _resume(store: Store, agent: Agent, step: Step, record: RunRecord) -> Outcom
     return resume_turn(agent, step, to_resume(specs, entries))
 
 
-def _parked(store: Store, step: Step, record: RunRecord
+def _parked(step: Step, record: RunRecord
             ) -> tuple[list[Interrupt], dict[str, ResumeEntry]]:
-    """The interrupts the parked turn waits on, and their answers."""
+    """The parked turn's interrupts and their answers, as the claim read them (what the
+    park waited on: the store records it, migration 1 for runs parked before it did)."""
     waiting = {p.meta("interrupt", {}).get("id") for p in step.history[-1].tool_requests}
-    if record.parked_on is not None and waiting <= {s.id for s in record.parked_on}:
-        specs, answers = record.parked_on, record.answers  # read by the claim
-    else:  # parked by an older layby, which did not record what it waited on
-        specs, answers, _ = store.interrupts(step.run_id)
-    return ([s for s in specs if s.id in waiting],
-            {k: a.entry() for k, a in answers.items()})
+    return ([s for s in record.parked_on if s.id in waiting],
+            {k: a.entry() for k, a in record.answers.items()})
 
 
 def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], owner: str,
@@ -258,8 +255,9 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
     messages follow); returns (finished with this task, the new version)."""
     store = rt.store
     added = _added(committed, outcome.messages)
-    # Where the step's messages are in the history; `messages` goes last, so that a park can
-    # cut it off an event without parsing it (layby.parking.events).
+    # Where the step's messages are in the history. `messages` goes last: the store keeps
+    # them beside the event's data, and readers give them back as its last member
+    # (layby.parking.events), so the event reads as it was written.
     event: dict[str, Any] = {"from": len(outcome.messages) - len(added),
                              "historyTo": len(outcome.messages)}
     match outcome:

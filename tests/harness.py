@@ -8,10 +8,12 @@ each other's messages. Tests talk to it the way users do: over HTTP on loopback.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,10 +26,14 @@ import layby
 from layby.broker_config import JOBS, NOTIFY, TURNS, Settings
 from layby.ops.embedded import free_port
 from layby.ops.supervisor import gateway_argv, sweeper_argv, worker_argv
+from layby.parking import compact
 from layby.parking.keys import Keys
 
 API_KEY = "test-key-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
+LAYBY = str(Path(sys.executable).parent / "layby")
+# What a process started again logs once it is ready, by its name (without a number).
+READY = {"worker": "ready.", "replies": "listening"}
 
 BASE_ENV = {
     "LAYBY_API_KEYS": API_KEY,
@@ -43,19 +49,30 @@ BASE_ENV = {
 }
 
 
-def as_an_older_layby_kept_it(client: Any, prefix: str, run_id: str) -> dict[str, str]:
-    """Rewrite a run as the layout before this one kept it: its interrupts and
-    notifications in hashes of their own, and its id in its hash (how that layout is told).
-    Returns the fields moved out (`i:<id>`, `n:<id>`), as they were."""
+def as_0_1_0s_predecessors_kept_it(client: Any, prefix: str, run_id: str) -> dict[str, str]:
+    """Rewrite a parked run as layby 0.1.0's unreleased predecessors kept it, and the store
+    as 0.1.0 left it (no format version), for `layby migrate` to find: the run's id in its
+    hash, its interrupts (in their wire form), notifications (under their long names) and
+    open interrupts (a set) in keys of their own, none of the run's later fields. Returns
+    the fields moved out (`i:<id>`, `n:<id>`), as they were. Every process must be stopped
+    (none serves a store without a version)."""
     keys = Keys(prefix)
     run = keys.run(run_id)
-    moved = {k: v for k, v in client.hgetall(run).items() if k.startswith(("i:", "n:"))}
+    held = client.hgetall(run)
+    moved = {k: v for k, v in held.items() if k.startswith(("i:", "n:"))}
     for name, value in moved.items():
-        client.hset(keys.interrupts(run_id) if name.startswith("i:")
-                    else keys.notifications(run_id), name[2:], value)
-    if moved:
-        client.hdel(run, *moved)
+        if name.startswith("i:"):
+            wire = compact.interrupt(name[2:], value).model_dump_json(by_alias=True,
+                                                                      exclude_none=True)
+            client.hset(keys.interrupts(run_id), name[2:], wire)
+        else:
+            client.hset(keys.notifications(run_id), name[2:],
+                        json.dumps(compact.note(name[2:], value)))
+    if held.get("open"):
+        client.sadd(keys.open(run_id), *held["open"].split())
+    client.hdel(run, *moved, "open", "waiting", "noted", "checkpointed")
     client.hset(run, "id", run_id)
+    client.delete(keys.format)
     return moved
 
 
@@ -170,7 +187,7 @@ class LaybySystem:
         proc = self._start(name, worker_argv(self.settings, [TURNS, JOBS, NOTIFY, "celery"],
                                              self.worker_count, self.log_level or "INFO"),
                            **env)
-        wait_until(lambda: "ready." in proc.output(), 40, what=f"{name} to be ready")
+        wait_until(lambda: READY["worker"] in proc.output(), 40, what=f"{name} to be ready")
         return proc
 
     def _gateway_up(self) -> bool:
@@ -182,6 +199,26 @@ class LaybySystem:
     def stop(self) -> None:
         for proc in reversed(list(self.procs.values())):
             proc.stop()
+
+    def start_again(self, *names: str) -> None:
+        """Start the processes `stop` stopped (those `names` only, when given) as they were;
+        returns once they are ready."""
+        for name, proc in self.procs.items():
+            running = proc.process is not None and proc.process.poll() is None
+            if running or (names and name not in names):
+                continue
+            before = len(proc.output())
+            proc.start(self.env)
+            if name == "gateway":
+                wait_until(self._gateway_up, 30, what="the gateway")
+            elif (marker := READY.get(name.rstrip("0123456789"))) is not None:
+                wait_until(lambda p=proc, m=marker, b=before: m in p.output()[b:], 40,
+                           what=f"{name} to be ready")
+
+    def layby(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """`layby <args>` (the command line) on the system's store."""
+        return subprocess.run([LAYBY, *args], env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
 
     # -- what users do ---------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from layby.parking.registries import RunIndex
 from layby.parking.scripts import PLACEHOLDER
 from layby.wire import Status
 from tests import sse
-from tests.harness import API_KEY, LaybySystem, as_an_older_layby_kept_it, wait_until
+from tests.harness import API_KEY, LaybySystem, as_0_1_0s_predecessors_kept_it, wait_until
 from tests.reviewers import SmtpServer, WebhookReceiver, reviewed_system
 
 
@@ -352,7 +352,7 @@ def test_a_run_parked_a_while_keeps_its_events_in_its_hash_and_readers_see_no_ch
 def test_a_fold_gives_back_any_event_as_it_was_and_keeps_the_newest(
         redis_server: EmbeddedRedis) -> None:
     """Straight on the store: events a fold cannot rebuild (an answer's payload, text with
-    spaces and quotes, an event of an older layby with its `at`) come back as they were
+    spaces and quotes, an event of 0.1.0's predecessors with its `at`) come back as they were
     stored; a second fold after the run parked again appends; past LAYBY_EVENTS_MAX the
     oldest go, and what stays still reads whole."""
     from layby.control.runtime import TASK_NAMES
@@ -407,7 +407,8 @@ def test_a_fold_gives_back_any_event_as_it_was_and_keeps_the_newest(
     folded = client.hget(keys.run(run_id), "events")
     assert "int_aaaa" in folded and folded.count("ntf_bbbb") == 1  # the send names its plan
 
-    # Parked again: a stream begun after the fold, an older layby's entry in it.
+    # Parked again: a stream begun after the fold, an entry of 0.1.0's predecessors in it
+    # (its `at`, the id's time, is read by nothing).
     add("run.resuming", "{}", 3, at="123")
     add("notification.sent", sent(2))
     add("run.started", '{"from":"resuming"}', 3)
@@ -463,8 +464,8 @@ def test_a_parked_run_holds_its_history_once_and_its_events_still_carry_it(
         for parks, payload in enumerate(answers, start=1):
             stored = client.xrange(keys.events(run_id))
             assert [f["type"] for _, f in stored].count("run.interrupted") == parks
-            assert not [f for _, f in stored
-                        if f["type"] in STEP_EVENTS and '"messages"' in f.get("data", "")]
+            # (A step's messages are a field of their own, dropped by the park.)
+            assert not [f for _, f in stored if "messages" in f]
             run = system.run(run_id)
             assert _replayed(system, run_id, run["messages"][:1]) == run["messages"]
             (question,) = system.open_interrupts(run)
@@ -479,26 +480,32 @@ def test_a_parked_run_holds_its_history_once_and_its_events_still_carry_it(
     assert given == answers
 
 
-def test_a_run_parked_by_an_older_layby_is_answered_and_finishes(isolated: Any) -> None:
-    """What an upgrade finds: a parked run as the previous layout kept it (open interrupts
-    in a set of their own; none of the run's newer fields)."""
+def test_a_run_parked_by_0_1_0s_predecessors_is_answered_and_finishes_once_migrated(
+        isolated: Any) -> None:
+    """What an upgrade from 0.1.0 may find: a parked run as 0.1.0's predecessors kept it
+    (its interrupt and open interrupts in keys of their own; none of the run's newer
+    fields). Every process stopped, `layby migrate` rewrites it; started again, layby
+    shows it, takes its answer and finishes it."""
     system = isolated().start()
     (run_id,) = _park(system, 1)
     keys = Keys(system.settings.key_prefix)
+    system.stop()
     with redis.Redis.from_url(system.redis_url, decode_responses=True) as client:
-        opened = client.hget(keys.run(run_id), "open")
-        assert opened
-        client.sadd(keys.open(run_id), *opened.split())
-        client.hdel(keys.run(run_id), "open", "waiting", "noted", "checkpointed")
-        moved = as_an_older_layby_kept_it(client, system.settings.key_prefix, run_id)
+        moved = as_0_1_0s_predecessors_kept_it(client, system.settings.key_prefix, run_id)
         assert [k for k in moved if k.startswith("i:")], moved
+        migrated = system.layby("migrate")
+        assert migrated.returncode == 0, migrated.stderr
+        assert ", 1 changed" in migrated.stdout, migrated.stdout
+        # the older layout is gone
+        assert not client.exists(keys.open(run_id), keys.interrupts(run_id),
+                                 keys.notifications(run_id))
+        assert "id" not in client.hkeys(keys.run(run_id))
+    system.start_again()
 
-        with system.api() as api:
-            listed = api.get("/v1/runs", params={"status": "interrupted"}).json()["runs"]
-        assert [r["openInterrupts"] for r in listed if r["id"] == run_id] == [1]
-        (question,) = system.open_interrupts(system.run(run_id))
-        assert system.answer(run_id, question["id"], payload="Jaws").status_code == 200
-        done = system.wait_status(run_id, "completed")
-        assert done["result"].startswith("Right!")
-        # the older layout is gone with the first write
-        assert not client.exists(keys.open(run_id))
+    with system.api() as api:
+        listed = api.get("/v1/runs", params={"status": "interrupted"}).json()["runs"]
+    assert [r["openInterrupts"] for r in listed if r["id"] == run_id] == [1]
+    (question,) = system.open_interrupts(system.run(run_id))
+    assert system.answer(run_id, question["id"], payload="Jaws").status_code == 200
+    done = system.wait_status(run_id, "completed")
+    assert done["result"].startswith("Right!")

@@ -213,8 +213,9 @@ def test_idempotency_key_still_works_with_the_stats_key(system: LaybySystem) -> 
 
 
 def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem) -> None:
-    # Straight on the store, under a prefix of its own: grants moved to KEYS[21…], and a
-    # notification out of attempts counts in `stats`, read by the collector.
+    # Straight on the store, under a prefix of its own: grants come after the fixed KEYS
+    # (from EXTRA on, lua/_prelude.lua), and a notification out of attempts counts in
+    # `stats`, read by the collector.
     from layby.control.runtime import TASK_NAMES
     from layby.http.metrics import render
     from layby.parking import Announcements, Store, StoreConfig
@@ -223,9 +224,8 @@ def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem)
     client = redis.Redis.from_url(system.redis_url, decode_responses=True)
     store = Store(client, StoreConfig(TASK_NAMES, prefix="metrics-test"))
     run_id = "run-metrics-1"
-    client.hset(store.keys.run(run_id), mapping={"id": run_id, "status": "interrupted",
-                                                 "version": 1})
-    client.sadd(store.keys.open(run_id), "i1")
+    client.hset(store.keys.run(run_id), mapping={"status": "interrupted", "version": 1,
+                                                 "open": "i1"})
     note = Notification(id="n1", interrupt_id="i1", reviewer="alice", channel="email")
     # A store without the task messages (the broker elsewhere): the caller dispatches.
     assert store.plan_notifications(run_id, Announcements(

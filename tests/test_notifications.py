@@ -29,7 +29,7 @@ from layby.ops.embedded import EmbeddedRedis
 from layby.parking import Keys
 from layby.reviewers.tokens import TOKEN
 from tests import sse
-from tests.harness import as_an_older_layby_kept_it, wait_until
+from tests.harness import as_0_1_0s_predecessors_kept_it, wait_until
 from tests.reviewers import (
     HOOK_SECRET,
     INBOUND_DOMAIN,
@@ -541,23 +541,31 @@ def test_a_run_cancelled_while_parked_sends_no_reminder(reminding: ReviewedSyste
     assert len(reminding.smtp.mails_to(ALICE, run_id)) == 1
 
 
-def test_a_run_parked_by_an_older_layby_keeps_its_notifications(
+def test_a_run_parked_by_0_1_0s_predecessors_keeps_its_notifications_once_migrated(
         reminding: ReviewedSystem) -> None:
-    """What an upgrade finds: a parked run whose interrupt and notifications are hashes of
-    their own (an older layby's layout). They are shown as before, and cancelling the run
+    """What an upgrade from 0.1.0 may find: a parked run whose interrupt and notifications
+    are keys of their own (0.1.0's predecessors' layout). Every process stopped, `layby
+    migrate` rewrites it; started again, they are shown as before, and cancelling the run
     skips its pending reminders, which are never sent."""
+    system = reminding.system
     run_id = reminding.parked(reminding.start_run("demo.expiring", "ship it")["id"])["id"]
     reminding.smtp.wait_mail(ALICE, run_id)
     before = wait_notes(reminding, run_id, lambda f: len(f) == 4, "4 planned notifications")
-    with redis.Redis.from_url(reminding.system.redis_url, decode_responses=True) as client:
-        moved = as_an_older_layby_kept_it(client, reminding.system.settings.key_prefix,
-                                          run_id)
+    system.stop()
+    with redis.Redis.from_url(system.redis_url, decode_responses=True) as client:
+        moved = as_0_1_0s_predecessors_kept_it(client, system.settings.key_prefix, run_id)
     assert len([k for k in moved if k.startswith("n:")]) == 4, moved
+    migrated = system.layby("migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    # The gateway first: nothing sends the reminders (due REMIND_AT_S into the park, which
+    # a restart may pass) before the run is cancelled.
+    system.start_again("gateway")
     assert notes(reminding, run_id) == before
 
-    with reminding.system.api() as api:
+    with system.api() as api:
         reply = api.post(f"/v1/runs/{run_id}/cancel", json={"reason": "not today"})
     assert reply.status_code == 200, reply.text
+    system.start_again()
     wait_notes(reminding, run_id, all_in("skipped", 2, "reminder"), "reminders skipped",
                timeout=REMIND_AT_S + 60)
     wait_gone(lambda: bool(reminders(reminding.smtp.mails_to(ALICE, run_id))

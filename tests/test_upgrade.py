@@ -3,9 +3,10 @@ CHANGELOG.md names with its commit, 0.1.0 today) is built from the git history (
 archive`) into a wheel, installed in a virtualenv of its own next to this code, and run on
 a real Valkey: it parks runs, it is stopped (0.1.0 announces no version, so this one step
 stops every process), `layby migrate` versions the store, and this layby's processes
-complete the runs it parked. (When the previous release is 0.2.0 or later, which announce
-their format, this test must run the two side by side instead, as tests/test_rolling.py
-rolls a deployment: the next release's work.)"""
+complete the runs it parked and give every run's events as it gave them (a finished one's
+steps' messages, which 0.1.0 kept inside their data, kept apart now). (When the previous
+release is 0.2.0 or later, which announce their format, this test must run the two side by
+side instead, as tests/test_rolling.py rolls a deployment: the next release's work.)"""
 
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from layby.ops.embedded import EmbeddedRedis
+from layby.parking import Keys
 from tests.harness import ROOT, LaybySystem, Proc, free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -127,8 +130,6 @@ def stores(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[LaybySystem]
     """This layby's system (not started) on a database of its own."""
     system = LaybySystem(f"redis://127.0.0.1:{redis_server.port}/11", tmp_path,
                          env_overrides={"LAYBY_AGENT_MODULES": "layby.demo.agents"})
-    import redis
-
     client = redis.Redis(port=redis_server.port, db=11)
     client.flushdb()
     yield system
@@ -157,10 +158,22 @@ def test_runs_parked_by_the_previous_release_complete_after_the_upgrade(
                     break
                 time.sleep(0.2)
             assert set(statuses) == {"interrupted"}, statuses
+            # One more, which 0.1.0 finishes too: its steps' events keep their messages
+            # inside their data, where format 1 keeps them apart.
+            finished = _finished_by(api, ids[-1])
+            streams = {run_id: _events_text(api, run_id) for run_id in [*ids, finished]}
     finally:
         old.stop()
     assert all(p.process is not None and p.process.poll() is not None for p in old.procs)
 
+    client = redis.Redis.from_url(stores.redis_url, decode_responses=True)
+    steps = Keys(stores.settings.key_prefix).events(finished)
+
+    def completed_entry() -> dict[str, str]:
+        [(_, fields)] = [e for e in client.xrange(steps) if e[1]["type"] == "run.completed"]
+        return fields
+
+    assert '"messages":[' in completed_entry()["data"] and "messages" not in completed_entry()
     env = {**stores.env, "PYTHONPATH": str(ROOT)}
     layby = str(Path(sys.executable).parent / "layby")
     refused = subprocess.run([layby, "runs", "ls"], env=env, cwd=ROOT, capture_output=True,
@@ -170,8 +183,13 @@ def test_runs_parked_by_the_previous_release_complete_after_the_upgrade(
                               text=True, timeout=120)
     assert migrated.returncode == 0, migrated.stderr
     assert "the store is at format 1" in migrated.stdout
+    assert '"messages"' not in completed_entry()["data"] and "messages" in completed_entry()
+    client.close()
 
     stores.start()
+    # Every run's events read as 0.1.0 gave them, byte for byte.
+    with stores.api() as api:
+        assert {run_id: _events_text(api, run_id) for run_id in streams} == streams
     for run_id in ids:
         run = stores.run(run_id)
         assert run["status"] == "interrupted"
@@ -181,3 +199,28 @@ def test_runs_parked_by_the_previous_release_complete_after_the_upgrade(
     for run_id in ids:
         done = stores.wait_status(run_id, "completed", timeout=60)
         assert done["result"], done
+
+
+def _events_text(api: httpx.Client, run_id: str) -> str:
+    """The run's events as `GET /v1/runs/{id}/events` sends them (what is there)."""
+    reply = api.get(f"/v1/runs/{run_id}/events", params={"follow": "false"})
+    assert reply.status_code == 200, reply.text
+    return reply.text
+
+
+def _finished_by(api: httpx.Client, parked_like: str) -> str:
+    """A run of demo.trivia started, parked, answered and completed (through `api`),
+    as `parked_like` was started."""
+    agent = api.get(f"/v1/runs/{parked_like}").json()["agent"]
+    run_id = api.post("/v1/runs", json={"agent": agent, "input": "Ask me one more"}
+                      ).json()["id"]
+    run = wait_until(lambda: (r := api.get(f"/v1/runs/{run_id}").json())["status"]
+                     == "interrupted" and r, 60, what="the run to park")
+    [question] = [i for i in run["interrupts"] if i["state"] == "open"]
+    answered = api.post(f"/v1/runs/{run_id}/interrupts/{question['id']}",
+                        json={"status": "resolved",
+                              "payload": question["responseSchema"]["enum"][0]})
+    assert answered.status_code == 200, answered.text
+    wait_until(lambda: api.get(f"/v1/runs/{run_id}").json()["status"] == "completed", 60,
+               what="the run to complete")
+    return str(run_id)

@@ -3,7 +3,7 @@ short names, without their id (the field's name says it), values most of them ha
 out, times as epoch ms (a notification's sending as ms after its creation). A parked run
 holds them for as long as it waits; reading gives the wire shapes back. Notifications are
 written by the scripts (lua/_notes.lua names their fields the same); interrupts only here.
-Records an older layby wrote, under their wire names, read as they are."""
+docs/stored-format.md writes the format down."""
 
 from __future__ import annotations
 
@@ -20,17 +20,21 @@ INTERRUPT_NAMES = {"reason": "r", "message": "m", "toolCallId": "c", "responseSc
                    "createdAt": "t", "expiresAt": "x", "inputSchema": "is", "turn": "tu",
                    "responseType": "rt", "metadata": "me", "onExpire": "oe",
                    "agentVersion": "av"}
-# Values most interrupts have, written only when they differ.
+# Values most interrupts have, written only when they differ. (lua/_folding.lua reads a
+# record's reason by the short name and the value here: parking.scripts writes them in.)
 INTERRUPT_IMPLIED = {"r": "input_required", "md": "respond"}
-# lua/_notes.lua's NOTE_NAMES, and the values it leaves out (a request, sent, at the first
-# attempt: what a parked run's notifications most often are).
+# A notification's long name → its short name, and the values left out (a request, sent, at
+# the first attempt: what a parked run's notifications most often are). lua/_notes.lua
+# writes and reads by these very tables (parking.scripts writes them into its source).
 NOTE_NAMES = {"kind": "k", "token": "t", "interruptId": "i", "state": "s", "attempts": "a",
               "channel": "c", "sentAt": "sa", "reviewer": "r", "createdAt": "ca", "due": "d",
               "level": "l", "lastError": "e"}
-NOTE_IMPLIED = {"k": "request", "s": "sent", "a": 1}
+NOTE_IMPLIED: dict[str, str | int] = {"k": "request", "s": "sent", "a": 1}
 
 _INTERRUPT_WIRE = {v: k for k, v in INTERRUPT_NAMES.items()}
 _NOTE_WIRE = {v: k for k, v in NOTE_NAMES.items()}
+# When a notification was sent is stored as ms after it was created.
+_SENT, _CREATED = NOTE_NAMES["sentAt"], NOTE_NAMES["createdAt"]
 
 
 def _dumps(value: Any) -> str:
@@ -65,11 +69,8 @@ def stored_interrupt(intr: Interrupt) -> str:
 
 
 def interrupt(interrupt_id: str, raw: str) -> Interrupt:
-    data = json.loads(raw)
-    if "toolCallId" in data:  # an older layby's: its wire form
-        return Interrupt.model_validate({"id": interrupt_id, **data})
     wire: dict[str, Any] = {"id": interrupt_id}
-    for short, value in {**INTERRUPT_IMPLIED, **data}.items():
+    for short, value in {**INTERRUPT_IMPLIED, **json.loads(raw)}.items():
         wire[_INTERRUPT_WIRE.get(short, short)] = value
     if isinstance(wire.get("createdAt"), int):
         wire["createdAt"] = iso(wire["createdAt"])
@@ -81,13 +82,13 @@ def stored_note(wire: dict[str, Any]) -> str:
     `encode_note` writes it."""
     stored: dict[str, Any] = {}
     for name, value in wire.items():
-        if name == "id" or NOTE_IMPLIED.get(NOTE_NAMES.get(name, "")) == value:
-            continue
-        stored[NOTE_NAMES.get(name, name)] = value
-    if isinstance(stored.get("sa"), int) and isinstance(stored.get("ca"), int):
-        stored["sa"] -= stored["ca"]
-    elif "sa" in stored:  # no creation time to count from: as it is, under its long name
-        stored["sentAt"] = stored.pop("sa")
+        short = NOTE_NAMES.get(name, name)
+        if name != "id" and not (short in NOTE_IMPLIED and NOTE_IMPLIED[short] == value):
+            stored[short] = value
+    if isinstance(stored.get(_SENT), int) and isinstance(stored.get(_CREATED), int):
+        stored[_SENT] -= stored[_CREATED]
+    elif _SENT in stored:  # no creation time to count from: as it is, under its long name
+        stored["sentAt"] = stored.pop(_SENT)
     return _dumps(stored)
 
 
@@ -95,8 +96,8 @@ def note(notification_id: str, raw: str) -> dict[str, Any]:
     """A notification's record in its wire names (times still as stored)."""
     data = json.loads(raw)
     wire: dict[str, Any] = {"id": notification_id}
-    for short, value in ({**NOTE_IMPLIED, **data} if "kind" not in data else data).items():
+    for short, value in {**NOTE_IMPLIED, **data}.items():
         wire[_NOTE_WIRE.get(short, short)] = value
-    if "sa" in data and "ca" in data:  # ms after it was created
-        wire["sentAt"] = data["ca"] + data["sa"]
+    if _SENT in data and _CREATED in data:  # ms after it was created
+        wire["sentAt"] = data[_CREATED] + data[_SENT]
     return wire

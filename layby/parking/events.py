@@ -8,11 +8,13 @@ which gives them back as the stream held them, then the stream's. Only a followe
 is a blocking XREAD on the stream itself, after a read that found nothing new.
 
 The events of a step (`turn.committed`, `run.interrupted`, `run.completed`) say where its
-messages are in the run's history (`from`, `historyTo`). A park's event is stored without
-them, and so are the earlier steps' events of a parked run (park_run.lua): the history is
-held once, in the run. Every reader here fills them in from the history as it is when read
-(a resume's rewrite of the parked model message included), so what a reader gets has
-`messages`, as an event always did."""
+messages are in the run's history (`from`, `historyTo`); the entry holds the messages in a
+field of their own, `messages`, beside `data`. A park's event is stored without them, and
+so are the earlier steps' events of a parked run (park_run.lua drops the field): the
+history is held once, in the run. Every reader here gives them back inside the data, the
+event's last member: from the field, or from the history as it is when read (a resume's
+rewrite of the parked model message included). So what a reader gets has `messages`, as an
+event always did."""
 
 from __future__ import annotations
 
@@ -44,9 +46,8 @@ STEP_EVENTS = frozenset({"turn.committed", "run.interrupted", "run.completed"})
 
 
 def _without_messages(fields: dict[str, str]) -> bool:
-    data = fields.get("data") or ""
-    return (fields.get("type") in STEP_EVENTS and '"historyTo"' in data
-            and '"messages"' not in data)
+    """A step's entry whose messages are left for the history to give."""
+    return fields.get("type") in STEP_EVENTS and "messages" not in fields
 
 
 def run_key(events_key: str) -> str:
@@ -54,8 +55,23 @@ def run_key(events_key: str) -> str:
     return events_key.removesuffix(":events") + ":run"
 
 
+def _spliced(fields: dict[str, str]) -> dict[str, str]:
+    """An entry whose messages are a field of their own, as readers get it: its data (a
+    JSON object, as Python wrote it) with them as its last member, spliced in unparsed."""
+    rest = dict(fields)
+    messages = rest.pop("messages")
+    data = (rest.get("data") or "{}").rstrip()
+    inside = data[:-1].rstrip()
+    rest["data"] = f'{inside}{"" if inside.endswith("{") else ","}"messages":{messages}}}'
+    return rest
+
+
 def _filled(fields: dict[str, str], history: list[Any]) -> dict[str, str]:
-    data = json.loads(fields["data"])
+    """A step's entry without its messages, given them from the history (when it says
+    where they are in it)."""
+    data = json.loads(fields.get("data") or "{}")
+    if not isinstance(data, dict) or "from" not in data or "historyTo" not in data:
+        return fields
     data["messages"] = history[int(data["from"]):int(data["historyTo"])]
     return {**fields, "data": json.dumps(data, separators=(",", ":"), ensure_ascii=False)}
 
@@ -63,16 +79,18 @@ def _filled(fields: dict[str, str], history: list[Any]) -> dict[str, str]:
 def _with_messages(found: list[tuple[str, dict[str, str]]], history: str | None
                    ) -> list[tuple[str, dict[str, str]]]:
     messages = json.loads(history) if history else []
-    return [(eid, _filled(fields, messages) if _without_messages(fields) else fields)
+    return [(eid, _filled(fields, messages) if _without_messages(fields)
+             else _spliced(fields) if "messages" in fields else fields)
             for eid, fields in found]
 
 
 def fill(client: Redis, key: str, found: list[tuple[str, dict[str, str]]]
          ) -> list[tuple[str, dict[str, str]]]:
-    """Entries as read, those stored without their messages given them from the history
-    (one read of it, only when some need it)."""
+    """Entries as read, as readers get them: a step's messages inside its data, from the
+    entry's own field or, stored without them, from the history (one read of it, only when
+    some need it)."""
     if not any(_without_messages(fields) for _, fields in found):
-        return found
+        return _with_messages(found, None)
     # The clients decode replies; redis-py's types say `bytes | str` (see parking.store).
     return _with_messages(found, cast("str | None", client.hget(run_key(key), "messages")))
 
@@ -81,20 +99,19 @@ async def fill_async(client: AsyncRedis, key: str, found: list[tuple[str, dict[s
                      ) -> list[tuple[str, dict[str, str]]]:
     """`fill`, on an async client."""
     if not any(_without_messages(fields) for _, fields in found):
-        return found
+        return _with_messages(found, None)
     return _with_messages(found, cast("str | None",
                                       await client.hget(run_key(key), "messages")))
 
 
-def recorded_at(event_id: str, fields: dict[str, str]) -> int:
-    """When the event was written (ms): its id's time (an entry of an older layby says it
-    in its `at` field too)."""
-    return int(fields.get("at") or event_id.partition("-")[0])
+def recorded_at(event_id: str) -> int:
+    """When the event was written (ms): its id's time."""
+    return int(event_id.partition("-")[0])
 
 
 def event_of(event_id: str, fields: dict[str, str]) -> Event:
     return Event(id=event_id, type=fields["type"], version=int(fields["version"]),
-                 at=iso(recorded_at(event_id, fields)),
+                 at=iso(recorded_at(event_id)),
                  data=json.loads(fields.get("data") or "null"))
 
 
@@ -147,8 +164,8 @@ def last_park(client: Redis, key: str, interrupt_ids: set[str] | None = None) ->
 
 async def follow_raw(client: AsyncRedis, key: str, after: str, *, keep_going: bool = True
                      ) -> AsyncIterator[list[tuple[str, dict[str, str]]] | None]:
-    """`follow`, a batch at a time (what one read found), each entry as the stream holds
-    it: (id, fields), its data unparsed.
+    """`follow`, a batch at a time (what one read found), each entry as `fill` gives it:
+    (id, fields), its data unparsed.
 
     The wait is a blocking XREAD on the stream, which a fold (events moved into the run's
     hash, the stream deleted) never wakes. So every wait begins with a read of folded and
@@ -177,7 +194,7 @@ def wire_json(event_id: str, fields: dict[str, str]) -> str:
     """An entry as `Event.wire()` writes it, with its data (JSON as stored) spliced in
     unparsed."""
     return (f'{{"id":"{event_id}","type":{json.dumps(fields["type"])},'
-            f'"version":{int(fields["version"])},"at":"{iso(recorded_at(event_id, fields))}",'
+            f'"version":{int(fields["version"])},"at":"{iso(recorded_at(event_id))}",'
             f'"data":{fields.get("data") or "null"}}}')
 
 

@@ -1,7 +1,8 @@
 """Every Redis key layby writes, its type and its lifetime: `KEY_SPECS`, one `KeySpec` each,
 listed below as `table()` prints them. `Keys` names them. tests/store/test_keys.py checks
 that this list is `table()`'s, and runs the store through a whole cycle to check that every
-key it writes is one of `KEY_SPECS`, and every one of them (but an older layby's) written.
+key it writes is one of `KEY_SPECS`, and every one of them (but those only migration 1 reads)
+written.
 
 `<p>` is the prefix (a setting, LAYBY_KEY_PREFIX). A run's own keys carry its id as a hash
 tag, `{<run>}`, so a run lives in one cluster slot. "as the run": none while the run lives,
@@ -21,31 +22,33 @@ come and go.
     Interrupt JSON (immutable once written), and its notifications, "n:<notification id>" →
     Notification JSON (with its token), both under short names (parking.compact): keys of their
     own would cost more than they hold; events (a run parked a while: its events, folded; see
-    events). A run of an older layby has an `id` field too.
-<p>:{<run>}:interrupts      hash    as the run
-    only runs of an older layby (their hash has an `id` field): interrupt id → Interrupt JSON,
-    read where the run's hash has none.
+    events).
+<p>:{<run>}:interrupts      hash    until migration 1
+    only a run of 0.1.0's predecessors (its hash has an `id` field): interrupt id → Interrupt
+    JSON; migration 1 moves them into the run's hash and deletes it.
 <p>:{<run>}:answers         hash    as the run
     interrupt id → answer JSON (the first answer only; one given before the park, or by a policy
     rule in the park, too).
-<p>:{<run>}:open            set     its next write
-    only runs of an older layby, which kept their open interrupts here: read while the run has
-    no `open` field, dropped by the next write.
+<p>:{<run>}:open            set     until migration 1
+    only a run of 0.1.0's predecessors: the ids of its open interrupts; migration 1 writes them
+    as the run's `open` field and deletes it.
 <p>:{<run>}:checkpoints     hash    to the next commit
     "model", "tool:<ref>" → results within the current version (field "v" holds that version);
     deleted by the commit of the step, and at the end of the run.
 <p>:{<run>}:events          stream  as the run
-    type, version, data (JSON), when: the entry id's ms (an older layby's entries also have
-    `at`); capped. Copied to an exact fit when the run parks, its steps' events then without
-    their messages (`from`/`historyTo` say where they are in the history; parking.events fills
-    them in). Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events move into its hash's field
+    type, version, data (JSON), and a step's messages (JSON), a field of their own beside its
+    data; when: the entry id's ms (an entry of 0.1.0's predecessors may also have `at`, which
+    nothing reads); capped. Copied to an exact fit when the run parks, its steps' events then
+    without their messages (`from`/`historyTo` say where they are in the history; parking.events
+    fills them in). Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events move into its hash's field
     `events`, one line each, their data rebuilt from the hash where it can be
     (lua/_folding.lua), and the stream is deleted; later events begin a new one.
 <p>:{<run>}:events:compact  stream  one park_run call
-    park_run.lua's copy of the run's events, made to an exact fit (its steps' events cut),
+    park_run.lua's copy of the run's events, made to an exact fit (its steps' messages dropped),
     copied or renamed over events and gone before the script returns.
-<p>:{<run>}:notifications   hash    as the run
-    only runs of an older layby: notification id → Notification JSON.
+<p>:{<run>}:notifications   hash    until migration 1
+    only a run of 0.1.0's predecessors: notification id → Notification JSON; migration 1 moves
+    them into the run's hash and deletes it.
 <p>:{<run>}:review          hash    as the run
     how people review each interrupt (only interrupts asked under a policy, handed on or
     escalated): "approval:<iid>:<by>" → that reviewer's approval (answer JSON),
@@ -88,8 +91,7 @@ come and go.
     "<run id> <notification id>" scored by when to (re)send: a retry's backoff, a reminder; once
     its delivery is queued, when a lost message would be.
 <p>:grant:<ref>             string  its token's
-    a reviewer token's grant, its values space-separated (reviewers.tokens; an older layby's:
-    JSON).
+    a reviewer token's grant, its values space-separated (reviewers.tokens).
 <p>:server                  string  none
     the run id of the server (INFO) the sweeper last requeued waiting runs for, or the first a
     process saw: another one there means a restart or a failover since, which may have lost task
@@ -127,21 +129,21 @@ from dataclasses import dataclass
 
 from layby.wire import Status
 
-RUN_PARTS = ("run", "interrupts", "answers", "open", "checkpoints", "events")
+RUN_PARTS = ("run", "answers", "checkpoints", "events")
 
 
 @dataclass(frozen=True)
 class KeySpec:
     """One key, or one family of keys, the store writes. `pattern` names it as `Keys` does:
     `<p>` is the prefix, `{<run>}` the run's id in its hash tag, `<status>` a `Status`, and
-    any other `<…>` the part the `Keys` method is given. `older`: written only by an older
-    layby (read now, and dropped or expired with the run, never written)."""
+    any other `<…>` the part the `Keys` method is given. `migrated_by`: a key layby no
+    longer writes, which that migration reads and deletes (nothing else reads it)."""
 
     pattern: str
     type: str
     lifetime: str
     what: str
-    older: bool = False
+    migrated_by: int | None = None
 
     def regex(self, prefix: str) -> re.Pattern[str]:
         """The keys of this spec under `prefix`, as a pattern matching a whole key."""
@@ -179,40 +181,43 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "\"i:<interrupt id>\" → Interrupt JSON (immutable once written), and its "
         "notifications, \"n:<notification id>\" → Notification JSON (with its token), both "
         "under short names (parking.compact): keys of their own would cost more than they "
-        "hold; events (a run parked a while: its events, folded; see events). A run of an "
-        "older layby has an `id` field too."),
+        "hold; events (a run parked a while: its events, folded; see events)."),
     KeySpec(
-        "<p>:{<run>}:interrupts", "hash", "as the run",
-        "only runs of an older layby (their hash has an `id` field): interrupt id → "
-        "Interrupt JSON, read where the run's hash has none.", older=True),
+        "<p>:{<run>}:interrupts", "hash", "until migration 1",
+        "only a run of 0.1.0's predecessors (its hash has an `id` field): interrupt id → "
+        "Interrupt JSON; migration 1 moves them into the run's hash and deletes it.",
+        migrated_by=1),
     KeySpec(
         "<p>:{<run>}:answers", "hash", "as the run",
         "interrupt id → answer JSON (the first answer only; one given before the park, or by "
         "a policy rule in the park, too)."),
     KeySpec(
-        "<p>:{<run>}:open", "set", "its next write",
-        "only runs of an older layby, which kept their open interrupts here: read while the "
-        "run has no `open` field, dropped by the next write.", older=True),
+        "<p>:{<run>}:open", "set", "until migration 1",
+        "only a run of 0.1.0's predecessors: the ids of its open interrupts; migration 1 "
+        "writes them as the run's `open` field and deletes it.", migrated_by=1),
     KeySpec(
         "<p>:{<run>}:checkpoints", "hash", "to the next commit",
         "\"model\", \"tool:<ref>\" → results within the current version (field \"v\" holds "
         "that version); deleted by the commit of the step, and at the end of the run."),
     KeySpec(
         "<p>:{<run>}:events", "stream", "as the run",
-        "type, version, data (JSON), when: the entry id's ms (an older layby's entries also "
-        "have `at`); capped. Copied to an exact fit when the run parks, its steps' events "
-        "then without their messages (`from`/`historyTo` say where they are in the history; "
-        "parking.events fills them in). Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events "
+        "type, version, data (JSON), and a step's messages (JSON), a field of their own "
+        "beside its data; when: the entry id's ms (an entry of 0.1.0's predecessors may "
+        "also have `at`, which nothing reads); capped. Copied to an exact fit when the run "
+        "parks, its steps' events then without their messages (`from`/`historyTo` say "
+        "where they are in the history; parking.events fills them in). Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events "
         "move into its hash's field `events`, one line each, their data rebuilt from the "
         "hash where it can be (lua/_folding.lua), and the stream is deleted; later events "
         "begin a new one."),
     KeySpec(
         "<p>:{<run>}:events:compact", "stream", "one park_run call",
-        "park_run.lua's copy of the run's events, made to an exact fit (its steps' events "
-        "cut), copied or renamed over events and gone before the script returns."),
+        "park_run.lua's copy of the run's events, made to an exact fit (its steps' "
+        "messages dropped), copied or renamed over events and gone before the script "
+        "returns."),
     KeySpec(
-        "<p>:{<run>}:notifications", "hash", "as the run",
-        "only runs of an older layby: notification id → Notification JSON.", older=True),
+        "<p>:{<run>}:notifications", "hash", "until migration 1",
+        "only a run of 0.1.0's predecessors: notification id → Notification JSON; migration "
+        "1 moves them into the run's hash and deletes it.", migrated_by=1),
     KeySpec(
         "<p>:{<run>}:review", "hash", "as the run",
         "how people review each interrupt (only interrupts asked under a policy, handed on "
@@ -272,8 +277,7 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "reminder; once its delivery is queued, when a lost message would be."),
     KeySpec(
         "<p>:grant:<ref>", "string", "its token's",
-        "a reviewer token's grant, its values space-separated (reviewers.tokens; an older "
-        "layby's: JSON)."),
+        "a reviewer token's grant, its values space-separated (reviewers.tokens)."),
     KeySpec(
         "<p>:server", "string", "none",
         "the run id of the server (INFO) the sweeper last requeued waiting runs for, or the "
@@ -324,12 +328,14 @@ class Keys:
         return f"{self.prefix}:{{{run_id}}}:run"
 
     def interrupts(self, run_id: str) -> str:
+        """0.1.0's predecessors' (only migration 1 reads it)."""
         return f"{self.prefix}:{{{run_id}}}:interrupts"
 
     def answers(self, run_id: str) -> str:
         return f"{self.prefix}:{{{run_id}}}:answers"
 
     def open(self, run_id: str) -> str:
+        """0.1.0's predecessors' (only migration 1 reads it)."""
         return f"{self.prefix}:{{{run_id}}}:open"
 
     def checkpoints(self, run_id: str) -> str:
@@ -339,6 +345,7 @@ class Keys:
         return f"{self.prefix}:{{{run_id}}}:events"
 
     def notifications(self, run_id: str) -> str:
+        """0.1.0's predecessors' (only migration 1 reads it)."""
         return f"{self.prefix}:{{{run_id}}}:notifications"
 
     def review(self, run_id: str) -> str:
@@ -415,5 +422,5 @@ class Keys:
     def for_scripts(self, run_id: str) -> list[str]:
         """The KEYS every transition script receives, in the order of `lua/_prelude.lua`."""
         return [*self.of_run(run_id), self.outbox, self.outbox_entries, self.leases,
-                self.deadlines, *(self.index(s) for s in Status), self.notifications(run_id),
-                self.notify_due, self.stats, self.review(run_id)]
+                self.deadlines, *(self.index(s) for s in Status), self.notify_due, self.stats,
+                self.review(run_id)]

@@ -31,9 +31,9 @@ class RunRecord:
     messages: list[Message]
     metadata: dict[str, Any]
     checkpoints: dict[str, Any] = field(default_factory=dict)
-    # A parked turn: the interrupts it waits on, and their answers. None when the park did
-    # not record them (a run parked by an older layby): read them apart.
-    parked_on: list[Interrupt] | None = None
+    # A parked turn: the interrupts it waited on (none unless the step resumes a park), and
+    # their answers.
+    parked_on: list[Interrupt] = field(default_factory=list)
     answers: dict[str, Answer] = field(default_factory=dict)
     agent_version: str | None = None  # the version the run started on (None: unknown)
     pinned: bool = False  # its steps run only where that version is hosted

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from layby.generation.interrupts import Interrupt
 from layby.generation.messages import load_messages
 from layby.parking import codecs, compact
 from layby.parking.records import OutboxEntry, RunRecord
@@ -126,7 +127,7 @@ def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
         return refusal(reply)
     _, status, _, attempt, agent, messages, metadata, saved, waiting, specs, answers = reply[:11]
     agent_version, pinned = [*reply[11:13], "", ""][:2]
-    parked_on = None
+    parked_on: list[Interrupt] = []
     found: dict[str, Answer] = {}
     if waiting:
         parked_on = [compact.interrupt(iid, s) for iid, s in zip(waiting.split(), specs,

@@ -15,7 +15,9 @@ Run scripts get the task queueing (`lua/_queue.lua`) and the shared prelude
 (outbox, due notifications, live workers) stand alone, or with the queueing alone when they
 queue tasks; the two that fold a parked run's events and read them back share
 `lua/_folding.lua`. Settings the scripts need are written into their source: scripts of one
-configuration have one SHA1 whichever process loads them.
+configuration have one SHA1 whichever process loads them. So are the short names a run's
+hash stores its notifications under, and an interrupt's reason (`parking.compact`): the
+table is Python's alone, and the Lua reads and writes by it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from typing import Any
 
 from redis import Redis
 from redis.commands.core import Script
+
+from layby.parking import compact
 
 RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "advance_turn",
                "park_run", "complete_run", "fail_run", "cancel_run", "answer_interrupts",
@@ -112,6 +116,35 @@ def _source(name: str) -> str:
     return (resources.files("layby.parking") / "lua" / f"{name}.lua").read_text()
 
 
+# A name or a value as Lua writes it without a long string: quoted.
+_PLAIN = re.compile(r"[\w .:-]*", re.ASCII)
+
+
+def _lua_value(value: str | int) -> str:
+    """A str or an int (not a bool) as a Lua literal."""
+    if isinstance(value, int):
+        return str(value)
+    return f"'{value}'" if _PLAIN.fullmatch(value) else _lua_string(value)
+
+
+def _lua_table(mapping: Mapping[str, str | int]) -> str:
+    return "{" + ", ".join(f"[{_lua_value(k)}] = {_lua_value(v)}"
+                           for k, v in mapping.items()) + "}"
+
+
+def shared_source(name: str) -> str:
+    """A piece scripts share that names what a run's hash holds (`_notes`, `_folding`), as
+    they get it: compact's short names of a notification's fields and the values it leaves
+    out, and of an interrupt's reason and the one it leaves out, written in."""
+    reason = compact.INTERRUPT_NAMES["reason"]
+    return (_source(name)
+            .replace("__NOTE_NAMES__", _lua_table(compact.NOTE_NAMES))
+            .replace("__NOTE_IMPLIED__", _lua_table(compact.NOTE_IMPLIED))
+            .replace("__INTERRUPT_REASON__", _lua_value(reason))
+            .replace("__INTERRUPT_REASON_IMPLIED__",
+                     _lua_value(compact.INTERRUPT_IMPLIED[reason])))
+
+
 def _args(name: str) -> str:
     """The argument reader, as script `name`'s (its refusals name it)."""
     return _source("_args").replace("__SCRIPT__", _lua_string(name))
@@ -119,7 +152,8 @@ def _args(name: str) -> str:
 
 def folding_source(name: str) -> str:
     """A script of FOLDING_SCRIPTS (no settings in them: any process may load them)."""
-    return "\n".join((_args(name), _source("_notes"), _source("_folding"), _source(name)))
+    return "\n".join((_args(name), shared_source("_notes"), shared_source("_folding"),
+                      _source(name)))
 
 
 def source(name: str, settings: ScriptSettings) -> str:
@@ -133,7 +167,7 @@ def source(name: str, settings: ScriptSettings) -> str:
     prelude = (_source("_prelude").replace("__EVENTS_MAX__", str(settings.events_max))
                .replace("__OUTBOX_GRACE_MS__", str(settings.outbox_grace_ms))
                .replace("__LATENCY_BUCKETS_S__", _lua_buckets()))
-    return "\n".join((_args(name), queue, _source("_notes"), prelude, _source(name)))
+    return "\n".join((_args(name), queue, shared_source("_notes"), prelude, _source(name)))
 
 
 def argv(named: Mapping[str, Any]) -> list[str]:

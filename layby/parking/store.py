@@ -233,8 +233,10 @@ class Store:
 
     def advance(self, run_id: str, version: int, owner: str, messages: list[Message],
                 event: dict[str, Any], *, inline: bool) -> Transition:
+        """Commit a turn that goes on. `event`: the step's, as readers get it (`_event`)."""
+        data, added = _event(event)
         reply = self._run("advance_turn", run_id, version=version, owner=owner,
-                          messages=_dumps(dump_messages(messages)), event=_dumps(event),
+                          messages=_dumps(dump_messages(messages)), event=data, added=added,
                           keep_lease=inline, lease_ms=self.config.lease_ms)
         return results.committed(reply)
 
@@ -256,17 +258,21 @@ class Store:
                            "expires": expires, "auto": _dumps(auto.wire()) if auto else None,
                            "rule": intr.rule})
         given, grant_keys = self._plan(plan or Announcements())
+        # A park's event is stored without messages, as the earlier steps' events of a
+        # parked run are: the history holds them (parking.events fills them in).
+        data, _ = _event(event)
         reply = self._run("park_run", run_id, version=version, owner=owner,
-                          messages=_dumps(dump_messages(messages)), event=_dumps(event),
+                          messages=_dumps(dump_messages(messages)), event=data,
                           announce=plan is None, interrupts=parked, plan=given,
                           extra_keys=grant_keys)
         return results.committed(reply)
 
     def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
                  result: str, event: dict[str, Any]) -> Transition:
+        data, added = _event(event)
         reply = self._run("complete_run", run_id, version=version, owner=owner,
                           messages=_dumps(dump_messages(messages)), result=result,
-                          event=_dumps(event), retention_s=self.config.retention_s)
+                          event=data, added=added, retention_s=self.config.retention_s)
         return results.committed(reply)
 
     def fail(self, run_id: str, error: dict[str, Any], *, version: int | None = None,
@@ -418,11 +424,7 @@ class Store:
         return [str(x) for x in retried], [str(x) for x in dispatch]
 
     def notifications(self, run_id: str) -> list[Notification]:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hexists(self.keys.run(run_id), "id")
-        self._scan(pipe, run_id, NOTE)
-        older, found = pipe.execute()
-        return _notifications(self._fields(run_id, NOTE, found, older))
+        return _notifications(self._fields(run_id, NOTE, self._scan(self.redis, run_id, NOTE)))
 
     def notifications_of_parked(self, page: int = 500) -> Iterator[tuple[str, list[Notification]]]:
         """(run id, its notifications) of every parked run that has some, a page of the
@@ -432,11 +434,10 @@ class Store:
             scored, cursor = self.runs.page(Status.INTERRUPTED, page, cursor)
             pipe = self.redis.pipeline(transaction=False)
             for run_id, _ in scored:
-                pipe.hexists(self.keys.run(run_id), "id")
                 self._scan(pipe, run_id, NOTE)
             found = pipe.execute()
-            for i, (run_id, _) in enumerate(scored):
-                notes = self._fields(run_id, NOTE, found[2 * i + 1], found[2 * i])
+            for (run_id, _), scanned in zip(scored, found, strict=True):
+                notes = self._fields(run_id, NOTE, scanned)
                 if notes:
                     yield run_id, _notifications(notes)
             if cursor is None:
@@ -495,65 +496,45 @@ class Store:
         their answers and which are open. (The answer's script checks again what can have
         changed since: no transaction needed here.)"""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(self.keys.run(run_id), "agent", "status", "version", "metadata", "open",
-                   "id")
+        pipe.hmget(self.keys.run(run_id), "agent", "status", "version", "metadata", "open")
         self._scan(pipe, run_id, INTERRUPT)
         pipe.hgetall(self.keys.answers(run_id))
         raw, specs, answers = pipe.execute()
         record = None if raw[0] is None else RunRecord(
             run_id, raw[0], Status(raw[1]), int(raw[2]), [], codecs.metadata(raw[3]))
-        return (record, *_interrupts(self._fields(run_id, INTERRUPT, specs, raw[5]), answers,
-                                     self._open(run_id, raw[4])))
+        return (record, *_interrupts(self._fields(run_id, INTERRUPT, specs), answers,
+                                     _open(raw[4])))
 
     def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hmget(self.keys.run(run_id), "open", "id")
+        pipe.hget(self.keys.run(run_id), "open")
         self._scan(pipe, run_id, INTERRUPT)
         pipe.hgetall(self.keys.answers(run_id))
-        (open_field, older), specs, answers = pipe.execute()
-        return _interrupts(self._fields(run_id, INTERRUPT, specs, older), answers,
-                           self._open(run_id, open_field))
+        open_field, specs, answers = pipe.execute()
+        return _interrupts(self._fields(run_id, INTERRUPT, specs), answers, _open(open_field))
 
     # The run's interrupts and notifications are fields of its hash (`INTERRUPT`, `NOTE`),
-    # beside its history: they are scanned for, not read with all of it. A run of an older
-    # layby (its hash has an `id`) keeps them in hashes of their own, read then too.
+    # beside its history: they are scanned for, not read with all of it.
 
-    def _scan(self, pipe: Any, run_id: str, prefix: str) -> None:
-        pipe.hscan(self.keys.run(run_id), 0, match=prefix + "*", count=SCAN_COUNT)
+    def _scan(self, client: Any, run_id: str, prefix: str) -> Any:
+        """The first HSCAN of the run's `prefix` fields (queued, on a pipeline)."""
+        return client.hscan(self.keys.run(run_id), 0, match=prefix + "*", count=SCAN_COUNT)
 
-    def _fields(self, run_id: str, prefix: str, scanned: tuple[int, dict[str, str]],
-                older: Any) -> dict[str, str]:
+    def _fields(self, run_id: str, prefix: str, scanned: tuple[int, dict[str, str]]
+                ) -> dict[str, str]:
         """Id → JSON of the run's `prefix` fields, from a first HSCAN reply on (a large hash
-        can take more than one), and, for a run of an older layby (`older` truthy: its
-        `id`), those of its own hash."""
+        can take more than one)."""
         cursor, found = scanned
         fields = dict(found)
         while cursor:
             cursor, more = cast("tuple[int, dict[str, str]]", self.redis.hscan(
                 self.keys.run(run_id), cursor, match=prefix + "*", count=SCAN_COUNT))
             fields.update(more)
-        mine = {name[len(prefix):]: value for name, value in fields.items()}
-        if not older:
-            return mine
-        return {**cast("dict[str, str]", self.redis.hgetall(self._older(prefix, run_id))),
-                **mine}
+        return {name[len(prefix):]: value for name, value in fields.items()}
 
     def _field(self, run_id: str, prefix: str, item_id: str) -> str | None:
         """One interrupt's or notification's JSON (None when the run has no such one)."""
-        found = (self.redis.hget(self.keys.run(run_id), prefix + item_id)
-                 or self.redis.hget(self._older(prefix, run_id), item_id))
-        return cast("str | None", found)
-
-    def _older(self, prefix: str, run_id: str) -> str:
-        """The hash an older layby kept the run's `prefix` fields in."""
-        return (self.keys.interrupts if prefix == INTERRUPT else self.keys.notifications)(run_id)
-
-    def _open(self, run_id: str, field: str | None) -> set[str]:
-        """The run's open interrupts from its `open` field; a run of an older layby that has
-        no such field keeps them in a set of their own."""
-        if field is None:
-            return cast("set[str]", set(self.redis.smembers(self.keys.open(run_id))))
-        return set(field.split())
+        return cast("str | None", self.redis.hget(self.keys.run(run_id), prefix + item_id))
 
     def reviews(self, run_id: str) -> dict[str, Review]:
         """How people review each of the run's interrupts (only those under a policy, or
@@ -579,14 +560,8 @@ class Store:
                  review: dict[str, str]) -> RunView | None:
         if not raw:
             return None
-        older: tuple[dict[str, str], dict[str, str]] = ({}, {})
-        if "id" in raw:  # a run of an older layby: its interrupts' and notifications' hashes
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.hgetall(self._older(INTERRUPT, run_id))
-            pipe.hgetall(self._older(NOTE, run_id))
-            older = tuple(pipe.execute())
-        specs, answers, open_ids = _interrupts(_prefixed(raw, INTERRUPT, older[0]), given,
-                                               self._open(run_id, raw.get("open")))
+        specs, answers, open_ids = _interrupts(_prefixed(raw, INTERRUPT), given,
+                                               _open(raw.get("open")))
         reviews = _reviews(review)
         messages = load_messages(json.loads(raw["messages"]))
         input = json.loads(raw["input"]) if "input" in raw else _first_text(messages)
@@ -597,7 +572,7 @@ class Store:
             messages=messages,
             interrupts=[InterruptView.of(s, answers.get(s.id), s.id in open_ids,
                                          reviews.get(s.id)) for s in specs],
-            notifications=_notifications(_prefixed(raw, NOTE, older[1])),
+            notifications=_notifications(_prefixed(raw, NOTE)),
             result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
             metadata=codecs.metadata(raw.get("metadata")), created_at=iso(raw["created_at"]),
             updated_at=iso(raw["updated_at"]))
@@ -636,7 +611,7 @@ class Store:
             if raw[0] is not None:  # expired after retention; the sweeper prunes the index
                 out.append(RunSummary(id=run_id, agent=raw[0], status=Status(raw[1]),
                                       version=int(raw[2]),
-                                      open_interrupts=len(self._open(run_id, raw[5])),
+                                      open_interrupts=len(_open(raw[5])),
                                       created_at=iso(raw[3]), updated_at=iso(raw[4]),
                                       agent_version=raw[6]))
         return out
@@ -829,6 +804,15 @@ class Store:
         return self.runs.prune_finished_before(self.retention_cutoff_ms())
 
 
+def _event(event: dict[str, Any]) -> tuple[str, str]:
+    """A step's event (its data as readers get it) as the scripts take it: its data, and
+    its `messages` (the step's, JSON; '' without) apart, for the stream entry holds them in
+    a field of their own (parking.events puts them back)."""
+    data = dict(event)
+    added = data.pop("messages", None)
+    return _dumps(data), "" if added is None else _dumps(added)
+
+
 def _first_text(messages: list[Message]) -> str | None:
     """The text of a history's first message when it is a user's text alone (as a run
     started from an input string begins), else None."""
@@ -858,10 +842,14 @@ INTERRUPT, NOTE = "i:", "n:"
 SCAN_COUNT = 1000
 
 
-def _prefixed(run: dict[str, str], prefix: str, older: dict[str, str]) -> dict[str, str]:
-    """Id → JSON of the `prefix` fields of a run's hash as read whole (an older layby's
-    own hash beside it, `older`: the run's copy wins)."""
-    return {**older, **{k[len(prefix):]: v for k, v in run.items() if k.startswith(prefix)}}
+def _prefixed(run: dict[str, str], prefix: str) -> dict[str, str]:
+    """Id → JSON of the `prefix` fields of a run's hash as read whole."""
+    return {k[len(prefix):]: v for k, v in run.items() if k.startswith(prefix)}
+
+
+def _open(field: str | None) -> set[str]:
+    """The run's open interrupts, from its `open` field (ids, space-separated)."""
+    return set((field or "").split())
 
 
 def _interrupts(specs: dict[str, str], answers: dict[str, str], open_ids: set[str]

@@ -62,9 +62,7 @@ class Grant:
 
     @classmethod
     def loads(cls, raw: str) -> Grant:
-        if raw.startswith(("[", "{")):  # as an older layby stored it: JSON
-            value = json.loads(raw)
-            return cls(**value) if isinstance(value, dict) else cls(*value)
+        """A grant as `stored` wrote it."""
         run_id, interrupt_id, version, expires, reviewer = raw.split(" ", 4)
         return cls(run_id, interrupt_id, reviewer, int(version), int(expires))
 

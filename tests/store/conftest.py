@@ -157,8 +157,12 @@ class World:
         return found
 
     def events(self, run_id: str) -> list[tuple[str, int, Any]]:
-        """(type, version, data) of each entry of the run's stream, as stored."""
-        return [(f["type"], int(f["version"]), json.loads(f["data"]))
+        """(type, version, data) of each entry of the run's stream, as stored: a step's
+        messages, a field of their own, given as its data's `messages` (those a park
+        dropped are not filled in from the history)."""
+        return [(f["type"], int(f["version"]),
+                 json.loads(f["data"]) | ({"messages": json.loads(f["messages"])}
+                                          if "messages" in f else {}))
                 for _, f in self.client.xrange(self.keys.events(run_id))]
 
     def event_types(self, run_id: str) -> list[str]:

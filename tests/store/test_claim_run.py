@@ -25,7 +25,7 @@ def test_claiming_a_queued_run_starts_it_under_a_lease(world: World) -> None:
     assert record is not None
     assert (record.agent, record.version, record.messages, record.metadata) == (
         "demo.agent", 1, MESSAGES, {"team": "ops"})
-    assert record.checkpoints == {} and record.parked_on is None
+    assert record.checkpoints == {} and record.parked_on == []
     run = world.run_hash("run_1")
     assert run["status"] == "running" and run["lease_owner"] == OWNER
     assert run["attempts"] == "1" and run["version"] == "1"
@@ -136,7 +136,7 @@ def test_a_second_attempt_gets_the_checkpoints_the_first_saved(world: World) -> 
 def test_checkpoints_of_a_version_that_never_committed_are_dropped_at_the_claim(
         world: World) -> None:
     world.make("running", store=world.store_with(lease_ms=-1_000))
-    # Left by a step at another version (a run of an older layby, say).
+    # Left by a step at another version.
     world.client.hset(world.keys.checkpoints("run_1"),
                       mapping={"v": "7", "tool:call_1": json.dumps({"rows": 3})})
     claimed = world.store.claim("run_1", 1, "worker-2")

@@ -1,12 +1,13 @@
-"""The short names a run's hash stores its interrupts and notifications under are one table
-read two ways: Python's (layby.parking.compact) and the Lua scripts' (lua/_notes.lua for
-notifications; lua/_folding.lua, which reads an interrupt's reason). docs/stored-format.md
-writes the format down; these tests check that both sides read and write it alike.
+"""The short names a run's hash stores its interrupts and notifications under are one table,
+Python's (layby.parking.compact), which parking.scripts writes into the Lua that reads and
+writes them too (lua/_notes.lua for notifications; lua/_folding.lua, which reads an
+interrupt's reason). docs/stored-format.md writes the format down; these tests check that
+both sides read and write it alike.
 
 The Lua is evaluated as parking.scripts assembles it (lua/_notes.lua first, then
-lua/_folding.lua; not the argument reader, lua/_args.lua, which they do not use), with a
-line of the test's own after it that returns what it looks at, reading its own ARGV;
-nothing is loaded or changed in the scripts themselves."""
+lua/_folding.lua, compact's names written in; not the argument reader, lua/_args.lua,
+which they do not use), with a line of the test's own after it that returns what it looks
+at, reading its own ARGV; nothing is loaded or changed in the scripts themselves."""
 
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ from layby.generation.interrupts import (
     OnExpire,
     ResumeMode,
 )
-from layby.parking import compact
+from layby.parking import compact, migrations
 from layby.parking.clock import iso
+from layby.parking.scripts import shared_source
+from layby.wire import Status
 
 from .conftest import OWNER, World
 
@@ -38,25 +41,15 @@ pytestmark = pytest.mark.store
 T0 = 1_700_000_000_000
 
 
-def _lua(name: str) -> str:
+def _file(name: str) -> str:
+    """A Lua file as it is, before parking.scripts writes anything in."""
     return (resources.files("layby.parking") / "lua" / f"{name}.lua").read_text()
 
 
 def _notes_eval(client: redis.Redis, tail: str, *args: str) -> Any:
     """`tail` run after lua/_notes.lua, its reply JSON (cjson) read back."""
-    return json.loads(client.eval(_lua("_notes") + "\n" + tail, 0, *args))  # type: ignore[arg-type]
-
-
-def _encode_note(rec: dict[str, Any]) -> str:
-    """A notification as the run's hash stores it, written from compact's tables alone (no
-    Python code writes one: the scripts do, lua/_notes.lua's encode_note)."""
-    stored = {compact.NOTE_NAMES.get(k, k): v for k, v in rec.items() if k != "id"}
-    for short, value in compact.NOTE_IMPLIED.items():
-        if stored.get(short) == value:
-            del stored[short]
-    if "sa" in stored and "ca" in stored:
-        stored["sa"] -= stored["ca"]
-    return json.dumps(stored, separators=(",", ":"), ensure_ascii=False)
+    return json.loads(client.eval(shared_source("_notes") + "\n" + tail, 0,  # type: ignore[arg-type]
+                                  *args))
 
 
 # A notification with every field set, none of them at its implied value, and one with
@@ -72,10 +65,14 @@ NOTES = pytest.mark.parametrize("rec", [FULL_NOTE, IMPLIED_NOTE], ids=["full", "
 
 
 def test_the_note_names_are_compacts_both_ways(store_client: redis.Redis) -> None:
-    got = _notes_eval(store_client, "return cjson.encode({names = NOTE_NAMES, wire = NOTE_WIRE})")
+    got = _notes_eval(store_client, "return cjson.encode({names = NOTE_NAMES, wire = NOTE_WIRE,"
+                                    " implied = NOTE_IMPLIED})")
     assert got["names"] == compact.NOTE_NAMES
     assert got["wire"] == {short: name for name, short in compact.NOTE_NAMES.items()}
+    assert got["implied"] == compact.NOTE_IMPLIED
     assert len(set(compact.NOTE_NAMES.values())) == len(compact.NOTE_NAMES)
+    # Written in by parking.scripts: the file itself spells out no name.
+    assert "__NOTE_NAMES__" in _file("_notes") and "interruptId" not in _file("_notes")
 
 
 def test_the_implied_note_values_are_compacts(store_client: redis.Redis) -> None:
@@ -95,9 +92,11 @@ def test_the_implied_note_values_are_compacts(store_client: redis.Redis) -> None
 @NOTES
 def test_a_note_goes_round_python_and_lua(store_client: redis.Redis, rec: dict[str, Any]
                                           ) -> None:
+    """Python's record (compact.stored_note: migration 1 writes it) is what Lua's
+    encode_note writes of the same notification, and each side reads the other's."""
     if rec is FULL_NOTE:
         assert set(rec) - {"id"} == set(compact.NOTE_NAMES), "every field is set"
-    stored = _encode_note(rec)
+    stored = compact.stored_note(rec)
     if rec is IMPLIED_NOTE:
         assert not {"k", "s", "a"} & set(json.loads(stored)), "the implied ones left out"
     assert compact.note(rec["id"], stored) == rec
@@ -116,14 +115,39 @@ def test_a_note_goes_round_python_and_lua(store_client: redis.Redis, rec: dict[s
     assert compact.note(rec["id"], json.dumps(written)) == rec
 
 
+def test_a_note_sent_without_its_creation_time_is_written_and_read_alike(
+        store_client: redis.Redis) -> None:
+    """With no creation time to count from, when it was sent stays under its long name, as
+    ms: on both sides."""
+    rec = {"id": "n_1", "kind": "request", "interruptId": "int_a", "state": "sent",
+           "attempts": 1, "channel": "email", "sentAt": T0}
+    stored = compact.stored_note(rec)
+    assert json.loads(stored) == {"i": "int_a", "c": "email", "sentAt": T0}
+    assert _notes_eval(store_client, "return encode_note(cjson.decode(ARGV[1]))",
+                       json.dumps(rec)) == json.loads(stored)
+    assert compact.note("n_1", stored) == rec
+    assert _notes_eval(store_client, "return cjson.encode(decode_note(ARGV[1]))",
+                       stored) == {k: v for k, v in rec.items() if k != "id"}
+
+
 @NOTES
-def test_an_older_laybys_note_reads_alike(store_client: redis.Redis, rec: dict[str, Any]
-                                          ) -> None:
-    """A record under the long names (written by an older layby) with all of them."""
-    raw = json.dumps({k: v for k, v in rec.items() if k != "id"})
-    assert _notes_eval(store_client, "return cjson.encode(decode_note(ARGV[1]))", raw) == {
-        k: v for k, v in rec.items() if k != "id"}
-    assert compact.note(rec["id"], raw) == rec
+def test_a_long_name_note_is_migrated_to_what_lua_writes(world: World, rec: dict[str, Any]
+                                                          ) -> None:
+    """0.1.0's predecessors stored a notification under its long names, all of them.
+    Migration 1 (compact.stored_note) writes it as lua/_notes.lua's encode_note writes the
+    same record, and both sides read it back whole."""
+    world.make("interrupted")
+    field = f"n:{rec['id']}"
+    world.client.hset(world.keys.run("run_1"), field,
+                      json.dumps({k: v for k, v in rec.items() if k != "id"}))
+    migrations.migrate(world.client, world.keys)
+    stored = world.run_hash("run_1")[field]
+    assert json.loads(stored) == _notes_eval(
+        world.client, "return encode_note(cjson.decode(ARGV[1]))", json.dumps(rec))
+    assert json.loads(compact.stored_note(rec)) == json.loads(stored)
+    assert compact.note(rec["id"], stored) == rec
+    assert _notes_eval(world.client, "return cjson.encode(decode_note(ARGV[1]))",
+                       stored) == {k: v for k, v in rec.items() if k != "id"}
 
 
 # -- interrupts: Python writes them (compact.stored_interrupt), Lua keeps the bytes and
@@ -178,12 +202,21 @@ def test_an_interrupt_goes_round_the_scripts(world: World) -> None:
 REASONS = [INPUT_REQUIRED, TOOL_CALL, CONFIRMATION, BACKGROUND_JOB, "acme:sign_off"]
 
 
-@pytest.mark.parametrize("older", [False, True], ids=["compact", "older-wire"])
+def test_lua_gets_an_interrupts_reason_name_from_compact(store_client: redis.Redis) -> None:
+    got = json.loads(store_client.eval(  # type: ignore[arg-type]
+        shared_source("_notes") + "\n" + shared_source("_folding") + "\n"
+        + "return cjson.encode({REASON, REASON_IMPLIED})", 0))
+    assert got == [compact.INTERRUPT_NAMES["reason"], compact.INTERRUPT_IMPLIED["r"]]
+    assert INPUT_REQUIRED not in _file("_folding")
+
+
+@pytest.mark.parametrize("migrated", [False, True], ids=["compact", "migrated"])
 @pytest.mark.parametrize("reason", REASONS)
 def test_lua_reads_an_interrupts_reason_as_compact_does(world: World, reason: str,
-                                                        older: bool) -> None:
+                                                        migrated: bool) -> None:
     """_folding.lua rebuilds a folded park event from each interrupt's reason, read off its
-    record (`r`, implied when left out; an older layby's record under `reason`)."""
+    record (`r`, implied when left out). A record 0.1.0's predecessors stored in the
+    interrupt's wire form reads the same once migration 1 rewrote it."""
     intrs = [_full_interrupt("int_a", reason), _implied_interrupt("int_b")]
     if reason != INPUT_REQUIRED:
         intrs[1] = intrs[1].model_copy(update={"reason": reason})
@@ -192,9 +225,15 @@ def test_lua_reads_an_interrupts_reason_as_compact_does(world: World, reason: st
     for intr in intrs:
         raws[intr.id] = (json.dumps(intr.model_dump(mode="json", by_alias=True,
                                                     exclude_none=True, exclude={"id"}))
-                         if older else compact.stored_interrupt(intr))
+                         if migrated else compact.stored_interrupt(intr))
         world.client.hset(run_key, f"i:{intr.id}", raws[intr.id])
-    source = (_lua("_notes") + "\n" + _lua("_folding") + "\n"
+    if migrated:
+        world.client.hset(run_key, mapping={"status": "interrupted", "version": 2})
+        world.client.zadd(world.keys.index(Status.INTERRUPTED), {"run_r": 1})
+        migrations.migrate(world.client, world.keys)
+        raws = {iid: world.client.hget(run_key, f"i:{iid}") for iid in raws}
+        assert raws == {intr.id: compact.stored_interrupt(intr) for intr in intrs}
+    source = (shared_source("_notes") + "\n" + shared_source("_folding") + "\n"
               + "return REBUILD.i({'1', '2', ARGV[1], ARGV[2]})")
     got = json.loads(world.client.eval(source, 2, run_key, events_key,  # type: ignore[arg-type]
                                        *raws))

@@ -10,7 +10,7 @@ import pytest
 from layby.parking import Announcements
 from layby.parking import events as run_events
 from layby.parking.scripts import argv
-from tests.store.conftest import OWNER, World, answer, interrupt, note
+from tests.store.conftest import OWNER, World, answer, interrupt, note, park_event
 
 pytestmark = pytest.mark.store
 
@@ -132,7 +132,8 @@ def test_a_run_with_no_stream_left_has_nothing_folded(world: World) -> None:
 
 def test_a_stream_with_an_entry_the_fold_cannot_hold_is_kept_as_it_is(world: World) -> None:
     world.make("interrupted")
-    # An older layby's entry, with its `at` field.
+    # An entry with a field besides type, version and data (one of 0.1.0's predecessors
+    # may have `at`, which nothing reads).
     world.client.xadd(world.keys.events("run_1"), {"type": "custom", "version": 2,
                                                     "data": "{}", "at": 1})
     before = world.snapshot()
@@ -200,3 +201,22 @@ def test_a_fold_a_millisecond_after_the_newest_event_folds_and_later_events_foll
     answer_script(keys=keys, args=_answering("int_b"))
     assert [f["type"] for _, f in _stored(world, after=seen)] == ["interrupt.answered",
                                                                   "run.resuming"]
+
+
+def test_a_fold_drops_a_steps_messages_which_readers_take_from_the_history(
+        world: World) -> None:
+    """A run parked without a plan (the announcement task plans it) keeps its stream as
+    it was, a step's messages in their field; folded, they go, as a park drops them, and
+    readers take them from the history: the same events."""
+    world.make("running")
+    added = [{"role": "model", "content": [{"text": "message 1"}]}]
+    world.store.advance("run_1", 1, OWNER, world.history(2),
+                        {"from": 1, "historyTo": 2, "messages": added}, inline=True)
+    world.store.park("run_1", 2, OWNER, world.history(3), [interrupt("int_a")],
+                     park_event([interrupt("int_a")], 2, 3), plan=None)
+    assert [f for _, f in world.client.xrange(world.keys.events("run_1")) if "messages" in f]
+    before = world.store.events("run_1")
+    assert [e.data["messages"] for e in before if e.type == "turn.committed"] == [added]
+    assert _fold(world) == "folded"
+    assert "message 1" not in world.run_hash("run_1")["events"]
+    assert world.store.events("run_1") == before

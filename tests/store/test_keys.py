@@ -1,8 +1,9 @@
 """parking.keys is the exact list of the keys the store writes: a whole cycle of the store
 on one prefix (every transition script, and every write the store makes itself), watched
 with MONITOR, writes only keys of `KEY_SPECS`, each matched by exactly one spec, and writes
-every one of them but those only an older layby wrote; the module docstring lists them as
-`table()` prints them; every key a `Keys` method names is one of them.
+every one of them but those of 0.1.0's predecessors, which only migration 1 reads (and
+deletes); the module docstring lists them as `table()` prints them; every key a `Keys`
+method names is one of them.
 
 A key is written when the server ran a command that changes it (its flags in COMMAND
 GETKEYSANDFLAGS: RW, OW or RM): the commands of the scripts included, which MONITOR shows
@@ -234,9 +235,10 @@ def test_a_whole_cycle_writes_every_key_of_the_list_and_no_other(world: World) -
         specs = specs_of(key, world.prefix)
         assert len(specs) == 1, f"{key} matches {[s.pattern for s in specs]}"
         matched.setdefault(specs[0], set()).add(key)
-    older = {spec.pattern for spec in KEY_SPECS if spec.older}
-    assert not older & {spec.pattern for spec in matched}, "an older layby's key written"
-    assert [spec.pattern for spec in KEY_SPECS if not spec.older and spec not in matched] == []
+    migrated = {spec.pattern for spec in KEY_SPECS if spec.migrated_by}
+    assert not migrated & {spec.pattern for spec in matched}, "a key layby no longer writes"
+    assert [spec.pattern for spec in KEY_SPECS
+            if not spec.migrated_by and spec not in matched] == []
     # Every state's index, and the transient copy of the events a park makes.
     assert {world.keys.index(s) for s in Status} <= written
     assert f"{world.keys.events('run_1')}:compact" in written
@@ -244,9 +246,10 @@ def test_a_whole_cycle_writes_every_key_of_the_list_and_no_other(world: World) -
 
 def test_every_key_the_keys_methods_name_is_one_of_the_list() -> None:
     keys = Keys("p")
-    named = [*keys.of_run("r"), *keys.for_scripts("r"), keys.notifications("r"),
-             keys.review("r"), *(keys.index(s) for s in Status), keys.deadlines,
-             keys.leases, keys.workers, keys.hosting, keys.outbox, keys.outbox_entries,
+    named = [*keys.of_run("r"), *keys.for_scripts("r"), keys.interrupts("r"), keys.open("r"),
+             keys.notifications("r"), keys.review("r"), *(keys.index(s) for s in Status),
+             keys.deadlines, keys.leases, keys.workers, keys.hosting, keys.outbox,
+             keys.outbox_entries,
              keys.idempotency("k:1"), keys.server, keys.notify_due, keys.grant("g"),
              keys.swept, keys.fold_cursor, keys.seen("mailed-back:x"), keys.stats]
     for key in named:

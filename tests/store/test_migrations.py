@@ -13,8 +13,9 @@ import pytest
 from layby.generation.messages import Message, Part, ToolRequest, dump_messages
 from layby.parking import Announcements, compact, formats, migrations
 from layby.parking.formats import FormatError
+from layby.reviewers.tokens import Grant
 from layby.wire import Status
-from tests.store.conftest import World, interrupt, note
+from tests.store.conftest import OWNER, World, answer, interrupt, note, park_event
 
 pytestmark = pytest.mark.store
 
@@ -95,7 +96,7 @@ def test_migration_1_gives_back_the_runs_format_1_writes(world: World) -> None:
     assert [(r.number, r.changed) for r in counted] == [(1, 2)]  # run_1 and the grant
 
     [report] = migrations.migrate(world.client, world.keys)
-    assert report.changed == 2 and report.seen == 3  # two runs, one grant
+    assert report.changed == 2 and report.seen == 5  # two runs, their streams, one grant
     assert _decoded(world.run_hash("run_1")) == _decoded(expected)
     for gone in (world.keys.interrupts, world.keys.notifications, world.keys.open):
         assert not world.client.exists(gone("run_1"))
@@ -127,7 +128,7 @@ def test_migrating_twice_changes_nothing_the_second_time(world: World) -> None:
     first = migrations.registered()[0]
     visited = [key for key in world.client.scan_iter(match=f"{world.prefix}:*")
                if first.rewrites(world.keys, key)]
-    assert len(visited) == 1
+    assert len(visited) == 2  # the run, its stream
     assert not any(first.rewrite(world.client, world.keys, key, False) for key in visited)
     assert world.snapshot() == after
 
@@ -183,3 +184,128 @@ def test_a_resumed_run_without_waiting_gets_it_from_its_history(world: World) ->
     migrations.migrate(world.client, world.keys)
     assert world.run_hash("run_1")["waiting"] == "int_a"
     assert world.client.zscore(world.keys.index(Status.RESUMING), "run_1") is not None
+
+
+@pytest.mark.parametrize("form", ["object", "array"])
+def test_a_grant_stored_as_json_reads_back_the_same_once_migrated(world: World,
+                                                                   form: str) -> None:
+    """0.1.0's predecessors stored a grant as JSON: an object of `Grant`'s fields, or
+    before it an array in their order. Migration 1 stores its values (`Grant.stored`), its
+    lifetime kept, and it reads back as the grant it was."""
+    world.make("interrupted")
+    given = Grant("run_1", "int_a", "Ops team (EU) <ops@example.com>", 4, 1_900_000_000)
+    stored = given.dumps() if form == "object" else json.dumps(
+        [given.run_id, given.interrupt_id, given.reviewer, given.version, given.expires])
+    key = world.keys.grant("ref_1")
+    world.client.set(key, stored, ex=3600)
+    migrations.migrate(world.client, world.keys)
+    assert world.client.get(key) == given.stored()
+    assert Grant.loads(world.client.get(key)) == given
+    assert 0 < world.client.ttl(key) <= 3600
+
+
+def _waiting_on(world: World, run_id: str, *iids: str) -> None:
+    """The run's last message: the model's, parked on `iids`."""
+    parked = Message(role="model", content=[
+        Part(tool_request=ToolRequest(name="ask", ref=f"call_{iid}", input={}),
+             metadata={"interrupt": {"id": iid}}) for iid in iids])
+    world.client.hset(world.keys.run(run_id), "messages",
+                      json.dumps(dump_messages([*world.history(1), parked])))
+
+
+def test_a_parked_run_without_waiting_gets_it_when_its_open_interrupts_say_less(
+        world: World) -> None:
+    """A park of 0.1.0's predecessors recorded no `waiting`; in format 1 its absence means
+    "the open interrupts". One answered before the park (a background job's) is not open:
+    migration 1 takes what the park waited on from the last model message, and the resume
+    is handed both. A run whose open interrupts are what it waited on is left as it is."""
+    for run_id in ("run_1", "run_2"):
+        world.make("interrupted", run_id, interrupts=[interrupt("int_a"), interrupt("int_b")])
+        _waiting_on(world, run_id, "int_a", "int_b")
+        assert "waiting" not in world.run_hash(run_id)
+    world.client.hset(world.keys.run("run_1"), "open", "int_a")
+    world.client.hset(world.keys.answers("run_1"), "int_b",
+                      json.dumps(answer("int_b", by="job").wire()))
+    migrations.migrate(world.client, world.keys)
+    assert world.run_hash("run_1")["waiting"] == "int_a int_b"
+    assert "waiting" not in world.run_hash("run_2")
+    done = world.store.answer("run_1", [answer("int_a")])
+    assert done.resumed and done.version is not None
+    claimed = world.store.claim("run_1", done.version, OWNER)
+    assert claimed.record is not None
+    assert [i.id for i in claimed.record.parked_on] == ["int_a", "int_b"]
+    assert claimed.record.answers["int_b"].answered_by == "job"
+
+
+def _as_0_1_0_wrote_it(world: World, run_id: str) -> None:
+    """The run's stream as 0.1.0 wrote it: a step's messages inside its event's data, its
+    last member, not in a field of their own; the entries' ids and the stream's lifetime
+    as they were."""
+    key = world.keys.events(run_id)
+    entries = world.client.xrange(key)
+    ttl = world.client.pttl(key)
+    pipe = world.client.pipeline()
+    pipe.delete(key)
+    for entry_id, fields in entries:
+        if "messages" in fields:
+            messages = fields.pop("messages")
+            fields["data"] = fields["data"][:-1] + ',"messages":' + messages + "}"
+        pipe.xadd(key, fields, id=entry_id)
+    if ttl > 0:
+        pipe.pexpire(key, ttl)
+    pipe.execute()
+
+
+def test_a_stream_of_0_1_0_holds_its_steps_messages_apart_once_migrated(
+        world: World) -> None:
+    """0.1.0 kept a step's messages inside its event's data; format 1 keeps them in a field
+    of their own. Migration 1 writes the stream again so: the same entries, under the same
+    ids, its lifetime kept, and every event reads as the step wrote it (its messages the
+    event's, not the history's)."""
+    world.make("running")
+    told = [{"role": "model", "content": [{"text": "as the step wrote it"}]}]
+    assert world.store.advance("run_1", 1, OWNER, world.history(2),
+                               {"from": 1, "historyTo": 2, "messages": told}, inline=True).ok
+    assert world.store.complete("run_1", 2, OWNER, world.history(3), "done",
+                                {"from": 2, "historyTo": 3, "result": "done",
+                                 "messages": told}).ok
+    key = world.keys.events("run_1")
+    # An entry of 0.1.0's predecessors too: its time in `at` (read by nothing).
+    world.client.xadd(key, {"type": "custom", "version": 3, "data": "{}", "at": 1})
+    stream, events = world.client.xrange(key), world.store.events("run_1")
+    assert [e.data["messages"] for e in events if "messages" in e.data] == [told, told]
+    _as_0_1_0_wrote_it(world, "run_1")
+    assert not [f for _, f in world.client.xrange(key) if "messages" in f]
+
+    [report] = migrations.migrate(world.client, world.keys)
+    assert report.changed == 1  # the stream (the run's hash has nothing to change)
+    assert world.client.xrange(key) == stream
+    assert world.store.events("run_1") == events
+    assert 0 < world.client.pttl(key) <= world.store.config.retention_s * 1000
+
+
+def test_a_parked_runs_folded_steps_of_0_1_0_lose_the_messages_the_history_holds(
+        world: World) -> None:
+    """A run 0.1.0 parked without a plan, then folded, kept a step's messages in its
+    folded line (the fold keeps an event it cannot rebuild as it was stored). Migration 1
+    drops them, as a fold does now: readers take them from the history, as before."""
+    world.make("running")
+    added = [{"role": "model", "content": [{"text": "message 1"}]}]
+    world.store.advance("run_1", 1, OWNER, world.history(2),
+                        {"from": 1, "historyTo": 2, "messages": added}, inline=True)
+    world.store.park("run_1", 2, OWNER, world.history(3), [interrupt("int_a")],
+                     park_event([interrupt("int_a")], 2, 3), plan=None)
+    _as_0_1_0_wrote_it(world, "run_1")
+    world.next_ms()
+    assert world.store_with(fold_after_ms=0).fold_parked() == 1
+    folded = world.run_hash("run_1")["events"]
+    assert folded.count('"messages"') == 1
+    events = world.store.events("run_1")
+    assert [e.data["messages"] for e in events if e.type == "turn.committed"] == [added]
+
+    migrations.migrate(world.client, world.keys)
+    now = world.run_hash("run_1")["events"]
+    assert '"messages"' not in now and now.count("\n") == folded.count("\n")
+    assert now == folded.replace(',"messages":' + json.dumps(added, separators=(",", ":")),
+                                 "")
+    assert world.store.events("run_1") == events

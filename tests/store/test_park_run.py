@@ -178,14 +178,28 @@ def test_a_park_all_of_whose_interrupts_a_rule_answers_resumes_at_once(world: Wo
 
 def test_a_park_stores_the_earlier_steps_events_without_the_messages_the_history_holds(
         world: World) -> None:
+    """A step's messages are a field of their own beside its event's data: a park drops
+    the field, and leaves any event's data as it was (one whose data holds a "messages" of
+    its own, an answer's payload say, included)."""
     world.make("running")
     added = [{"role": "model", "content": [{"text": "message 1"}]}]
     world.store.advance("run_1", 1, OWNER, world.history(2),
                         {"from": 1, "historyTo": 2, "messages": added}, inline=True)
+    key = world.keys.events("run_1")
+    [(_, committed)] = [e for e in world.client.xrange(key)
+                        if e[1]["type"] == "turn.committed"]
+    assert committed == {"type": "turn.committed", "version": "2",
+                         "data": '{"from":1,"historyTo":2}', "messages": json.dumps(
+                             added, separators=(",", ":"))}
+    theirs = '{"from":0,"historyTo":1,"messages":["the reviewer\'s own"]}'
+    world.client.xadd(key, {"type": "custom", "version": 2, "data": theirs})
     world.store.park("run_1", 2, OWNER, world.history(3), [interrupt("int_a")],
                      park_event([interrupt("int_a")], 2, 3), plan=Announcements())
     stored = world.events("run_1")
     assert ("turn.committed", 2, {"from": 1, "historyTo": 2}) in stored
+    assert not [f for _, f in world.client.xrange(key) if "messages" in f]
+    assert [f["data"] for _, f in world.client.xrange(key) if f["type"] == "custom"] == [
+        theirs]
     # Readers get them back whole, from the run's history.
     read = {e.type: e.data for e in world.store.events("run_1")}
     assert read["turn.committed"]["messages"] == added

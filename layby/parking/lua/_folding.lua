@@ -15,6 +15,9 @@
 -- KEYS[1] the run's hash, KEYS[2] its events (the layout of parking.keys).
 local FOLD_RUN, FOLD_EVENTS = KEYS[1], KEYS[2]
 local FOLDED = 'events'
+-- An interrupt's reason, as its record (i:<id>) stores it: under this short name, left out
+-- when it is the implied one (parking.compact's, written in here by parking.scripts).
+local REASON, REASON_IMPLIED = __INTERRUPT_REASON__, __INTERRUPT_REASON_IMPLIED__
 local CODES = {['run.created'] = 'c', ['run.started'] = 's', ['run.interrupted'] = 'i',
                ['notifications.planned'] = 'p', ['notification.sent'] = 'n'}
 local TYPES = {}
@@ -57,9 +60,7 @@ local REBUILD = {
     local parts = {}
     for k = 3, #args do
       local spec = decoded(run_field('i:' .. args[k]))
-      -- (parking.compact: the reason is `r`, left out when it is input_required; an
-      -- older layby's record is its wire form.)
-      local reason = spec and (spec.reason or spec.r or (spec.c and 'input_required'))
+      local reason = spec and (spec[REASON] or REASON_IMPLIED)
       if type(reason) ~= 'string' then return nil end
       table.insert(parts, '{"id":' .. cjson.encode(args[k]) .. ',"reason":'
                           .. cjson.encode(reason) .. '}')
@@ -121,13 +122,16 @@ local function planned_after(tail, planned)
 end
 
 -- A stream entry ({id, {field, value, …}}) as a folded line's time (ms) and what follows
--- its time; nil when the entry holds more than a type, a version and one line of data.
+-- its time; nil when the entry holds more than a type, a version and one line of data
+-- (and a step's messages: dropped, as a park drops them, for the run's history holds
+-- them and readers fill them in from there).
 local function fold_line(entry, planned)
   local fields, got = entry[2], {}
   for k = 1, #fields, 2 do got[fields[k]] = fields[k + 1] end
   local kind, version, data = got.type, got.version, got.data
-  if #fields ~= 6 or not kind or not version or not data or string.find(data, '\n', 1, true)
-      or string.find(kind, '%s') or string.find(version, '%s') then
+  if #fields ~= (got.messages and 8 or 6) or not kind or not version or not data
+      or string.find(data, '\n', 1, true) or string.find(kind, '%s')
+      or string.find(version, '%s') then
     return nil
   end
   local ms, seq = split_id(entry[1])

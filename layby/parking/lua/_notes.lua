@@ -1,40 +1,34 @@
 -- A notification's record as its run's hash holds it ('n:<id>'): short names, no id (the
--- field's name says it), the kind left out when it is a request, the state when it is
--- sent and the attempts when one (what a parked run's notifications most often are, for
--- as long as it waits), when it was sent as ms after it was created. parking.compact
--- reads it (NOTE_NAMES there: the same names). A record an older layby wrote, under the
--- long names, reads the same.
-local NOTE_NAMES = {kind = 'k', token = 't', interruptId = 'i', state = 's', attempts = 'a',
-                    channel = 'c', sentAt = 'sa', reviewer = 'r', createdAt = 'ca', due = 'd',
-                    level = 'l', lastError = 'e'}
+-- field's name says it), the values most of a parked run's notifications have (a request,
+-- sent, at its first attempt) left out, for as long as it waits, and when it was sent as
+-- ms after it was created. The names and those values are parking.compact's
+-- (NOTE_NAMES, NOTE_IMPLIED), written in here by parking.scripts: one table, which Python
+-- reads and writes by too.
+local NOTE_NAMES = __NOTE_NAMES__  -- long name → short name
+local NOTE_IMPLIED = __NOTE_IMPLIED__  -- short name → the value left out
 local NOTE_WIRE = {}
 for name, short in pairs(NOTE_NAMES) do NOTE_WIRE[short] = name end
+local SENT, CREATED = NOTE_NAMES.sentAt, NOTE_NAMES.createdAt
 
 local function decode_note(raw)
   local rec = {}
   local stored = cjson.decode(raw)
+  for short, value in pairs(NOTE_IMPLIED) do rec[NOTE_WIRE[short]] = value end
   for name, value in pairs(stored) do rec[NOTE_WIRE[name] or name] = value end
-  -- (A record under the long names, an older layby's, has them all.)
-  if rec.kind == nil then rec.kind = 'request' end
-  if rec.state == nil then rec.state = 'sent' end
-  if rec.attempts == nil then rec.attempts = 1 end
-  if stored.sa and stored.ca then rec.sentAt = stored.ca + stored.sa end
+  if stored[SENT] and stored[CREATED] then rec.sentAt = stored[CREATED] + stored[SENT] end
   return rec
 end
 
 local function encode_note(rec)
   local stored = {}
   for name, value in pairs(rec) do
-    if name ~= 'id' and not (name == 'kind' and value == 'request')
-        and not (name == 'state' and value == 'sent')
-        and not (name == 'attempts' and tonumber(value) == 1) then
-      stored[NOTE_NAMES[name] or name] = value
-    end
+    local short = NOTE_NAMES[name] or name
+    if name ~= 'id' and NOTE_IMPLIED[short] ~= value then stored[short] = value end
   end
-  if stored.sa and stored.ca then
-    stored.sa = stored.sa - stored.ca
-  elseif stored.sa then  -- no creation time to count from: as it is, under its long name
-    stored.sentAt, stored.sa = stored.sa, nil
+  if stored[SENT] and stored[CREATED] then
+    stored[SENT] = stored[SENT] - stored[CREATED]
+  elseif stored[SENT] then  -- no creation time to count from: as it is, under its long name
+    stored.sentAt, stored[SENT] = stored[SENT], nil
   end
   return cjson.encode(stored)
 end

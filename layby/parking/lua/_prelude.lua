@@ -1,22 +1,22 @@
 -- Shared by every transition script (prepended by parking/scripts.py).
 --
 -- KEYS, the same for every script that changes a run (parking.keys.Keys.for_scripts),
--- named here once; scripts use the names, and add KEYS from 22 on (documented in their
+-- named here once; scripts use the names, and add KEYS from EXTRA on (documented in their
 -- header). Their arguments come by name (_args.lua). User JSON (messages, payloads) is
 -- stored and returned as opaque strings: cjson would round numbers and confuse empty arrays
 -- with objects.
-local RUN, INTERRUPTS, ANSWERS, OPEN = KEYS[1], KEYS[2], KEYS[3], KEYS[4]  -- hash hash hash set
-local CHECKPOINTS, EVENTS = KEYS[5], KEYS[6]                  -- hash, stream (capped)
-local OUTBOX, OUTBOX_ENTRIES = KEYS[7], KEYS[8]               -- zset (due ms), hash (JSON)
-local LEASES, DEADLINES = KEYS[9], KEYS[10]                   -- zsets (lease end, expiry ms)
-local INDEX = {queued = KEYS[11], running = KEYS[12], interrupted = KEYS[13],  -- zsets of
-               resuming = KEYS[14], completed = KEYS[15], failed = KEYS[16],  -- run ids by
-               cancelled = KEYS[17]}                                          -- state
-local NOTIFICATIONS, NOTIFY_DUE, STATS = KEYS[18], KEYS[19], KEYS[20]  -- hash, zset, hash
-local REVIEW = KEYS[21]  -- hash: approvals, delegations, escalations (parking.keys)
--- What a finished run keeps until retention (the run's own keys; `finish` drops the open
--- set of an older layby and the checkpoints; a run of an older layby also has its
--- interrupts' and notifications' hashes).
+local RUN, ANSWERS = KEYS[1], KEYS[2]                         -- hashes
+local CHECKPOINTS, EVENTS = KEYS[3], KEYS[4]                  -- hash, stream (capped)
+local OUTBOX, OUTBOX_ENTRIES = KEYS[5], KEYS[6]               -- zset (due ms), hash (JSON)
+local LEASES, DEADLINES = KEYS[7], KEYS[8]                    -- zsets (lease end, expiry ms)
+local INDEX = {queued = KEYS[9], running = KEYS[10], interrupted = KEYS[11],  -- zsets of
+               resuming = KEYS[12], completed = KEYS[13], failed = KEYS[14],  -- run ids by
+               cancelled = KEYS[15]}                                          -- state
+local NOTIFY_DUE, STATS = KEYS[16], KEYS[17]                  -- zset, hash
+local REVIEW = KEYS[18]  -- hash: approvals, delegations, escalations (parking.keys)
+local EXTRA = 19  -- the first of the KEYS a script adds (an idempotency key, grant keys)
+-- What a finished run keeps until retention (the run's own keys; `finish` drops the
+-- checkpoints).
 local RUN_KEYS = {RUN, ANSWERS, EVENTS, REVIEW}
 -- The run's id, read off its key (`<prefix>:{<run id>}:run`): no call needed.
 local ID = string.match(RUN, ':{([^}]*)}:run$')
@@ -35,29 +35,9 @@ local function run_id() return ID end
 -- A run's interrupts and notifications are fields of its hash, 'i:<interrupt id>' and
 -- 'n:<notification id>': as keys of their own they cost more than they hold, for as long
 -- as the run waits. (The scripts' headers name them "interrupts" and "notifications".)
--- A run of an older layby keeps them in hashes of their own (INTERRUPTS, NOTIFICATIONS),
--- looked at only where its hash has none; such a run is told by the `id` field layby no
--- longer writes (read with the run's other fields, or asked once a script).
 local INTERRUPT, NOTE = 'i:', 'n:'
-local LEGACY = nil
-local function legacy()
-  if LEGACY == nil then LEGACY = redis.call('HEXISTS', RUN, 'id') == 1 end
-  return LEGACY
-end
 
--- HMGET of the run's fields named, and (the same call) whether it is an older layby's.
-local function run_fields(...)
-  local st = redis.call('HMGET', RUN, 'id', ...)
-  LEGACY = st[1] ~= false
-  table.remove(st, 1)
-  return st
-end
-
-local function note_of(nid)
-  local raw = redis.call('HGET', RUN, NOTE .. nid)
-  if not raw and legacy() then raw = redis.call('HGET', NOTIFICATIONS, nid) end
-  return raw
-end
+local function note_of(nid) return redis.call('HGET', RUN, NOTE .. nid) end
 
 local function save_note(nid, rec)
   redis.call('HSET', RUN, NOTE .. nid, encode_note(rec))
@@ -77,21 +57,11 @@ local function notes_of_run()
       found[nid] = page[2][i + 1]
     end
   until cursor == '0'
-  if legacy() then
-    local old = redis.call('HGETALL', NOTIFICATIONS)
-    for i = 1, #old, 2 do
-      if not found[old[i]] then
-        table.insert(ids, old[i])
-        found[old[i]] = old[i + 1]
-      end
-    end
-  end
   return ids, found
 end
 
 local function has_interrupt(iid)
   return redis.call('HEXISTS', RUN, INTERRUPT .. iid) == 1
-         or (legacy() and redis.call('HEXISTS', INTERRUPTS, iid) == 1)
 end
 
 -- The Interrupt JSON of each of `ids` ('' for one not found), in order.
@@ -99,12 +69,6 @@ local function interrupts_of(ids)
   local names = {}
   for i, iid in ipairs(ids) do names[i] = INTERRUPT .. iid end
   local found = redis.call('HMGET', RUN, unpack(names))
-  local missing = {}
-  for i = 1, #ids do if not found[i] then table.insert(missing, i) end end
-  if #missing > 0 and legacy() then
-    local old = redis.call('HMGET', INTERRUPTS, unpack(ids))
-    for _, i in ipairs(missing) do found[i] = old[i] end
-  end
   for i = 1, #ids do found[i] = found[i] or '' end
   return found
 end
@@ -121,10 +85,18 @@ end
 -- which transitions return so their caller can follow the stream from after them). When it
 -- happened is the id's time, the server's clock as this script runs (`now` too): not
 -- written again in each entry, which a parked run would hold for as long as it waits.
+-- `messages` (a step's event: the messages it added, a JSON array; '' or nil: none) is a
+-- field of its own beside `data`, so that a park drops it without looking into the data
+-- (park_run.lua); readers give it back inside the data (parking.events).
 local LAST_EVENT = ''
-local function event(kind, version, data, now)
-  LAST_EVENT = redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_MAX, '*',
-                          'type', kind, 'version', version, 'data', data or '{}')
+local function event(kind, version, data, now, messages)
+  if messages and messages ~= '' then
+    LAST_EVENT = redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_MAX, '*', 'type', kind,
+                            'version', version, 'data', data or '{}', 'messages', messages)
+  else
+    LAST_EVENT = redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_MAX, '*',
+                            'type', kind, 'version', version, 'data', data or '{}')
+  end
   return LAST_EVENT
 end
 
@@ -169,27 +141,21 @@ local function release_lease()
   redis.call('ZREM', LEASES, ID)
 end
 
--- The run's open interrupts are its field `open` (ids, space-separated). A run parked by
--- an older layby keeps them in a set of their own (OPEN), read while the field is absent
--- and moved into it by the next write (`open_field`). Returns the ids in order, and a set.
+-- The run's open interrupts are its field `open` (ids, space-separated). Returns the ids
+-- in order, and a set.
 local function parse_open(raw)
   local ids, set = {}, {}
-  if raw == nil or raw == false then
-    ids = redis.call('SMEMBERS', OPEN)
-  else
-    for iid in string.gmatch(raw, '%S+') do table.insert(ids, iid) end
+  for iid in string.gmatch(raw or '', '%S+') do
+    table.insert(ids, iid)
+    set[iid] = true
   end
-  for _, iid in ipairs(ids) do set[iid] = true end
   return ids, set
 end
 
 local function read_open() return parse_open(redis.call('HGET', RUN, 'open')) end
 
--- `ids` as the run's `open` field (to HSET), its legacy set dropped when `raw` says so.
-local function open_field(ids, raw)
-  if raw == nil or raw == false then redis.call('DEL', OPEN) end
-  return table.concat(ids, ' ')
-end
+-- `ids` as the run's `open` field (to HSET).
+local function open_field(ids) return table.concat(ids, ' ') end
 
 local function without(ids, gone)
   local kept = {}
@@ -200,7 +166,8 @@ end
 -- The caller must hold the claim on `version` (see claim_run.lua). Returns nil and the run
 -- as the commit needs it ({status, version, owner, checkpointed, open, noted}) when it does.
 local function check_claim(version, owner)
-  local st = run_fields('status', 'version', 'lease_owner', 'checkpointed', 'open', 'noted')
+  local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'checkpointed',
+                        'open', 'noted')
   if not st[2] then return {'missing'} end
   if st[1] ~= 'running' or st[2] ~= version or st[3] ~= owner then
     return {'stale', st[1] or '', st[2] or '', st[3] or ''}
@@ -240,8 +207,7 @@ end
 -- every interrupt), or only those to one `reviewer` (who handed the request on), are
 -- skipped now, not when their time comes, so operators never see them as pending. One
 -- pass over the run's notifications, however many interrupts closed. `noted`: the run's
--- field, '0' while it has none (absent once it has some, and on runs of an older layby:
--- look).
+-- field, '0' while it has none (absent once it has some: look).
 local function skip_notifications(closed, reviewer, noted)
   if noted == '0' then return end
   local ids, found = notes_of_run()
@@ -264,18 +230,14 @@ end
 local function ending(status, now, run)
   skip_notifications(nil, nil, run.noted)
   drop_deadlines(parse_open(run.open))
-  return {'status', status, 'updated_at', now, 'open', open_field({}, run.open)}
+  return {'status', status, 'updated_at', now, 'open', open_field({})}
 end
 
-local function count_down(status, old_status, now, retention_s, noted)
+local function count_down(status, old_status, now, retention_s)
   if old_status and INDEX[old_status] then redis.call('ZREM', INDEX[old_status], ID) end
   redis.call('ZADD', INDEX[status], now, ID)
   -- EXPIRE on a key that does not exist does nothing: no need to look first.
   for _, key in ipairs(RUN_KEYS) do redis.call('EXPIRE', key, retention_s) end
-  if legacy() then
-    redis.call('EXPIRE', INTERRUPTS, retention_s)
-    if noted ~= '0' then redis.call('EXPIRE', NOTIFICATIONS, retention_s) end
-  end
 end
 
 -- The end of a run that holds no claim of the caller's (fail, cancel, expire): its claim,
@@ -286,7 +248,7 @@ local function finish(status, now, retention_s, old_status, run, extra)
   redis.call('HSET', RUN, unpack(fields))
   release_lease()
   redis.call('DEL', CHECKPOINTS)
-  count_down(status, old_status, now, retention_s, run.noted)
+  count_down(status, old_status, now, retention_s)
 end
 
 -- Counters read by /metrics (parking.keys documents the fields).
@@ -346,7 +308,7 @@ local function apply_answers(answers, now, run)
   skip_notifications(closed, nil, run[5])
   local before = parse_open(open_raw)
   local open = without(before, closed)
-  local field = open_field(open, open_raw)
+  local field = open_field(open)
   -- A park that waited on its open interrupts alone left `waiting` out (park_run.lua):
   -- written now, before the first answer changes `open`, for the resume to read.
   local waiting = (status == 'interrupted' and not run[6])
@@ -390,13 +352,8 @@ local function record_plan(plan, grant_key, version, now, open, mark)
     local rec = cjson.decode(note.record)
     rec.due = at or now
     rec.createdAt = now
-    -- Written only if new (one call for the check and the write); an older layby's run
-    -- may hold it in its own hash.
+    -- Written only if new (one call for the check and the write).
     local new = redis.call('HSETNX', RUN, NOTE .. nid, encode_note(rec)) == 1
-    if new and legacy() and redis.call('HEXISTS', NOTIFICATIONS, nid) == 1 then
-      redis.call('HDEL', RUN, NOTE .. nid)
-      new = false
-    end
     if new then
       if at then
         redis.call('ZADD', NOTIFY_DUE, rec.due, ID .. ' ' .. nid)

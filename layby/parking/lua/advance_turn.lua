@@ -2,12 +2,13 @@
 --                       | queued (next turn queued).
 -- Reads run (status, version, lease). Writes run (messages, version, lease), checkpoints,
 -- events, leases, index; queues the turn.
--- Arguments: version, owner, messages (JSON), event (its data, JSON), keep_lease ('1' to
+-- Arguments: version, owner, messages (JSON), event (its data, JSON), added (the messages
+--   the step added, JSON: its event's field `messages`; '' for none), keep_lease ('1' to
 --   keep it), lease_ms
 -- Returns {'ok', new version, outbox entry or ''} | {'stale', …} | {'missing'}
-local A = args({'version', 'owner', 'messages', 'event', 'keep_lease', 'lease_ms'})
+local A = args({'version', 'owner', 'messages', 'event', 'added', 'keep_lease', 'lease_ms'})
 local version, owner, messages, event_data = A.version, A.owner, A.messages, A.event
-local keep_lease, lease_ms = A.keep_lease, A.lease_ms
+local keep_lease, lease_ms, added = A.keep_lease, A.lease_ms, A.added
 local refused, run = check_claim(version, owner)
 if refused then return refused end
 local checkpointed = run.checkpointed
@@ -22,11 +23,11 @@ if keep_lease == '1' then
     redis.call('DEL', CHECKPOINTS)
     redis.call('HSET', RUN, 'checkpointed', '')
   end
-  event('turn.committed', v, event_data, now)
+  event('turn.committed', v, event_data, now, added)
   return {'ok', v, ''}
 end
 commit_step(version, messages, now, checkpointed, {'status', 'queued'})
 redis.call('ZREM', INDEX.running, ID)
 redis.call('ZADD', INDEX.queued, now, ID)
-event('turn.committed', v, event_data, now)
+event('turn.committed', v, event_data, now, added)
 return {'ok', v, enqueue('turn', v, now)}

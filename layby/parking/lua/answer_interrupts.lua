@@ -18,7 +18,8 @@
 --         | {'again', id, this reviewer's earlier approval JSON}
 local A = args({'require_all', 'allow_early'}, {'answers'})
 local require_all, allow_early, given = A.require_all, A.allow_early, A.answers
-local run = run_fields('status', 'version', 'updated_at', 'open', 'noted', 'waiting')
+local run = redis.call('HMGET', RUN, 'status', 'version', 'updated_at', 'open', 'noted',
+                      'waiting')
 local status = run[1]
 if not status then return {'missing'} end
 -- A finished run takes no early answers: its keys already count down to expiry.

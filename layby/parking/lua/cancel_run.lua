@@ -6,7 +6,7 @@
 -- Returns {'ok', new version} | {'finished', status} | {'missing'}
 local A = args({'event', 'retention_s'})
 local event_data, retention_s = A.event, A.retention_s
-local st = run_fields('status', 'open', 'noted', 'version')
+local st = redis.call('HMGET', RUN, 'status', 'open', 'noted', 'version')
 local status = st[1]
 if not status then return {'missing'} end
 if FINISHED[status] then return {'finished', status} end

@@ -6,7 +6,7 @@
 -- Arguments: version (the one expected), owner, lease_ms, max_attempts (at one version),
 --   hosts (what the claimer hosts of pinned runs: '<agent>@<version>', one a line)
 -- Returns {'ok', previous status, lease until, attempt, agent, messages JSON, metadata JSON,
---          {checkpoint name, value JSON, …}, waiting ('' if never recorded: an older park),
+--          {checkpoint name, value JSON, …}, waiting ('' unless it parked),
 --          {Interrupt JSON of each waiting id}, {its answer JSON or ''}, agent version or '',
 --          '1' if pinned or ''}
 --       | {'stale', status, version} | {'busy', owner, lease until}
@@ -57,8 +57,8 @@ if status == 'resuming' then
   observe('resume', now - tonumber(st[5] or now))
 end
 -- Checkpoints belong to one version: those of a version that never committed are dropped.
--- Only a step that saved some has them (`checkpointed` '1'; a run of an older layby has no
--- such field at all, and is looked at; so is a second attempt).
+-- Only a step that saved some has them (`checkpointed` '1'; absent after a park, which
+-- deletes it: looked at; so is a second attempt).
 local checkpoints = {}
 if st[11] ~= '' or attempt > 1 then
   local saved = redis.call('HGETALL', CHECKPOINTS)

@@ -4,7 +4,7 @@
 -- the caller could not plan it, the announcement task is queued to plan it).
 -- Reads run, open, review. Writes review, notifications, notify:due, grant keys, events;
 -- queues deliveries (or the announcement task).
--- KEYS from 22: the plan's grant keys.
+-- KEYS from EXTRA: the plan's grant keys.
 -- Arguments: interrupt_id, reviewer (the one handing it on), handover (Delegation JSON),
 --   announce ('1' to queue the announcement task instead of a plan), plan (JSON, as
 --   record_plan reads it)
@@ -13,7 +13,7 @@
 --          on before) | {'conflict', id, first answer JSON or '', run status}
 local A = args({'interrupt_id', 'reviewer', 'handover', 'announce'}, {'plan'})
 local iid, from, record, announce = A.interrupt_id, A.reviewer, A.handover, A.announce
-local st = run_fields('status', 'version', 'open', 'noted')
+local st = redis.call('HMGET', RUN, 'status', 'version', 'open', 'noted')
 local status, v = st[1], st[2]
 if not v then return {'missing'} end
 local _, open = parse_open(st[3])
@@ -27,5 +27,5 @@ local now = now_ms()
 skip_notifications({[iid] = true}, from, st[4])
 event('interrupt.delegated', v, record, now)
 if announce == '1' then return {'ok', v, enqueue('notify', v, now), {}, {}} end
-local planned, dispatch = record_plan(A.plan, 22, v, now, open, true)
+local planned, dispatch = record_plan(A.plan, EXTRA, v, now, open, true)
 return {'ok', v, '', planned, dispatch}

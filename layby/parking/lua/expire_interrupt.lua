@@ -14,7 +14,8 @@ local now = now_ms()
 local member = ID .. ' ' .. interrupt_id
 local due = redis.call('ZSCORE', DEADLINES, member)
 if due and tonumber(due) > now then return {'later'} end
-local run = run_fields('status', 'version', 'updated_at', 'open', 'noted', 'waiting')
+local run = redis.call('HMGET', RUN, 'status', 'version', 'updated_at', 'open', 'noted',
+                      'waiting')
 local _, open = parse_open(run[4])
 if not run[1] or not open[interrupt_id] then
   redis.call('ZREM', DEADLINES, member)

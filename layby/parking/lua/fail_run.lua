@@ -11,7 +11,7 @@ if owner ~= '' then
   local refused = check_claim(version, owner)
   if refused then return refused end
 end
-local st = run_fields('status', 'version', 'open', 'noted')
+local st = redis.call('HMGET', RUN, 'status', 'version', 'open', 'noted')
 local status = st[1]
 if not st[2] then return {'missing'} end
 if FINISHED[status] then return {'finished', status} end

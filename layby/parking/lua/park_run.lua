@@ -6,45 +6,36 @@
 -- index, events, stats, notifications, notify:due, grant keys, review (hand-overs); queues
 -- the resume, or the deliveries of the requests due now (or, when the caller could not
 -- plan them, the announcement task).
--- KEYS from 22: the plan's grant keys.
--- Arguments: version, owner, messages (JSON), event (its data, JSON), announce ('1' to
---   queue the announcement task, layby.notify.interrupts, instead of a plan), interrupts
---   (JSON, each {id, record: Interrupt JSON as stored (a string), expires: ms (left out
---   when it does not), auto: the answer a policy rule gives (Answer JSON, a string; left
---   out, or '', when none), rule: that rule's name}), plan (JSON, as record_plan reads it)
+-- KEYS from EXTRA: the plan's grant keys.
+-- Arguments: version, owner, messages (JSON), event (its data, JSON, without messages:
+--   readers take them from the history), announce ('1' to queue the announcement task,
+--   layby.notify.interrupts, instead of a plan), interrupts (JSON, each {id, record:
+--   Interrupt JSON as stored (a string), expires: ms (left out when it does not), auto:
+--   the answer a policy rule gives (Answer JSON, a string; left out, or '', when none),
+--   rule: that rule's name}), plan (JSON, as record_plan reads it)
 -- Returns {'ok', new version, outbox entry or '', {notifications planned},
 --          {notifications the caller must dispatch}, '1' if it resumes at once}
 --       | {'stale', …} | {'missing'}
 local A = args({'version', 'owner', 'messages', 'event', 'announce'}, {'interrupts', 'plan'})
 -- The events of a parked run, made as small as they can be, for however long it waits:
 -- copied into an exact fit (the first entry of a stream reserves room for many more, 4 KB
--- with the defaults), and without the messages its earlier turns' events carried (the
--- run's history holds them; readers fill them in from there, by the event's `from` and
--- `historyTo`). A step writes `messages` as its event's last key, after keys whose values
--- cannot hold `,"` (numbers, ids, the result's string), so the first `,"messages":[` is
--- where it starts. Only a step's event is cut (any other event's data, an answer's payload
--- say, may hold a "messages" of its own); so is one of an older layby (messages first, no
--- `historyTo`) kept as it is.
-local CUT = ',"messages":['
-local STEP_EVENTS = {['turn.committed'] = true, ['run.interrupted'] = true,
-                     ['run.completed'] = true}
+-- with the defaults), and without the messages its steps' events carried, the field
+-- `messages` of their entries (the run's history holds them; readers fill them in from
+-- there, by the event's `from` and `historyTo`: parking.events).
 local function compact_events()
   local entries = redis.call('XRANGE', EVENTS, '-', '+')
   local cut = false
   for _, entry in ipairs(entries) do
-    local fields, kind, data_at = entry[2], nil, nil
-    for i = 1, #fields, 2 do
-      if fields[i] == 'type' then kind = fields[i + 1] end
-      if fields[i] == 'data' then data_at = i + 1 end
-    end
-    local data = data_at and fields[data_at]
-    if STEP_EVENTS[kind] and data and string.find(data, '"historyTo"', 1, true) then
-      local at = string.find(data, CUT, 1, true)
-      if at then
-        fields[data_at] = string.sub(data, 1, at - 1) .. '}'
+    local kept = {}
+    for i = 1, #entry[2], 2 do
+      if entry[2][i] == 'messages' then
         cut = true
+      else
+        table.insert(kept, entry[2][i])
+        table.insert(kept, entry[2][i + 1])
       end
     end
+    entry[2] = kept
   end
   local spare = EVENTS .. ':compact'
   if cut then
@@ -95,7 +86,7 @@ for i, intr in ipairs(interrupts) do
 end
 if #rule_answers > 0 then redis.call('HSET', ANSWERS, unpack(rule_answers)) end
 local resumes = #open == 0
-local open_now, waited = open_field(open, open_raw), table.concat(waiting, ' ')
+local open_now, waited = open_field(open), table.concat(waiting, ' ')
 local fields = {'open', open_now, 'status', resumes and 'resuming' or 'interrupted'}
 -- A parked run with notifications leaves `noted` out (commit_step deletes it): readers
 -- take a missing one as "look".
@@ -128,6 +119,6 @@ if resumes then
 end
 redis.call('ZADD', INDEX.interrupted, now, ID)
 if announce == '1' then return {'ok', v, enqueue('notify', v, now), {}, {}} end
-local planned, dispatch = record_plan(A.plan, 22, v, now, open_set, false)
+local planned, dispatch = record_plan(A.plan, EXTRA, v, now, open_set, false)
 compact_events()
 return {'ok', v, '', planned, dispatch}

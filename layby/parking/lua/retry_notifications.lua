@@ -6,7 +6,7 @@
 -- Arguments: ids (JSON: the notification ids to retry; none: every failed one of the run)
 -- Returns {{the ids set back to pending}, {those the caller must dispatch}}.
 local A = args({}, {'ids'})
-local st = run_fields('status', 'open')
+local st = redis.call('HMGET', RUN, 'status', 'open')
 if st[1] ~= 'interrupted' then return {{}, {}} end
 local _, open = parse_open(st[2])
 local now = now_ms()
