@@ -60,6 +60,7 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
         # layby's handler, so the gateway writes the configured format (JSON with ids, or
         # text), scrubbed of reviewer tokens (its access lines hold /review/<token>).
         logs.configure(runtime.settings)
+        _check_store(runtime)
     rt = runtime
 
     drain = Drain()
@@ -111,18 +112,22 @@ def _checked_runtime() -> Runtime:
     first)."""
     try:
         settings = Settings()
-        runtime = build(settings, agents=check_config(settings))
+        return build(settings, agents=check_config(settings))
     except ValidationError as exc:
         _exit(settings_problem(exc))
     except ConfigError as exc:
         _exit(exc.message)
+
+
+def _check_store(runtime: Runtime) -> None:
+    """A gateway whose code cannot read the store's format exits (one line, code 2) before
+    it listens."""
     try:
         runtime.store  # noqa: B018 (made, it has checked the store's format)
     except FormatError as exc:
         _exit(exc.message)
     except redis.exceptions.RedisError:
         pass  # away for now (/readyz says so); the store checks its format once it answers
-    return runtime
 
 
 def _exit(message: str) -> NoReturn:
