@@ -12,6 +12,7 @@ import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import httpx
@@ -74,7 +75,8 @@ def test_the_wheel_holds_one_package_layby(installed: Installed) -> None:
     with zipfile.ZipFile(installed.wheel) as wheel:
         names = wheel.namelist()
         top_level = wheel.read(next(n for n in names if n.endswith("top_level.txt")))
-    assert {n.split("/")[0] for n in names} == {"layby", "layby-0.1.0.dist-info"}
+    assert {n.split("/")[0] for n in names} == {"layby",
+                                                 f"layby-{metadata.version('layby')}.dist-info"}
     assert top_level.decode().split() == ["layby"]
     # The design card's folders are inside the package, with their data files.
     for inside in ("layby/tasks/__init__.py", "layby/broker_config/settings.py",

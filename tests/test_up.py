@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import redis
 
-from layby.ops.embedded import free_port
+from layby.ops.embedded import EmbeddedRedis, free_port
 from tests.harness import ROOT, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -83,9 +84,19 @@ def test_layby_up_survives_a_restart_with_a_parked_run(tmp_path: Path) -> None:
     assert leftovers == []
     assert not (data_dir / "redis.url").exists()
 
+    # The data folder as layby 0.1.0 left it: no format version. Its own `layby up` (the
+    # server is its alone) migrates it, and says so.
+    valkey = EmbeddedRedis(data_dir / "valkey").start()
+    try:
+        client = redis.Redis(port=valkey.port)
+        assert client.delete("layby:format") == 1
+        client.close()
+    finally:
+        valkey.stop()
     up = _up(data_dir, port, log)
     try:
         wait_until(lambda: _ready(base), 60, what="layby up, again")
+        assert f"layby up: migrated the data in {data_dir} to format 1" in log.read_text()
         api = _client(base, key)
         run = api.get(f"/v1/runs/{run_id}").json()
         assert run["status"] == "interrupted"

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import redis
+
 from layby import running
 from layby.broker_config import (
     CELERY_ENTRY,
@@ -42,6 +44,8 @@ from layby.broker_config.settings import write_private
 from layby.ops.embedded import EmbeddedRedis
 from layby.ops.flower import ensure_credentials, flower_argv, flower_env
 from layby.ops.lifetime import die_with_parent
+from layby.parking import formats, migrations
+from layby.parking.keys import Keys
 from layby.reviewers.tokens import new_keys
 
 DEMO_REVIEWERS = """\
@@ -191,6 +195,7 @@ class System:
             url = self.redis.url
             self.settings.url_file.write_text(url + "\n")
         env["LAYBY_REDIS_URL"] = url
+        self._store_format(url, owned=not self.settings.redis_url)
         self.children = [
             Child("worker", worker_argv(self.settings, worker_queues(self.settings),
                                         self.concurrency, "INFO")),
@@ -221,6 +226,29 @@ class System:
                            f"{self.settings.reply_listener_port}",
                 "mail": env.get("LAYBY_MAIL_CATCHER_DIR", ""),
                 "flower": flower_url, "flower_auth": flower_auth}
+
+    def _store_format(self, url: str, *, owned: bool) -> None:
+        """Whether this layby reads the store's format, before any part starts. The
+        embedded server is this `layby up`'s alone (its data folder is locked): data an
+        older layby left there is migrated at once, saying so. Another server may be shared
+        with processes this one does not see: NotStarted, with what to run."""
+        client = redis.Redis.from_url(url, decode_responses=True)
+        try:
+            keys = Keys(self.settings.key_prefix)
+            state = formats.read(client, keys)
+            newest = migrations.newest()
+            why = formats.readable(state, newest, empty=not formats.has_data(client, keys))
+            if why is None and not migrations.pending(state):
+                return
+            if not owned:
+                if why is not None:
+                    raise NotStarted(why)
+                return  # readable; `layby migrate` when the deployment is through
+            for report in migrations.migrate(client, keys):
+                _say(f"layby up: migrated the data in {self.settings.data_dir} to format "
+                     f"{report.number} ({report.changed} of {report.seen} keys changed)")
+        finally:
+            client.close()
 
     def _on_signals(self) -> None:
         """Ctrl-C, SIGTERM and a closed terminal (SIGHUP) all stop everything, in order.
