@@ -11,12 +11,12 @@ never a tool error the model would be left to read, never a retry.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
+from layby.generation.answers import pydantic_errors
 from layby.generation.interrupts import Interrupt, ResumeEntry, ResumeMode
 from layby.generation.messages import Message, Wire
 
@@ -112,15 +112,6 @@ def _where(agent: Agent, parked_on: str | None) -> str:
     return f"in version {agent.version} of agent {agent.name!r} (the run {on})"
 
 
-def _errors(check: Callable[[Any], Any], value: Any) -> list[dict[str, Any]]:
-    try:
-        check(value)
-    except ValidationError as exc:
-        return [{"path": "".join(f"/{p}" for p in e["loc"]), "message": e["msg"]}
-                for e in exc.errors(include_url=False)]
-    return []
-
-
 def _said(errors: list[dict[str, Any]]) -> str:
     return "; ".join(f"{e['path'] or '/'}: {e['message']}" for e in errors[:3])
 
@@ -143,7 +134,7 @@ def what_changed(agent: Agent, run: StoredRun) -> Changed | None:
         # What the tool will be given: the reviewer's replacement, or what the model asked.
         given = replaced if replaced is not None else requested.get(intr.tool_call_id,
                                                                     intr.tool_input)
-        errors = _errors(tool.parse_input, given)
+        errors = pydantic_errors(tool.parse_input, given)
         if errors:
             whose = "the input the reviewer gave it" if replaced is not None \
                 else "the input it was called with"
@@ -152,7 +143,7 @@ def what_changed(agent: Agent, run: StoredRun) -> Changed | None:
                            f"{_where(agent, parked_on)}: {_said(errors)}", errors)
         if answer is not None and answer.status == "resolved" and tool.is_interrupt \
                 and intr.mode is ResumeMode.RESPOND:
-            errors = _errors(tool.output.validate_python, answer.payload)
+            errors = pydantic_errors(tool.output.validate_python, answer.payload)
             if errors:
                 return Changed(tool.name, "answer",
                                f"tool {tool.name!r} no longer takes the answer it was given "
