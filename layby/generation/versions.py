@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from layby.generation.answers import pydantic_errors
+from layby.generation.answers import _pydantic_errors
 from layby.generation.interrupts import Interrupt, ResumeEntry, ResumeMode
 from layby.generation.messages import Message, Wire
 
@@ -134,7 +134,7 @@ def what_changed(agent: Agent, run: StoredRun) -> Changed | None:
         # What the tool will be given: the reviewer's replacement, or what the model asked.
         given = replaced if replaced is not None else requested.get(intr.tool_call_id,
                                                                     intr.tool_input)
-        errors = pydantic_errors(tool.parse_input, given)
+        errors = _pydantic_errors(tool.parse_input, given)
         if errors:
             whose = "the input the reviewer gave it" if replaced is not None \
                 else "the input it was called with"
@@ -143,7 +143,7 @@ def what_changed(agent: Agent, run: StoredRun) -> Changed | None:
                            f"{_where(agent, parked_on)}: {_said(errors)}", errors)
         if answer is not None and answer.status == "resolved" and tool.is_interrupt \
                 and intr.mode is ResumeMode.RESPOND:
-            errors = pydantic_errors(tool.output.validate_python, answer.payload)
+            errors = _pydantic_errors(tool.output.validate_python, answer.payload)
             if errors:
                 return Changed(tool.name, "answer",
                                f"tool {tool.name!r} no longer takes the answer it was given "
