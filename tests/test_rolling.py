@@ -72,6 +72,12 @@ def test_a_stopping_gateway_ends_its_streams_and_they_go_on_at_another(
     # (uvicorn, done, raises the signal it caught again: the exit status says SIGTERM.)
     assert first.process.returncode in (0, -signal.SIGTERM), first.output()[-2000:]
     assert "Traceback" not in first.output()
+    # Out of the registry of processes as it stopped, not a lease later.
+    about = redis.Redis.from_url(system.redis_url, decode_responses=True).hgetall(
+        Keys(system.settings.key_prefix).workers_about)
+    kinds = sorted(told.split()[0] for told in about.values())
+    assert kinds == ["gateway", "worker", "worker"], about  # the other gateway; worker, sweeper
+    assert not [n for n in about if n.endswith(f":{first.process.pid}")]
 
     # Answered meanwhile; the stream goes on at the other gateway after the last event read.
     question = other.open_interrupts(other.run(run["id"]))[0]

@@ -42,6 +42,15 @@ def process_name(kind: str) -> str:
     return f"{kind} {socket.gethostname()}:{os.getpid()}"
 
 
+def withdraw(store_of: Callable[[], Store], name: str) -> None:
+    """Take `name` out of the registry now (a process that stops cleanly): a rolling
+    deployment's switch need not wait for its beat to lapse."""
+    try:
+        store_of().forget_worker(name)
+    except redis.RedisError:
+        pass  # its beat lapses instead
+
+
 def announce(store_of: Callable[[], Store], name: str, told: str, newest_format: int,
              every_s: float, stop: threading.Event,
              hosting: Sequence[str] | None = None) -> threading.Thread:
@@ -67,10 +76,7 @@ def announce(store_of: Callable[[], Store], name: str, told: str, newest_format:
         while not stop.wait(every_s):
             if not beat_once():
                 return
-        try:
-            store_of().forget_worker(name)
-        except redis.RedisError:
-            pass  # its beat lapses instead
+        withdraw(store_of, name)
 
     beat_once()
     thread = threading.Thread(target=beat, name=f"heartbeat {name}", daemon=True)

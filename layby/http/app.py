@@ -33,7 +33,7 @@ from layby import __version__
 from layby.broker_config import logs
 from layby.broker_config.settings import Settings, settings_problem
 from layby.control import Runtime, build
-from layby.control.announce import about, announce, process_name
+from layby.control.announce import about, announce, process_name, withdraw
 from layby.control.runtime import check_config
 from layby.errors import ConfigError, LaybyError, Unauthorized
 from layby.http import agui, api, mailbox, reviewers
@@ -71,17 +71,17 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
         settings = rt.settings
         # In the registry of processes while it serves: a rolling deployment knows which
         # formats the live gateways read (`layby.control.announce`).
-        stop = threading.Event()
+        stop, name = threading.Event(), process_name("gateway")
         newest = migrations.newest()
-        await run_in_threadpool(announce, lambda: rt.store, process_name("gateway"),
-                                about("gateway", newest), newest,
-                                settings.heartbeat_interval_s, stop)
+        await run_in_threadpool(announce, lambda: rt.store, name, about("gateway", newest),
+                                newest, settings.heartbeat_interval_s, stop)
         exporter = (serve_metrics(settings.metrics_host, settings.metrics_port,
                                   lambda: rt.store) if settings.metrics_port else None)
         try:
             yield
         finally:
             stop.set()
+            await run_in_threadpool(withdraw, lambda: rt.store, name)
             await close_clients(rt)
             if exporter is not None:
                 exporter.shutdown()

@@ -251,21 +251,22 @@ def reply_listener(host: Annotated[str | None, typer.Option()] = None,
                    port: Annotated[int | None, typer.Option()] = None) -> None:
     """Run the SMTP listener that takes reviewers' email replies (reply+<token>@…). Point
     the MX of LAYBY_INBOUND_DOMAIN (or your mail provider's forwarding) at it."""
-    from layby.control.announce import about, announce, process_name
+    from layby.control.announce import about, announce, process_name, withdraw
     from layby.inbox.listener import ReplyHandler, serve
     from layby.parking import migrations
 
     rt = _rt()
     logs.configure(rt.settings)
     rt.store  # noqa: B018 (made, it has checked the store's format: refused, it exits 2)
-    stop, newest = threading.Event(), migrations.newest()
-    announce(lambda: rt.store, process_name("listener"), about("listener", newest), newest,
+    stop, newest, name = threading.Event(), migrations.newest(), process_name("listener")
+    announce(lambda: rt.store, name, about("listener", newest), newest,
              rt.settings.heartbeat_interval_s, stop)
     try:
         serve(host or rt.settings.reply_listener_host, port or rt.settings.reply_listener_port,
               ReplyHandler(rt), "layby reply listener", rt.settings.max_mail_bytes)
     finally:
         stop.set()
+        withdraw(lambda: rt.store, name)
 
 
 @cli.command("mail-catcher")
