@@ -3,11 +3,13 @@ can: never acked and dropped, as Celery does with them on Redis (it rejects them
 requeueing, and kombu's Redis transport then deletes them).
 
 While a deployment rolls, a worker of the older release can receive a message only the
-newer one knows (a task it added). The message goes back to the head of its queue after
-a pause that doubles each time the same worker is handed the same message (0.5 s up to
-10 s), so a worker with nothing else to do does not spin on it while a newer one is
-started; all the while it stays unacked, so a worker killed meanwhile loses nothing
-(kombu's visibility timeout gives it back)."""
+newer one knows (a task it added). The message goes back to its queue after a pause that
+doubles each time the same worker is handed the same message (0.5 s up to 10 s), so a
+worker with nothing else to do does not spin on it while a newer one is started; one that
+comes straight back to the same worker (Redis served it before the others waiting) is
+handed back at once, a few times, each a new chance for another worker. All the while it
+stays unacked, so a worker killed meanwhile loses nothing (kombu's visibility timeout
+gives it back)."""
 
 from __future__ import annotations
 

@@ -16,20 +16,13 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Sequence
-from importlib import metadata
 
 import redis
 
 from layby.parking import Store
+from layby.parking.formats import release
 
 log = logging.getLogger(__name__)
-
-
-def release() -> str:
-    try:
-        return metadata.version("layby")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def about(kind: str, newest_format: int) -> str:

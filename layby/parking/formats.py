@@ -16,6 +16,7 @@ a deployment is rolled one process at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import metadata
 from typing import cast
 
 from redis import Redis
@@ -70,9 +71,7 @@ def readable(state: FormatState, newest: int, *, empty: bool) -> str | None:
     known = reads(newest)
     span = f"format {known.start}" if len(known) == 1 else \
         f"formats {known.start}–{known.stop - 1}"
-    from layby import __version__
-
-    me = f"layby {__version__} reads {span}"
+    me = f"layby {release()} reads {span}"
     if state.version is None:
         if empty:
             return None
@@ -88,6 +87,14 @@ def readable(state: FormatState, newest: int, *, empty: bool) -> str | None:
                 f"the layby version that wrote format {state.version} (or the next one) "
                 "first, then deploy this one")
     return None
+
+
+def release() -> str:
+    """This code's release (the installed package's version)."""
+    try:
+        return metadata.version("layby")
+    except metadata.PackageNotFoundError:  # a checkout used without installing it
+        return "unknown"
 
 
 def check(client: Redis, keys: Keys, newest: int) -> FormatState:
