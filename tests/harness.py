@@ -26,7 +26,7 @@ import layby
 from layby.broker_config import JOBS, NOTIFY, TURNS, Settings
 from layby.ops.embedded import free_port
 from layby.ops.supervisor import gateway_argv, sweeper_argv, worker_argv
-from layby.parking import compact
+from layby.parking import codecs
 from layby.parking.keys import Keys
 
 API_KEY = "test-key-0123456789"
@@ -62,12 +62,12 @@ def as_0_1_0s_predecessors_kept_it(client: Any, prefix: str, run_id: str) -> dic
     moved = {k: v for k, v in held.items() if k.startswith(("i:", "n:"))}
     for name, value in moved.items():
         if name.startswith("i:"):
-            wire = compact.interrupt(name[2:], value).model_dump_json(by_alias=True,
+            wire = codecs.interrupt(name[2:], value).model_dump_json(by_alias=True,
                                                                       exclude_none=True)
             client.hset(keys.interrupts(run_id), name[2:], wire)
         else:
             client.hset(keys.notifications(run_id), name[2:],
-                        json.dumps(compact.note(name[2:], value)))
+                        json.dumps(codecs.note(name[2:], value)))
     if held.get("open"):
         client.sadd(keys.open(run_id), *held["open"].split())
     client.hdel(run, *moved, "open", "waiting", "noted", "checkpointed")

@@ -20,7 +20,7 @@ come and go.
     (the version of the agent it started on; absent: unknown), pinned ('1' when its steps go to
     that version's queue; absent otherwise). And the run's interrupts, "i:<interrupt id>" →
     Interrupt JSON (immutable once written), and its notifications, "n:<notification id>" →
-    Notification JSON (with its token), both under short names (parking.compact): keys of their
+    Notification JSON (with its token), both under short names (parking.codecs): keys of their
     own would cost more than they hold; events (a run parked a while: its events, folded; see
     events).
 <p>:{<run>}:interrupts      hash    until migration 1
@@ -180,7 +180,7 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "that version's queue; absent otherwise). And the run's interrupts, "
         "\"i:<interrupt id>\" → Interrupt JSON (immutable once written), and its "
         "notifications, \"n:<notification id>\" → Notification JSON (with its token), both "
-        "under short names (parking.compact): keys of their own would cost more than they "
+        "under short names (parking.codecs): keys of their own would cost more than they "
         "hold; events (a run parked a while: its events, folded; see events)."),
     KeySpec(
         "<p>:{<run>}:interrupts", "hash", "until migration 1",

@@ -12,7 +12,7 @@ from typing import Any
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import load_messages
-from layby.parking import codecs, compact
+from layby.parking import codecs
 from layby.parking.records import OutboxEntry, RunRecord
 from layby.wire import Answer, RunView, Status
 
@@ -130,7 +130,7 @@ def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
     parked_on: list[Interrupt] = []
     found: dict[str, Answer] = {}
     if waiting:
-        parked_on = [compact.interrupt(iid, s) for iid, s in zip(waiting.split(), specs,
+        parked_on = [codecs.interrupt(iid, s) for iid, s in zip(waiting.split(), specs,
                                                                   strict=True) if s]
         found = {a.interrupt_id: a for a in (Answer.model_validate_json(x)
                                              for x in answers if x)}

@@ -16,7 +16,7 @@ Run scripts get the task queueing (`lua/_queue.lua`) and the shared prelude
 queue tasks; the two that fold a parked run's events and read them back share
 `lua/_folding.lua`. Settings the scripts need are written into their source: scripts of one
 configuration have one SHA1 whichever process loads them. So are the short names a run's
-hash stores its notifications under, and an interrupt's reason (`parking.compact`): the
+hash stores its notifications under, and an interrupt's reason (`parking.codecs`): the
 table is Python's alone, and the Lua reads and writes by it.
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 from redis import Redis
 from redis.commands.core import Script
 
-from layby.parking import compact
+from layby.parking import codecs
 
 RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "advance_turn",
                "park_run", "complete_run", "fail_run", "cancel_run", "answer_interrupts",
@@ -134,15 +134,15 @@ def _lua_table(mapping: Mapping[str, str | int]) -> str:
 
 def shared_source(name: str) -> str:
     """A piece scripts share that names what a run's hash holds (`_notes`, `_folding`), as
-    they get it: compact's short names of a notification's fields and the values it leaves
+    they get it: codecs' short names of a notification's fields and the values it leaves
     out, and of an interrupt's reason and the one it leaves out, written in."""
-    reason = compact.INTERRUPT_NAMES["reason"]
+    reason = codecs.INTERRUPT_NAMES["reason"]
     return (_source(name)
-            .replace("__NOTE_NAMES__", _lua_table(compact.NOTE_NAMES))
-            .replace("__NOTE_IMPLIED__", _lua_table(compact.NOTE_IMPLIED))
+            .replace("__NOTE_NAMES__", _lua_table(codecs.NOTE_NAMES))
+            .replace("__NOTE_IMPLIED__", _lua_table(codecs.NOTE_IMPLIED))
             .replace("__INTERRUPT_REASON__", _lua_value(reason))
             .replace("__INTERRUPT_REASON_IMPLIED__",
-                     _lua_value(compact.INTERRUPT_IMPLIED[reason])))
+                     _lua_value(codecs.INTERRUPT_IMPLIED[reason])))
 
 
 def _args(name: str) -> str:

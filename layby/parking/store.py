@@ -23,7 +23,7 @@ from redis.exceptions import NoScriptError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
-from layby.parking import codecs, compact, events, formats, pinning, results, scripts
+from layby.parking import codecs, events, formats, pinning, results, scripts
 from layby.parking.clock import iso
 from layby.parking.keys import Keys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
@@ -254,7 +254,7 @@ class Store:
                 moment = datetime.fromisoformat(intr.expires_at.replace("Z", "+00:00"))
                 expires = int(moment.timestamp() * 1000)
             auto = (by_rule or {}).get(intr.id)
-            parked.append({"id": intr.id, "record": compact.stored_interrupt(intr),
+            parked.append({"id": intr.id, "record": codecs.stored_interrupt(intr),
                            "expires": expires, "auto": _dumps(auto.wire()) if auto else None,
                            "rule": intr.rule})
         given, grant_keys = self._plan(plan or Announcements())
@@ -543,7 +543,7 @@ class Store:
 
     def interrupt(self, run_id: str, interrupt_id: str) -> Interrupt | None:
         raw = self._field(run_id, INTERRUPT, interrupt_id)
-        return compact.interrupt(interrupt_id, raw) if raw else None
+        return codecs.interrupt(interrupt_id, raw) if raw else None
 
     def view(self, run_id: str) -> RunView | None:
         # One round trip, and one moment: the run, its interrupts and its notifications.
@@ -854,7 +854,7 @@ def _open(field: str | None) -> set[str]:
 
 def _interrupts(specs: dict[str, str], answers: dict[str, str], open_ids: set[str]
                 ) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
-    found = sorted((compact.interrupt(k, v) for k, v in specs.items()),
+    found = sorted((codecs.interrupt(k, v) for k, v in specs.items()),
                    key=lambda i: (i.created_at or "", i.id))
     return (found, {k: Answer.model_validate_json(v) for k, v in answers.items()},
             set(open_ids))
@@ -889,7 +889,7 @@ def _notifications(raw: dict[str, str]) -> list[Notification]:
 
 
 def _notification(notification_id: str, raw: str) -> Notification:
-    data = compact.note(notification_id, raw)
+    data = codecs.note(notification_id, raw)
     due = data.pop("due", None)  # the record's own schedule, shown while one is pending
     if due is not None and data.get("state") in ("pending", "retrying"):
         data["nextAttemptAt"] = iso(due)

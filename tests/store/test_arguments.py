@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from layby.parking import Announcements, Verdict, scripts
-from layby.parking.compact import stored_interrupt
+from layby.parking.codecs import stored_interrupt
 from layby.parking.scripts import argv
 from layby.parking.store import _dumps
 from tests.store.conftest import OWNER, World, answer, interrupt, note, park_event

@@ -1,5 +1,5 @@
 """The short names a run's hash stores its interrupts and notifications under are one table,
-Python's (layby.parking.compact), which parking.scripts writes into the Lua that reads and
+Python's (layby.parking.codecs), which parking.scripts writes into the Lua that reads and
 writes them too (lua/_notes.lua for notifications; lua/_folding.lua, which reads an
 interrupt's reason). docs/stored-format.md writes the format down; these tests check that
 both sides read and write it alike.
@@ -29,7 +29,7 @@ from layby.generation.interrupts import (
     OnExpire,
     ResumeMode,
 )
-from layby.parking import compact, migrations
+from layby.parking import codecs, migrations
 from layby.parking.clock import iso
 from layby.parking.scripts import shared_source
 from layby.wire import Status
@@ -67,39 +67,39 @@ NOTES = pytest.mark.parametrize("rec", [FULL_NOTE, IMPLIED_NOTE], ids=["full", "
 def test_the_note_names_are_compacts_both_ways(store_client: redis.Redis) -> None:
     got = _notes_eval(store_client, "return cjson.encode({names = NOTE_NAMES, wire = NOTE_WIRE,"
                                     " implied = NOTE_IMPLIED})")
-    assert got["names"] == compact.NOTE_NAMES
-    assert got["wire"] == {short: name for name, short in compact.NOTE_NAMES.items()}
-    assert got["implied"] == compact.NOTE_IMPLIED
-    assert len(set(compact.NOTE_NAMES.values())) == len(compact.NOTE_NAMES)
+    assert got["names"] == codecs.NOTE_NAMES
+    assert got["wire"] == {short: name for name, short in codecs.NOTE_NAMES.items()}
+    assert got["implied"] == codecs.NOTE_IMPLIED
+    assert len(set(codecs.NOTE_NAMES.values())) == len(codecs.NOTE_NAMES)
     # Written in by parking.scripts: the file itself spells out no name.
     assert "__NOTE_NAMES__" in _file("_notes") and "interruptId" not in _file("_notes")
 
 
 def test_the_implied_note_values_are_compacts(store_client: redis.Redis) -> None:
-    implied = {compact._NOTE_WIRE[k]: v for k, v in compact.NOTE_IMPLIED.items()}
+    implied = {codecs._NOTE_WIRE[k]: v for k, v in codecs.NOTE_IMPLIED.items()}
     # What an empty record reads as, on both sides.
     assert _notes_eval(store_client, "return cjson.encode(decode_note('{}'))") == implied
-    assert compact.note("n_1", "{}") == {"id": "n_1", **implied}
+    assert codecs.note("n_1", "{}") == {"id": "n_1", **implied}
     # Those values are left out by the Lua encoder, and any other value is written.
     encode = "return encode_note(cjson.decode(ARGV[1]))"
     assert _notes_eval(store_client, encode, json.dumps(implied)) == {}
     others = {"kind": "reminder", "state": "pending", "attempts": 2}
     assert set(others) == set(implied)
     assert _notes_eval(store_client, encode, json.dumps(others)) == {
-        compact.NOTE_NAMES[k]: v for k, v in others.items()}
+        codecs.NOTE_NAMES[k]: v for k, v in others.items()}
 
 
 @NOTES
 def test_a_note_goes_round_python_and_lua(store_client: redis.Redis, rec: dict[str, Any]
                                           ) -> None:
-    """Python's record (compact.stored_note: migration 1 writes it) is what Lua's
+    """Python's record (codecs.stored_note: migration 1 writes it) is what Lua's
     encode_note writes of the same notification, and each side reads the other's."""
     if rec is FULL_NOTE:
-        assert set(rec) - {"id"} == set(compact.NOTE_NAMES), "every field is set"
-    stored = compact.stored_note(rec)
+        assert set(rec) - {"id"} == set(codecs.NOTE_NAMES), "every field is set"
+    stored = codecs.stored_note(rec)
     if rec is IMPLIED_NOTE:
         assert not {"k", "s", "a"} & set(json.loads(stored)), "the implied ones left out"
-    assert compact.note(rec["id"], stored) == rec
+    assert codecs.note(rec["id"], stored) == rec
     # Lua reads the record compact's tables wrote as Python does…
     without_id = {k: v for k, v in rec.items() if k != "id"}
     assert _notes_eval(store_client, "return cjson.encode(decode_note(ARGV[1]))",
@@ -112,7 +112,7 @@ def test_a_note_goes_round_python_and_lua(store_client: redis.Redis, rec: dict[s
     written = _notes_eval(store_client, "return encode_note(cjson.decode(ARGV[1]))",
                           json.dumps(rec))
     assert written == json.loads(stored)
-    assert compact.note(rec["id"], json.dumps(written)) == rec
+    assert codecs.note(rec["id"], json.dumps(written)) == rec
 
 
 def test_a_note_sent_without_its_creation_time_is_written_and_read_alike(
@@ -121,11 +121,11 @@ def test_a_note_sent_without_its_creation_time_is_written_and_read_alike(
     ms: on both sides."""
     rec = {"id": "n_1", "kind": "request", "interruptId": "int_a", "state": "sent",
            "attempts": 1, "channel": "email", "sentAt": T0}
-    stored = compact.stored_note(rec)
+    stored = codecs.stored_note(rec)
     assert json.loads(stored) == {"i": "int_a", "c": "email", "sentAt": T0}
     assert _notes_eval(store_client, "return encode_note(cjson.decode(ARGV[1]))",
                        json.dumps(rec)) == json.loads(stored)
-    assert compact.note("n_1", stored) == rec
+    assert codecs.note("n_1", stored) == rec
     assert _notes_eval(store_client, "return cjson.encode(decode_note(ARGV[1]))",
                        stored) == {k: v for k, v in rec.items() if k != "id"}
 
@@ -134,7 +134,7 @@ def test_a_note_sent_without_its_creation_time_is_written_and_read_alike(
 def test_a_long_name_note_is_migrated_to_what_lua_writes(world: World, rec: dict[str, Any]
                                                           ) -> None:
     """0.1.0's predecessors stored a notification under its long names, all of them.
-    Migration 1 (compact.stored_note) writes it as lua/_notes.lua's encode_note writes the
+    Migration 1 (codecs.stored_note) writes it as lua/_notes.lua's encode_note writes the
     same record, and both sides read it back whole."""
     world.make("interrupted")
     field = f"n:{rec['id']}"
@@ -144,13 +144,13 @@ def test_a_long_name_note_is_migrated_to_what_lua_writes(world: World, rec: dict
     stored = world.run_hash("run_1")[field]
     assert json.loads(stored) == _notes_eval(
         world.client, "return encode_note(cjson.decode(ARGV[1]))", json.dumps(rec))
-    assert json.loads(compact.stored_note(rec)) == json.loads(stored)
-    assert compact.note(rec["id"], stored) == rec
+    assert json.loads(codecs.stored_note(rec)) == json.loads(stored)
+    assert codecs.note(rec["id"], stored) == rec
     assert _notes_eval(world.client, "return cjson.encode(decode_note(ARGV[1]))",
                        stored) == {k: v for k, v in rec.items() if k != "id"}
 
 
-# -- interrupts: Python writes them (compact.stored_interrupt), Lua keeps the bytes and
+# -- interrupts: Python writes them (codecs.stored_interrupt), Lua keeps the bytes and
 # reads only the reason (the folded park event), Python reads them back.
 
 def _full_interrupt(iid: str = "int_a", reason: str = CONFIRMATION) -> Interrupt:
@@ -177,12 +177,12 @@ def test_every_interrupt_field_has_its_short_name_or_its_own() -> None:
     intr = _full_interrupt()
     wire = intr.model_dump(mode="json", by_alias=True, exclude_none=True,
                            exclude_defaults=True)
-    stored = json.loads(compact.stored_interrupt(intr))
-    assert set(wire) - {"id"} == {compact._INTERRUPT_WIRE.get(k, k) for k in stored}
+    stored = json.loads(codecs.stored_interrupt(intr))
+    assert set(wire) - {"id"} == {codecs._INTERRUPT_WIRE.get(k, k) for k in stored}
     assert stored["t"] == T0  # createdAt in ms
-    assert len(set(compact.INTERRUPT_NAMES.values())) == len(compact.INTERRUPT_NAMES)
-    implied = json.loads(compact.stored_interrupt(_implied_interrupt()))
-    assert not set(compact.INTERRUPT_IMPLIED) & set(implied)
+    assert len(set(codecs.INTERRUPT_NAMES.values())) == len(codecs.INTERRUPT_NAMES)
+    implied = json.loads(codecs.stored_interrupt(_implied_interrupt()))
+    assert not set(codecs.INTERRUPT_IMPLIED) & set(implied)
 
 
 def test_an_interrupt_goes_round_the_scripts(world: World) -> None:
@@ -192,7 +192,7 @@ def test_an_interrupt_goes_round_the_scripts(world: World) -> None:
     run = world.make("resuming", interrupts=intrs)
     held = world.run_hash(run.id)
     for intr in intrs:
-        assert held[f"i:{intr.id}"] == compact.stored_interrupt(intr)
+        assert held[f"i:{intr.id}"] == codecs.stored_interrupt(intr)
     claimed = world.store.claim(run.id, run.version, OWNER)
     assert claimed.ok, claimed
     assert claimed.record is not None
@@ -206,7 +206,7 @@ def test_lua_gets_an_interrupts_reason_name_from_compact(store_client: redis.Red
     got = json.loads(store_client.eval(  # type: ignore[arg-type]
         shared_source("_notes") + "\n" + shared_source("_folding") + "\n"
         + "return cjson.encode({REASON, REASON_IMPLIED})", 0))
-    assert got == [compact.INTERRUPT_NAMES["reason"], compact.INTERRUPT_IMPLIED["r"]]
+    assert got == [codecs.INTERRUPT_NAMES["reason"], codecs.INTERRUPT_IMPLIED["r"]]
     assert INPUT_REQUIRED not in _file("_folding")
 
 
@@ -225,18 +225,18 @@ def test_lua_reads_an_interrupts_reason_as_compact_does(world: World, reason: st
     for intr in intrs:
         raws[intr.id] = (json.dumps(intr.model_dump(mode="json", by_alias=True,
                                                     exclude_none=True, exclude={"id"}))
-                         if migrated else compact.stored_interrupt(intr))
+                         if migrated else codecs.stored_interrupt(intr))
         world.client.hset(run_key, f"i:{intr.id}", raws[intr.id])
     if migrated:
         world.client.hset(run_key, mapping={"status": "interrupted", "version": 2})
         world.client.zadd(world.keys.index(Status.INTERRUPTED), {"run_r": 1})
         migrations.migrate(world.client, world.keys)
         raws = {iid: world.client.hget(run_key, f"i:{iid}") for iid in raws}
-        assert raws == {intr.id: compact.stored_interrupt(intr) for intr in intrs}
+        assert raws == {intr.id: codecs.stored_interrupt(intr) for intr in intrs}
     source = (shared_source("_notes") + "\n" + shared_source("_folding") + "\n"
               + "return REBUILD.i({'1', '2', ARGV[1], ARGV[2]})")
     got = json.loads(world.client.eval(source, 2, run_key, events_key,  # type: ignore[arg-type]
                                        *raws))
     assert got["interrupts"] == [
-        {"id": iid, "reason": compact.interrupt(iid, raw).reason} for iid, raw in raws.items()]
+        {"id": iid, "reason": codecs.interrupt(iid, raw).reason} for iid, raw in raws.items()]
     assert [i["reason"] for i in got["interrupts"]] == [i.reason for i in intrs]

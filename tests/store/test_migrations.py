@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from layby.generation.messages import Message, Part, ToolRequest, dump_messages
-from layby.parking import Announcements, compact, formats, migrations
+from layby.parking import Announcements, codecs, formats, migrations
 from layby.parking.formats import FormatError
 from layby.reviewers.tokens import Grant
 from layby.wire import Status
@@ -32,7 +32,7 @@ def _aged(world: World, run_id: str) -> dict[str, str]:
             assert spec is not None
             old_interrupts[name[2:]] = spec.model_dump_json(by_alias=True, exclude_none=True)
         elif name.startswith("n:"):
-            old_notes[name[2:]] = json.dumps(compact.note(name[2:], value))
+            old_notes[name[2:]] = json.dumps(codecs.note(name[2:], value))
     pipe = world.client.pipeline()
     pipe.hdel(key, *[n for n in before if n[:2] in ("i:", "n:")], "open")
     pipe.hset(key, "id", run_id)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from layby.parking import Announcements, Verdict
-from layby.parking.compact import stored_interrupt
+from layby.parking.codecs import stored_interrupt
 from layby.wire import Status
 from tests.store.conftest import OWNER, World, answer, interrupt, note, park_event
 

@@ -7,7 +7,7 @@ places. Those records are rewritten here once, and nothing reads them any more:
   interrupts in keys of their own (`:interrupts`, `:notifications`, `:open`): they move
   into the run's hash (`i:<id>`, `n:<id>`, `open`), the `id` field goes;
 - interrupts and notifications stored under their wire names are stored under the short
-  names (`parking.compact`);
+  names (`parking.codecs`);
 - a run parked before layby recorded what a park waited on gets its `waiting` field from
   the history (the interrupts of its last model message): answered (queued, running or
   resuming), or still parked when that differs from its open interrupts (one answered
@@ -36,7 +36,7 @@ from redis import Redis, WatchError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import load_messages
-from layby.parking import compact
+from layby.parking import codecs
 from layby.parking.events import STEP_EVENTS
 from layby.parking.keys import Keys
 from layby.parking.migrations import Migration, register
@@ -77,14 +77,14 @@ def _fields_of_run(raw: dict[str, str], older: dict[str, dict[str, str]] | None,
     for iid, rec in interrupts.items():
         data = json.loads(rec)
         if older is not None or WIRE_INTERRUPT in data:
-            new = compact.stored_interrupt(_interrupt(iid, data))
+            new = codecs.stored_interrupt(_interrupt(iid, data))
             if new != raw.get(INTERRUPT + iid):
                 write[INTERRUPT + iid] = new
     for nid, rec in notes.items():
         data = json.loads(rec)
         if older is not None or WIRE_NOTE in data:
-            new = compact.stored_note({"id": nid, **data} if WIRE_NOTE in data
-                                      else compact.note(nid, rec))
+            new = codecs.stored_note({"id": nid, **data} if WIRE_NOTE in data
+                                      else codecs.note(nid, rec))
             if new != raw.get(NOTE + nid):
                 write[NOTE + nid] = new
     status = raw.get("status")
@@ -131,7 +131,7 @@ def _interrupt(interrupt_id: str, data: dict[str, Any]) -> Interrupt:
     """An interrupt's record as 0.1.0 read it: its wire form, or format 1's."""
     if WIRE_INTERRUPT in data:
         return Interrupt.model_validate({"id": interrupt_id, **data})
-    return compact.interrupt(interrupt_id, json.dumps(data))
+    return codecs.interrupt(interrupt_id, json.dumps(data))
 
 
 def _waited_on(messages: str | None) -> list[str]:
