@@ -5,7 +5,7 @@ interrupt's reason). docs/stored-format.md writes the format down; these tests c
 both sides read and write it alike.
 
 The Lua is evaluated as parking.scripts assembles it (lua/_notes.lua first, then
-lua/_folding.lua, compact's names written in; not the argument reader, lua/_args.lua,
+lua/_folding.lua, codecs' names written in; not the argument reader, lua/_args.lua,
 which they do not use), with a line of the test's own after it that returns what it looks
 at, reading its own ARGV; nothing is loaded or changed in the scripts themselves."""
 
@@ -100,7 +100,7 @@ def test_a_note_goes_round_python_and_lua(store_client: redis.Redis, rec: dict[s
     if rec is IMPLIED_NOTE:
         assert not {"k", "s", "a"} & set(json.loads(stored)), "the implied ones left out"
     assert codecs.note(rec["id"], stored) == rec
-    # Lua reads the record compact's tables wrote as Python does…
+    # Lua reads the record codecs' tables wrote as Python does…
     without_id = {k: v for k, v in rec.items() if k != "id"}
     assert _notes_eval(store_client, "return cjson.encode(decode_note(ARGV[1]))",
                        stored) == without_id

@@ -16,7 +16,7 @@
 local FOLD_RUN, FOLD_EVENTS = KEYS[1], KEYS[2]
 local FOLDED = 'events'
 -- An interrupt's reason, as its record (i:<id>) stores it: under this short name, left out
--- when it is the implied one (parking.compact's, written in here by parking.scripts).
+-- when it is the implied one (parking.codecs', written in here by parking.scripts).
 local REASON, REASON_IMPLIED = __INTERRUPT_REASON__, __INTERRUPT_REASON_IMPLIED__
 local CODES = {['run.created'] = 'c', ['run.started'] = 's', ['run.interrupted'] = 'i',
                ['notifications.planned'] = 'p', ['notification.sent'] = 'n'}

@@ -1,7 +1,7 @@
 -- A notification's record as its run's hash holds it ('n:<id>'): short names, no id (the
 -- field's name says it), the values most of a parked run's notifications have (a request,
 -- sent, at its first attempt) left out, for as long as it waits, and when it was sent as
--- ms after it was created. The names and those values are parking.compact's
+-- ms after it was created. The names and those values are parking.codecs'
 -- (NOTE_NAMES, NOTE_IMPLIED), written in here by parking.scripts: one table, which Python
 -- reads and writes by too.
 local NOTE_NAMES = __NOTE_NAMES__  -- long name → short name
