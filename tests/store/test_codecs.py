@@ -64,7 +64,7 @@ IMPLIED_NOTE = {"id": "n_implied", "kind": "request", "token": "tok", "interrupt
 NOTES = pytest.mark.parametrize("rec", [FULL_NOTE, IMPLIED_NOTE], ids=["full", "implied"])
 
 
-def test_the_note_names_are_compacts_both_ways(store_client: redis.Redis) -> None:
+def test_the_note_names_are_the_codecs_both_ways(store_client: redis.Redis) -> None:
     got = _notes_eval(store_client, "return cjson.encode({names = NOTE_NAMES, wire = NOTE_WIRE,"
                                     " implied = NOTE_IMPLIED})")
     assert got["names"] == codecs.NOTE_NAMES
@@ -75,7 +75,7 @@ def test_the_note_names_are_compacts_both_ways(store_client: redis.Redis) -> Non
     assert "__NOTE_NAMES__" in _file("_notes") and "interruptId" not in _file("_notes")
 
 
-def test_the_implied_note_values_are_compacts(store_client: redis.Redis) -> None:
+def test_the_implied_note_values_are_the_codecs(store_client: redis.Redis) -> None:
     implied = {codecs._NOTE_WIRE[k]: v for k, v in codecs.NOTE_IMPLIED.items()}
     # What an empty record reads as, on both sides.
     assert _notes_eval(store_client, "return cjson.encode(decode_note('{}'))") == implied
@@ -154,7 +154,7 @@ def test_a_long_name_note_is_migrated_to_what_lua_writes(world: World, rec: dict
 # reads only the reason (the folded park event), Python reads them back.
 
 def _full_interrupt(iid: str = "int_a", reason: str = CONFIRMATION) -> Interrupt:
-    """Every field set, none at its default (nor at a value compact leaves out)."""
+    """Every field set, none at its default (nor at a value the codec leaves out)."""
     return Interrupt(
         id=iid, reason=reason, message="ship it?", tool_call_id=f"call_{iid}",
         response_schema={"type": "boolean"}, expires_at=iso(T0 + 86_400_000),
