@@ -206,6 +206,13 @@ class ClusterMember:
         with self.client() as client:
             return client.execute_command(*args)
 
+    def nodes(self) -> list[NodeLine]:
+        """The cluster as this node sees it (`CLUSTER NODES`)."""
+        return parse_cluster_nodes(self.command("CLUSTER", "NODES"))
+
+    def myself(self) -> NodeLine:
+        return next(line for line in self.nodes() if "myself" in line.flags)
+
     def __str__(self) -> str:
         return f"node {self.address} ({self.node_id[:8]})"
 
@@ -418,12 +425,9 @@ class EmbeddedCluster:
         wait_until("every replica following its primary", self._unreplicated, timeout)
         wait_until("cluster_state:ok on every node", self._not_ok, timeout)
 
-    def _view(self, member: ClusterMember) -> list[NodeLine]:
-        return parse_cluster_nodes(member.command("CLUSTER", "NODES"))
-
     def _unmet(self) -> str | None:
         for member in self.members:
-            seen = {line.node_id: line for line in self._view(member)}
+            seen = {line.node_id: line for line in member.nodes()}
             for other in self.members:
                 line = seen.get(other.node_id)
                 if line is None:
@@ -443,7 +447,7 @@ class EmbeddedCluster:
                 return (f"{replica} is {info.get('role')} with its link to {primary} "
                         f"{info.get('master_link_status', 'absent')}")
             for member in self.members:
-                line = next(x for x in self._view(member) if x.node_id == replica.node_id)
+                line = next(x for x in member.nodes() if x.node_id == replica.node_id)
                 if line.primary_id != primary.node_id:
                     return f"{member} does not see {replica} as {primary}'s replica yet"
         return None
@@ -472,15 +476,14 @@ class EmbeddedCluster:
         found = []
         for member in self.members:
             if member.running:
-                mine = next(x for x in self._view(member) if "myself" in x.flags)
-                if mine.primary_id == primary.node_id:
+                if member.myself().primary_id == primary.node_id:
                     found.append(member)
         return found
 
     def owner(self, slot: int) -> ClusterMember:
         """The primary serving `slot`, as the first running primary sees it."""
         asked = next(m for m in self.members if m.running)
-        line = next(x for x in self._view(asked) if "master" in x.flags and x.owns(slot))
+        line = next(x for x in asked.nodes() if "master" in x.flags and x.owns(slot))
         return self.member(line.node_id)
 
     def member(self, node_id: str) -> ClusterMember:
@@ -491,7 +494,7 @@ class EmbeddedCluster:
         for member in self.members:
             if not member.running:
                 continue
-            seen = [x for x in self._view(member) if "master" in x.flags and x.owns(slot)]
+            seen = [x for x in member.nodes() if "master" in x.flags and x.owns(slot)]
             if [x.node_id for x in seen] != [owner.node_id]:
                 names = [str(self.member(x.node_id)) for x in seen] or ["no node"]
                 return f"{member} sees slot {slot} served by {', '.join(names)}"
@@ -502,8 +505,8 @@ class EmbeddedCluster:
         replicas, slot = [], None
         if self._role(member) == "master":
             replicas = self.replicas_of(member)
-            mine = next(x for x in self._view(member) if "myself" in x.flags)
-            slot = mine.slots[0][0] if mine.slots else None
+            slots = member.myself().slots
+            slot = slots[0][0] if slots else None
         self._killed[member.node_id] = _Killed(time.monotonic(), replicas, slot)
         member.server.kill()
 
