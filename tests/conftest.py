@@ -18,16 +18,16 @@ from typing import Any
 
 import pytest
 
-from layby.ops.embedded import EmbeddedRedis
+from layby.ops.embedded import EmbeddedCluster, EmbeddedRedis
 from tests.harness import LaybySystem
 from tests.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewed_system
 
-# Fixtures (here and in test modules) that start layby's processes or other programs.
 # Fixtures (here and in test modules) that start layby's processes or other programs; a
-# test is marked by any of them it uses, however indirectly.
+# test is marked by any of them it uses, however indirectly. A cluster's six servers take
+# seconds to form: not for the quick tier, though they are only Valkey.
 PROCESS_FIXTURES = frozenset({
     "system", "isolated", "reviewed", "policed", "fuzzed", "flower", "durable", "reminding",
-    "kit", "sentinels", "chatty", "browser", "quick_expiry",
+    "kit", "sentinels", "chatty", "browser", "quick_expiry", "valkey_cluster",
 })
 
 
@@ -73,6 +73,16 @@ def _valkey(factory: pytest.TempPathFactory, name: str) -> Iterator[EmbeddedRedi
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
     yield from _valkey(tmp_path_factory, "valkey")
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
+    """A Valkey Cluster: 3 primaries, a replica each, a node timeout of 1 s. Shared by the
+    session: a test that moves a slot puts it back, and one that kills a node starts an
+    `EmbeddedCluster` of its own."""
+    cluster = EmbeddedCluster(tmp_path_factory.mktemp("valkey-cluster")).start()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture(scope="session")
