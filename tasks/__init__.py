@@ -129,7 +129,7 @@ def _beat_while_up(rt: Runtime) -> None:
     # The process id too: a worker started again under the same node name (by a supervisor)
     # is another process, and the dead one's beat must lapse.
     def ready(sender: Any, **_: Any) -> None:
-        beat_worker(rt.store, f"{sender.hostname}:{os.getpid()}", migrations.newest(),
+        beat_worker(lambda: rt.store, f"{sender.hostname}:{os.getpid()}", migrations.newest(),
                     rt.settings.heartbeat_interval_s, stop,
                     hosting=rt.hosted if _takes_steps(sender.app) else None)
 

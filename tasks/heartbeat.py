@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 import redis
@@ -31,19 +31,26 @@ from layby.parking import Store
 log = logging.getLogger(__name__)
 
 
-def beat_worker(store: Store, name: str, newest_format: int, every_s: float,
+def beat_worker(store_of: Callable[[], Store], name: str, newest_format: int, every_s: float,
                 stop: threading.Event, hosting: Sequence[str] | None = None) -> None:
     """Beat for worker `name` until `stop`, in a thread of its main process
     (`layby.control.announce`), telling the agent versions it is `hosting`
-    (`<agent>@<version>`; None: it takes no steps)."""
-    try:
-        # The first process up notes the server: a failover before the sweeper's first
-        # sweep still shows to it as another server.
-        store.note_server(first=True)
-    except redis.RedisError as exc:
-        log.warning("worker %s: could not note the server (%s)", name, exc)
-    announce(lambda: store, name, about("worker", newest_format), newest_format, every_s,
-             stop, hosting=hosting)
+    (`<agent>@<version>`; None: it takes no steps). `store_of` gives the process's store,
+    which may be away when the worker starts: the beats go on until it answers."""
+    noted = False
+
+    def store() -> Store:
+        nonlocal noted
+        found = store_of()
+        if not noted:
+            # The first process up notes the server: a failover before the sweeper's first
+            # sweep still shows to it as another server.
+            found.note_server(first=True)
+            noted = True
+        return found
+
+    announce(store, name, about("worker", newest_format), newest_format, every_s, stop,
+             hosting=hosting)
 
 
 class Heartbeat:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import redis
 
 from layby.parking import Store
-from layby.parking.formats import release
+from layby.parking.formats import FormatError, release
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,10 @@ def announce(store_of: Callable[[], Store], name: str, told: str, newest_format:
         except redis.RedisError as exc:  # the store away: beat again when it is back
             log.warning("%s: heartbeat failed (%s); trying again", name, exc)
             return True
+        except FormatError as exc:  # back, in a format this code does not read
+            log.critical("%s: %s: stopping", name, exc.message)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return False
         if store.writing > newest_format:
             log.critical("%s: the store writes format %d now, which this layby (%s) does not "
                          "read: stopping", name, store.writing, release())

@@ -55,9 +55,12 @@ class EventStreamResponse(StreamingResponse):
             for task in (streaming, gone, drained):
                 task.cancel()
             await asyncio.gather(streaming, gone, drained, return_exceptions=True)
-        if drained.done() and not drained.cancelled() and started and streaming.cancelled():
+        if drained.done() and not drained.cancelled() and streaming.cancelled():
             # The gateway drains: the stream ends here, cleanly, and says when to come back
             # (with Last-Event-ID, to a gateway that stays).
+            if not started:
+                await send({"type": "http.response.start", "status": self.status_code,
+                            "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": retry_hint(),
                         "more_body": False})
             return

@@ -353,8 +353,13 @@ def migrate(dry_run: Annotated[bool, typer.Option(
         typer.echo(f"nothing to do: the store is at format {state.version}, the newest this "
                    f"layby knows")
         return
-    if not dry_run and state.version is not None and (state.written or 0) < todo[0].number:
-        _switch_to(todo[0].number, finish)
+    if not dry_run and state.version is not None:
+        if (state.written or 0) < todo[0].number:
+            _switch_to(todo[0].number, finish)
+        waited = formats.settle_after_switch(client, keys)
+        if waited:
+            typer.echo(f"waited {waited:.1f} s for every process to write format "
+                       f"{todo[0].number}", err=True)
     total = int(client.dbsize())
     label = "counting" if dry_run else "migrating"
     with typer.progressbar(length=max(1, total * len(todo)), label=label, file=sys.stderr,

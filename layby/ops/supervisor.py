@@ -238,11 +238,12 @@ class System:
             state = formats.read(client, keys)
             newest = migrations.newest()
             why = formats.readable(state, newest, empty=not formats.has_data(client, keys))
-            if why is None and not migrations.pending(state):
+            todo = migrations.pending(state)
+            if why is None and not todo:
                 return
+            if why is not None and (not owned or not todo):
+                raise NotStarted(why)  # shared, or written by a newer layby
             if not owned:
-                if why is not None:
-                    raise NotStarted(why)
                 return  # readable; `layby migrate` when the deployment is through
             for report in migrations.migrate(client, keys):
                 _say(f"layby up: migrated the data in {self.settings.data_dir} to format "

@@ -15,6 +15,7 @@ a deployment is rolled one process at a time.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from importlib import metadata
 from typing import cast
@@ -26,6 +27,9 @@ from layby.parking.keys import Keys
 from layby.wire import Status
 
 FIRST = 1  # the format of layby 0.2.0, which migration 1 brings a store of 0.1.0 to
+# How old a process's idea of the format it writes may be (`Store.writing`): a switch
+# reaches every process within it, so a migration waits that long after one.
+FRESH_S = 5.0
 
 
 class FormatError(ConfigError):
@@ -95,6 +99,21 @@ def release() -> str:
         return metadata.version("layby")
     except metadata.PackageNotFoundError:  # a checkout used without installing it
         return "unknown"
+
+
+def settle_after_switch(client: Redis, keys: Keys) -> float:
+    """Wait until every process writes the format the store switched to (FRESH_S after
+    the switch, by the server's clock), so that a migration's scan is not followed by
+    records written in the format before; returns the seconds waited."""
+    raw = cast("str | None", client.hget(keys.format, "switched_at"))
+    if not raw:
+        return 0.0
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    left = (int(raw) + (FRESH_S + 1) * 1000 - now_ms) / 1000
+    if left > 0:
+        time.sleep(left)
+    return max(0.0, left)
 
 
 def check(client: Redis, keys: Keys, newest: int) -> FormatState:

@@ -71,9 +71,10 @@ come and go.
     <release>" (kind: worker, gateway, listener); taken out with it.
 <p>:format                  hash    none
     the store's format (parking.formats): version (the format every record is in), writing (the
-    one processes write now, while a deployment rolls), migrating (the migration under way) and
-    that migration's m<n>:cursor (where its scan is), m<n>:seen, m<n>:changed (its counts so
-    far), m<n>:done (when it finished, ms).
+    one processes write now, while a deployment rolls) and switched_at (when it switched, ms),
+    migrating (the migration under way) and that migration's m<n>:cursor (where its scan is),
+    m<n>:server (the server that cursor is of), m<n>:seen, m<n>:changed (its counts so far),
+    m<n>:done (when it finished, ms).
 <p>:migrate:lock            string  30 s, renewed
     who runs `layby migrate` now ("<host>:<pid>"): one at a time.
 <p>:workers:hosting         hash    none
@@ -248,10 +249,10 @@ KEY_SPECS: tuple[KeySpec, ...] = (
     KeySpec(
         "<p>:format", "hash", "none",
         "the store's format (parking.formats): version (the format every record is in), "
-        "writing (the one processes write now, while a deployment rolls), migrating (the "
-        "migration under way) and that migration's m<n>:cursor (where its scan is), "
-        "m<n>:seen, m<n>:changed (its counts so far), m<n>:done (when it "
-        "finished, ms)."),
+        "writing (the one processes write now, while a deployment rolls) and switched_at "
+        "(when it switched, ms), migrating (the migration under way) and that migration's "
+        "m<n>:cursor (where its scan is), m<n>:server (the server that cursor is of), "
+        "m<n>:seen, m<n>:changed (its counts so far), m<n>:done (when it finished, ms)."),
     KeySpec(
         "<p>:migrate:lock", "string", "30 s, renewed",
         "who runs `layby migrate` now (\"<host>:<pid>\"): one at a time."),

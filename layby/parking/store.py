@@ -13,6 +13,7 @@ followed by WAIT on the same connection, so what was acknowledged survives a fai
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -136,14 +137,31 @@ class Store:
         self.leases = Leases(client, self.keys.leases)
         self.outbox = OutboxRegistry(client, self.keys.outbox)
         self.due_notifications = DueNotifications(client, self.keys.notify_due)
-        # The format records are written in (`parking.formats`): the process sets it from
-        # the store's, and each beat brings the store's again (it moves while a deployment
-        # rolls).
-        self.writing = formats.FIRST
+        self._writing, self._writing_at = formats.FIRST, float("-inf")
         self._scripts = scripts.register(client, ScriptSettings(
             events_max=config.events_max, outbox_grace_ms=config.outbox_grace_ms,
             lost_message_ms=config.lost_message_ms,
             tasks=config.tasks.queued(config.messages)))
+
+    @property
+    def writing(self) -> int:
+        """The format records are written in: the store's (`parking.formats`), read again
+        when older than `formats.FRESH_S`, so that a rolling deployment's switch reaches
+        every process within that, pool children too (a beat brings it sooner)."""
+        if time.monotonic() - self._writing_at > formats.FRESH_S:
+            self._writing_at = time.monotonic()
+            try:
+                version, writing = cast("list[str | None]", self.redis.hmget(
+                    self.keys.format, "version", "writing"))
+            except RedisError:
+                return self._writing  # away: the last one known, asked again later
+            if writing or version:
+                self._writing = int(writing or version or formats.FIRST)
+        return self._writing
+
+    @writing.setter
+    def writing(self, format: int) -> None:
+        self._writing, self._writing_at = format, time.monotonic()
 
     def script_names(self) -> dict[str, str]:
         """Each script's SHA1 (as EVALSHA names it) and its name: for MONITOR's readers."""

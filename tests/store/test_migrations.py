@@ -309,3 +309,18 @@ def test_a_parked_runs_folded_steps_of_0_1_0_lose_the_messages_the_history_holds
     assert now == folded.replace(',"messages":' + json.dumps(added, separators=(",", ":")),
                                  "")
     assert world.store.events("run_1") == events
+
+
+def test_a_cursor_saved_on_another_server_starts_the_scan_again(world: World) -> None:
+    """A SCAN cursor means something only to the server that made it: after a restart or
+    a failover mid-way, the migration scans from the start (and finds done what it did)."""
+    for n in range(12):
+        _parked_with_a_note(world, f"run_{n:02}")
+        _aged(world, f"run_{n:02}")
+    world.client.hset(world.keys.format, mapping={
+        "migrating": 1, "m1:cursor": "done", "m1:server": "a-server-gone-since"})
+    [report] = migrations.migrate(world.client, world.keys, batch=5)
+    assert report.finished and report.changed == 12
+    assert not any(world.client.exists(world.keys.interrupts(f"run_{n:02}")) for n in range(12))
+    assert set(world.client.hgetall(world.keys.format)) == {"version", "m1:done", "m1:seen",
+                                                            "m1:changed"}

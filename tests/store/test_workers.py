@@ -95,7 +95,10 @@ def test_the_switch_waits_for_the_last_older_process(world: World) -> None:
     assert world.store.switch_format(2)[:2] == ["older", "celery@ancient"]
     world.store.forget_worker("celery@ancient")
     assert world.store.switch_format(2) == ["switched"]
-    assert world.client.hgetall(world.keys.format) == {"version": "1", "writing": "2"}
+    before = world.now()
+    format = world.client.hgetall(world.keys.format)
+    assert (format["version"], format["writing"]) == ("1", "2")
+    assert before - 1_000 <= int(format["switched_at"]) <= world.now()
     assert world.store.writing == 2
     assert world.store.switch_format(2) == ["already", "2"]
     assert world.store.switch_format(4) == ["not_next", "2"]

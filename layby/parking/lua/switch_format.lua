@@ -32,5 +32,8 @@ if A.force ~= '1' then
     return older
   end
 end
-redis.call('HSET', KEYS[3], 'writing', to)
+local t = redis.call('TIME')
+-- When: a migration waits until every process has seen it (parking.formats.FRESH_S).
+redis.call('HSET', KEYS[3], 'writing', to,
+           'switched_at', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 return {'switched'}

@@ -190,7 +190,15 @@ def _migrate_one(client: Redis, keys: Keys, migration: Migration, owner: str, ba
                  progress: Callable[[int], None] | None) -> Report:
     n = migration.number
     client.hset(keys.format, "migrating", n)
-    at = cast("str | None", client.hget(keys.format, f"m{n}:cursor"))
+    # A SCAN cursor means something only to the server that made it (a restarted or
+    # failed-over one orders its keys anew): one saved by another starts the scan again
+    # (what was rewritten is found done).
+    server = str(client.info("server").get("run_id", ""))
+    at, scanned_on = cast("list[str | None]", client.hmget(keys.format, f"m{n}:cursor",
+                                                           f"m{n}:server"))
+    if scanned_on != server:
+        at = None
+        client.hset(keys.format, f"m{n}:server", server)
     if at != "done":
         for cursor, found in _batches(client, keys, int(at or 0), batch):
             visited = _visited(migration, keys, found)
@@ -201,8 +209,13 @@ def _migrate_one(client: Redis, keys: Keys, migration: Migration, owner: str, ba
             pipe.hincrby(keys.format, f"m{n}:seen", len(visited))
             pipe.hincrby(keys.format, f"m{n}:changed", changed)
             pipe.hset(keys.format, f"m{n}:cursor", cursor or "done")
+            pipe.info("server")
             pipe.pexpire(keys.migrate_lock, LOCK_MS)
-            pipe.execute()
+            replies = pipe.execute()
+            if str(replies[3].get("run_id", "")) != server:
+                raise MigrationBusy("the store's server changed during `layby migrate` (a "
+                                    "restart or a failover): run it again, it starts its scan "
+                                    "over")
             if client.get(keys.migrate_lock) != owner:
                 raise MigrationBusy("this `layby migrate` lost its lock (it stalled longer "
                                     f"than {LOCK_MS // 1000} s); run it again")
@@ -212,7 +225,8 @@ def _migrate_one(client: Redis, keys: Keys, migration: Migration, owner: str, ba
         keys.format, f"m{n}:seen", f"m{n}:changed")))
     pipe = client.pipeline(transaction=True)
     pipe.hset(keys.format, mapping={"version": n, f"m{n}:done": int(time.time() * 1000)})
-    pipe.hdel(keys.format, "migrating", "writing", f"m{n}:cursor")
+    pipe.hdel(keys.format, "migrating", "writing", "switched_at", f"m{n}:cursor",
+              f"m{n}:server")
     pipe.execute()
     return Report(n, migration.title, seen, changed, finished=True)
 
