@@ -263,6 +263,18 @@ class World:
         assert done.resumed, done
         return Run(run_id, 3, interrupts=run.interrupts)
 
+    def stepped_then_parked_unplanned(self, run_id: str = "run_1") -> list[dict[str, Any]]:
+        """A running run that took a step (its messages in its event) and then parked
+        without a plan (the announcement task plans it), so its stream is not compacted;
+        returns the step's messages."""
+        self.make("running", run_id)
+        added = [{"role": "model", "content": [{"text": "message 1"}]}]
+        self.store.advance(run_id, 1, OWNER, self.history(2),
+                           {"from": 1, "historyTo": 2, "messages": added}, inline=True)
+        self.store.park(run_id, 2, OWNER, self.history(3), [interrupt("int_a")],
+                        park_event([interrupt("int_a")], 2, 3), plan=None)
+        return added
+
     @staticmethod
     def history(n: int) -> list[Message]:
         return [text_message("user" if i % 2 == 0 else "model", f"message {i}")

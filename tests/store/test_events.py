@@ -10,7 +10,7 @@ import pytest
 from layby.parking import Announcements
 from layby.parking import events as run_events
 from layby.parking.scripts import argv
-from tests.store.conftest import OWNER, World, answer, interrupt, note, park_event
+from tests.store.conftest import OWNER, World, answer, interrupt, note
 
 pytestmark = pytest.mark.store
 
@@ -208,12 +208,7 @@ def test_a_fold_drops_a_steps_messages_which_readers_take_from_the_history(
     """A run parked without a plan (the announcement task plans it) keeps its stream as
     it was, a step's messages in their field; folded, they go, as a park drops them, and
     readers take them from the history: the same events."""
-    world.make("running")
-    added = [{"role": "model", "content": [{"text": "message 1"}]}]
-    world.store.advance("run_1", 1, OWNER, world.history(2),
-                        {"from": 1, "historyTo": 2, "messages": added}, inline=True)
-    world.store.park("run_1", 2, OWNER, world.history(3), [interrupt("int_a")],
-                     park_event([interrupt("int_a")], 2, 3), plan=None)
+    added = world.stepped_then_parked_unplanned()
     assert [f for _, f in world.client.xrange(world.keys.events("run_1")) if "messages" in f]
     before = world.store.events("run_1")
     assert [e.data["messages"] for e in before if e.type == "turn.committed"] == [added]

@@ -15,7 +15,7 @@ from layby.parking import Announcements, codecs, formats, migrations
 from layby.parking.formats import FormatError
 from layby.reviewers.tokens import Grant
 from layby.wire import Status
-from tests.store.conftest import OWNER, World, answer, interrupt, note, park_event
+from tests.store.conftest import OWNER, World, answer, interrupt, note
 
 pytestmark = pytest.mark.store
 
@@ -289,12 +289,7 @@ def test_a_parked_runs_folded_steps_of_0_1_0_lose_the_messages_the_history_holds
     """A run 0.1.0 parked without a plan, then folded, kept a step's messages in its
     folded line (the fold keeps an event it cannot rebuild as it was stored). Migration 1
     drops them, as a fold does now: readers take them from the history, as before."""
-    world.make("running")
-    added = [{"role": "model", "content": [{"text": "message 1"}]}]
-    world.store.advance("run_1", 1, OWNER, world.history(2),
-                        {"from": 1, "historyTo": 2, "messages": added}, inline=True)
-    world.store.park("run_1", 2, OWNER, world.history(3), [interrupt("int_a")],
-                     park_event([interrupt("int_a")], 2, 3), plan=None)
+    added = world.stepped_then_parked_unplanned()
     _as_0_1_0_wrote_it(world, "run_1")
     world.next_ms()
     assert world.store_with(fold_after_ms=0).fold_parked() == 1
