@@ -18,6 +18,7 @@ build` calls it), and the Celery command line finds it in `layby.tasks.app`.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -38,6 +39,8 @@ from layby.broker_config.names import (
     TURNS,
 )
 from layby.broker_config.settings import Settings, is_sentinel_url
+
+log = logging.getLogger(__name__)
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # What `celery -A` loads in layby's worker, sweeper and Flower processes (it builds the app).
@@ -62,25 +65,18 @@ def celery_argv(settings: Settings, entry: str = CELERY_ENTRY) -> list[str]:
 
 
 def celery_config(settings: Settings) -> dict[str, object]:
-    url = settings.resolved_redis_url() or DEFAULT_REDIS_URL
-    exchange = Exchange("layby", type="direct")
+    url = settings.resolved_broker_url() or DEFAULT_REDIS_URL
+    amqp = settings.broker_is_amqp
+    # RabbitMQ's quorum queues are replicated and durable; Celery 5.5+ sees them and sends
+    # countdowns (a user's task retrying later, say) through its native delayed delivery,
+    # which binds topic exchanges only. A routing key is a queue's whole name either way.
+    exchange = Exchange("layby", type="topic" if amqp else "direct")
+    queue_arguments = {"x-queue-type": "quorum"} if amqp else None
     return {
         "broker_url": url,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
-        "broker_transport_options": {
-            "visibility_timeout": settings.visibility_timeout_s,
-            "socket_timeout": settings.redis_socket_timeout_s,
-            "socket_connect_timeout": 10,
-            "socket_keepalive": True,
-            "health_check_interval": settings.redis_health_check_interval_s,
-            "retry_on_timeout": True,
-            **({"global_keyprefix": settings.broker_key_prefix}
-               if settings.broker_key_prefix else {}),
-            **({"master_name": settings.redis_sentinel_master,
-                "sentinel_kwargs": settings.sentinel_kwargs()}
-               if is_sentinel_url(url) else {}),
-        },
+        "broker_transport_options": _amqp_options() if amqp else _redis_options(settings, url),
         "task_acks_late": True,
         "task_retry_on_worker_lost": True,
         "task_reject_on_worker_lost": True,
@@ -94,10 +90,16 @@ def celery_config(settings: Settings) -> dict[str, object]:
         "task_ignore_result": True,
         "task_serializer": "json",
         "accept_content": ["json"],
-        "task_queues": [Queue(q, exchange, routing_key=q) for q in QUEUES]
-                       + ([Queue(settings.intake_queue)] if settings.intake_queue else []),
+        "task_queues": [Queue(q, exchange, routing_key=q, queue_arguments=queue_arguments)
+                        for q in QUEUES]
+                       + ([Queue(settings.intake_queue, queue_arguments=queue_arguments)]
+                          if settings.intake_queue else []),
         "task_default_queue": JOBS,
         "task_default_exchange": "layby",
+        "task_default_exchange_type": exchange.type,
+        # The queues made as they are named (pinned runs' `layby.turns@<version>`) are of
+        # the same kind as the others.
+        **({"task_create_missing_queue_type": "quorum"} if amqp else {}),
         "task_default_routing_key": JOBS,
         "task_routes": {
             START_RUN: {"queue": TURNS, "routing_key": TURNS},
@@ -112,6 +114,31 @@ def celery_config(settings: Settings) -> dict[str, object]:
     }
 
 
+def _redis_options(settings: Settings, url: str) -> dict[str, Any]:
+    # No `retry_on_timeout`: with it redis-py retries a failed read on a new connection,
+    # and a pub/sub read (Celery's remote control) then waits with no timeout, stopping
+    # the worker's event loop for good after the server dropped it (a restart, CLIENT
+    # KILL). Without, the error reaches the consumer, which reconnects as a whole.
+    return {
+        "visibility_timeout": settings.visibility_timeout_s,
+        "socket_timeout": settings.redis_socket_timeout_s,
+        "socket_connect_timeout": 10,
+        "socket_keepalive": True,
+        "health_check_interval": settings.redis_health_check_interval_s,
+        **({"global_keyprefix": settings.broker_key_prefix}
+           if settings.broker_key_prefix else {}),
+        **({"master_name": settings.resolved_broker_sentinel_master,
+            "sentinel_kwargs": settings.sentinel_kwargs()}
+           if is_sentinel_url(url) else {}),
+    }
+
+
+def _amqp_options() -> dict[str, Any]:
+    # A publish returns once RabbitMQ has the message (publisher confirms): the outbox
+    # entry is acked only after that.
+    return {"confirm_publish": True}
+
+
 def make_celery(settings: Settings) -> Celery:
     """layby's Celery app for `settings`: queues, routes, the loss guards, and the user's task
     modules (LAYBY_TASK_MODULES), imported when a worker starts. Registers no task (see
@@ -119,7 +146,26 @@ def make_celery(settings: Settings) -> Celery:
     transport.install()
     app = Celery("layby", include=list(settings.task_modules))
     app.conf.update(celery_config(settings))
+    if settings.broker_is_amqp:
+        _declare_every_queue(app)
     return app
+
+
+def _declare_every_queue(app: Celery) -> None:
+    """On RabbitMQ, a worker declares every layby queue before its consumer starts: Celery's
+    native delayed delivery binds them all, and fails on one nobody declared yet (the
+    sweeper's, while no sweeper ever started)."""
+
+    def declare(**_: Any) -> None:
+        try:
+            with app.connection_for_write() as conn:
+                channel = conn.default_channel
+                for queue in app.amqp.queues.values():
+                    queue(channel).declare()
+        except OSError as exc:  # the broker away: the consumer waits for it and declares its own
+            log.warning("could not declare layby's queues on the broker (%s)", exc)
+
+    signals.worker_init.connect(declare, weak=False, dispatch_uid=f"layby.declare.{id(app)}")
 
 
 def log_like_layby(settings: Settings) -> None:

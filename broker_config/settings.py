@@ -7,6 +7,12 @@ same machine finds it. The URL names one server, or a Sentinel group in kombu's 
 LAYBY_REDIS_SENTINEL_MASTER; `control.connections` builds the clients. A URL of a scheme
 the broker and the store do not both take is refused here, before anything connects.
 
+Where the broker is: the store's own server, unless `LAYBY_BROKER_URL` names another: a
+Redis/Valkey server (`redis://`, `rediss://`), a Sentinel group (`sentinel://…`, its
+primary LAYBY_BROKER_SENTINEL_MASTER) or RabbitMQ (`amqp://`, `amqps://`).
+`Settings.broker_is_store` tells which; `layby.control.runtime` makes the store push task
+messages itself only then.
+
 `Settings.of_this_folder()` is what the `layby` command reads: the variables, and for what
 they leave unset, the settings of a `layby up` running on the same data folder
 (`layby.running`).
@@ -82,6 +88,9 @@ def is_sentinel_url(url: str) -> bool:
 # What both the broker (kombu) and the store (redis-py) take. kombu reads any other
 # `redis+…://` as plain redis:// on localhost, and `unix://` not at all.
 REDIS_SCHEMES = ("redis", "rediss", "sentinel")
+# What the broker alone may be besides: RabbitMQ (kombu's py-amqp transport).
+AMQP_SCHEMES = ("amqp", "amqps")
+BROKER_SCHEMES = REDIS_SCHEMES + AMQP_SCHEMES
 HTTP_SCHEMES = ("http", "https")
 
 
@@ -104,6 +113,11 @@ class Settings(BaseSettings):
                                       hide_input_in_errors=True)
 
     redis_url: str | None = Field(None, description="Redis/Valkey for broker and store")
+    # The Celery broker when it is not the store's server: Redis/Valkey, Sentinel or
+    # RabbitMQ. Unset: the store's server (LAYBY_REDIS_URL).
+    broker_url: str | None = Field(None, description="the broker, when not the store's server")
+    # The primary's name in the broker's Sentinel group; unset, LAYBY_REDIS_SENTINEL_MASTER.
+    broker_sentinel_master: str | None = None
     data_dir: Path = Field(Path(".layby"), description="embedded server's data and state")
     # The malloc of the embedded server (`layby up` without LAYBY_REDIS_URL): its binary's
     # own is glibc's, slower as its heap grows (layby.ops.embedded); "libc" keeps it.
@@ -248,6 +262,16 @@ class Settings(BaseSettings):
             raise ValueError(problem)
         return value.strip()
 
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        problem = url_problem(value, BROKER_SCHEMES)
+        if problem:
+            raise ValueError(problem)
+        return value.strip()
+
     @field_validator("public_url")
     @classmethod
     def _public_url(cls, value: str) -> str:
@@ -338,6 +362,25 @@ class Settings(BaseSettings):
             return self.url_file.read_text().strip() or None
         except OSError:
             return None
+
+    def resolved_broker_url(self) -> str | None:
+        """The broker's URL: LAYBY_BROKER_URL, or else the store's."""
+        return self.broker_url or self.resolved_redis_url()
+
+    @property
+    def broker_is_store(self) -> bool:
+        """Whether the broker is the store's own server (LAYBY_BROKER_URL unset, or the
+        same URL): then the store's transitions push their task messages themselves."""
+        return self.broker_url is None or self.broker_url == self.resolved_redis_url()
+
+    @property
+    def broker_is_amqp(self) -> bool:
+        url = self.resolved_broker_url() or ""
+        return urlsplit(url).scheme.lower() in AMQP_SCHEMES if "://" in url else False
+
+    @property
+    def resolved_broker_sentinel_master(self) -> str:
+        return self.broker_sentinel_master or self.redis_sentinel_master
 
     @classmethod
     def of_this_folder(cls) -> Settings:

@@ -1,9 +1,9 @@
 """The sweeper: publishes what the outbox still holds, queues due notifications (retries,
 reminders, lost sends), applies expiry policies, requeues runs whose worker died (a step
-it held, a message it had reserved), requeues every waiting run at once when the store
-comes back from a restart or a failover (its last writes, a task message among them, may
-be gone), folds the events of runs parked for a while into their hashes, prunes finished
-runs from the indexes.
+it held, a message it had reserved), requeues every waiting run at once when the store (or
+a broker of its own) comes back from a restart or a failover (its last writes, a task
+message among them, may be gone), folds the events of runs parked for a while into their
+hashes, prunes finished runs from the indexes.
 Safe to run anywhere, often, and concurrently: every change it makes is a script that
 re-checks its condition.
 
@@ -127,22 +127,31 @@ def _switch_format(rt: Runtime) -> int:
 
 
 def _after_a_restart(rt: Runtime) -> int:
-    """Requeue every queued or resuming run once the store's server is another than the
-    one noted in the data: a message it lost would otherwise wait for
-    LAYBY_LOST_MESSAGE_S. A message that was not lost arrives twice; the second finds its
-    version taken and does nothing. The new server is noted once the pass is done: a pass
-    an error cut short (a new primary still settling) is done again at the next sweep."""
+    """Requeue every queued or resuming run once the store's server, or the broker's when it
+    is a Redis server of its own, is another than the one noted in the data: a message it
+    lost would otherwise wait for LAYBY_LOST_MESSAGE_S. A message that was not lost arrives
+    twice; the second finds its version taken and does nothing. The new server is noted
+    once the pass is done: a pass an error cut short (a new primary still settling) is
+    done again at the next sweep."""
     store = rt.store
-    server, noted = store.server_id(), store.noted_server()
-    if noted == server:
+    changed = []
+    for what, server, broker in (("store", store.server_id(), False),
+                                 ("broker", rt.broker_server_id(), True)):
+        if server is None:
+            continue
+        noted = store.noted_server(broker=broker)
+        if noted is None:  # data no layby process has seen yet
+            store.note_server(server, first=True, broker=broker)
+        elif noted != server:
+            changed.append((what, server, broker))
+    if not changed:
         return 0
-    if noted is None:  # data no layby process has seen yet
-        store.note_server(server, first=True)
-        return 0
-    log.warning("the store is a new server (restarted, or failed over): requeueing every "
-                "waiting run")
-    requeued = _requeue_pass(rt, "the store restarted")
-    store.note_server(server)
+    which = " and the ".join(what for what, _, _ in changed)
+    log.warning("the %s is a new server (restarted, or failed over): requeueing every "
+                "waiting run", which)
+    requeued = _requeue_pass(rt, f"the {which} restarted")
+    for _, server, broker in changed:
+        store.note_server(server, broker=broker)
     return requeued
 
 

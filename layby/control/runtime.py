@@ -5,11 +5,14 @@ Nothing here runs at import: a process (the `layby` command, the gateway's facto
 Celery entry module `layby.tasks.app`, the test kit) calls `build()` once. The store is made
 on first use and made again in a forked child (sockets are not shared across a fork).
 
-The broker is the store's server, so the store's transitions push the tasks that follow
-them themselves (`layby.broker_config.messages` makes the messages). Publishing is for the
-outbox, when they cannot: it sends outbox entries to the broker, then acks them in the
-store; if the broker is away the entries stay in the outbox and the sweeper publishes them
-later.
+When the broker is the store's server (LAYBY_BROKER_URL unset), the store's transitions
+push the tasks that follow them themselves (`layby.broker_config.messages` makes the
+messages). Publishing is for the outbox, when they cannot: a broker elsewhere (another
+Redis, a Sentinel group, RabbitMQ), or tasks that ack their own entry. It sends outbox
+entries to the broker after the transition committed, then acks them in the store; if the
+broker is away the entries stay in the outbox and the sweeper publishes them later. A
+message published twice (the ack lost) is dropped by the claim, which finds its version
+taken.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import socket
 import threading
 import weakref
 from collections.abc import Iterable
+from typing import cast
 
+import redis
 from celery import Celery
 
 from layby.broker_config import (
@@ -56,10 +61,10 @@ TASK_NAMES = TaskNames(turn_task=RUN_TURN, resume_task=RESUME_RUN, turn_queue=TU
 
 
 def store_config(settings: Settings, celery: Celery | None = None) -> StoreConfig:
-    """The store's settings; with the `celery` app whose broker is the store's server, the
-    transitions push the tasks that follow them themselves."""
+    """The store's settings; with the `celery` app, when its broker is the store's server,
+    the transitions push the tasks that follow them themselves."""
     messages = None
-    if celery is not None:
+    if celery is not None and settings.broker_is_store:
         messages = {kind: (t.queue_key, t.message)
                     for kind, t in templates(celery, settings.broker_key_prefix).items()}
     return StoreConfig(TASK_NAMES, prefix=settings.key_prefix, retention_s=settings.retention_s,
@@ -140,6 +145,18 @@ class Runtime:
     def pinned_queues(self) -> list[str]:
         """The queues of the pinned runs this process's worker hosts, one per version."""
         return [pinned_queue(v) for v in hosted_versions(self.hosted)]
+
+    def broker_server_id(self) -> str | None:
+        """The run id of the broker's Redis server when that is a server of its own
+        (LAYBY_BROKER_URL): a new one after its restart or failover, which may have lost
+        task messages. None when the broker is the store's server (the store's own id says
+        it) or RabbitMQ (its quorum queues keep what they confirmed)."""
+        if self.settings.broker_is_store or self.settings.broker_is_amqp:
+            return None
+        with self.celery.connection_for_write() as conn:
+            # kombu's Redis transports' channel holds redis-py's client of the primary.
+            client = cast("redis.Redis", conn.default_channel.client)  # type: ignore[attr-defined]
+            return str(client.info("server").get("run_id", ""))
 
     def publish(self, entries: Iterable[OutboxEntry]) -> int:
         """Send entries to the broker and ack them; returns how many were sent."""

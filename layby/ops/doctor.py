@@ -9,9 +9,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import redis
 import redis.sentinel
+from kombu import Connection
 
 from layby.broker_config.settings import Settings
 from layby.parking import formats, migrations
@@ -275,6 +277,8 @@ def check_celery(conf: object, settings: Settings) -> list[Check]:
         checks.append(Check(f"celery {name}", value == want, f"{value!r}" if value == want
                             else f"{value!r}, should be {want!r}: a worker that dies loses "
                                  "or holds back the tasks it took"))
+    if settings.broker_is_amqp:  # RabbitMQ redelivers what a lost consumer held, at once
+        return checks
     visibility = (get("broker_transport_options") or {}).get("visibility_timeout")
     if visibility is not None and visibility > settings.lease_s:
         checks.append(Check("celery visibility_timeout", True,
@@ -285,6 +289,35 @@ def check_celery(conf: object, settings: Settings) -> list[Check]:
                             "the broker redelivers turns still running; raise "
                             "LAYBY_VISIBILITY_TIMEOUT_S above LAYBY_LEASE_S"))
     return checks
+
+
+def _broker_where(url: str) -> str:
+    """The broker's kind and address, without its password."""
+    first = urlsplit(url.split(";")[0].strip())
+    kind = {"amqp": "RabbitMQ", "amqps": "RabbitMQ", "sentinel": "the Sentinel group of"
+            }.get(first.scheme.lower(), "Redis")
+    return f"{kind} {first.hostname}:{first.port or ''}".rstrip(":")
+
+
+def check_broker(settings: Settings, conf: object, timeout_s: int = 3) -> Check:
+    """Where the broker is and whether it answers: a broker of its own (LAYBY_BROKER_URL)
+    is not checked with the store."""
+    if settings.broker_is_store:
+        return Check("broker", True, "the store's server (LAYBY_BROKER_URL unset)")
+    url = settings.resolved_broker_url() or ""
+    where = _broker_where(url)
+    conn = Connection(url, transport_options=conf.get(  # type: ignore[attr-defined]
+        "broker_transport_options") or {}, connect_timeout=timeout_s)
+    errors: tuple[type[BaseException], ...] = (*conn.connection_errors, *conn.channel_errors,
+                                               OSError)
+    try:
+        conn.ensure_connection(max_retries=1, timeout=int(timeout_s))
+    except errors as exc:
+        return Check("broker", False, f"{where} does not answer ({type(exc).__name__}): start "
+                                      "it, or fix LAYBY_BROKER_URL")
+    finally:
+        conn.release()
+    return Check("broker", True, f"{where} answers")
 
 
 def check_smtp(settings: Settings) -> Check:
@@ -395,6 +428,7 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
                                 f"primary for {settings.redis_sentinel_master!r}"))
         except redis.RedisError as exc:
             checks.append(Check("redis", False, f"does not answer: {exc}"))
+    checks.append(check_broker(settings, conf))
     checks.extend(check_celery(conf, settings))
     checks.append(check_smtp(settings))
     checks.extend(check_reviewers(settings))

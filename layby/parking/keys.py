@@ -97,6 +97,9 @@ come and go.
     the run id of the server (INFO) the sweeper last requeued waiting runs for, or the first a
     process saw: another one there means a restart or a failover since, which may have lost task
     messages.
+<p>:broker:server           string  none
+    the same, of the broker's server, when the broker is a Redis server of its own
+    (LAYBY_BROKER_URL): its restart or failover may have lost task messages too.
 <p>:fold:cursor             string  none
     the park time (ms) the sweeper's next fold of parked runs' events starts from.
 <p>:swept                   string  none
@@ -285,6 +288,10 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "first a process saw: another one there means a restart or a failover since, which "
         "may have lost task messages."),
     KeySpec(
+        "<p>:broker:server", "string", "none",
+        "the same, of the broker's server, when the broker is a Redis server of its own "
+        "(LAYBY_BROKER_URL): its restart or failover may have lost task messages too."),
+    KeySpec(
         "<p>:fold:cursor", "string", "none",
         "the park time (ms) the sweeper's next fold of parked runs' events starts from."),
     KeySpec(
@@ -397,6 +404,10 @@ class Keys:
     @property
     def server(self) -> str:
         return f"{self.prefix}:server"
+
+    @property
+    def broker_server(self) -> str:
+        return f"{self.prefix}:broker:server"
 
     @property
     def notify_due(self) -> str:

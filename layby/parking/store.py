@@ -761,15 +761,19 @@ class Store:
         server may have lost the last writes before it (a task message among them)."""
         return str(self.redis.info("server").get("run_id", ""))
 
-    def noted_server(self) -> str | None:
+    def noted_server(self, *, broker: bool = False) -> str | None:
         """The server id last noted in the data (`note_server`): kept with the data, so a
         restart or a failover shows as another id, even to a process that never saw the
-        server before it."""
-        return cast("str | None", self.redis.get(self.keys.server))
+        server before it. With `broker`, the broker's server (when it is another Redis)."""
+        key = self.keys.broker_server if broker else self.keys.server
+        return cast("str | None", self.redis.get(key))
 
-    def note_server(self, server: str | None = None, *, first: bool = False) -> None:
-        """Note this server's id in the data (with `first`, only where none is)."""
-        self.redis.set(self.keys.server, server or self.server_id(), nx=first)
+    def note_server(self, server: str | None = None, *, first: bool = False,
+                    broker: bool = False) -> None:
+        """Note this server's id in the data (with `first`, only where none is); with
+        `broker`, `server` is the broker's."""
+        key = self.keys.broker_server if broker else self.keys.server
+        self.redis.set(key, server or self.server_id(), nx=first)
 
     def note_sweep(self) -> None:
         """Note that a sweep just finished (the sweeper's liveness, by the server's clock)."""

@@ -210,6 +210,7 @@ def _cycle(world: World) -> None:
     # The sweeper's notes, and a reply mail mailed back once.
     store.note_server(first=True)
     store.note_server()
+    store.note_server("a broker's run id", broker=True)
     store.note_sweep()
     store.prune_finished()
     assert store.first_sight("mailed-back:<m1@example.com>", 60)
@@ -249,8 +250,8 @@ def test_every_key_the_keys_methods_name_is_one_of_the_list() -> None:
     named = [*keys.of_run("r"), *keys.for_scripts("r"), keys.interrupts("r"), keys.open("r"),
              keys.notifications("r"), keys.review("r"), *(keys.index(s) for s in Status),
              keys.deadlines, keys.leases, keys.workers, keys.hosting, keys.outbox,
-             keys.outbox_entries,
-             keys.idempotency("k:1"), keys.server, keys.notify_due, keys.grant("g"),
+             keys.outbox_entries, keys.idempotency("k:1"), keys.server, keys.broker_server,
+             keys.notify_due, keys.grant("g"),
              keys.swept, keys.fold_cursor, keys.seen("mailed-back:x"), keys.stats]
     for key in named:
         assert len(specs_of(key, "p")) == 1, key

@@ -1,0 +1,27 @@
+"""The core scenarios, to run again on another layout (a broker apart, RabbitMQ, a cluster):
+a test module star-imports them and defines its own `system` fixture, which they then get.
+Start → park → answer → complete; several interrupts answered one at a time; an expiry; a
+background job; a cancel; list pages; AG-UI's interrupt and resume."""
+
+from tests.test_agui import (
+    test_parallel_resume_must_answer_both,
+    test_transfer_pauses_then_resume_completes,
+)
+from tests.test_api import test_cancel_of_a_finished_run_is_refused, test_list_runs_by_status
+from tests.test_demos import (
+    test_bbq_asks_one_question_after_another,
+    test_expiring_approval_ends_not_approved,
+    test_parallel_resumes_only_when_both_are_answered,
+    test_report_background_job_resumes_the_run,
+    test_transfer_approved_executes_once,
+    test_transfer_cancelled_sends_nothing,
+    test_trivia_right_answer,
+)
+
+__all__ = ["test_bbq_asks_one_question_after_another", "test_cancel_of_a_finished_run_is_refused",
+           "test_expiring_approval_ends_not_approved", "test_list_runs_by_status",
+           "test_parallel_resume_must_answer_both",
+           "test_parallel_resumes_only_when_both_are_answered",
+           "test_report_background_job_resumes_the_run", "test_transfer_approved_executes_once",
+           "test_transfer_cancelled_sends_nothing", "test_transfer_pauses_then_resume_completes",
+           "test_trivia_right_answer"]

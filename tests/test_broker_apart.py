@@ -1,0 +1,102 @@
+"""The broker beside the store (LAYBY_BROKER_URL): a Valkey server of its own for Celery's
+queues, another for the runs. The store's transitions push no task message themselves;
+each goes into the outbox and is published after the commit, and a copy published twice is
+dropped by the claim. The core scenarios run here as they run on one server (the same
+tests, given this module's `system`), and the broker's restart with its messages lost is
+made good by the sweeper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from layby.ops.embedded import EmbeddedRedis
+
+# The same scenarios as on one server (collected here, they get this module's `system`).
+from tests.core_scenarios import *  # noqa: F403
+from tests.harness import LaybySystem, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+class Apart:
+    def __init__(self, root: Path) -> None:
+        self.store = EmbeddedRedis(root / "store").start()
+        self.broker = EmbeddedRedis(root / "broker").start()
+        self.system = LaybySystem(self.store.url, root / "system",
+                                  env_overrides={"LAYBY_BROKER_URL": self.broker.url})
+
+    def stop(self) -> None:
+        self.system.stop()
+        self.store.stop()
+        self.broker.stop()
+
+
+@pytest.fixture(scope="module")
+def apart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apart]:
+    setup = Apart(tmp_path_factory.mktemp("apart"))
+    try:
+        setup.system.start()
+        yield setup
+    finally:
+        setup.stop()
+
+
+@pytest.fixture(scope="module")
+def system(apart: Apart) -> LaybySystem:
+    return apart.system
+
+
+def _answer(system: LaybySystem, run_id: str, payload: object) -> None:
+    run = system.wait_status(run_id, "interrupted")
+    (waiting,) = system.open_interrupts(run)
+    reply = system.answer(run_id, waiting["id"], payload=payload)
+    assert reply.status_code == 200, reply.text
+
+
+def test_each_server_holds_its_own_keys(apart: Apart) -> None:
+    run_id = apart.system.start_run("demo.trivia", "quiz me")["id"]
+    _answer(apart.system, run_id, "Jaws")
+    assert apart.system.wait_status(run_id, "completed")["result"] == "Right! It was Jaws (1975)."
+    store = redis.Redis.from_url(apart.store.url, decode_responses=True)
+    broker = redis.Redis.from_url(apart.broker.url, decode_responses=True)
+    # Celery's queues and bindings are on the broker alone; the runs on the store alone.
+    assert not [k for k in store.scan_iter() if k.startswith(("layby.", "_kombu"))]
+    assert any(k.startswith("_kombu.binding.layby") for k in broker.scan_iter())
+    assert store.exists(f"layby:{{{run_id}}}:run")
+    assert not list(broker.scan_iter("layby:*"))
+    # Everything the transitions put in the outbox was published and acked.
+    wait_until(lambda: not store.zcard("layby:outbox"), 10, what="an empty outbox")
+
+
+def test_doctor_names_the_broker(apart: Apart) -> None:
+    done = apart.system.layby("doctor")
+    line = next(x for x in done.stdout.splitlines() if " broker:" in x)
+    assert line == f"OK      broker: Redis 127.0.0.1:{apart.broker.port} answers"
+
+
+def test_a_broker_that_lost_its_messages_is_made_good_by_the_sweeper(apart: Apart,
+                                                                   tmp_path: Path) -> None:
+    system = apart.system
+    run_id = system.start_run("demo.trivia", "quiz me")["id"]
+    run = system.wait_status(run_id, "interrupted")
+    # No worker takes the resume: its message waits in the broker's queue …
+    system.procs["worker"].stop()
+    (waiting,) = system.open_interrupts(run)
+    assert system.answer(run_id, waiting["id"], payload="Jaws").status_code == 200
+    broker = redis.Redis.from_url(apart.broker.url)
+    wait_until(lambda: broker.llen("layby.turns"), 10, what="the resume message queued")
+    # … when the broker is replaced by an empty one (a failover to a replica that had not
+    # got it yet): the message is gone, and the server's run id is another.
+    port = apart.broker.port
+    apart.broker.kill()
+    apart.broker = EmbeddedRedis(tmp_path / "new-broker", port=port).start()
+    system.start_again("worker")
+    done = system.wait_status(run_id, "completed", timeout=30)
+    assert done["result"] == "Right! It was Jaws (1975)."
+    wait_until(lambda: "the broker is a new server" in system.procs["sweeper"].output(), 10,
+               what="the sweeper's warning")

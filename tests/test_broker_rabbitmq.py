@@ -1,0 +1,73 @@
+"""RabbitMQ as the broker (LAYBY_BROKER_URL=amqp://…), from Debian's package: layby's queues
+are quorum queues, publishes wait for the broker's confirm, and the core scenarios run as
+they run on one Valkey server (the same tests, given this module's `system`). The store is
+a Valkey server of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from amqp.exceptions import PreconditionFailed
+from kombu import Connection
+
+from layby.ops.embedded import EmbeddedRedis
+
+# The same scenarios as on one server (collected here, they get this module's `system`).
+from tests.core_scenarios import *  # noqa: F403
+from tests.harness import LaybySystem
+from tests.rabbit import Rabbit, available
+
+pytestmark = pytest.mark.integration
+
+
+class WithRabbit:
+    def __init__(self, root: Path) -> None:
+        if not available():
+            raise RuntimeError("these tests need Debian's rabbitmq-server (apt-get install "
+                               "rabbitmq-server; .ci/run does it)")
+        self.rabbit = Rabbit(root / "rabbit").start()
+        self.store = EmbeddedRedis(root / "store").start()
+        self.system = LaybySystem(self.store.url, root / "system",
+                                  env_overrides={"LAYBY_BROKER_URL": self.rabbit.url})
+
+    def stop(self) -> None:
+        self.system.stop()
+        self.store.stop()
+        self.rabbit.stop()
+
+
+@pytest.fixture(scope="module")
+def with_rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WithRabbit]:
+    setup = WithRabbit(tmp_path_factory.mktemp("rabbit"))
+    try:
+        setup.system.start()
+        yield setup
+    finally:
+        setup.stop()
+
+
+@pytest.fixture(scope="module")
+def system(with_rabbit: WithRabbit) -> LaybySystem:
+    return with_rabbit.system
+
+
+def test_layby_queues_are_quorum_queues(with_rabbit: WithRabbit) -> None:
+    run_id = with_rabbit.system.start_run("demo.trivia", "quiz me")["id"]
+    with_rabbit.system.wait_status(run_id, "interrupted")
+    with Connection(with_rabbit.rabbit.url) as conn:
+        for queue in ("layby.turns", "layby.notify", "layby.jobs", "celery"):
+            # RabbitMQ refuses a declare whose kind differs from the queue's (406).
+            conn.channel().queue_declare(queue, durable=True, auto_delete=False,
+                                         arguments={"x-queue-type": "quorum"})
+            with pytest.raises(PreconditionFailed, match="x-queue-type"):
+                conn.channel().queue_declare(queue, durable=True, auto_delete=False,
+                                             arguments={"x-queue-type": "classic"})
+
+
+def test_doctor_names_rabbitmq(with_rabbit: WithRabbit) -> None:
+    done = with_rabbit.system.layby("doctor")
+    lines = [x for x in done.stdout.splitlines() if " broker:" in x or "visibility" in x]
+    assert lines == [f"OK      broker: RabbitMQ 127.0.0.1:{with_rabbit.rabbit.port} answers"]
