@@ -166,7 +166,10 @@ def _scale_rows(parked: dict[str, Any]) -> list[tuple[str, str]]:
             f"{lv['memory_budget']:.0f} B)"
             + (f"; {lv['announcements']} announced: {lv['deliveries']} delivered by "
                f"{lv['delivery_tasks']} tasks ({lv['duplicate_tasks']} duplicates)"
-               if "announcements" in lv else ""))))
+               if "announcements" in lv else "")
+            + (f"; {lv['turn_messages']} step messages for {lv['turn_messages_needed']} "
+               f"needed ({lv['duplicate_turn_messages']} copies)"
+               if "turn_messages" in lv else ""))))
     if len(parked["levels"]) > 1:
         by_turn = parked.get("last_over_first_by_turn", {})
         rows.append(("last / first level", ", ".join(

@@ -155,7 +155,20 @@ def figures(site: Site, timeout_s: float) -> dict[str, Any]:
         out[f"{key}_by_turn"] = [t[key]["p50"] if t.get(key) else None for t in site.turns]
     if site.sink is not None:
         out.update(_announced(site, timeout_s))
+    out.update(turn_messages(site.store))
     return out
+
+
+def turn_messages(store: Store) -> dict[str, int]:
+    """The step messages queued at the site (each takes a number of its queue, lua/
+    _prelude.lua) against those its runs needed: one to start each run, and one to resume
+    each answered run (a bench run asks one question; every answered run has completed by
+    now). Any more are copies the sweeper queued, taking a waiting run for lost."""
+    counts = {status: store.runs.of[status].count() for status in Status}
+    needed = sum(counts.values()) + counts[Status.COMPLETED]
+    sent = int(store.redis.hget(store.keys.queues, f"{store.tasks.turn_queue}:sent") or 0)
+    return {"turn_messages": sent, "turn_messages_needed": needed,
+            "duplicate_turn_messages": sent - needed}
 
 
 def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:

@@ -152,10 +152,10 @@ class Settings(BaseSettings):
     # a live one keeps its claim however long its model or tools take.
     lease_s: float = Field(6.0, gt=0)
     heartbeat_s: float | None = Field(None, gt=0)
-    # Queued or resuming this long, its message no longer in the queue, a run's task
-    # message may be lost (a task that failed before its claim, a queue purged): the
-    # sweeper queues its step again. A run whose message waits in a long queue is left
-    # to wait.
+    # Queued or resuming this long, its message no longer in the queue (a claim passed its
+    # number, or the queue is empty), a run's task message is lost (a task that failed
+    # before its claim, a queue purged): the sweeper queues its step again. A run whose
+    # message waits in a long queue is left to wait (`Store.waiting_too_long`).
     lost_message_s: float = Field(300.0, gt=0)
     turn_budget_s: float = 30.0  # keep taking turns in one task for this long
     visibility_timeout_s: int = 3600  # above lease_s: kombu redelivers unacked after this

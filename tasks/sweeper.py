@@ -156,10 +156,10 @@ def _after_a_restart(rt: Runtime) -> int:
 
 
 def _after_worker_deaths(rt: Runtime) -> int:
-    """Requeue the runs that were waiting when a worker died: the messages it had reserved
-    would otherwise come back after kombu's visibility timeout, or LAYBY_LOST_MESSAGE_S.
-    Up to its death, a lease after its last beat, it may have reserved any of them, and
-    deliveries of notifications too."""
+    """Requeue the waiting runs whose messages a dead worker may have reserved: they would
+    otherwise come back after kombu's visibility timeout, or LAYBY_LOST_MESSAGE_S. Those
+    still in their queue are left there (`Store.maybe_reserved`): after a burst, a copy of
+    each would only lengthen it. Deliveries of notifications are queued again too."""
     for name, last_beat_ms, told in rt.store.reap_workers():
         ago = (rt.store.now_ms() - last_beat_ms) / 1000
         if told and not told.startswith("worker "):  # a gateway or a listener: no messages
@@ -170,7 +170,17 @@ def _after_worker_deaths(rt: Runtime) -> int:
         _owed.append(f"worker {name} died")
     if not _owed:
         return 0
-    requeued = _requeue_pass(rt, "; ".join(dict.fromkeys(_owed)))
+    why = "; ".join(dict.fromkeys(_owed))
+    rt.store.redue_queued_notifications()
+    requeued = 0
+    for run_id in rt.store.maybe_reserved():
+        with about(run_id=run_id):
+            try:
+                requeued += _requeue(rt, run_id, why)
+            except Exception:
+                log.exception("sweeper: requeueing run %s failed (%s); trying again at the "
+                              "next sweep", run_id, why)
+                _failed.setdefault(run_id, 0)
     _owed.clear()
     return requeued
 

@@ -1,8 +1,14 @@
 """The core scenarios, to run again on another layout (a broker apart, RabbitMQ, a cluster):
 a test module star-imports them and defines its own `system` fixture, which they then get.
 Start → park → answer → complete; several interrupts answered one at a time; an expiry; a
-background job; a cancel; list pages; AG-UI's interrupt and resume."""
+background job; a cancel; list pages; AG-UI's interrupt and resume; a backlog older than
+LAYBY_LOST_MESSAGE_S left to drain, not copied (the importing module's system sets it low).
+"""
 
+import json
+import time
+
+from tests.harness import LaybySystem
 from tests.test_agui import (
     test_parallel_resume_must_answer_both,
     test_transfer_pauses_then_resume_completes,
@@ -18,7 +24,26 @@ from tests.test_demos import (
     test_trivia_right_answer,
 )
 
-__all__ = ["test_bbq_asks_one_question_after_another", "test_cancel_of_a_finished_run_is_refused",
+
+def test_a_backlog_older_than_the_lost_message_wait_is_not_copied(system: LaybySystem) -> None:
+    system.procs["worker"].stop()
+    try:
+        ids = [system.start_run("demo.trivia", "quiz me")["id"] for _ in range(20)]
+        # Sweeps see them waiting past LAYBY_LOST_MESSAGE_S, their messages in the queue.
+        time.sleep(system.settings.lost_message_s + 3)
+    finally:
+        system.start_again("worker")
+    for run_id in ids:
+        system.wait_status(run_id, "interrupted")
+        with system.api() as api:
+            replay = api.get(f"/v1/runs/{run_id}/events", params={"follow": "false"}).text
+        types = [json.loads(line[6:])["type"] for line in replay.splitlines()
+                 if line.startswith("data: ")]
+        assert types.count("run.started") == 1 and "run.requeued" not in types, types
+
+
+__all__ = ["test_a_backlog_older_than_the_lost_message_wait_is_not_copied",
+           "test_bbq_asks_one_question_after_another", "test_cancel_of_a_finished_run_is_refused",
            "test_expiring_approval_ends_not_approved", "test_list_runs_by_status",
            "test_parallel_resume_must_answer_both",
            "test_parallel_resumes_only_when_both_are_answered",

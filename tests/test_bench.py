@@ -116,6 +116,9 @@ def test_bench_over_http_and_on_parked_runs(tmp_path: Path) -> None:
         assert "events" not in lv["memory_by_key"] and lv["memory_by_key"]["index"] > 0
         for key in ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms"):
             assert lv[key]["count"] > 0
+        # A message for each start and each resume, and no copy.
+        assert lv["turn_messages"] == lv["turn_messages_needed"] > lv["parked"]
+        assert lv["duplicate_turn_messages"] == 0
     assert set(result["parked"]["last_over_first"]) >= {"answer_ms", "answer_to_completed_ms",
                                                          "list_deep_page_ms", "park_time"}
     assert len(result["parked"]["last_over_first_by_turn"]["answer_ms"]) == 5

@@ -28,7 +28,9 @@ class Apart:
         self.store = EmbeddedRedis(root / "store").start()
         self.broker = EmbeddedRedis(root / "broker").start()
         self.system = LaybySystem(self.store.url, root / "system",
-                                  env_overrides={"LAYBY_BROKER_URL": self.broker.url})
+                                  env_overrides={"LAYBY_BROKER_URL": self.broker.url,
+                                                 # Sought early, lost messages would show.
+                                                 "LAYBY_LOST_MESSAGE_S": "2"})
 
     def stop(self) -> None:
         self.system.stop()

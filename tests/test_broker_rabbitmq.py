@@ -31,7 +31,9 @@ class WithRabbit:
         self.rabbit = Rabbit(root / "rabbit").start()
         self.store = EmbeddedRedis(root / "store").start()
         self.system = LaybySystem(self.store.url, root / "system",
-                                  env_overrides={"LAYBY_BROKER_URL": self.rabbit.url})
+                                  env_overrides={"LAYBY_BROKER_URL": self.rabbit.url,
+                                                 # Sought early, lost messages would show.
+                                                 "LAYBY_LOST_MESSAGE_S": "2"})
 
     def stop(self) -> None:
         self.system.stop()

@@ -532,8 +532,9 @@ def test_runs_whose_messages_still_wait_in_the_queue_are_not_taken_for_lost(
         tmp_path: Path) -> None:
     """A burst of starts can take longer to drain than LAYBY_LOST_MESSAGE_S. A run whose
     message is still in the queue waits its turn: the sweeper does not queue a copy (which
-    would only lengthen the queue); a run whose message left the queue without a claim
-    (taken by a worker that died) is requeued."""
+    would only lengthen the queue); a run whose message left the queue without a claim is
+    sought once a later message of its queue was claimed (its task failed before its
+    claim), or at once when a worker died (it may have held it)."""
     server = EmbeddedRedis(tmp_path / "valkey").start()
     try:
         settings = Settings(redis_url=server.url)
@@ -551,12 +552,15 @@ def test_runs_whose_messages_still_wait_in_the_queue_are_not_taken_for_lost(
         assert store.waiting_too_long(0) == []
 
         queue = store.config.messages["turn"][0]
-        taken = [json.loads(store.redis.rpop(queue)) for _ in range(2)]
-        assert [json.loads(m["body"])[0][0] for m in taken] == run_ids[:2]
+        taken = [json.loads(store.redis.rpop(queue)) for _ in range(3)]
+        assert [json.loads(m["body"])[0][0] for m in taken] == run_ids[:3]
+        assert store.waiting_too_long(0) == []  # a live worker may be about to claim them
+        assert store.maybe_reserved()[:3] == run_ids[:3]  # a dead one may have held them
+        assert store.claim(run_ids[2], 1, "worker-1").ok
         assert sorted(store.waiting_too_long(0)) == sorted(run_ids[:2])
 
         store.redis.delete(queue)  # the server lost them all
-        assert sorted(store.waiting_too_long(0)) == sorted(run_ids)
+        assert sorted(store.waiting_too_long(0)) == sorted(run_ids[:2] + run_ids[3:])
         store.redis.close()
     finally:
         server.stop()

@@ -80,7 +80,8 @@ def waiting(store: Store, limit: int = 200) -> list[Finding]:
         found.append(Finding(
             WAITING_TOO_LONG, run_id,
             f"{status} for {_seconds(since)}, longer than LAYBY_LOST_MESSAGE_S "
-            f"({_seconds(store.config.lost_message_ms)}): its task message may be lost",
+            f"({_seconds(store.config.lost_message_ms)}), and its task message is no longer "
+            "in its queue: lost",
             f"layby runs requeue {run_id}   (or: layby ops requeue-stuck)",
             {"status": status.value if status else None, "waitingMs": since}))
     return found

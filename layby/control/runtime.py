@@ -17,13 +17,14 @@ taken.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import weakref
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
 import redis
 from celery import Celery
@@ -119,6 +120,8 @@ class Runtime:
                 # format must not serve it (FormatError says what to run).
                 state = formats.check(store.redis, store.keys, migrations.newest())
                 store.writing = state.written or migrations.newest()
+                if not self.settings.broker_is_store:
+                    store.length_of_queue = self.queue_length
                 self._store = (os.getpid(), store)
             return self._store[1]
 
@@ -157,6 +160,22 @@ class Runtime:
             # kombu's Redis transports' channel holds redis-py's client of the primary.
             client = cast("redis.Redis", conn.default_channel.client)  # type: ignore[attr-defined]
             return str(client.info("server").get("run_id", ""))
+
+    def queue_length(self, queue: str) -> int | None:
+        """How many messages wait in `queue` on the broker; None when it cannot be asked."""
+        try:
+            with self.celery.connection_for_write() as conn:
+                channel: Any = conn.channel()  # kombu types it as StdChannel, without these
+                try:
+                    return int(channel.queue_declare(queue=queue, passive=True).message_count)
+                except conn.channel_errors:
+                    return 0  # no such queue (on Redis, an empty one is no key): none waits
+                finally:
+                    with contextlib.suppress(*conn.connection_errors, *conn.channel_errors):
+                        channel.close()
+        except OSError as exc:  # the broker away: the queue is not looked at this time
+            log.warning("could not ask the broker about queue %s (%s)", queue, exc)
+            return None
 
     def publish(self, entries: Iterable[OutboxEntry]) -> int:
         """Send entries to the broker and ack them; returns how many were sent."""

@@ -18,11 +18,12 @@ come and go.
     first answer); checkpointed ('1' while the step saved checkpoints; absent while parked);
     noted ('0' while the run has no notifications; absent once it has: "look"); agent_version
     (the version of the agent it started on; absent: unknown), pinned ('1' when its steps go to
-    that version's queue; absent otherwise). And the run's interrupts, "i:<interrupt id>" →
-    Interrupt JSON (immutable once written), and its notifications, "n:<notification id>" →
-    Notification JSON (with its token), both under short names (parking.codecs): keys of their
-    own would cost more than they hold; events (a run parked a while: its events, folded; see
-    events).
+    that version's queue; absent otherwise), sent ("<queue> <n>": the number its step's task
+    message took in that queue (queues); absent: queued by a layby before 0.3.0). And the run's
+    interrupts, "i:<interrupt id>" → Interrupt JSON (immutable once written), and its
+    notifications, "n:<notification id>" → Notification JSON (with its token), both under short
+    names (parking.codecs): keys of their own would cost more than they hold; events (a run
+    parked a while: its events, folded; see events).
 <p>:{<run>}:interrupts      hash    until migration 1
     only a run of 0.1.0's predecessors (its hash has an `id` field): interrupt id → Interrupt
     JSON; migration 1 moves them into the run's hash and deletes it.
@@ -108,6 +109,12 @@ come and go.
 <p>:seen:<what>             string  its caller's
     something done once: "mailed-back:<message id>", a reply mail that was mailed back as
     unreadable (a mail provider's retries are not; inbox.replies: 3 days).
+<p>:queues                  hash    none
+    how far the queues of steps have come: "<queue>:sent" (the number the last task message
+    queued to it took; each run's `sent` says its own) and "<queue>:taken" (the highest number a
+    claim took). A run whose number was passed by a claim, or whose queue is empty, no longer
+    has its message in the queue; one that waits behind others does, however long the queue (the
+    sweeper's lost-message check).
 <p>:stats                   hash    none
     counters since the data began, for /metrics: answers:<channel> (answers recorded, by
     channel; expiries count as their answer's channel), <what>_latency_ms_sum,
@@ -181,7 +188,9 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "while the step saved checkpoints; absent while parked); noted ('0' while the run "
         "has no notifications; absent once it has: \"look\"); agent_version (the version "
         "of the agent it started on; absent: unknown), pinned ('1' when its steps go to "
-        "that version's queue; absent otherwise). And the run's interrupts, "
+        "that version's queue; absent otherwise), sent (\"<queue> <n>\": the number its "
+        "step's task message took in that queue (queues); absent: queued by a layby before "
+        "0.3.0). And the run's interrupts, "
         "\"i:<interrupt id>\" → Interrupt JSON (immutable once written), and its "
         "notifications, \"n:<notification id>\" → Notification JSON (with its token), both "
         "under short names (parking.codecs): keys of their own would cost more than they "
@@ -302,6 +311,13 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "<p>:seen:<what>", "string", "its caller's",
         "something done once: \"mailed-back:<message id>\", a reply mail that was mailed "
         "back as unreadable (a mail provider's retries are not; inbox.replies: 3 days)."),
+    KeySpec(
+        "<p>:queues", "hash", "none",
+        "how far the queues of steps have come: \"<queue>:sent\" (the number the last task "
+        "message queued to it took; each run's `sent` says its own) and \"<queue>:taken\" "
+        "(the highest number a claim took). A run whose number was passed by a claim, or "
+        "whose queue is empty, no longer has its message in the queue; one that waits behind "
+        "others does, however long the queue (the sweeper's lost-message check)."),
     KeySpec(
         "<p>:stats", "hash", "none",
         "counters since the data began, for /metrics: answers:<channel> (answers recorded, "
@@ -431,8 +447,12 @@ class Keys:
     def stats(self) -> str:
         return f"{self.prefix}:stats"
 
+    @property
+    def queues(self) -> str:
+        return f"{self.prefix}:queues"
+
     def for_scripts(self, run_id: str) -> list[str]:
         """The KEYS every transition script receives, in the order of `lua/_prelude.lua`."""
         return [*self.of_run(run_id), self.outbox, self.outbox_entries, self.leases,
                 self.deadlines, *(self.index(s) for s in Status), self.notify_due, self.stats,
-                self.review(run_id)]
+                self.review(run_id), self.queues]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, cast
@@ -100,6 +100,16 @@ class StoreConfig:
         return bool(self.messages)
 
 
+# The lost-message check reads the oldest waiting runs this many at a time, up to this many
+# pages (`Store.waiting_too_long`).
+LOST_SCAN_PAGE = 100
+LOST_SCAN_PAGES = 10
+# After a worker's death, runs within this many numbers of their queue's last claim are
+# requeued (what it may have reserved, prefetched but not claimed; `Store.maybe_reserved`):
+# above a worker's concurrency times its prefetch (1). A message beyond is found later,
+# once claims pass it, by the lost-message check.
+RESERVED_HEADROOM = 100
+
 # Transitions whose outcome is told to someone (a 202, an answer taken, a reviewer asked, a
 # result): lost at a failover, the caller would have been told something that is not so.
 # The others are redone by the sweeper or a redelivery if lost.
@@ -137,6 +147,9 @@ class Store:
         self.leases = Leases(client, self.keys.leases)
         self.outbox = OutboxRegistry(client, self.keys.outbox)
         self.due_notifications = DueNotifications(client, self.keys.notify_due)
+        # How many messages wait in a queue on the broker (the runtime asks it): None, only a
+        # broker that is this server is asked (`queue_length`).
+        self.length_of_queue: Callable[[str], int | None] | None = None
         self._writing, self._writing_at = formats.FIRST, float("-inf")
         self._scripts = scripts.register(client, ScriptSettings(
             events_max=config.events_max, outbox_grace_ms=config.outbox_grace_ms,
@@ -666,21 +679,87 @@ class Store:
         return self.leases.due(self.now_ms(), limit)
 
     def waiting_too_long(self, older_than_ms: int, limit: int = 200) -> list[str]:
-        """Runs queued or resuming since before `older_than_ms` ago whose message has left
-        the queue: it may be lost (a task that failed before its claim, a message purged).
-        A run queued since the oldest message still in the queue was pushed has its own
-        message behind that one: it waits its turn, and a copy would only lengthen the
-        queue (a burst of 100,000 starts takes longer to drain than LAYBY_LOST_MESSAGE_S,
-        and 45,000 copies slowed the parks behind them 30 times). Checked at every sweep,
-        so a run passed over while an old message heads the queue is looked at again once
-        that one is taken. Messages a restart, a failover or a worker's death may have lost
-        are requeued by their own checks, which do not look at the queue."""
-        cutoff = self.now_ms() - older_than_ms
-        oldest = self.oldest_queued_ms()
-        if oldest is not None:
-            cutoff = min(cutoff, oldest - 1)
-        return pinning.not_behind_pinned(self, self.runs.waiting_since_before(
-            (Status.QUEUED, Status.RESUMING), cutoff, limit))
+        """Runs queued or resuming since before `older_than_ms` ago whose message is no
+        longer in its queue: lost (a task that failed before its claim, a message purged).
+        One whose message waits behind others is left to wait, however long the queue
+        (`gone_from_queue`): a burst of 100,000 starts takes longer to drain than
+        LAYBY_LOST_MESSAGE_S, and copies of its messages (45,000 once) slowed the parks
+        behind them 30 times. The oldest first, a page at a time, until a page finds none:
+        the oldest of a queue are the first its consumers reach. Messages a restart, a
+        failover or a worker's death may have lost are requeued by their own checks."""
+        return self._gone_oldest_first(self.now_ms() - older_than_ms, 0, limit)
+
+    def maybe_reserved(self, limit: int = 1000) -> list[str]:
+        """Waiting runs whose message a worker may have taken from its queue and not yet
+        claimed (within RESERVED_HEADROOM numbers of the last claim, `gone_from_queue`),
+        or lost: after a worker's death, what it may have held. The others wait in their
+        queue, and a copy would only lengthen it."""
+        return self._gone_oldest_first(self.now_ms(), RESERVED_HEADROOM, limit)
+
+    def _gone_oldest_first(self, cutoff_ms: int, headroom: int, limit: int) -> list[str]:
+        found: list[str] = []
+        seen: set[str] = set()
+        for _ in range(LOST_SCAN_PAGES):
+            page = [r for r in self.runs.waiting_since_before(
+                (Status.QUEUED, Status.RESUMING), cutoff_ms, LOST_SCAN_PAGE + len(seen))
+                if r not in seen]
+            if not page:
+                break
+            seen.update(page)
+            gone = self.gone_from_queue(page, headroom)
+            found.extend(gone)
+            if not gone or len(found) >= limit:
+                break
+        return found[:limit]
+
+    def gone_from_queue(self, run_ids: list[str], headroom: int = 0) -> list[str]:
+        """Of the waiting `run_ids`, those whose task message is no longer in its queue.
+        Each step's message took a number in its queue (the run's `sent`, lua/_prelude.lua)
+        and each claim notes the highest it took (`queues`): a queue is taken in order, so
+        a number a claim passed has left it, and so has every message of an empty queue
+        (`queue_length`). With `headroom`, also those within that many numbers of the last
+        taken: what a dead worker may have reserved and not yet claimed. A run queued by a
+        layby before 0.3.0 has no number: it is gone once it is older than the oldest
+        message of the turns queue (or when that is not known), as that layby did."""
+        if not run_ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.queues)
+        for run_id in run_ids:
+            pipe.hmget(self.keys.run(run_id), "sent", "updated_at")
+        progress, *fields = pipe.execute()
+        lengths: dict[str, int | None] = {}
+
+        def empty(queue: str) -> bool:
+            if queue not in lengths:
+                lengths[queue] = self.queue_length(queue)
+            return lengths[queue] == 0
+
+        gone, unnumbered = [], []
+        for run_id, (sent, updated_at) in zip(run_ids, fields, strict=True):
+            queue, _, number = (sent or "").partition(" ")
+            if not number.isdigit():
+                unnumbered.append((run_id, updated_at))
+            elif int(number) <= int(progress.get(f"{queue}:taken", 0)) + headroom or empty(queue):
+                gone.append(run_id)
+        if unnumbered:
+            oldest = self.oldest_queued_ms()
+            gone.extend(pinning.not_behind_pinned(self, [
+                run_id for run_id, updated_at in unnumbered
+                if headroom or oldest is None or updated_at is None or int(updated_at) < oldest]))
+        return gone
+
+    def queue_length(self, queue: str) -> int | None:
+        """How many messages wait in `queue` on the broker, or None when that is not known
+        (`length_of_queue`, which the process's runtime sets, asks the broker; without it,
+        only a broker that is this server is asked)."""
+        if self.length_of_queue is not None:
+            return self.length_of_queue(queue)
+        pushed = (self.config.messages or {}).get("turn")
+        if not pushed:
+            return None
+        prefix = pushed[0][:len(pushed[0]) - len(self.tasks.turn_queue)]
+        return int(self.redis.llen(prefix + queue))
 
     def oldest_queued_ms(self) -> int | None:
         """When the oldest message still on the turns queue (the next to be taken) was

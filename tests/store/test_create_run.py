@@ -25,7 +25,9 @@ def test_a_new_run_is_queued_at_version_1_with_its_first_turn_in_the_outbox(
     assert run == {"agent": "demo.agent", "version": "1", "status": "queued",
                    "messages": json.dumps([m.wire() for m in MESSAGES], separators=(",", ":")),
                    "created_at": str(made.at), "updated_at": str(made.at), "open": "",
-                   "noted": "0", "checkpointed": ""}
+                   "noted": "0", "checkpointed": "",
+                   # The first message of layby.turns (the lost-message check's number).
+                   "sent": "layby.turns 1"}
     assert world.indexes_of("run_1") == {"queued": made.at}
     assert world.events("run_1") == [("run.created", 1, {"agent": "demo.agent"})]
     assert made.event_id == world.client.xrange(world.keys.events("run_1"))[0][0]

@@ -14,7 +14,8 @@ local INDEX = {queued = KEYS[9], running = KEYS[10], interrupted = KEYS[11],  --
                cancelled = KEYS[15]}                                          -- state
 local NOTIFY_DUE, STATS = KEYS[16], KEYS[17]                  -- zset, hash
 local REVIEW = KEYS[18]  -- hash: approvals, delegations, escalations (parking.keys)
-local EXTRA = 19  -- the first of the KEYS a script adds (an idempotency key, grant keys)
+local QUEUES = KEYS[19]  -- hash: "<queue>:sent", "<queue>:taken" (parking.keys)
+local EXTRA = 20  -- the first of the KEYS a script adds (an idempotency key, grant keys)
 -- What a finished run keeps until retention (the run's own keys; `finish` drops the
 -- checkpoints).
 local RUN_KEYS = {RUN, ANSWERS, EVENTS, REVIEW}
@@ -115,9 +116,17 @@ local function enqueue(kind, version, now, note)
   local agent = run[1]
   local suffix = (run[2] == '1' and (kind == 'turn' or kind == 'resume'))
                  and ('@' .. run[3]) or ''
+  local task = TASKS[kind]
+  if kind == 'turn' or kind == 'resume' then
+    -- The step's message takes the next number of its queue: once a claim took a later
+    -- one, or the queue is empty, it is no longer there (the sweeper's lost-message check);
+    -- before, it waits its turn, however long the queue.
+    local queue = task.queue .. suffix
+    local n = redis.call('HINCRBY', QUEUES, queue .. ':sent', 1)
+    redis.call('HSET', RUN, 'sent', queue .. ' ' .. n)
+  end
   local pushed = push(kind, ID, version, note, now, agent, suffix)
   if pushed and kind ~= 'notify' then return '' end
-  local task = TASKS[kind]
   local args = note and {ID, note} or {ID, tonumber(version)}
   local entry = cjson.encode({id = entry_id, task = task.task, queue = task.queue .. suffix,
                               args = args, agent = agent or nil})

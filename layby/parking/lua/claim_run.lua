@@ -2,7 +2,7 @@
 -- everything the step needs, so the worker reads nothing else before it works.
 -- Reads run (with the interrupts it parked on), checkpoints, answers (to those). Writes run
 -- (lease, attempts, status), leases, index, events, checkpoints (dropped when they belong
--- to a version that never committed), stats.
+-- to a version that never committed), stats, queues (how far its queue was taken).
 -- Arguments: version (the one expected), owner, lease_ms, max_attempts (at one version),
 --   hosts (what the claimer hosts of pinned runs: '<agent>@<version>', one a line)
 -- Returns {'ok', previous status, lease until, attempt, agent, messages JSON, metadata JSON,
@@ -17,7 +17,7 @@ local expected, claimer, lease_ms, max_attempts = A.version, A.owner, A.lease_ms
 local hosts = A.hosts
 local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'lease_until',
                       'updated_at', 'attempts', 'agent', 'messages', 'metadata', 'waiting',
-                      'checkpointed', 'agent_version', 'pinned')
+                      'checkpointed', 'agent_version', 'pinned', 'sent')
 local status, version, owner = st[1], st[2], st[3]
 if not version then return {'missing'} end
 if version ~= expected or not (status == 'queued' or status == 'resuming'
@@ -48,6 +48,12 @@ if status ~= 'running' then
   redis.call('ZREM', INDEX[status], ID)
   redis.call('ZADD', INDEX.running, now, ID)
   event('run.started', version, cjson.encode({from = status}), now)
+  -- Its queue has been taken this far: every message it held before this one is gone
+  -- from it (claimed, or lost).
+  local queue, n = string.match(st[14] or '', '^(%S+) (%d+)$')
+  if queue and tonumber(n) > tonumber(redis.call('HGET', QUEUES, queue .. ':taken') or '0') then
+    redis.call('HSET', QUEUES, queue .. ':taken', n)
+  end
 else
   redis.call('HSET', RUN, 'lease_owner', claimer, 'lease_until', until_ms, 'attempts', attempt)
 end
