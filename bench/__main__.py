@@ -44,6 +44,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--redis-url", default=None,
                    help="use this Redis/Valkey instead of starting an embedded Valkey (the "
                         "bench uses a key prefix of its own and deletes its keys after)")
+    p.add_argument("--broker-url", default=None,
+                   help="Celery's broker on this server (redis://, sentinel://, amqp://) "
+                        "instead of the store's: task messages then go through the outbox "
+                        "(the bench's queues under a prefix of their own on a Redis broker)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="give up when nothing moves for this many seconds (default 120)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -63,6 +67,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--parked takes whole numbers, comma-separated (e.g. 1000,100000)")
     if any(n < 1 for n in args.parked):
         p.error("--parked levels must be at least 1")
+    if args.broker_url and args.parked:
+        p.error("--broker-url measures the cycles only: leave out --parked (each level is "
+                "a site of its own, with the store's server as its broker)")
     if min(args.runs, args.concurrency, args.rounds) < 1 or args.warmup < 0:
         p.error("--runs, --concurrency and --rounds must be at least 1, --warmup at least 0")
     args.in_flight = args.in_flight or 4 * args.concurrency
@@ -104,7 +111,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     # Parked runs are announced to a reviewer by webhook: a park plans it, a task on the
     # notify queue delivers it (the bench checks each is queued once).
     sink = hooks.Sink() if args.parked else None
-    env = _environment(parts, prefix, sink)
+    env = _environment(parts, prefix, sink, args.broker_url)
     # The runtime (built below) and the worker both read these.
     os.environ.update(env)
     from bench import costs, measure, report
@@ -177,6 +184,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
                     "malloc": getattr(parts.server, "allocator", None),
                     "redis": "embedded" if parts.embedded else parts.redis_url,
                     "redis_url": parts.redis_url,
+                    "broker_url": args.broker_url or parts.redis_url,
                     "worker": " ".join(worker.argv[1:]), "key_prefix": prefix}
         try:
             config = r.config_get("append*")
@@ -193,8 +201,17 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if sink is not None:
             sink.stop()
+        if not parts.embedded or args.broker_url:
+            _stop_processes(parts)  # first, or they would write keys again
         if not parts.embedded:
-            _delete_keys(store, prefix, parts)
+            _delete_keys(store, prefix)
+        if args.broker_url and not rt.settings.broker_is_amqp:
+            _delete_broker_keys(rt)
+
+
+# The prefix of the bench's queues on a broker given with `--broker-url` (a server of the
+# user's: they are deleted at the end).
+BROKER_PREFIX = f"laybybench-{uuid.uuid4().hex[:8]}"
 
 
 def _prefix(parts: Parts) -> str:
@@ -205,16 +222,20 @@ def _prefix(parts: Parts) -> str:
     return "layby" if parts.embedded else f"laybybench-{uuid.uuid4().hex[:8]}"
 
 
-def _environment(parts: Parts, prefix: str, sink: hooks.Sink | None) -> dict[str, str]:
+def _environment(parts: Parts, prefix: str, sink: hooks.Sink | None,
+                 broker_url: str | None = None) -> dict[str, str]:
     """The LAYBY_* settings of a site: its server, its key prefix (on a shared server, the
-    broker's keys under it too), the bench's agents and tasks, and with `sink`, the
-    reviewer its runs announce to."""
+    broker's keys under it too), its broker when not the store's server, the bench's agents
+    and tasks, and with `sink`, the reviewer its runs announce to."""
     assert parts.folder is not None and parts.redis_url is not None
     env = {"LAYBY_REDIS_URL": parts.redis_url, "LAYBY_KEY_PREFIX": prefix,
            "LAYBY_BROKER_KEY_PREFIX": "" if parts.embedded else f"{prefix}:broker:",
            "LAYBY_INTAKE_QUEUE": "",
            "LAYBY_AGENT_MODULES": "bench.agents", "LAYBY_TASK_MODULES": "bench.tasks",
            "LAYBY_DATA_DIR": str(parts.folder / "data")}
+    if broker_url:  # a server of the user's: the queues under a prefix of the bench's own
+        env.update({"LAYBY_BROKER_URL": broker_url,
+                    "LAYBY_BROKER_KEY_PREFIX": f"{BROKER_PREFIX}:broker:"})
     if sink is not None:
         env.update({"LAYBY_REVIEWERS_FILE": str(hooks.directory(parts.folder, sink.url)),
                     "LAYBY_TOKEN_KEYS": f"bench:{uuid.uuid4().hex}{uuid.uuid4().hex}",
@@ -256,7 +277,8 @@ def _levels(args: argparse.Namespace, parts: Parts, rt: Any, sink: hooks.Sink | 
             with _environ(env):
                 site_rt = build()
             if not extra.embedded:
-                stack.callback(_delete_keys, site_rt.store, prefix, extra)
+                stack.callback(_delete_keys, site_rt.store, prefix)
+                stack.callback(_stop_processes, extra)
             worker = extra.start_worker(measure.WORKER_QUEUES, args.concurrency, env)
             measure.wait_for_worker(site_rt.store, worker.alive)
             extra.start_sweeper(env)
@@ -318,16 +340,31 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def _delete_keys(store: Any, prefix: str, parts: Parts) -> None:
-    """On a server the bench did not start, leave nothing of its own behind."""
+def _stop_processes(parts: Parts) -> None:
     for process in (parts.gateway, parts.sweeper, parts.worker):
         if process is not None:
-            process.stop()  # first, or they would write keys again
+            process.stop()
+
+
+def _delete_keys(store: Any, prefix: str) -> None:
+    """On a server the bench did not start, leave nothing of its own behind."""
     try:
         for key in store.redis.scan_iter(match=f"{prefix}:*", count=1000):
             store.redis.delete(key)
     except Exception as exc:  # noqa: BLE001  (do not hide the error that brought us here)
         print(f"bench: could not delete the keys under {prefix}: {exc}", file=sys.stderr)
+
+
+def _delete_broker_keys(rt: Any) -> None:
+    """The bench's queues and kombu's tables on a Redis broker given with `--broker-url`."""
+    try:
+        with rt.celery.connection_for_write() as conn:
+            client = conn.default_channel.client
+            for key in client.scan_iter(match=f"{BROKER_PREFIX}:broker:*", count=1000):
+                client.delete(key)
+    except Exception as exc:  # noqa: BLE001  (do not hide the error that brought us here)
+        print(f"bench: could not delete the broker's keys under {BROKER_PREFIX}: {exc}",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,15 @@ the figures; the snapshots' own INFO calls are taken out. Idle traffic in the ba
 worker's BRPOP timeouts, heartbeats) counts against whichever side ran, in proportion to
 its wall time, which is fair: a slower side idles longer.
 
+What a cycle costs the server in time: its main thread's active time (`INFO cpu`,
+`used_active_time_main_thread`, Valkey 8: the time it spent on anything but waiting for
+clients; on a server without it, its main thread's CPU time), scripts and the commands
+they call included, and of it the scripts' own (`INFO commandstats`: EVALSHA's `usec`, the
+commands a script calls included). (Summing commandstats' `usec` over every command would
+count a script's commands twice: in the script's and in their own.) A primary's main thread
+is one core: 1,000,000 µs over the µs a cycle costs is the most cycles a second one primary
+can carry.
+
 What the counters cannot say (which script, which task) comes from a separate pass of a
 few cycles under MONITOR, untimed: EVALSHA by script name (the store's scripts' SHA1s)
 and the Celery task messages pushed (LPUSH of a task message to a queue, by task name,
@@ -25,8 +34,9 @@ from typing import Any
 
 from redis import Redis
 
-# One snapshot is one pipeline of two INFO commands: one read, two commands.
-SNAPSHOT_READS, SNAPSHOT_COMMANDS = 1, 2
+# One snapshot is one pipeline of three INFO commands: one read, three commands.
+SNAPSHOT_READS, SNAPSHOT_COMMANDS = 1, 3
+SCRIPT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
 
 
 @dataclass
@@ -34,28 +44,42 @@ class Counters:
     reads: int = 0
     commands: int = 0
     by_command: Counter[str] = field(default_factory=Counter)
+    usec_by_command: Counter[str] = field(default_factory=Counter)
+    busy_us: float = 0.0  # the main thread's active time
 
     def __sub__(self, other: Counters) -> Counters:
         by = Counter(self.by_command)
         by.subtract(other.by_command)
         by["info"] -= SNAPSHOT_COMMANDS
+        usec = Counter(self.usec_by_command)
+        usec.subtract(other.usec_by_command)
         return Counters(self.reads - other.reads - SNAPSHOT_READS,
                         self.commands - other.commands - SNAPSHOT_COMMANDS,
-                        +by)
+                        +by, +usec, self.busy_us - other.busy_us)
 
     def __add__(self, other: Counters) -> Counters:
         return Counters(self.reads + other.reads, self.commands + other.commands,
-                        self.by_command + other.by_command)
+                        self.by_command + other.by_command,
+                        self.usec_by_command + other.usec_by_command,
+                        self.busy_us + other.busy_us)
 
 
 def snapshot(client: Redis) -> Counters:
     pipe = client.pipeline(transaction=False)
     pipe.info("stats")
     pipe.info("commandstats")
-    stats, commandstats = pipe.execute()
+    pipe.info("cpu")
+    stats, commandstats, cpu = pipe.execute()
+    busy = cpu.get("used_active_time_main_thread")
+    if busy is None:  # Redis: the main thread's CPU time
+        busy = (float(cpu.get("used_cpu_user_main_thread", 0))
+                + float(cpu.get("used_cpu_sys_main_thread", 0)))
     return Counters(int(stats["total_reads_processed"]), int(stats["total_commands_processed"]),
                     Counter({name.removeprefix("cmdstat_"): int(v["calls"])
-                             for name, v in commandstats.items()}))
+                             for name, v in commandstats.items()}),
+                    Counter({name.removeprefix("cmdstat_"): int(v["usec"])
+                             for name, v in commandstats.items()}),
+                    float(busy) * 1_000_000)
 
 
 def counted(client: Redis, measure: Callable[[], Any]) -> tuple[Any, Counters]:
@@ -69,7 +93,12 @@ def per_item(counters: Counters, items: int) -> dict[str, Any]:
     if items <= 0:
         return {}
     top = counters.by_command.most_common(12)
-    return {"round_trips": round(counters.reads / items, 1),
+    server_us = counters.busy_us / items
+    return {"server_us": round(server_us, 1),
+            "script_us": round(sum(counters.usec_by_command[c] for c in SCRIPT_COMMANDS)
+                               / items, 1),
+            "per_s_per_primary": round(1_000_000 / server_us) if server_us > 0 else None,
+            "round_trips": round(counters.reads / items, 1),
             "commands": round(counters.commands / items, 1),
             "evalsha": round(counters.by_command.get("evalsha", 0) / items, 2),
             "publish": round(counters.by_command.get("publish", 0) / items, 2),

@@ -206,6 +206,10 @@ def table(result: dict[str, Any]) -> str:
         ("publish → start (bare Celery)", f"{base_rest.get('p50', nan):.0f} / "
                                           f"{base_rest.get('p99', nan):.0f} ms p50 / p99, "
                                           "one at a time"),
+        ("server time", f"{lay_cost.get('server_us', nan)} µs per cycle (scripts "
+                        f"{lay_cost.get('script_us', nan)} µs), "
+                        f"{base_cost.get('server_us', nan)} µs per bare chain: at most "
+                        f"{lay_cost.get('per_s_per_primary', nan)} cycles/s per primary"),
         ("client round trips", f"{lay_cost.get('round_trips', nan)} per cycle, "
                                f"{base_cost.get('round_trips', nan)} per bare chain"),
         ("server commands", f"{lay_cost.get('commands', nan)} per cycle, "

@@ -107,6 +107,15 @@ def url_problem(url: str, schemes: tuple[str, ...]) -> str | None:
     return None
 
 
+def broker_shown(url: str) -> str:
+    """The broker's kind and address, as logs and `layby doctor` say it: never its
+    password."""
+    first = urlsplit(url.split(";")[0].strip())
+    kind = {"amqp": "RabbitMQ", "amqps": "RabbitMQ", "sentinel": "the Sentinel group of"
+            }.get(first.scheme.lower(), "Redis")
+    return f"{kind} {first.hostname}:{first.port or ''}".rstrip(":")
+
+
 class Settings(BaseSettings):
     # A setting refused is named with its error, never its value: it may be a secret.
     model_config = SettingsConfigDict(env_prefix="LAYBY_", extra="ignore",

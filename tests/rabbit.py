@@ -71,6 +71,12 @@ class Rabbit:
                                        f"{self.root / 'server.out'}") from None
                 time.sleep(0.3)
 
+    def kill(self) -> None:
+        """SIGKILL the node (its epmd stays): `start` brings it back on its data."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)

@@ -67,7 +67,11 @@ def test_bench_runs_and_reports(tmp_path: Path) -> None:
     assert base_cost["tasks_by_name"] == {"bench.hop": 2.0}
     for cost in (lay_cost, base_cost):
         assert cost["round_trips"] > 0 and cost["commands"] >= cost["round_trips"]
+        # The server's own time: at most a core's worth of them a second.
+        assert cost["server_us"] > 0
+        assert cost["per_s_per_primary"] == round(1_000_000 / cost["server_us"])
     assert lay_cost["commands"] > base_cost["commands"]  # the Lua transitions' own
+    assert 0 < lay_cost["script_us"] < lay_cost["server_us"] and base_cost["script_us"] == 0
     baseline_latency = result["baseline_publish_to_start_at_rest_ms"]
     assert baseline_latency["count"] == RUNS and baseline_latency["p50"] >= 0
     machine = result["machine"]
@@ -78,6 +82,30 @@ def test_bench_runs_and_reports(tmp_path: Path) -> None:
     assert not [c for c in _cmdlines() if worker_tag in c]
     with pytest.raises(redis.exceptions.ConnectionError):
         redis.Redis.from_url(result["settings"]["redis_url"], socket_connect_timeout=1).ping()
+
+
+@pytest.mark.timeout(170)
+def test_bench_with_the_broker_on_another_server(tmp_path: Path) -> None:
+    from layby.ops.embedded import EmbeddedRedis
+
+    broker = EmbeddedRedis(tmp_path / "broker").start()
+    try:
+        out = tmp_path / "bench.json"
+        done = subprocess.run([sys.executable, "-m", "bench", "--runs", str(RUNS), "--warmup",
+                               "2", "--broker-url", broker.url, "--json", str(out)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=160)
+        assert done.returncode == 0, done.stdout + done.stderr
+        result = json.loads(out.read_text())
+        assert result["layby"]["completed"] == result["baseline"]["completed"] == RUNS
+        assert result["settings"]["broker_url"] == broker.url
+        lay_cost = result["costs"]["layby"]
+        # The messages went to the broker, published after the commits: no script pushed one.
+        assert lay_cost["task_messages_pushed_by_scripts"] == 0
+        assert lay_cost["server_us"] > 0 and lay_cost["per_s_per_primary"] > 0
+        # Nothing of the bench is left on the broker's server.
+        assert redis.Redis.from_url(broker.url).dbsize() == 0
+    finally:
+        broker.stop()
 
 
 @pytest.mark.timeout(300)

@@ -6,6 +6,7 @@ a Valkey server of its own.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,3 +74,25 @@ def test_doctor_names_rabbitmq(with_rabbit: WithRabbit) -> None:
     done = with_rabbit.system.layby("doctor")
     lines = [x for x in done.stdout.splitlines() if " broker:" in x or "visibility" in x]
     assert lines == [f"OK      broker: RabbitMQ 127.0.0.1:{with_rabbit.rabbit.port} answers"]
+
+
+@pytest.mark.slow
+def test_runs_answered_as_rabbitmq_is_killed_finish_once(with_rabbit: WithRabbit) -> None:
+    # Answers commit while RabbitMQ is away (their resumes wait in the outbox) or just
+    # before it dies (in a quorum queue, confirmed: kept): every run finishes once.
+    system, rabbit = with_rabbit.system, with_rabbit.rabbit
+    runs = [system.start_run("demo.transfer", f"Send {10 + i} to Ann")["id"] for i in range(8)]
+    parked = {r: system.wait_status(r, "interrupted") for r in runs}
+    for i, run_id in enumerate(runs):
+        if i == 4:
+            rabbit.kill()
+        (waiting,) = system.open_interrupts(parked[run_id])
+        reply = system.answer(run_id, waiting["id"], payload={"approved": True})
+        assert reply.status_code == 200, reply.text
+    time.sleep(2)
+    rabbit.start()
+    for i, run_id in enumerate(runs):
+        assert system.wait_status(run_id, "completed", timeout=60)["result"] == (
+            f"Sent {10 + i} to Ann.")
+    transfers = [t["run"] for t in system.ledger()["transfers"] if t["run"] in runs]
+    assert sorted(transfers) == sorted(runs)

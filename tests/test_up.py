@@ -22,9 +22,10 @@ from tests.harness import ROOT, wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _up(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def _up(data_dir: Path, port: int, log: Path, **more: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("LAYBY_REDIS_URL", "LAYBY_API_KEYS") and not k.startswith("LAYBY_SMTP")}
+    env.update(more)
     # Free ports rather than the defaults (1025, 2525), which a developer's own `layby up`
     # may hold while the tests run.
     env.update({"LAYBY_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT),
@@ -110,6 +111,33 @@ def test_layby_up_survives_a_restart_with_a_parked_run(tmp_path: Path) -> None:
         api.close()
     finally:
         assert _stop(up) == []
+
+
+def test_layby_up_with_the_broker_on_another_server(tmp_path: Path) -> None:
+    broker = EmbeddedRedis(tmp_path / "broker").start()
+    data_dir, port, log = tmp_path / "data", free_port(), tmp_path / "up.log"
+    base = f"http://127.0.0.1:{port}"
+    up = _up(data_dir, port, log, LAYBY_BROKER_URL=broker.url)
+    try:
+        wait_until(lambda: _ready(base), 60, what="layby up")
+        assert f"  broker    Redis 127.0.0.1:{broker.port}   (LAYBY_BROKER_URL)" in log.read_text()
+        with _client(base, _printed(log, "api key")) as api:
+            run_id = api.post("/v1/runs", json={"agent": "demo.transfer",
+                                                "input": "Send 30 to Ann"}).json()["id"]
+            wait_until(lambda: api.get(f"/v1/runs/{run_id}").json()["status"]
+                       == "interrupted", 30, what="the run to park")
+            run = api.get(f"/v1/runs/{run_id}").json()
+            [waiting] = [i for i in run["interrupts"] if i["state"] == "open"]
+            api.post(f"/v1/runs/{run_id}/interrupts/{waiting['id']}",
+                     json={"status": "resolved", "payload": {"approved": True}})
+            wait_until(lambda: api.get(f"/v1/runs/{run_id}").json()["status"]
+                       == "completed", 30, what="the run to complete")
+        # Celery's queues were on the broker's server, not on the embedded store.
+        with redis.Redis(port=broker.port) as client:
+            assert any(k.startswith(b"_kombu.binding.") for k in client.scan_iter())
+    finally:
+        assert _stop(up) == []
+        broker.stop()
 
 
 def test_the_email_round_trip_on_one_machine(tmp_path: Path) -> None:

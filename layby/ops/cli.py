@@ -24,7 +24,7 @@ import typer
 from pydantic import ValidationError
 
 from layby.broker_config import SWEEP, Settings, logs, worker_queues
-from layby.broker_config.settings import settings_problem
+from layby.broker_config.settings import broker_shown, settings_problem
 from layby.control import Runtime, build
 from layby.errors import LaybyError
 from layby.generation.interrupts import CONFIRMATION, ResumeEntry
@@ -139,6 +139,8 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
             f"  redis     {where['redis']}"
             + (f"   (embedded, append-only, malloc {system.redis.allocator})"
                if system.redis else "") + "\n"
+            + (f"  broker    {broker_shown(settings.broker_url)}   (LAYBY_BROKER_URL)\n"
+               if settings.broker_url and not settings.broker_is_store else "") +
             f"  data      {where['data_dir']}\n"
             f"  queues    {', '.join(worker_queues(settings))} (worker); {SWEEP} (sweeper)\n"
             f"  reviewers {where['reviewers']}\n"

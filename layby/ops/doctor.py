@@ -9,13 +9,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import redis
 import redis.sentinel
 from kombu import Connection
 
-from layby.broker_config.settings import Settings
+from layby.broker_config.settings import Settings, broker_shown
 from layby.parking import formats, migrations
 from layby.parking.gauges import live_hosting, runs_by_version
 from layby.parking.keys import Keys
@@ -291,21 +290,13 @@ def check_celery(conf: object, settings: Settings) -> list[Check]:
     return checks
 
 
-def _broker_where(url: str) -> str:
-    """The broker's kind and address, without its password."""
-    first = urlsplit(url.split(";")[0].strip())
-    kind = {"amqp": "RabbitMQ", "amqps": "RabbitMQ", "sentinel": "the Sentinel group of"
-            }.get(first.scheme.lower(), "Redis")
-    return f"{kind} {first.hostname}:{first.port or ''}".rstrip(":")
-
-
 def check_broker(settings: Settings, conf: object, timeout_s: int = 3) -> Check:
     """Where the broker is and whether it answers: a broker of its own (LAYBY_BROKER_URL)
     is not checked with the store."""
     if settings.broker_is_store:
         return Check("broker", True, "the store's server (LAYBY_BROKER_URL unset)")
     url = settings.resolved_broker_url() or ""
-    where = _broker_where(url)
+    where = broker_shown(url)
     conn = Connection(url, transport_options=conf.get(  # type: ignore[attr-defined]
         "broker_transport_options") or {}, connect_timeout=timeout_s)
     errors: tuple[type[BaseException], ...] = (*conn.connection_errors, *conn.channel_errors,
