@@ -8,6 +8,7 @@ made good by the sweeper.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,6 +80,22 @@ def test_doctor_names_the_broker(apart: Apart) -> None:
     done = apart.system.layby("doctor")
     line = next(x for x in done.stdout.splitlines() if " broker:" in x)
     assert line == f"OK      broker: Redis 127.0.0.1:{apart.broker.port} answers"
+
+
+def test_the_sweeper_sweeps_on_while_the_broker_is_away(apart: Apart) -> None:
+    store = redis.Redis.from_url(apart.store.url, decode_responses=True)
+    port, data = apart.broker.port, apart.broker.data_dir
+    apart.broker.kill()
+    try:
+        time.sleep(2)  # every part has seen it go
+        before = int(store.get("layby:swept") or 0)
+        wait_until(lambda: int(store.get("layby:swept") or 0) > before + 1000, 10,
+                   what="sweeps while the broker is away")
+    finally:
+        apart.broker = EmbeddedRedis(data, port=port).start()
+    run_id = apart.system.start_run("demo.trivia", "quiz me")["id"]
+    _answer(apart.system, run_id, "Jaws")
+    assert apart.system.wait_status(run_id, "completed", timeout=30)["status"] == "completed"
 
 
 def test_a_broker_that_lost_its_messages_is_made_good_by_the_sweeper(apart: Apart,

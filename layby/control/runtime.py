@@ -24,9 +24,8 @@ import socket
 import threading
 import weakref
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any
 
-import redis
 from celery import Celery
 
 from layby.broker_config import (
@@ -153,29 +152,47 @@ class Runtime:
         """The run id of the broker's Redis server when that is a server of its own
         (LAYBY_BROKER_URL): a new one after its restart or failover, which may have lost
         task messages. None when the broker is the store's server (the store's own id says
-        it) or RabbitMQ (its quorum queues keep what they confirmed)."""
+        it) or RabbitMQ (its quorum queues keep what they confirmed), or does not answer
+        now (asked again at the next sweep; never waited for: the sweep goes on)."""
         if self.settings.broker_is_store or self.settings.broker_is_amqp:
             return None
         with self.celery.connection_for_write() as conn:
-            # kombu's Redis transports' channel holds redis-py's client of the primary.
-            client = cast("redis.Redis", conn.default_channel.client)  # type: ignore[attr-defined]
-            return str(client.info("server").get("run_id", ""))
+            errors: tuple[type[BaseException], ...] = (
+                *conn.connection_errors, *conn.channel_errors, OSError)
+            try:
+                # A channel of its own: the connection's default one would retry for ever.
+                channel: Any = conn.channel()
+                try:
+                    # kombu's Redis channel holds redis-py's client of the primary.
+                    return str(channel.client.info("server").get("run_id", ""))
+                finally:
+                    with contextlib.suppress(*errors):
+                        channel.close()
+            except errors as exc:
+                log.warning("the broker does not answer (%s); its server is looked at again "
+                            "at the next sweep", exc)
+                return None
 
     def queue_length(self, queue: str) -> int | None:
-        """How many messages wait in `queue` on the broker; None when it cannot be asked."""
-        try:
-            with self.celery.connection_for_write() as conn:
+        """How many messages wait in `queue` on the broker; None when it does not answer
+        now (the queue is not looked at this time)."""
+        with self.celery.connection_for_write() as conn:
+            lost: tuple[type[BaseException], ...] = (*conn.connection_errors, OSError)
+            try:
                 channel: Any = conn.channel()  # kombu types it as StdChannel, without these
-                try:
-                    return int(channel.queue_declare(queue=queue, passive=True).message_count)
-                except conn.channel_errors:
-                    return 0  # no such queue (on Redis, an empty one is no key): none waits
-                finally:
-                    with contextlib.suppress(*conn.connection_errors, *conn.channel_errors):
-                        channel.close()
-        except OSError as exc:  # the broker away: the queue is not looked at this time
-            log.warning("could not ask the broker about queue %s (%s)", queue, exc)
-            return None
+            except lost as exc:
+                log.warning("could not ask the broker about queue %s (%s)", queue, exc)
+                return None
+            try:
+                return int(channel.queue_declare(queue=queue, passive=True).message_count)
+            except tuple(conn.channel_errors):
+                return 0  # no such queue (on Redis, an empty one is no key): none waits
+            except lost as exc:
+                log.warning("could not ask the broker about queue %s (%s)", queue, exc)
+                return None
+            finally:
+                with contextlib.suppress(*lost, *conn.channel_errors):
+                    channel.close()
 
     def publish(self, entries: Iterable[OutboxEntry]) -> int:
         """Send entries to the broker and ack them; returns how many were sent."""
