@@ -48,6 +48,16 @@ def test_runs_behind_others_in_their_queue_are_never_taken_for_lost(world: World
     assert store.waiting_too_long(0) == []
 
 
+def test_a_run_that_waits_for_no_message_keeps_no_number(world: World) -> None:
+    # A parked run may wait for days: the number would only take room in its hash.
+    store = world.store_with(pushing=True)
+    world.stepped_then_parked_unplanned("run_1")
+    assert "sent" not in world.run_hash("run_1")
+    _queued(world, store, "run_2")
+    assert store.cancel("run_2", by="alice", reason=None).ok
+    assert "sent" not in world.run_hash("run_2")
+
+
 def test_every_run_of_an_empty_queue_is_taken_for_lost(world: World) -> None:
     store = world.store_with(pushing=True)
     _queued(world, store, "run_1", "run_2")

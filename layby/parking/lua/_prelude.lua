@@ -145,8 +145,9 @@ local function deliver_now(nid, now)
   return pushed
 end
 
+-- (`sent` too: a run that holds or held a claim has no message waiting in a queue.)
 local function release_lease()
-  redis.call('HDEL', RUN, 'lease_owner', 'lease_until')
+  redis.call('HDEL', RUN, 'lease_owner', 'lease_until', 'sent')
   redis.call('ZREM', LEASES, ID)
 end
 
@@ -187,15 +188,17 @@ end
 -- A step's commit: the claim released, the messages and the next version written at once
 -- (the caller checked the claim, so the version is `version` + 1), with `extra` fields.
 -- `checkpointed`: the step saved checkpoints (to drop now). `parks`: the run now waits,
--- maybe for days: its claim's fields (and `checkpointed`) are deleted rather than emptied
--- (readers take them as absent either way), for bytes it would hold all that time.
+-- maybe for days: its claim's fields (and `checkpointed`, and `sent`, its last message's
+-- number) are deleted rather than emptied (readers take them as absent either way), for
+-- bytes it would hold all that time (`sent` took the bench's parked hash from 896 bytes to
+-- the allocator's next size, 1,024).
 local function commit_step(version, messages, now, checkpointed, extra, parks)
   local v = tonumber(version) + 1
   -- `waiting` is a park's: any other commit leaves nothing to wait on (a park's own
   -- value, in `extra`, wins; a park that leaves it out waits on its open interrupts).
   if parks then
     redis.call('HDEL', RUN, 'attempts', 'lease_owner', 'lease_until', 'checkpointed',
-               'waiting', 'noted')
+               'waiting', 'noted', 'sent')
     redis.call('HSET', RUN, 'messages', messages, 'version', v, 'updated_at', now,
                unpack(extra or {}))
   else
