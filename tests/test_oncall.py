@@ -41,7 +41,7 @@ def test_a_run_whose_message_was_lost_is_listed_then_requeued(
     (finding,) = findings
     assert finding["kind"] == "waiting_too_long", finding
     assert finding["detail"]["status"] == "queued"
-    assert "message may be lost" in finding["problem"]
+    assert "task message is no longer in its queue: lost" in finding["problem"]
     assert f"layby runs requeue {run_id}" in finding["fix"]
     text = layby(system, "ops", "stuck")
     assert text.returncode == 0, text.stderr
