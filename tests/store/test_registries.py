@@ -1,7 +1,7 @@
 """The registries read over several shards (parking.registries): runs spread over three
 shards are paged, listed and found waiting in the order, and with the cursors, of the same
-runs in one shard; due members merge by score. The store has one shard today: these are
-the reads a store of several will make."""
+runs in one shard; due members merge by score. A store of format 1 has one shard, the
+legacy one; these are the reads a store of several will make."""
 
 from __future__ import annotations
 
@@ -72,3 +72,10 @@ def test_due_members_of_several_shards_merge_by_score(world: World) -> None:
     assert due_in(registries, 50, 2) == [("a", 10), ("b", 10)]
     assert due_in(registries[:1], 50, 10) == [("b", 10), ("d", 30)]
     assert due_in([], 50, 10) == []
+
+
+def test_a_store_of_the_legacy_layout_reads_and_writes_one_shard(world: World) -> None:
+    store = world.store
+    assert [shard.keys for shard in store.shards] == [store.keys.legacy]
+    assert store.shard_of("run_1") is store.shards[0]
+    assert store.runs.sets == {s: (store.keys.index(s),) for s in Status}
