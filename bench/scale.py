@@ -34,6 +34,7 @@ from layby.broker_config import DELIVER_TASK
 from layby.control import Runtime, commands
 from layby.generation.interrupts import ResumeEntry
 from layby.parking import Store
+from layby.parking.keys import ShardKeys
 from layby.parking.registries import cursor_of
 from layby.wire import Status
 
@@ -109,20 +110,21 @@ def build_up(site: Site, timeout_s: float) -> None:
     _park_announced(site, finished, timeout_s)
     answer_at_rest(site.rt, [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED,
                                                                         finished)])
-    index = store.runs.of[Status.INTERRUPTED]
-    have = index.count()
+    have = store.runs.count(Status.INTERRUPTED)
     used_before, rss_before = _memory(store)
     _park_announced(site, max(0, site.level - have), timeout_s)
     folded(store, timeout_s)
     persisted(store)
-    added = index.count() - have
+    parked = store.runs.count(Status.INTERRUPTED)
+    added = parked - have
     used_after, rss_after = _memory(store)
     sample = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, 50)]
     history = history_bytes(store, sample)
     by_key = breakdown(store, sample)
-    in_index = (store.redis.memory_usage(index.key, samples=0) or 0) / max(1, index.count())
+    in_index = sum(store.redis.memory_usage(shard.keys.index(Status.INTERRUPTED), samples=0)
+                   or 0 for shard in store.shards) / max(1, parked)
     site.built = {
-        "level": site.level, "parked": index.count(), "redis_url": site.rt.settings.redis_url,
+        "level": site.level, "parked": parked, "redis_url": site.rt.settings.redis_url,
         # The server's own growth (meaningful with many runs: small levels drown in what
         # else the server holds and frees), and the sum of a sample's keys.
         "memory_per_parked_run": memory_per_run(used_before, used_after, added),
@@ -164,9 +166,10 @@ def turn_messages(store: Store) -> dict[str, int]:
     _prelude.lua) against those its runs needed: one to start each run, and one to resume
     each answered run (a bench run asks one question; every answered run has completed by
     now). Any more are copies the sweeper queued, taking a waiting run for lost."""
-    counts = {status: store.runs.of[status].count() for status in Status}
+    counts = {status: store.runs.count(status) for status in Status}
     needed = sum(counts.values()) + counts[Status.COMPLETED]
-    sent = int(store.redis.hget(store.keys.queues, f"{store.tasks.turn_queue}:sent") or 0)
+    sent = sum(int(store.redis.hget(shard.keys.queues, f"{store.tasks.turn_queue}:sent") or 0)
+               for shard in store.shards)
     return {"turn_messages": sent, "turn_messages_needed": needed,
             "duplicate_turn_messages": sent - needed}
 
@@ -174,8 +177,7 @@ def turn_messages(store: Store) -> dict[str, int]:
 def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:
     """Start `count` runs of `agent` and wait until they are all parked."""
     store = rt.store
-    index = store.runs.of[Status.INTERRUPTED]
-    target = index.count() + count
+    target = store.runs.count(Status.INTERRUPTED) + count
 
     def start(i: int) -> None:
         commands.start_run(rt, agent, input=f"parked {i}")
@@ -183,10 +185,10 @@ def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         for done in pool.map(start, range(count), chunksize=256):
             del done
-    last, last_change = index.count(), time.monotonic()
+    last, last_change = store.runs.count(Status.INTERRUPTED), time.monotonic()
     while last < target:
         time.sleep(0.05)
-        now = index.count()
+        now = store.runs.count(Status.INTERRUPTED)
         if now != last:
             last, last_change = now, time.monotonic()
         elif time.monotonic() - last_change > timeout_s:
@@ -228,8 +230,7 @@ def park_ms(site: Site, count: int, timeout_s: float) -> float:
     store = site.store
     started = store.now_ms()
     _park_announced(site, count, timeout_s)
-    newest = store.redis.zrevrange(store.keys.index(Status.INTERRUPTED), 0, 0,
-                                   withscores=True)
+    newest = store.runs.newest(Status.INTERRUPTED, 1)
     return max(1.0, float(newest[0][1]) - started) if newest else 0.0
 
 
@@ -242,16 +243,20 @@ def deliveries_done(rt: Runtime) -> int:
 def folded(store: Store, timeout_s: float) -> None:
     """Until the sweeper has folded the events of every parked run (LAYBY_FOLD_EVENTS_AFTER_S
     after its park)."""
-    index = store.keys.index(Status.INTERRUPTED)
     deadline = time.monotonic() + store.config.fold_after_ms / 1000 + timeout_s
     while time.monotonic() < deadline:
-        newest = store.redis.zrevrange(index, 0, 0, withscores=True)
-        cursor = store.redis.get(store.keys.fold_cursor)
-        if not newest or (cursor is not None and int(cursor) >= int(newest[0][1])):
+        if all(_folded(store, shard.keys) for shard in store.shards):
             return
         time.sleep(0.5)
     raise BenchError(f"the sweeper did not fold the parked runs' events in {timeout_s} s "
                      f"past LAYBY_FOLD_EVENTS_AFTER_S")
+
+
+def _folded(store: Store, shard: ShardKeys) -> bool:
+    """Whether the sweeper's fold of the shard's parked runs reached the newest."""
+    newest = store.redis.zrevrange(shard.index(Status.INTERRUPTED), 0, 0, withscores=True)
+    cursor = store.redis.get(shard.fold_cursor)
+    return not newest or (cursor is not None and int(cursor) >= int(newest[0][1]))
 
 
 def persisted(store: Store, timeout_s: float = 300) -> None:
@@ -342,13 +347,12 @@ def probe(sites: list[Site], answers: int) -> list[dict[str, Any]]:
     pages, victims = [], []
     for site in sites:
         store = site.store
-        parked = store.runs.of[Status.INTERRUPTED].count()
+        parked = store.runs.count(Status.INTERRUPTED)
         # Answered: runs a third deep in the index.
         victims.append([run_id for run_id, _ in store.runs.newest(
             Status.INTERRUPTED, answers, offset=parked // 3)])
-        deep = store.redis.zrevrange(store.keys.index(Status.INTERRUPTED), parked // 2,
-                                     parked // 2, withscores=True)
-        cursor = cursor_of(deep[0][0], int(deep[0][1])) if deep else None
+        deep = store.runs.newest(Status.INTERRUPTED, 1, offset=parked // 2)
+        cursor = cursor_of(*deep[0]) if deep else None
         pages.append({
             "list_first_page_ms": lambda s=store: s.list_page(Status.INTERRUPTED, limit=50),
             "list_deep_page_ms": lambda s=store, c=cursor: s.list_page(

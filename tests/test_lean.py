@@ -107,11 +107,12 @@ def test_a_page_goes_on_past_runs_that_changed_in_the_same_millisecond(
     client = redis.Redis(port=redis_server.port, db=14, decode_responses=True)
     client.flushdb()
     try:
-        runs = RunIndex(client, Keys("ties"))
+        keys = Keys("ties")
+        runs = RunIndex(client, *keys.shards)
         # Nine runs, three changing in each of three milliseconds; and in another state.
         for i in range(9):
-            client.zadd(runs.of[Status.INTERRUPTED].key, {f"run-{i}": 1000 + i // 3})
-        client.zadd(runs.of[Status.COMPLETED].key, {"run-x": 1001})
+            client.zadd(keys.index(Status.INTERRUPTED), {f"run-{i}": 1000 + i // 3})
+        client.zadd(keys.index(Status.COMPLETED), {"run-x": 1001})
         every = [run_id for run_id, _ in runs.newest(None, 20)]
         assert len(every) == 10
         for size in (1, 2, 4):

@@ -64,9 +64,9 @@ def read(client: Redis, keys: Keys) -> FormatState:
 
 
 def has_data(client: Redis, keys: Keys) -> bool:
-    """Whether any run is indexed (every run is in one state's index while its keys live):
-    a store without runs has nothing to migrate."""
-    return bool(client.exists(*(keys.index(s) for s in Status)))
+    """Whether any run is indexed (every run is in one state's index of its shard while its
+    keys live): a store without runs has nothing to migrate."""
+    return bool(client.exists(*(shard.index(s) for shard in keys.shards for s in Status)))
 
 
 def readable(state: FormatState, newest: int, *, empty: bool) -> str | None:

@@ -1,6 +1,7 @@
-"""What `/metrics` reports, read from the registries and the `stats` counters in one round
-trip, timed by the Redis server's clock like the scripts that write the scores; and the runs
-by agent version, which no registry counts: a pass over the runs of some states.
+"""What `/metrics` reports, read from the registries and the `stats` counters of every shard
+in one round trip, timed by the Redis server's clock like the scripts that write the scores,
+and summed over the shards; and the runs by agent version, which no registry counts: a pass
+over the runs of some states.
 
 `/metrics` and `layby doctor` read the agent versions of parked runs, and `layby doctor` the
 versions the live workers host."""
@@ -9,13 +10,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from redis import Redis
 
-from layby.parking.keys import Keys
+from layby.parking.keys import Keys, ShardKeys
 from layby.parking.registries import first_scored, now_ms
 from layby.parking.scripts import standalone
 from layby.wire import Status
@@ -41,30 +42,70 @@ class Gauges:
 
 def read(client: Redis, keys: Keys, wait_buckets_s: tuple[int, ...]) -> Gauges:
     now = now_ms(client)
-    parked = keys.index(Status.INTERRUPTED)
     pipe = client.pipeline(transaction=False)  # replies are taken in the order asked
-    for status in Status:
-        pipe.zcard(keys.index(status))
-    for bound in wait_buckets_s:
-        pipe.zcount(parked, now - bound * 1000, "+inf")
-    for key in (parked, keys.outbox, keys.notify_due):
-        pipe.zrange(key, 0, 0, withscores=True)
-    pipe.zcard(keys.deadlines)
-    for key in (keys.deadlines, keys.leases, keys.outbox, keys.notify_due):
-        pipe.zcount(key, "-inf", now)
-    pipe.zcard(keys.outbox)
-    pipe.hgetall(keys.stats)
+    for shard in keys.shards:
+        _ask(pipe, shard, now, wait_buckets_s)
     pipe.get(keys.swept)
     replies = iter(pipe.execute())
+    each = [_told(replies, now, wait_buckets_s) for _ in keys.shards]
+    swept = next(replies)
+    return _summed(each, int(swept) if swept else None)
+
+
+def _ask(pipe: Any, shard: ShardKeys, now: int, wait_buckets_s: tuple[int, ...]) -> None:
+    """One shard's reads, queued on `pipe`; `_told` takes their replies in this order."""
+    parked = shard.index(Status.INTERRUPTED)
+    for status in Status:
+        pipe.zcard(shard.index(status))
+    for bound in wait_buckets_s:
+        pipe.zcount(parked, now - bound * 1000, "+inf")
+    for key in (parked, shard.outbox, shard.notify_due):
+        pipe.zrange(key, 0, 0, withscores=True)
+    pipe.zcard(shard.deadlines)
+    for key in (shard.deadlines, shard.leases, shard.outbox, shard.notify_due):
+        pipe.zcount(key, "-inf", now)
+    pipe.zcard(shard.outbox)
+    pipe.hgetall(shard.stats)
+
+
+def _told(replies: Iterator[Any], now: int, wait_buckets_s: tuple[int, ...]) -> Gauges:
+    """One shard's gauges, from the replies of its `_ask`."""
     runs = {status: int(next(replies)) for status in Status}
     parked_since = {bound: int(next(replies)) for bound in wait_buckets_s}
     oldest_parked, oldest_outbox, oldest_note = (first_scored(next(replies)) for _ in range(3))
     deadlines = int(next(replies))
     overdue, lapsed, outbox_due, notes_due = (int(next(replies)) for _ in range(4))
-    outbox, stats, swept = int(next(replies)), next(replies), next(replies)
+    outbox, stats = int(next(replies)), next(replies)
     return Gauges(now, runs, parked_since, oldest_parked, deadlines, overdue, lapsed,
-                  outbox, outbox_due, oldest_outbox, notes_due, oldest_note, stats,
-                  int(swept) if swept else None)
+                  outbox, outbox_due, oldest_outbox, notes_due, oldest_note, stats)
+
+
+def _summed(each: list[Gauges], last_sweep_ms: int | None) -> Gauges:
+    """The shards' gauges as one: counts and counters added up, the oldest of the oldest."""
+    stats: Counter[str] = Counter()
+    for g in each:
+        stats.update({name: int(n) for name, n in g.stats.items()})
+    return Gauges(
+        now_ms=each[0].now_ms,
+        runs={s: sum(g.runs[s] for g in each) for s in Status},
+        parked_since={b: sum(g.parked_since[b] for g in each) for b in each[0].parked_since},
+        oldest_parked=_oldest(g.oldest_parked for g in each),
+        deadlines=sum(g.deadlines for g in each),
+        deadlines_overdue=sum(g.deadlines_overdue for g in each),
+        leases_lapsed=sum(g.leases_lapsed for g in each),
+        outbox=sum(g.outbox for g in each),
+        outbox_due=sum(g.outbox_due for g in each),
+        oldest_outbox=_oldest(g.oldest_outbox for g in each),
+        notifications_due=sum(g.notifications_due for g in each),
+        oldest_notification=_oldest(g.oldest_notification for g in each),
+        stats={name: str(n) for name, n in stats.items()},
+        last_sweep_ms=last_sweep_ms)
+
+
+def _oldest(found: Iterable[tuple[str, int] | None]) -> tuple[str, int] | None:
+    """The lowest scored of (member, score)s, as one set would order them."""
+    scored = [f for f in found if f is not None]
+    return min(scored, key=lambda f: (f[1], f[0])) if scored else None
 
 
 # Runs of an index counted a round trip by `runs_by_version`: a script call of about 0.7 ms
@@ -87,11 +128,10 @@ def runs_by_version(client: Redis, keys: Keys, statuses: Iterable[Status]
     while it reads may be counted in two states, or none."""
     count = standalone(client, "count_versions")
     found: Counter[VersionCount] = Counter()
-    for status in statuses:
+    for index in (shard.index(status) for status in statuses for shard in keys.shards):
         start = 0
         while True:
-            run_ids = cast("list[str]", client.zrange(keys.index(status), start,
-                                                       start + VERSION_PAGE - 1))
+            run_ids = cast("list[str]", client.zrange(index, start, start + VERSION_PAGE - 1))
             if not run_ids:
                 break
             reply = count(keys=[keys.run(run_id) for run_id in run_ids])

@@ -130,6 +130,12 @@ keeps `<p>:demo:…` keys of its own.
 
 Parked runs never expire. Finished runs expire `retention` seconds after they end; their
 index entries are pruned by the sweeper.
+
+The structures a transition writes beside the run's own keys (the indexes, deadlines,
+leases, outbox, due notifications, stats, queues, and the idempotency and grant keys it
+names), and the fold cursor of the indexes, are a shard's (`ShardKeys`): a transition
+writes its run's shard's (`Keys.shard_of`), and whatever scans them reads every shard's
+(`Keys.shards`). Format 1 has one shard, the legacy one, whose keys are those listed above.
 """
 
 from __future__ import annotations
@@ -138,6 +144,7 @@ import re
 import textwrap
 from dataclasses import dataclass
 
+from layby.parking import shards as sharding
 from layby.wire import Status
 
 RUN_PARTS = ("run", "answers", "checkpoints", "events")
@@ -342,8 +349,80 @@ def table() -> str:
 
 
 @dataclass(frozen=True)
+class ShardKeys:
+    """One shard's keys of the structures transitions write beside a run's own keys.
+    `base` comes before each name: the prefix alone in the legacy layout (format 1's one
+    shard), so that its keys are those the module docstring lists."""
+
+    base: str
+
+    def index(self, status: Status) -> str:
+        return f"{self.base}:index:{status.value}"
+
+    @property
+    def deadlines(self) -> str:
+        return f"{self.base}:deadlines"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.base}:leases"
+
+    @property
+    def outbox(self) -> str:
+        return f"{self.base}:outbox"
+
+    @property
+    def outbox_entries(self) -> str:
+        return f"{self.base}:outbox:entries"
+
+    @property
+    def notify_due(self) -> str:
+        return f"{self.base}:notify:due"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.base}:stats"
+
+    @property
+    def queues(self) -> str:
+        return f"{self.base}:queues"
+
+    @property
+    def fold_cursor(self) -> str:
+        return f"{self.base}:fold:cursor"
+
+    def idempotency(self, key: str) -> str:
+        return f"{self.base}:idem:{key}"
+
+    def grant(self, ref: str) -> str:
+        return f"{self.base}:grant:{ref}"
+
+
+@dataclass(frozen=True)
 class Keys:
+    """Every key's name under `prefix`. The names of a shard's structures it gives itself
+    (`index`, `deadlines`, …) are the legacy shard's: what migration 1 and the tests name;
+    the store reads and writes them through `shards` and `shard_of`."""
+
     prefix: str = "layby"
+
+    @property
+    def legacy(self) -> ShardKeys:
+        """The one shard of format 1, its keys named as before shards."""
+        return ShardKeys(self.prefix)
+
+    @property
+    def shards(self) -> tuple[ShardKeys, ...]:
+        """Every shard, in order: what a reader of a shard's structures scans."""
+        return (self.legacy,)
+
+    def shard_number(self, run_id: str) -> int:
+        """Which of `shards` run `run_id` is in."""
+        return sharding.shard_of(run_id, len(self.shards))
+
+    def shard_of(self, run_id: str) -> ShardKeys:
+        """The shard whose structures the run's transitions write."""
+        return self.shards[self.shard_number(run_id)]
 
     def of_run(self, run_id: str) -> list[str]:
         return [f"{self.prefix}:{{{run_id}}}:{part}" for part in RUN_PARTS]
@@ -376,15 +455,15 @@ class Keys:
         return f"{self.prefix}:{{{run_id}}}:review"
 
     def index(self, status: Status) -> str:
-        return f"{self.prefix}:index:{status.value}"
+        return self.legacy.index(status)
 
     @property
     def deadlines(self) -> str:
-        return f"{self.prefix}:deadlines"
+        return self.legacy.deadlines
 
     @property
     def leases(self) -> str:
-        return f"{self.prefix}:leases"
+        return self.legacy.leases
 
     @property
     def workers(self) -> str:
@@ -408,14 +487,14 @@ class Keys:
 
     @property
     def outbox(self) -> str:
-        return f"{self.prefix}:outbox"
+        return self.legacy.outbox
 
     @property
     def outbox_entries(self) -> str:
-        return f"{self.prefix}:outbox:entries"
+        return self.legacy.outbox_entries
 
     def idempotency(self, key: str) -> str:
-        return f"{self.prefix}:idem:{key}"
+        return self.legacy.idempotency(key)
 
     @property
     def server(self) -> str:
@@ -427,10 +506,10 @@ class Keys:
 
     @property
     def notify_due(self) -> str:
-        return f"{self.prefix}:notify:due"
+        return self.legacy.notify_due
 
     def grant(self, ref: str) -> str:
-        return f"{self.prefix}:grant:{ref}"
+        return self.legacy.grant(ref)
 
     @property
     def swept(self) -> str:
@@ -438,21 +517,22 @@ class Keys:
 
     @property
     def fold_cursor(self) -> str:
-        return f"{self.prefix}:fold:cursor"
+        return self.legacy.fold_cursor
 
     def seen(self, what: str) -> str:
         return f"{self.prefix}:seen:{what}"
 
     @property
     def stats(self) -> str:
-        return f"{self.prefix}:stats"
+        return self.legacy.stats
 
     @property
     def queues(self) -> str:
-        return f"{self.prefix}:queues"
+        return self.legacy.queues
 
     def for_scripts(self, run_id: str) -> list[str]:
         """The KEYS every transition script receives, in the order of `lua/_prelude.lua`."""
-        return [*self.of_run(run_id), self.outbox, self.outbox_entries, self.leases,
-                self.deadlines, *(self.index(s) for s in Status), self.notify_due, self.stats,
-                self.review(run_id), self.queues]
+        shard = self.shard_of(run_id)
+        return [*self.of_run(run_id), shard.outbox, shard.outbox_entries, shard.leases,
+                shard.deadlines, *(shard.index(s) for s in Status), shard.notify_due,
+                shard.stats, self.review(run_id), shard.queues]

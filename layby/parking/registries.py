@@ -11,6 +11,9 @@ API's lists and `/metrics`.
 | `OutboxRegistry`   | outbox entry ids               | when to (re)publish            |
 | `DueNotifications` | "<run id> <notification id>"   | when to (re)send               |
 
+Each shard of the store has its own (`Shard`): a reader that scans a registry reads every
+shard's and merges them by score (`lowest_first`, `RunIndex` over several shards).
+
 `/metrics` reads them all at once, in one round trip (`layby.parking.gauges`).
 """
 
@@ -18,12 +21,15 @@ from __future__ import annotations
 
 import heapq
 import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import islice
 from typing import Any, cast
 
 from redis import Redis
 
 from layby.errors import Invalid
-from layby.parking.keys import Keys
+from layby.parking.keys import ShardKeys
 from layby.wire import FINISHED, Status
 
 
@@ -63,6 +69,26 @@ def first_scored(reply: list[tuple[str, float]]) -> tuple[str, int] | None:
     return (reply[0][0], int(reply[0][1])) if reply else None
 
 
+def lowest_first(replies: Iterable[list[tuple[str, float]]], limit: int
+                 ) -> list[tuple[str, int]]:
+    """`ZRANGE … WITHSCORES` replies of several sets (each lowest first) merged as one set
+    would order them, by score, then member: the first `limit` (member, score)."""
+    merged = heapq.merge(*[[(member, int(score)) for member, score in reply]
+                           for reply in replies], key=lambda p: (p[1], p[0]))
+    return list(islice(merged, limit))
+
+
+def due_in(registries: Sequence[Registry], at_ms: float, limit: int) -> list[tuple[str, int]]:
+    """(member, score) scored at or before `at_ms` in any of `registries` (one per shard),
+    lowest first, at most `limit`: each read up to `limit`, in one round trip."""
+    if not registries:
+        return []
+    pipe = registries[0].client.pipeline(transaction=False)
+    for registry in registries:
+        pipe.zrangebyscore(registry.key, "-inf", at_ms, 0, limit, withscores=True)
+    return lowest_first(pipe.execute(), limit)
+
+
 # Where a page ended: the last item's score (its last change, ms) and id. Readable rather
 # than opaque, so that its form (CURSOR) says everything that makes one usable.
 CURSOR = re.compile(r"^(\d{1,15})\.([A-Za-z0-9_.-]{1,128})$")
@@ -90,25 +116,40 @@ def _from_cursor(cursor: str) -> tuple[int, str]:
 
 
 class RunIndex:
-    """Runs by state, one sorted set per state (`index:<state>`), scored by their last
-    change; newest first, runs changed in the same millisecond by id (descending)."""
+    """Runs by state, one sorted set per state in each shard it reads (`index:<state>`),
+    scored by their last change; newest first, runs changed in the same millisecond by id
+    (descending). A read of several sets (all states, several shards) merges them by score,
+    so that pages follow one order whichever set a run is in."""
 
-    def __init__(self, client: Redis, keys: Keys) -> None:
+    def __init__(self, client: Redis, *shards: ShardKeys) -> None:
         self.client = client
-        self.of = {status: Registry(client, keys.index(status)) for status in Status}
+        self.sets = {status: tuple(shard.index(status) for shard in shards)
+                     for status in Status}
+
+    def _sets(self, status: Status | None) -> list[str]:
+        """The sets of `status` (every state's when None), in every shard."""
+        return [key for s in ([status] if status else Status) for key in self.sets[s]]
+
+    def count(self, status: Status) -> int:
+        """How many runs are in `status`."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in self.sets[status]:
+            pipe.zcard(key)
+        return sum(pipe.execute())
 
     def newest(self, status: Status | None, limit: int, offset: int = 0
                ) -> list[tuple[str, int]]:
         """(run id, last change) of the newest runs in `status` (any state when None),
-        from `offset` on. One state's page costs the same at any depth; all states' merge
-        reads every state's first offset + limit runs (callers bound the offset)."""
-        if status is not None:
+        from `offset` on. One set's page (one state, one shard) costs the same at any depth;
+        a merge reads every set's first offset + limit runs (callers bound the offset)."""
+        sets = self._sets(status)
+        if len(sets) == 1:
             found = cast("list[tuple[str, float]]", self.client.zrevrange(
-                self.of[status].key, offset, offset + limit - 1, withscores=True))
+                sets[0], offset, offset + limit - 1, withscores=True))
             return [(run_id, int(score)) for run_id, score in found]
         pipe = self.client.pipeline(transaction=False)
-        for s in Status:
-            pipe.zrevrange(self.of[s].key, 0, offset + limit - 1, withscores=True)
+        for key in sets:
+            pipe.zrevrange(key, 0, offset + limit - 1, withscores=True)
         scored = sorted(((run_id, int(score)) for found in pipe.execute()
                          for run_id, score in found), key=lambda p: (-p[1], _desc(p[0])))
         return scored[offset:offset + limit]
@@ -117,24 +158,23 @@ class RunIndex:
              ) -> tuple[list[tuple[str, int]], str | None]:
         """A page of (run id, last change), newest first, after `cursor` (a page's
         `next`), and the cursor of the page after it (None at the end). Its cost does not
-        depend on how deep it is: each state's set is read from the cursor's score on."""
-        statuses = [status] if status else list(Status)
+        depend on how deep it is: each set is read from the cursor's score on."""
+        sets = self._sets(status)
         top, after = ("+inf", None) if cursor is None else _from_cursor(cursor)
         pipe = self.client.pipeline(transaction=False)
-        for s in statuses:
+        for key in sets:
             if after is not None:
                 # Runs changed in the cursor's millisecond sort by id: skip those served.
-                pipe.zcount(self.of[s].key, top, top)
-            pipe.zrevrangebyscore(self.of[s].key, top, "-inf", 0, limit + 1, withscores=True)
+                pipe.zcount(key, top, top)
+            pipe.zrevrangebyscore(key, top, "-inf", 0, limit + 1, withscores=True)
         replies = pipe.execute()
         if after is not None:
             ties = replies[0::2]
             replies = replies[1::2]
             if any(t > 0 for t in ties):  # read again, past the ties
                 pipe = self.client.pipeline(transaction=False)
-                for s, t in zip(statuses, ties, strict=True):
-                    pipe.zrevrangebyscore(self.of[s].key, top, "-inf", 0, limit + 1 + t,
-                                          withscores=True)
+                for key, t in zip(sets, ties, strict=True):
+                    pipe.zrevrangebyscore(key, top, "-inf", 0, limit + 1 + t, withscores=True)
                 replies = pipe.execute()
         merged = heapq.merge(*[[(run_id, int(score)) for run_id, score in found]
                                for found in replies],
@@ -150,24 +190,31 @@ class RunIndex:
 
     def waiting_since_before(self, statuses: tuple[Status, ...], cutoff_ms: int,
                              limit: int) -> list[str]:
-        """Runs whose state last changed before `cutoff_ms`, in any of `statuses`."""
+        """Runs whose state last changed before `cutoff_ms`, in any of `statuses`: the
+        oldest `limit` of each state (its shards merged), state after state."""
         pipe = self.client.pipeline(transaction=False)
         for s in statuses:
-            pipe.zrangebyscore(self.of[s].key, "-inf", cutoff_ms, 0, limit)
-        return [run_id for found in pipe.execute() for run_id in found]
+            for key in self.sets[s]:
+                pipe.zrangebyscore(key, "-inf", cutoff_ms, 0, limit, withscores=True)
+        replies = iter(pipe.execute())
+        return [run_id for s in statuses
+                for run_id, _ in lowest_first([next(replies) for _ in self.sets[s]], limit)]
 
     def finished_before(self, cutoff_ms: int) -> dict[Status, int]:
         """How many finished runs of each state ended before `cutoff_ms`."""
         pipe = self.client.pipeline(transaction=False)
         for s in sorted(FINISHED):
-            pipe.zcount(self.of[s].key, "-inf", cutoff_ms)
-        return dict(zip(sorted(FINISHED), (int(n) for n in pipe.execute()), strict=True))
+            for key in self.sets[s]:
+                pipe.zcount(key, "-inf", cutoff_ms)
+        counts = iter(pipe.execute())
+        return {s: sum(int(next(counts)) for _ in self.sets[s]) for s in sorted(FINISHED)}
 
     def prune_finished_before(self, cutoff_ms: int) -> int:
         """Drop finished runs that ended before `cutoff_ms` (their keys have expired)."""
         pipe = self.client.pipeline(transaction=False)
         for s in sorted(FINISHED):
-            pipe.zremrangebyscore(self.of[s].key, "-inf", cutoff_ms)
+            for key in self.sets[s]:
+                pipe.zremrangebyscore(key, "-inf", cutoff_ms)
         return sum(pipe.execute())
 
 
@@ -178,10 +225,6 @@ def _desc(run_id: str) -> tuple[int, ...]:
 
 class Deadlines(Registry):
     """Open interrupts that expire."""
-
-    def due_pairs(self, at_ms: int, limit: int) -> list[tuple[str, str]]:
-        """(run id, interrupt id) of interrupts past their deadline."""
-        return [tuple(m.rsplit(" ", 1)) for m in self.due(at_ms, limit)]
 
 
 class Leases(Registry):
@@ -194,3 +237,21 @@ class OutboxRegistry(Registry):
 
 class DueNotifications(Registry):
     """Notifications and when they are (re)sent."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard's registries, on its keys: what a transition of one of its runs writes."""
+
+    keys: ShardKeys
+    runs: RunIndex
+    deadlines: Deadlines
+    leases: Leases
+    outbox: OutboxRegistry
+    due_notifications: DueNotifications
+
+    @classmethod
+    def of(cls, client: Redis, keys: ShardKeys) -> Shard:
+        return cls(keys, RunIndex(client, keys), Deadlines(client, keys.deadlines),
+                   Leases(client, keys.leases), OutboxRegistry(client, keys.outbox),
+                   DueNotifications(client, keys.notify_due))

@@ -8,6 +8,10 @@ Redis, and the messages come made.
 
 With `min_replicas_ack`, the transitions someone is told about (`ACKNOWLEDGED`) are
 followed by WAIT on the same connection, so what was acknowledged survives a failover.
+
+A transition writes its run's shard (`shard_of`); the reads that scan the indexes, the
+deadlines, the leases, the outbox or the due notifications read every shard (`shards`) and
+merge them by score.
 """
 
 from __future__ import annotations
@@ -26,17 +30,9 @@ from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
 from layby.parking import codecs, events, formats, pinning, results, scripts
 from layby.parking.clock import iso
-from layby.parking.keys import Keys
+from layby.parking.keys import Keys, ShardKeys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
-from layby.parking.registries import (
-    Deadlines,
-    DueNotifications,
-    Leases,
-    OutboxRegistry,
-    RunIndex,
-    cursor_of,
-    now_ms,
-)
+from layby.parking.registries import RunIndex, Shard, cursor_of, due_in, now_ms
 from layby.parking.results import Transition, Verdict
 from layby.parking.scripts import QueuedTask, ScriptSettings
 from layby.wire import (
@@ -142,11 +138,9 @@ class Store:
         self.config = config
         self.tasks = config.tasks
         self.keys = Keys(self.config.prefix)
-        self.runs = RunIndex(client, self.keys)
-        self.deadlines = Deadlines(client, self.keys.deadlines)
-        self.leases = Leases(client, self.keys.leases)
-        self.outbox = OutboxRegistry(client, self.keys.outbox)
-        self.due_notifications = DueNotifications(client, self.keys.notify_due)
+        self.shards = tuple(Shard.of(client, keys) for keys in self.keys.shards)
+        # Every shard's index at once: list pages, merged by score.
+        self.runs = RunIndex(client, *(shard.keys for shard in self.shards))
         # How many messages wait in a queue on the broker (the runtime asks it): None, only a
         # broker that is this server is asked (`queue_length`).
         self.length_of_queue: Callable[[str], int | None] | None = None
@@ -155,6 +149,10 @@ class Store:
             events_max=config.events_max, outbox_grace_ms=config.outbox_grace_ms,
             lost_message_ms=config.lost_message_ms,
             tasks=config.tasks.queued(config.messages)))
+
+    def shard_of(self, run_id: str) -> Shard:
+        """The shard of the run's transitions."""
+        return self.shards[self.keys.shard_number(run_id)]
 
     @property
     def writing(self) -> int:
@@ -217,7 +215,8 @@ class Store:
                    agent_version: str | None = None, pinned: bool = False) -> Transition:
         """`agent_version`: the version the run starts on; `pinned`: its steps go to that
         version's queue, for the workers that host it."""
-        idem = self.keys.idempotency(idempotency_key) if idempotency_key else ""
+        idem = self.keys.shard_of(run_id).idempotency(idempotency_key) if idempotency_key \
+            else ""
         # An input that is the first message's text is read back from there: a prompt is
         # not kept twice for as long as the run lives.
         stored_input = "" if len(messages) == 1 and _first_text(messages) == input \
@@ -288,7 +287,7 @@ class Store:
             parked.append({"id": intr.id, "record": codecs.stored_interrupt(intr),
                            "expires": expires, "auto": _dumps(auto.wire()) if auto else None,
                            "rule": intr.rule})
-        given, grant_keys = self._plan(plan or Announcements())
+        given, grant_keys = self._plan(run_id, plan or Announcements())
         # A park's event is stored without messages, as the earlier steps' events of a
         # parked run are: the history holds them (parking.events fills them in).
         data, _ = _event(event)
@@ -367,7 +366,7 @@ class Store:
         """Hand an open interrupt from `handover.reviewer` to `handover.to`, recording
         `plan`, the new reviewer's announcements (None: queue the announcement task to plan
         them). AGAIN: handed on before."""
-        given, grant_keys = self._plan(plan or Announcements())
+        given, grant_keys = self._plan(run_id, plan or Announcements())
         reply = self._run("delegate_interrupt", run_id, interrupt_id=interrupt_id,
                           reviewer=handover.reviewer, handover=_dumps(handover.wire()),
                           announce=plan is None, plan=given, extra_keys=grant_keys)
@@ -389,9 +388,11 @@ class Store:
 
     # -- notifications -------------------------------------------------------------------
 
-    def _plan(self, plan: Announcements) -> tuple[dict[str, Any], tuple[str, ...]]:
+    def _plan(self, run_id: str, plan: Announcements
+              ) -> tuple[dict[str, Any], tuple[str, ...]]:
         """`plan` as the scripts read it (`record_plan` in lua/_prelude.lua), and the keys
-        of its grants, in the same order."""
+        of its grants (in the run's shard), in the same order."""
+        shard = self.keys.shard_of(run_id)
         return ({"notes": [{"id": note.id, "record": _dumps(_stored(note)), "at": at}
                            for note, at in plan.notes],
                  "grants": [{"grant": grant, "ttl_ms": max(1000, ttl_ms)}
@@ -399,35 +400,43 @@ class Store:
                  "handovers": [{"interrupt_id": interrupt_id, "reviewer": handover.reviewer,
                                 "record": _dumps(handover.wire())}
                                for interrupt_id, handover in plan.handovers]},
-                tuple(self.keys.grant(ref) for ref, _, _ in plan.grants))
+                tuple(shard.grant(ref) for ref, _, _ in plan.grants))
 
     def plan_notifications(self, run_id: str, plan: Announcements) -> tuple[list[str],
                                                                                list[str]]:
         """Record `plan` for a parked run. Returns the ids that were not planned before, and
         those of them whose delivery the caller must queue (the broker elsewhere)."""
-        given, grant_keys = self._plan(plan)
+        given, grant_keys = self._plan(run_id, plan)
         planned, dispatch = self._run("plan_notifications", run_id, plan=given,
                                       extra_keys=grant_keys)
         return [str(x) for x in planned], [str(x) for x in dispatch]
 
     def claim_due_notifications(self, limit: int = 100,
                                 retry_ms: int = 10_000) -> list[tuple[str, str]]:
-        """Queue the deliveries of notifications due to be sent; returns (run id,
-        notification id) of those the caller must queue itself (the broker elsewhere)."""
-        raw = self._call("claim_due_notifications", [self.keys.notify_due], limit=limit,
-                         retry_ms=retry_ms)
-        return [tuple(m.split(" ", 1)) for m in raw]
+        """Queue the deliveries of notifications due to be sent, at most `limit` a shard
+        (one script each); returns (run id, notification id) of those the caller must
+        queue itself (the broker elsewhere)."""
+        found: list[tuple[str, str]] = []
+        for shard in self.shards:
+            raw = self._call("claim_due_notifications", [shard.keys.notify_due], limit=limit,
+                             retry_ms=retry_ms)
+            found.extend(tuple(m.split(" ", 1)) for m in raw)
+        return found
 
     def redue_queued_notifications(self) -> int:
         """Notifications whose delivery was queued (due again only once a lost message would
         be), made due now: after a store restart or a worker's death, their messages may be
         gone. One that is not due yet goes back to its time when its delivery starts."""
         now = self.now_ms()
-        members = cast("list[str]", self.due_notifications.client.zrangebyscore(
-            self.keys.notify_due, f"({now}", now + self.config.lost_message_ms))
-        if members:
-            self.redis.zadd(self.keys.notify_due, dict.fromkeys(members, now), xx=True)
-        return len(members)
+        redued = 0
+        for shard in self.shards:
+            key = shard.keys.notify_due
+            members = cast("list[str]", self.redis.zrangebyscore(
+                key, f"({now}", now + self.config.lost_message_ms))
+            if members:
+                self.redis.zadd(key, dict.fromkeys(members, now), xx=True)
+            redued += len(members)
+        return redued
 
     def start_delivery(self, run_id: str, notification_id: str, *, deadline_ms: int,
                        max_attempts: int) -> tuple[str, Notification | None]:
@@ -479,7 +488,12 @@ class Store:
         return _notification(notification_id, raw) if raw else None
 
     def grant(self, ref: str) -> str | None:
-        return cast("str | None", self.redis.get(self.keys.grant(ref)))
+        """The grant `ref` names, from whichever shard holds it (a token names no run)."""
+        for shard in self.shards:
+            found = cast("str | None", self.redis.get(shard.keys.grant(ref)))
+            if found is not None:
+                return found
+        return None
 
     def first_sight(self, what: str, ttl_s: int) -> bool:
         """True the first time `what` is seen within `ttl_s` (a webhook-id, a mail)."""
@@ -491,30 +505,40 @@ class Store:
     # -- outbox --------------------------------------------------------------------------
 
     def claim_outbox(self, limit: int = 100, retry_ms: int = 10_000) -> list[OutboxEntry]:
-        raw = self._call("claim_outbox", [self.keys.outbox, self.keys.outbox_entries],
-                         limit=limit, retry_ms=retry_ms)
-        return list(results.entries_of(raw))
+        """Outbox entries due to be published, each claimed for `retry_ms`: at most `limit`
+        a shard (one script each)."""
+        found: list[OutboxEntry] = []
+        for shard in self.shards:
+            raw = self._call("claim_outbox", [shard.keys.outbox, shard.keys.outbox_entries],
+                             limit=limit, retry_ms=retry_ms)
+            found.extend(results.entries_of(raw))
+        return found
 
     def hold_outbox(self, entry_ids: list[str]) -> None:
         """Entries published whose task acks them itself once done: due again only if the
         message was lost (LAYBY_LOST_MESSAGE_S), not after the grace time, so that one still
-        queued is not published again."""
+        queued is not published again. (An entry's id does not always name its run, a
+        delivery's is the notification's: each shard is told, and only the one that holds
+        an entry changes, XX.)"""
         if entry_ids:
             due = self.now_ms() + self.config.lost_message_ms
-            self.redis.zadd(self.keys.outbox, dict.fromkeys(entry_ids, due), xx=True)
+            for shard in self.shards:
+                self.redis.zadd(shard.keys.outbox, dict.fromkeys(entry_ids, due), xx=True)
 
     def ack_outbox(self, entry_ids: list[str]) -> None:
+        """Forget published entries, in whichever shard holds them (see `hold_outbox`)."""
         if entry_ids:
-            self._call("ack_outbox", [self.keys.outbox, self.keys.outbox_entries],
-                       ids=entry_ids)
+            for shard in self.shards:
+                self._call("ack_outbox", [shard.keys.outbox, shard.keys.outbox_entries],
+                           ids=entry_ids)
 
     def overdue_outbox(self, older_than_ms: int = 0, limit: int = 200
                        ) -> list[tuple[str, int]]:
         """(entry id, ms overdue) of outbox entries due to be published more than
         `older_than_ms` ago, most overdue first. A read: nothing is claimed."""
         now = self.now_ms()
-        found = self.outbox.due(now - older_than_ms, limit, with_scores=True)
-        return [(entry_id, now - int(score)) for entry_id, score in found]
+        found = due_in([shard.outbox for shard in self.shards], now - older_than_ms, limit)
+        return [(entry_id, now - score) for entry_id, score in found]
 
     def now_ms(self) -> int:
         return now_ms(self.redis)
@@ -673,10 +697,18 @@ class Store:
     # -- the registries, as the sweeper and on-call read them -------------------------------
 
     def due_deadlines(self, limit: int = 200) -> list[tuple[str, str]]:
-        return self.deadlines.due_pairs(self.now_ms(), limit)
+        """(run id, interrupt id) of interrupts past their deadline, the longest past first."""
+        pairs = []
+        for member, _ in due_in([shard.deadlines for shard in self.shards], self.now_ms(),
+                                limit):
+            run_id, _, interrupt_id = member.rpartition(" ")
+            pairs.append((run_id, interrupt_id))
+        return pairs
 
     def lapsed_leases(self, limit: int = 200) -> list[str]:
-        return self.leases.due(self.now_ms(), limit)
+        """Running runs whose claim lapsed, the longest lapsed first."""
+        return [run_id for run_id, _ in due_in([shard.leases for shard in self.shards],
+                                               self.now_ms(), limit)]
 
     def waiting_too_long(self, older_than_ms: int, limit: int = 200) -> list[str]:
         """Runs queued or resuming since before `older_than_ms` ago whose message is no
@@ -723,11 +755,17 @@ class Store:
         message of the turns queue (or when that is not known), as that layby did."""
         if not run_ids:
             return []
+        # A queue's numbers are counted in each shard (`queues`): a run's against its own.
+        shard_queues = [self.keys.shard_of(run_id).queues for run_id in run_ids]
+        wanted = list(dict.fromkeys(shard_queues))
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(self.keys.queues)
+        for key in wanted:
+            pipe.hgetall(key)
         for run_id in run_ids:
             pipe.hmget(self.keys.run(run_id), "sent", "updated_at")
-        progress, *fields = pipe.execute()
+        replies = pipe.execute()
+        of_shard = dict(zip(wanted, replies[:len(wanted)], strict=True))
+        fields = replies[len(wanted):]
         lengths: dict[str, int | None] = {}
 
         def empty(queue: str) -> bool:
@@ -736,7 +774,8 @@ class Store:
             return lengths[queue] == 0
 
         gone, unnumbered = [], []
-        for run_id, (sent, updated_at) in zip(run_ids, fields, strict=True):
+        for run_id, key, (sent, updated_at) in zip(run_ids, shard_queues, fields, strict=True):
+            progress = of_shard[key]
             queue, _, number = (sent or "").partition(" ")
             if not number.isdigit():
                 unnumbered.append((run_id, updated_at))
@@ -875,13 +914,17 @@ class Store:
 
     def fold_parked(self, limit: int = 5000) -> int:
         """Fold the events of runs parked `fold_after_ms` ago or more into their hashes
-        (lua/fold_events.lua), in the order they parked, from where the last pass stopped
-        (`fold:cursor`); returns how many were folded. A run parked again later comes
-        round again: its place in the index is its last park."""
+        (lua/fold_events.lua), in the order they parked, each shard's from where its last
+        pass stopped (its `fold:cursor`), at most `limit` a shard; returns how many were
+        folded. A run parked again later comes round again: its place in the index is its
+        last park."""
         cutoff = self.now_ms() - self.config.fold_after_ms
-        start = cast("str | None", self.redis.get(self.keys.fold_cursor)) or "-inf"
+        return sum(self._fold_shard(shard.keys, cutoff, limit) for shard in self.shards)
+
+    def _fold_shard(self, shard: ShardKeys, cutoff: int, limit: int) -> int:
+        start = cast("str | None", self.redis.get(shard.fold_cursor)) or "-inf"
         found = cast("list[tuple[str, float]]", self.redis.zrangebyscore(
-            self.keys.index(Status.INTERRUPTED), start, cutoff, start=0, num=limit,
+            shard.index(Status.INTERRUPTED), start, cutoff, start=0, num=limit,
             withscores=True))
         if not found:
             return 0
@@ -896,7 +939,7 @@ class Store:
         # may be past the page; folding twice finds nothing), or past it when the whole
         # page was that one ms.
         last = int(found[-1][1])
-        self.redis.set(self.keys.fold_cursor,
+        self.redis.set(shard.fold_cursor,
                        last + 1 if len(found) == limit and int(found[0][1]) == last else last)
         return folded
 

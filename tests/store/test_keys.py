@@ -28,7 +28,7 @@ import redis
 
 from layby.parking import Announcements, Keys, formats, migrations
 from layby.parking import keys as keys_module
-from layby.parking.keys import KEY_SPECS, KeySpec, table
+from layby.parking.keys import KEY_SPECS, KeySpec, ShardKeys, table
 from layby.wire import InterruptState, Status
 from tests.store.conftest import (
     MESSAGES,
@@ -266,3 +266,20 @@ def test_the_module_docstring_lists_the_keys_as_the_list_holds_them() -> None:
         "layby/parking/keys.py's docstring must hold the list as `table()` prints it: "
         "python -c 'from layby.parking.keys import table; print(table())'\n" + table())
     assert len({spec.pattern for spec in KEY_SPECS}) == len(KEY_SPECS)
+
+
+def test_the_legacy_layout_is_one_shard_named_as_before_shards() -> None:
+    keys = Keys("p")
+    assert keys.shards == (ShardKeys("p"),) and keys.shard_of("run_1") == keys.legacy
+    # Every transition script's KEYS, to the letter (lua/_prelude.lua names them by place).
+    assert keys.for_scripts("r") == [
+        "p:{r}:run", "p:{r}:answers", "p:{r}:checkpoints", "p:{r}:events", "p:outbox",
+        "p:outbox:entries", "p:leases", "p:deadlines", "p:index:queued", "p:index:running",
+        "p:index:interrupted", "p:index:resuming", "p:index:completed", "p:index:failed",
+        "p:index:cancelled", "p:notify:due", "p:stats", "p:{r}:review", "p:queues"]
+    shard = keys.legacy
+    assert [shard.deadlines, shard.leases, shard.outbox, shard.outbox_entries,
+            shard.notify_due, shard.stats, shard.queues, shard.fold_cursor,
+            shard.idempotency("k"), shard.grant("g")] == [
+        "p:deadlines", "p:leases", "p:outbox", "p:outbox:entries", "p:notify:due", "p:stats",
+        "p:queues", "p:fold:cursor", "p:idem:k", "p:grant:g"]

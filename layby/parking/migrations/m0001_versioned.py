@@ -254,7 +254,8 @@ def rewrite_grant(client: Redis, keys: Keys, key: str, dry: bool) -> bool:
 
 
 def _rewrite(client: Redis, keys: Keys, key: str, dry: bool) -> bool:
-    if key.startswith(keys.grant("")):
+    # Grants written before formats were: the legacy shard's, the only one there was.
+    if key.startswith(keys.legacy.grant("")):
         return rewrite_grant(client, keys, key, dry)
     if key.endswith(":events"):
         return rewrite_events(client, keys, key, dry)

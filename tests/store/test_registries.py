@@ -1,0 +1,81 @@
+"""The registries read over several shards (parking.registries): runs spread over three
+shards are paged, listed and found waiting in the order, and with the cursors, of the same
+runs in one shard; due members merge by score. A store of format 1 has one shard, the
+legacy one; these are the reads a store of several will make."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from layby.parking.keys import ShardKeys
+from layby.parking.registries import Registry, RunIndex, due_in
+from layby.wire import Status
+from tests.store.conftest import World
+
+pytestmark = pytest.mark.store
+
+STATES = (Status.INTERRUPTED, Status.QUEUED, Status.COMPLETED)
+
+
+def _spread(world: World) -> tuple[RunIndex, RunIndex]:
+    """Sixty runs in three states, many changed in the same millisecond, each written to
+    one of three shards and to one shard alone: the index over the three, and over one."""
+    shards = [ShardKeys(f"{world.prefix}:s{k}") for k in range(3)]
+    whole = ShardKeys(f"{world.prefix}:whole")
+    rng = random.Random(7)
+    for i in range(60):
+        run_id, status, score = f"run_{i:02}", rng.choice(STATES), 1000 + rng.randrange(8)
+        world.client.zadd(rng.choice(shards).index(status), {run_id: score})
+        world.client.zadd(whole.index(status), {run_id: score})
+    return RunIndex(world.client, *shards), RunIndex(world.client, whole)
+
+
+def _pages(runs: RunIndex, status: Status | None, size: int) -> list[list[tuple[str, int]]]:
+    pages, cursor = [], None
+    while True:
+        page, cursor = runs.page(status, size, cursor)
+        pages.append(page)
+        if cursor is None:
+            return pages
+
+
+def test_pages_over_several_shards_are_those_of_one(world: World) -> None:
+    sharded, one = _spread(world)
+    assert [sharded.count(s) for s in Status] == [one.count(s) for s in Status]
+    for status in (None, *STATES):
+        for size in (1, 3, 7, 100):
+            assert _pages(sharded, status, size) == _pages(one, status, size), (status, size)
+        for offset in (0, 5, 17):
+            assert sharded.newest(status, 6, offset) == one.newest(status, 6, offset)
+
+
+def test_waiting_and_finished_runs_over_several_shards_are_those_of_one(
+        world: World) -> None:
+    sharded, one = _spread(world)
+    for cutoff, limit in ((1003, 4), (1010, 100)):
+        waiting = (Status.QUEUED, Status.INTERRUPTED)
+        assert sharded.waiting_since_before(waiting, cutoff, limit) == \
+            one.waiting_since_before(waiting, cutoff, limit)
+    assert sharded.finished_before(1004) == one.finished_before(1004)
+    assert sharded.prune_finished_before(1004) == one.prune_finished_before(1004)
+    assert sharded.count(Status.COMPLETED) == one.count(Status.COMPLETED) > 0
+
+
+def test_due_members_of_several_shards_merge_by_score(world: World) -> None:
+    keys = [f"{world.prefix}:due:{k}" for k in range(3)]
+    world.client.zadd(keys[0], {"b": 10, "d": 30, "late": 99})
+    world.client.zadd(keys[1], {"a": 10, "c": 20})
+    registries = [Registry(world.client, key) for key in keys]
+    assert due_in(registries, 50, 10) == [("a", 10), ("b", 10), ("c", 20), ("d", 30)]
+    assert due_in(registries, 50, 2) == [("a", 10), ("b", 10)]
+    assert due_in(registries[:1], 50, 10) == [("b", 10), ("d", 30)]
+    assert due_in([], 50, 10) == []
+
+
+def test_a_store_of_the_legacy_layout_reads_and_writes_one_shard(world: World) -> None:
+    store = world.store
+    assert [shard.keys for shard in store.shards] == [store.keys.legacy]
+    assert store.shard_of("run_1") is store.shards[0]
+    assert store.runs.sets == {s: (store.keys.index(s),) for s in Status}
