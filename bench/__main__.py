@@ -206,7 +206,8 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
         if not parts.embedded:
             _delete_keys(store, prefix)
         if args.broker_url and not rt.settings.broker_is_amqp:
-            _delete_broker_keys(rt)
+            rt.celery.pool.force_close_all()  # its channels write kombu's tables as they close
+            _delete_broker_keys(args.broker_url)
 
 
 # The prefix of the bench's queues on a broker given with `--broker-url` (a server of the
@@ -355,11 +356,16 @@ def _delete_keys(store: Any, prefix: str) -> None:
         print(f"bench: could not delete the keys under {prefix}: {exc}", file=sys.stderr)
 
 
-def _delete_broker_keys(rt: Any) -> None:
-    """The bench's queues and kombu's tables on a Redis broker given with `--broker-url`."""
+def _delete_broker_keys(url: str) -> None:
+    """The bench's queues and kombu's tables on a Redis broker given with `--broker-url`,
+    by a client of its own: a channel of the app's would write its tables again as it
+    closes."""
+    if not url.startswith(("redis://", "rediss://")):
+        print(f"bench: the broker's keys under {BROKER_PREFIX} are left on a Sentinel "
+              "broker; delete them with redis-cli", file=sys.stderr)
+        return
     try:
-        with rt.celery.connection_for_write() as conn:
-            client = conn.default_channel.client
+        with redis.Redis.from_url(url) as client:
             for key in client.scan_iter(match=f"{BROKER_PREFIX}:broker:*", count=1000):
                 client.delete(key)
     except Exception as exc:  # noqa: BLE001  (do not hide the error that brought us here)

@@ -172,15 +172,7 @@ def _after_worker_deaths(rt: Runtime) -> int:
         return 0
     why = "; ".join(dict.fromkeys(_owed))
     rt.store.redue_queued_notifications()
-    requeued = 0
-    for run_id in rt.store.maybe_reserved():
-        with about(run_id=run_id):
-            try:
-                requeued += _requeue(rt, run_id, why)
-            except Exception:
-                log.exception("sweeper: requeueing run %s failed (%s); trying again at the "
-                              "next sweep", run_id, why)
-                _failed.setdefault(run_id, 0)
+    requeued = sum(_requeue_or_owe(rt, run_id, why) for run_id in rt.store.maybe_reserved())
     _owed.clear()
     return requeued
 
@@ -215,14 +207,21 @@ def _requeue_waiting(rt: Runtime, before_ms: int, why: str) -> int:
     while fresh := [r for r in rt.store.waiting(cutoff) if r not in tried]:
         for run_id in fresh:
             tried.add(run_id)
-            with about(run_id=run_id):
-                try:
-                    requeued += _requeue(rt, run_id, why)
-                except Exception:
-                    log.exception("sweeper: requeueing run %s failed (%s); trying again at "
-                                  "the next sweep", run_id, why)
-                    _failed.setdefault(run_id, 0)
+            requeued += _requeue_or_owe(rt, run_id, why)
     return requeued
+
+
+def _requeue_or_owe(rt: Runtime, run_id: str, why: str) -> int:
+    """Requeue one run of a pass; one whose requeue fails is tried again at the next
+    sweeps (`_failed`)."""
+    with about(run_id=run_id):
+        try:
+            return _requeue(rt, run_id, why)
+        except Exception:
+            log.exception("sweeper: requeueing run %s failed (%s); trying again at the next "
+                          "sweep", run_id, why)
+            _failed.setdefault(run_id, 0)
+            return 0
 
 
 def _guarded(step: Callable[..., int], *args: Any) -> int:

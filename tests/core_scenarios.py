@@ -7,7 +7,9 @@ LAYBY_LOST_MESSAGE_S left to drain, not copied (the importing module's system se
 
 import json
 import time
+from pathlib import Path
 
+from layby.ops.embedded import EmbeddedRedis
 from tests.harness import LaybySystem
 from tests.test_agui import (
     test_parallel_resume_must_answer_both,
@@ -23,6 +25,15 @@ from tests.test_demos import (
     test_transfer_cancelled_sends_nothing,
     test_trivia_right_answer,
 )
+
+
+def beside(root: Path, broker_url: str) -> tuple[EmbeddedRedis, LaybySystem]:
+    """A store of its own, and a system (not started) whose broker is `broker_url`, its
+    lost-message wait at 2 s: a lost message, or a copy of one that was not, would show."""
+    store = EmbeddedRedis(root / "store").start()
+    return store, LaybySystem(store.url, root / "system",
+                              env_overrides={"LAYBY_BROKER_URL": broker_url,
+                                             "LAYBY_LOST_MESSAGE_S": "2"})
 
 
 def test_a_backlog_older_than_the_lost_message_wait_is_not_copied(system: LaybySystem) -> None:

@@ -19,6 +19,7 @@ from layby.ops.embedded import EmbeddedRedis
 
 # The same scenarios as on one server (collected here, they get this module's `system`).
 from tests.core_scenarios import *  # noqa: F403
+from tests.core_scenarios import beside
 from tests.harness import LaybySystem, wait_until
 
 pytestmark = pytest.mark.integration
@@ -26,12 +27,8 @@ pytestmark = pytest.mark.integration
 
 class Apart:
     def __init__(self, root: Path) -> None:
-        self.store = EmbeddedRedis(root / "store").start()
         self.broker = EmbeddedRedis(root / "broker").start()
-        self.system = LaybySystem(self.store.url, root / "system",
-                                  env_overrides={"LAYBY_BROKER_URL": self.broker.url,
-                                                 # Sought early, lost messages would show.
-                                                 "LAYBY_LOST_MESSAGE_S": "2"})
+        self.store, self.system = beside(root, self.broker.url)
 
     def stop(self) -> None:
         self.system.stop()

@@ -14,10 +14,9 @@ import pytest
 from amqp.exceptions import PreconditionFailed
 from kombu import Connection
 
-from layby.ops.embedded import EmbeddedRedis
-
 # The same scenarios as on one server (collected here, they get this module's `system`).
 from tests.core_scenarios import *  # noqa: F403
+from tests.core_scenarios import beside
 from tests.harness import LaybySystem
 from tests.rabbit import Rabbit, available
 
@@ -30,11 +29,7 @@ class WithRabbit:
             raise RuntimeError("these tests need Debian's rabbitmq-server (apt-get install "
                                "rabbitmq-server; .ci/run does it)")
         self.rabbit = Rabbit(root / "rabbit").start()
-        self.store = EmbeddedRedis(root / "store").start()
-        self.system = LaybySystem(self.store.url, root / "system",
-                                  env_overrides={"LAYBY_BROKER_URL": self.rabbit.url,
-                                                 # Sought early, lost messages would show.
-                                                 "LAYBY_LOST_MESSAGE_S": "2"})
+        self.store, self.system = beside(root, self.rabbit.url)
 
     def stop(self) -> None:
         self.system.stop()
