@@ -143,6 +143,7 @@ from __future__ import annotations
 import re
 import textwrap
 from dataclasses import dataclass
+from functools import lru_cache
 
 from layby.parking import shards as sharding
 from layby.wire import Status
@@ -398,13 +399,26 @@ class ShardKeys:
         return f"{self.base}:grant:{ref}"
 
 
+@lru_cache(maxsize=16)
+def _sharded(prefix: str, count: int) -> tuple[ShardKeys, ...]:
+    return tuple(ShardKeys(f"{prefix}:{{{tag}}}") for tag in sharding.tags(count))
+
+
 @dataclass(frozen=True)
 class Keys:
     """Every key's name under `prefix`. The names of a shard's structures it gives itself
     (`index`, `deadlines`, …) are the legacy shard's: what migration 1 and the tests name;
-    the store reads and writes them through `shards` and `shard_of`."""
+    the store reads and writes them through `shards` and `shard_of`.
+
+    `shard_count` None is format 1's layout: one shard, the legacy one, and each run's keys
+    tagged with its own id (`<p>:{<run>}:run`). A number is the sharded layout the store on
+    a cluster will take (not written by any release yet): `shard_count` shards, each tagged
+    `{<tag>}` (`layby.parking.shards`), a run's keys carrying its shard's tag, so that a
+    transition's keys share one cluster slot: `<p>:{<tag>}:<run>:run`, and the shard's
+    structures `<p>:{<tag>}:index:<status>`, `<p>:{<tag>}:deadlines`, …"""
 
     prefix: str = "layby"
+    shard_count: int | None = None
 
     @property
     def legacy(self) -> ShardKeys:
@@ -414,7 +428,9 @@ class Keys:
     @property
     def shards(self) -> tuple[ShardKeys, ...]:
         """Every shard, in order: what a reader of a shard's structures scans."""
-        return (self.legacy,)
+        if self.shard_count is None:
+            return (self.legacy,)
+        return _sharded(self.prefix, self.shard_count)
 
     def shard_number(self, run_id: str) -> int:
         """Which of `shards` run `run_id` is in."""
@@ -424,35 +440,40 @@ class Keys:
         """The shard whose structures the run's transitions write."""
         return self.shards[self.shard_number(run_id)]
 
+    def _of(self, run_id: str, part: str) -> str:
+        if self.shard_count is None:
+            return f"{self.prefix}:{{{run_id}}}:{part}"
+        return f"{self.shard_of(run_id).base}:{run_id}:{part}"
+
     def of_run(self, run_id: str) -> list[str]:
-        return [f"{self.prefix}:{{{run_id}}}:{part}" for part in RUN_PARTS]
+        return [self._of(run_id, part) for part in RUN_PARTS]
 
     def run(self, run_id: str) -> str:
-        return f"{self.prefix}:{{{run_id}}}:run"
+        return self._of(run_id, "run")
 
     def interrupts(self, run_id: str) -> str:
         """0.1.0's predecessors' (only migration 1 reads it)."""
         return f"{self.prefix}:{{{run_id}}}:interrupts"
 
     def answers(self, run_id: str) -> str:
-        return f"{self.prefix}:{{{run_id}}}:answers"
+        return self._of(run_id, "answers")
 
     def open(self, run_id: str) -> str:
         """0.1.0's predecessors' (only migration 1 reads it)."""
         return f"{self.prefix}:{{{run_id}}}:open"
 
     def checkpoints(self, run_id: str) -> str:
-        return f"{self.prefix}:{{{run_id}}}:checkpoints"
+        return self._of(run_id, "checkpoints")
 
     def events(self, run_id: str) -> str:
-        return f"{self.prefix}:{{{run_id}}}:events"
+        return self._of(run_id, "events")
 
     def notifications(self, run_id: str) -> str:
         """0.1.0's predecessors' (only migration 1 reads it)."""
         return f"{self.prefix}:{{{run_id}}}:notifications"
 
     def review(self, run_id: str) -> str:
-        return f"{self.prefix}:{{{run_id}}}:review"
+        return self._of(run_id, "review")
 
     def index(self, status: Status) -> str:
         return self.legacy.index(status)

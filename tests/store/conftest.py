@@ -66,6 +66,12 @@ def world(store_client: redis.Redis, celery_app: Celery) -> World:
     return World(store_client, f"st{next(_prefixes)}", celery_app)
 
 
+@pytest.fixture
+def sharded(store_client: redis.Redis, celery_app: Celery) -> World:
+    """A store in the sharded layout (3 shards), on the shared server."""
+    return World(store_client, f"st{next(_prefixes)}", celery_app, shards=3)
+
+
 # -- what the scripts are given ---------------------------------------------------------
 
 
@@ -113,6 +119,8 @@ class World:
     client: redis.Redis
     prefix: str
     celery: Celery
+    # None: format 1's layout; a number: the sharded layout with that many shards.
+    shards: int | None = None
     store: Store = field(init=False)
     keys: Keys = field(init=False)
 
@@ -127,7 +135,8 @@ class World:
         if pushing:
             messages = {kind: (t.queue_key, t.message) for kind, t in
                         templates(self.celery, key_prefix=f"{self.prefix}:broker:").items()}
-        return Store(self.client, replace(StoreConfig(TASK_NAMES, prefix=self.prefix),
+        return Store(self.client, replace(StoreConfig(TASK_NAMES, prefix=self.prefix,
+                                                      shards=self.shards),
                                           messages=messages, **config))
 
     # -- reads, as an operator would look ----------------------------------------------

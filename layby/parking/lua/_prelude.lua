@@ -19,8 +19,9 @@ local EXTRA = 20  -- the first of the KEYS a script adds (an idempotency key, gr
 -- What a finished run keeps until retention (the run's own keys; `finish` drops the
 -- checkpoints).
 local RUN_KEYS = {RUN, ANSWERS, EVENTS, REVIEW}
--- The run's id, read off its key (`<prefix>:{<run id>}:run`): no call needed.
-local ID = string.match(RUN, ':{([^}]*)}:run$')
+-- The run's id, read off its key (`<prefix>:{<run id>}:run`, or in the sharded layout
+-- `<prefix>:{<shard tag>}:<run id>:run`): no call needed.
+local ID = string.match(RUN, ':{([^}]*)}:run$') or string.match(RUN, ':([^:{}]+):run$')
 
 local FINISHED = {completed = true, failed = true, cancelled = true}
 local EVENTS_MAX = __EVENTS_MAX__

@@ -1,0 +1,81 @@
+"""The sharded layout (`Keys(prefix, shard_count)`), which the store on a cluster will write
+(no release writes it yet), run on one server: every transition's keys share one cluster
+slot (a run's keys carry its shard's tag), and runs spread over three shards go through
+their whole life, and are listed, expired and sought as in one."""
+
+from __future__ import annotations
+
+import pytest
+from redis.crc import key_slot
+
+from layby.parking import Keys
+from layby.parking.shards import tags
+from layby.wire import Status
+from tests.store.conftest import MESSAGES, OWNER, World, answer, interrupt
+
+pytestmark = pytest.mark.store
+
+RUNS = [f"run_{i}" for i in range(12)]
+
+
+def test_a_transitions_keys_are_in_its_shards_slot() -> None:
+    keys = Keys("layby", 48)
+    seen = set()
+    for run_id in RUNS:
+        shard = keys.shard_number(run_id)
+        seen.add(shard)
+        slots = {key_slot(k.encode()) for k in keys.for_scripts(run_id)}
+        assert slots == {key_slot(tags(48)[shard].encode())}, run_id
+        assert keys.run(run_id) == f"layby:{{{tags(48)[shard]}}}:{run_id}:run"
+    assert len(seen) > 1
+    # Format 1's layout: a run's own keys share its slot; the rest are elsewhere.
+    legacy = Keys("layby")
+    assert len({key_slot(k.encode()) for k in legacy.of_run("run_1")}) == 1
+    assert legacy.run("run_1") == "layby:{run_1}:run"
+
+
+def test_runs_over_three_shards_live_their_whole_life(sharded: World) -> None:
+    store = sharded.store
+    assert len({store.keys.shard_number(r) for r in RUNS}) == 3
+    for run_id in RUNS:
+        sharded.make("interrupted", run_id)
+        sharded.next_ms()
+    # Each run's keys are where its shard puts them, and nothing of it is elsewhere.
+    for run_id in RUNS:
+        shard = store.keys.shard_of(run_id)
+        assert sharded.client.exists(store.keys.run(run_id))
+        assert store.keys.run(run_id).startswith(shard.base + ":")
+        assert sharded.client.zscore(shard.index(Status.INTERRUPTED), run_id) is not None
+    # Listed newest first across the shards, page by page.
+    seen, cursor = [], None
+    while True:
+        page, cursor = store.runs.page(Status.INTERRUPTED, 5, cursor)
+        seen.extend(run_id for run_id, _ in page)
+        if cursor is None:
+            break
+    assert seen == RUNS[::-1]
+    # Answered, resumed, claimed and completed, each in its own shard.
+    for run_id in RUNS[:4]:
+        done = store.answer(run_id, [answer("int_a")])
+        assert done.resumed, done
+        assert store.claim(run_id, 3, OWNER).ok
+        assert store.complete(run_id, 3, OWNER, sharded.history(4), "done",
+                              {"from": 3, "historyTo": 4}).ok
+        assert store.status_of(run_id)[0] is Status.COMPLETED
+    assert {run_id for run_id, _ in store.runs.page(Status.COMPLETED, 10)[0]} == set(RUNS[:4])
+
+
+def test_deadlines_and_lost_messages_are_found_in_every_shard(sharded: World) -> None:
+    store = sharded.store
+    for run_id in RUNS[:6]:
+        sharded.make("interrupted", run_id, interrupts=[interrupt("int_a", expires_ms=1)])
+    sharded.next_ms()
+    assert sorted(store.due_deadlines()) == sorted((run_id, "int_a") for run_id in RUNS[:6])
+    # Queued runs of every shard, their queue empty (nobody pushed their messages): lost.
+    pushing = sharded.store_with(pushing=True)
+    for run_id in RUNS[6:]:
+        assert pushing.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
+                                  metadata={}, idempotency_key=None).ok
+    sharded.client.delete(f"{sharded.prefix}:broker:layby.turns")
+    sharded.next_ms()
+    assert sorted(pushing.waiting_too_long(0)) == sorted(RUNS[6:])
