@@ -218,8 +218,9 @@ class Store:
                    agent_version: str | None = None, pinned: bool = False) -> Transition:
         """`agent_version`: the version the run starts on; `pinned`: its steps go to that
         version's queue, for the workers that host it."""
-        idem = self.keys.shard_of(run_id).idempotency(idempotency_key) if idempotency_key \
-            else ""
+        # Without one, no key: an empty name would be a key of another cluster slot.
+        idem = (self.keys.shard_of(run_id).idempotency(idempotency_key),) \
+            if idempotency_key else ()
         # An input that is the first message's text is read back from there: a prompt is
         # not kept twice for as long as the run lives.
         stored_input = "" if len(messages) == 1 and _first_text(messages) == input \
@@ -231,7 +232,7 @@ class Store:
                           messages=_dumps(dump_messages(messages)), metadata=stored_metadata,
                           idempotency_ttl_s=self.config.idempotency_ttl_s,
                           agent_version=agent_version or "",
-                          pinned=bool(pinned and agent_version), extra_keys=(idem,))
+                          pinned=bool(pinned and agent_version), extra_keys=idem)
         return results.created(reply, run_id)
 
     def claim(self, run_id: str, version: int, owner: str,

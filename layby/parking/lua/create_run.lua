@@ -1,7 +1,7 @@
 -- create_run: (nothing) → queued, version 1, its first turn queued.
 -- Reads the idempotency key, run. Writes run, idempotency key, index, events; queues the
 -- first turn.
--- KEYS[EXTRA] the idempotency key (string).
+-- KEYS[EXTRA] the idempotency key (string), when the run has one.
 -- Arguments: run_id, agent, input (JSON; '' when it is the first message's text: read
 --   from there), messages (JSON), metadata (JSON), idempotency_ttl_s, agent_version
 --   ('' unknown), pinned ('1' when the run is pinned to it: its steps then go to
@@ -9,7 +9,7 @@
 -- Returns {'created', outbox entry or '', created at (ms), its event's id} or
 -- {'exists', run id} (same idempotency key or run id).
 local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s', 'agent_version', 'pinned'})
-local IDEMPOTENCY = KEYS[EXTRA]  -- '' without an idempotency key
+local IDEMPOTENCY = KEYS[EXTRA] or ''  -- '' without an idempotency key
 local new_id, agent, input, messages = A.run_id, A.agent, A.input, A.messages
 local metadata, idem_ttl_s = A.metadata, A.idempotency_ttl_s
 local agent_version, pinned = A.agent_version, A.pinned

@@ -1,0 +1,91 @@
+"""The store's transitions on a real Valkey Cluster (3 primaries, 3 replicas: the
+`valkey_cluster` fixture), in the sharded layout (`Keys(prefix, shard_count)`): each
+transition's keys are in one slot, so its script runs there; runs live their whole life,
+list pages merge the shards across the primaries, deadlines and lost messages are found in
+every shard, and the runs' keys spread over the primaries. (The store is not yet served
+on a cluster by layby's processes: this is the store alone, through redis-py's
+RedisCluster.)"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+import pytest
+
+from layby.control.runtime import TASK_NAMES
+from layby.ops.embedded import EmbeddedCluster
+from layby.parking import Announcements, Store, StoreConfig
+from layby.wire import Status
+from tests.store.conftest import MESSAGES, OWNER, World, answer, interrupt, park_event
+
+pytestmark = pytest.mark.integration
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture
+def store(valkey_cluster: EmbeddedCluster) -> Store:
+    return Store(valkey_cluster.client(),
+                 StoreConfig(TASK_NAMES, prefix=f"cl{next(_prefixes)}", shards=48))
+
+
+def _parked(store: Store, run_id: str, *, expires_ms: int | None = None) -> None:
+    assert store.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES, metadata={},
+                            idempotency_key=None).ok
+    assert store.claim(run_id, 1, OWNER).ok
+    intrs = [interrupt("int_a", expires_ms=expires_ms)]
+    assert store.park(run_id, 1, OWNER, World.history(2), intrs, park_event(intrs),
+                      plan=Announcements()).ok
+
+
+def test_runs_live_their_whole_life_on_the_cluster(store: Store) -> None:
+    runs = [f"run_{uuid.uuid4().hex}" for _ in range(30)]
+    for run_id in runs:
+        _parked(store, run_id)
+    assert len({store.keys.shard_number(r) for r in runs}) > 10
+    # The parked list, newest first, page by page across shards on three primaries.
+    seen, cursor = [], None
+    while True:
+        page, cursor = store.runs.page(Status.INTERRUPTED, 7, cursor)
+        seen.extend(run_id for run_id, _ in page)
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(runs) and len(seen) == len(runs)
+    for run_id in runs[:10]:
+        done = store.answer(run_id, [answer("int_a")])
+        assert done.resumed, done
+        assert store.claim(run_id, 3, OWNER).ok
+        assert store.complete(run_id, 3, OWNER, World.history(4), "done",
+                              {"from": 3, "historyTo": 4}).ok
+    completed = {run_id for run_id, _ in store.runs.page(Status.COMPLETED, 50)[0]}
+    assert completed == set(runs[:10])
+    assert store.status_of(runs[0])[0] is Status.COMPLETED
+
+
+def test_deadlines_and_lost_messages_are_found_across_the_cluster(store: Store) -> None:
+    expiring = [f"run_{uuid.uuid4().hex}" for _ in range(8)]
+    for run_id in expiring:
+        _parked(store, run_id, expires_ms=1)
+    assert sorted(store.due_deadlines()) == sorted((r, "int_a") for r in expiring)
+    # Queued runs whose queue is empty (the broker says so): lost, in every shard.
+    queued = [f"run_{uuid.uuid4().hex}" for _ in range(8)]
+    for run_id in queued:
+        assert store.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
+                                metadata={}, idempotency_key=None).ok
+    store.length_of_queue = {"layby.turns": 0}.get
+    assert sorted(store.waiting_too_long(0)) == sorted(queued)
+
+
+def test_the_runs_keys_spread_over_the_primaries(store: Store,
+                                                 valkey_cluster: EmbeddedCluster) -> None:
+    for _ in range(3000):
+        assert store.create_run(f"run_{uuid.uuid4().hex}", "demo.agent", input="hi",
+                                messages=MESSAGES, metadata={}, idempotency_key=None).ok
+    held = {}
+    for primary in valkey_cluster.primaries():
+        with primary.client() as node:
+            held[primary.address] = sum(
+                1 for _ in node.scan_iter(f"{store.keys.prefix}:{{*}}:run_*:run", count=1000))
+    assert sum(held.values()) == 3000
+    assert all(abs(n - 1000) <= 150 for n in held.values()), held  # within 15%
