@@ -12,10 +12,13 @@ import itertools
 import uuid
 
 import pytest
+import redis
 
 from layby.control.runtime import TASK_NAMES
 from layby.ops.embedded import EmbeddedCluster
 from layby.parking import Announcements, Store, StoreConfig
+from layby.parking.scripts import standalone
+from layby.parking.shards import slot_of, tags
 from layby.wire import Status
 from tests.store.conftest import MESSAGES, OWNER, World, answer, interrupt, park_event
 
@@ -89,3 +92,28 @@ def test_the_runs_keys_spread_over_the_primaries(store: Store,
                 1 for _ in node.scan_iter(f"{store.keys.prefix}:{{*}}:run_*:run", count=1000))
     assert sum(held.values()) == 3000
     assert all(abs(n - 1000) <= 150 for n in held.values()), held  # within 15%
+
+
+def test_the_cluster_refuses_a_script_given_keys_of_two_slots(
+        store: Store, valkey_cluster: EmbeddedCluster) -> None:
+    # Keys of two slots, both on one primary (so that no redirection stops them first):
+    # the server refuses the script, rather than let a transition be split over slots that
+    # a resharding may part. (Every script also says `#!lua`, so that one reaching a key of
+    # another slot than those it was given is refused as well.)
+    primary = valkey_cluster.primaries()[0]
+    served = [range(first, last + 1) for first, last in primary.myself().slots]
+    mine = [tag for tag in tags(48) if any(slot_of(tag) in r for r in served)]
+    runs = {}
+    for _ in range(10_000):
+        run_id = f"run_{uuid.uuid4().hex}"
+        tag = tags(48)[store.keys.shard_number(run_id)]
+        if tag in mine[:2]:
+            runs.setdefault(tag, run_id)
+        if len(runs) == 2:
+            break
+    keys = [store.keys.run(run_id) for run_id in runs.values()]
+    with primary.client() as node:
+        count = standalone(node, "count_versions")
+        assert count(keys=keys[:1]) == []  # one slot: it runs (no such run: nothing counted)
+        with pytest.raises(redis.ResponseError, match="hash to the same slot"):
+            count(keys=keys)

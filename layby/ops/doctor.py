@@ -68,16 +68,16 @@ def check_eviction(client: redis.Redis) -> Check:
 
 
 def check_version(client: redis.Redis) -> Check:
-    """Redis 6.2 or newer (or Valkey): a park copies its run's event stream to an exact fit
-    with COPY, which older servers do not know."""
+    """Redis 7.0 or newer (or Valkey, 7.2 and on): the scripts begin with `#!lua`, which
+    older servers cannot load (and a park copies its run's event stream with COPY)."""
     info = client.info("server")
     name = "valkey" if info.get("valkey_version") else "redis"
     version = str(info.get("valkey_version") or info.get("redis_version") or "0")
     parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-    if name == "valkey" or parts >= (6, 2):
+    if name == "valkey" or parts >= (7, 0):
         return Check("redis version", True, f"{name} {version}")
-    return Check("redis version", False, f"{name} {version}: layby needs Redis 6.2 or newer "
-                 "(or Valkey); parking a run would fail on COPY")
+    return Check("redis version", False, f"{name} {version}: layby needs Redis 7.0 or newer "
+                 "(or Valkey); its scripts begin with a `#!lua` line older servers refuse")
 
 
 def check_clock(client: redis.Redis) -> Check:

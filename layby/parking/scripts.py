@@ -1,7 +1,10 @@
 """Loads the Lua transition scripts in `lua/`, each registered once per client, and lays out
 what they are given.
 
-Every script gets `lua/_args.lua` first: it reads its arguments by name. `argv` lays a
+Every script begins `#!lua` (`flags=no-writes` for those that only read): a Redis or
+Valkey Cluster then refuses a script that reaches a key of another slot than its keys',
+and a full server still runs the reading ones. Then comes `lua/_args.lua`: it reads its
+arguments by name. `argv` lays a
 mapping out as ARGV (name, value, name, value, …): a string as it is, an int as its
 digits, a bool as '1' or '0', and a list or a dict (a repeated group: a park's interrupts,
 an answer's answers, a plan; ids) as one argument, JSON whose objects have named members,
@@ -45,6 +48,9 @@ STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
 QUEUEING_SCRIPTS = ("claim_due_notifications",)
 # Scripts on one run's hash and events alone, with what folds and unfolds its events.
 FOLDING_SCRIPTS = ("fold_events", "read_events")
+# Scripts that write nothing: flagged so (`#!lua flags=no-writes`), they still run on a
+# server full under `noeviction`, as plain reads do.
+READING_SCRIPTS = ("count_versions", "read_events")
 
 # Upper bounds (seconds) of the latency histograms the scripts count in `stats`: park →
 # answer (people: seconds to days), last answer → a worker taking the run up (queues).
@@ -150,10 +156,17 @@ def _args(name: str) -> str:
     return _source("_args").replace("__SCRIPT__", _lua_string(name))
 
 
+def _shebang(name: str) -> str:
+    """Every script's first line: with it, a Redis or Valkey Cluster refuses a script that
+    touches keys of another slot than those it was given (Redis 7, Valkey 7.2 on); without
+    it, a script may touch any key."""
+    return "#!lua flags=no-writes" if name in READING_SCRIPTS else "#!lua"
+
+
 def folding_source(name: str) -> str:
     """A script of FOLDING_SCRIPTS (no settings in them: any process may load them)."""
-    return "\n".join((_args(name), shared_source("_notes"), shared_source("_folding"),
-                      _source(name)))
+    return "\n".join((_shebang(name), _args(name), shared_source("_notes"),
+                      shared_source("_folding"), _source(name)))
 
 
 def source(name: str, settings: ScriptSettings) -> str:
@@ -163,11 +176,12 @@ def source(name: str, settings: ScriptSettings) -> str:
              .replace("__LOST_MESSAGE_MS__", str(settings.lost_message_ms)))
     if name in STANDALONE_SCRIPTS:
         pieces = (queue, _source(name)) if name in QUEUEING_SCRIPTS else (_source(name),)
-        return "\n".join((_args(name), *pieces))
+        return "\n".join((_shebang(name), _args(name), *pieces))
     prelude = (_source("_prelude").replace("__EVENTS_MAX__", str(settings.events_max))
                .replace("__OUTBOX_GRACE_MS__", str(settings.outbox_grace_ms))
                .replace("__LATENCY_BUCKETS_S__", _lua_buckets()))
-    return "\n".join((_args(name), queue, shared_source("_notes"), prelude, _source(name)))
+    return "\n".join((_shebang(name), _args(name), queue, shared_source("_notes"), prelude,
+                      _source(name)))
 
 
 def argv(named: Mapping[str, Any]) -> list[str]:
@@ -205,7 +219,7 @@ def standalone(client: Redis, name: str) -> Script:
     """A script of STANDALONE_SCRIPTS that queues nothing, for a reader without a store
     (no settings in it)."""
     assert name in STANDALONE_SCRIPTS and name not in QUEUEING_SCRIPTS
-    return client.register_script("\n".join((_args(name), _source(name))))
+    return client.register_script("\n".join((_shebang(name), _args(name), _source(name))))
 
 
 def register(client: Redis, settings: ScriptSettings) -> dict[str, Script]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 from importlib.abc import Traversable
+from pathlib import Path
 
 import pytest
 import redis
@@ -208,3 +209,28 @@ def test_argv_lays_out_names_and_values() -> None:
     assert argv({"note": {"text": "é\"\\"}}) == ["note", '{"text":"é\\"\\\\"}']
     with pytest.raises(TypeError, match="owner"):
         argv({"owner": None})
+
+
+def test_every_script_is_flagged_and_one_that_writes_nothing_runs_on_a_full_server(
+        tmp_path: Path) -> None:
+    # `#!lua` (a cluster then refuses a script reaching another slot than its keys'), and
+    # `flags=no-writes` on those that only read: with a shebang, a script is taken for one
+    # that writes unless it says so, and a full server (`noeviction`) would refuse it.
+    from layby.ops.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path / "valkey").start()
+    try:
+        client = redis.Redis(port=server.port, decode_responses=True)
+        client.hset("p:{r}:run", mapping={"agent": "a", "agent_version": "v1"})
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) // 2)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.set("more", "x")
+        counted = scripts.standalone(client, "count_versions")(keys=["p:{r}:run"])
+        assert counted == ["a", "v1", "", 1]
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            scripts.standalone(client, "ack_outbox")(keys=["p:outbox", "p:outbox:entries"],
+                                                     args=argv({"ids": ["e"]}))
+        client.config_set("maxmemory", 0)
+        client.close()
+    finally:
+        server.stop()
