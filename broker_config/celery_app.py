@@ -18,6 +18,7 @@ build` calls it), and the Celery command line finds it in `layby.tasks.app`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import Any
@@ -157,13 +158,20 @@ def _declare_every_queue(app: Celery) -> None:
     sweeper's, while no sweeper ever started)."""
 
     def declare(**_: Any) -> None:
-        try:
-            with app.connection_for_write() as conn:
-                channel = conn.default_channel
-                for queue in app.amqp.queues.values():
-                    queue(channel).declare()
-        except OSError as exc:  # the broker away: the consumer waits for it and declares its own
-            log.warning("could not declare layby's queues on the broker (%s)", exc)
+        with app.connection_for_write() as conn:
+            errors: tuple[type[BaseException], ...] = (
+                *conn.connection_errors, *conn.channel_errors, OSError)
+            try:
+                # A channel of its own, one try: the default one would wait for ever.
+                channel: Any = conn.channel()
+                try:
+                    for queue in app.amqp.queues.values():
+                        queue(channel).declare()
+                finally:
+                    with contextlib.suppress(*errors):
+                        channel.close()
+            except errors as exc:  # the broker away: the consumer declares its own queues
+                log.warning("could not declare layby's queues on the broker (%s)", exc)
 
     signals.worker_init.connect(declare, weak=False, dispatch_uid=f"layby.declare.{id(app)}")
 

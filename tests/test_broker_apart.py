@@ -116,3 +116,16 @@ def test_a_broker_that_lost_its_messages_is_made_good_by_the_sweeper(apart: Apar
     assert done["result"] == "Right! It was Jaws (1975)."
     wait_until(lambda: "the broker is a new server" in system.procs["sweeper"].output(), 10,
                what="the sweeper's warning")
+
+
+def test_doctor_says_a_broker_away_does_not_answer_without_its_password() -> None:
+    from layby.broker_config import Settings, make_celery
+    from layby.ops.doctor import check_broker
+
+    for url, kind in (("redis://:s3cret@127.0.0.1:9/0", "Redis"),
+                      ("amqp://guest:s3cret@127.0.0.1:9//", "RabbitMQ")):
+        settings = Settings(redis_url="redis://127.0.0.1:6379/0", broker_url=url)
+        found = check_broker(settings, make_celery(settings).conf)
+        assert not found.ok
+        assert found.line().startswith(f"PROBLEM broker: {kind} 127.0.0.1:9 does not answer")
+        assert "fix LAYBY_BROKER_URL" in found.line() and "s3cret" not in found.line()

@@ -13,6 +13,7 @@ from typing import Any, cast
 import redis
 import redis.sentinel
 from kombu import Connection
+from kombu.exceptions import OperationalError
 
 from layby.broker_config.settings import Settings, broker_shown
 from layby.parking import formats, migrations
@@ -299,13 +300,14 @@ def check_broker(settings: Settings, conf: object, timeout_s: int = 3) -> Check:
     where = broker_shown(url)
     conn = Connection(url, transport_options=conf.get(  # type: ignore[attr-defined]
         "broker_transport_options") or {}, connect_timeout=timeout_s)
+    # kombu raises its own OperationalError for what the transport's client raised.
     errors: tuple[type[BaseException], ...] = (*conn.connection_errors, *conn.channel_errors,
-                                               OSError)
+                                               OSError, OperationalError)
     try:
         conn.ensure_connection(max_retries=1, timeout=int(timeout_s))
     except errors as exc:
-        return Check("broker", False, f"{where} does not answer ({type(exc).__name__}): start "
-                                      "it, or fix LAYBY_BROKER_URL")
+        return Check("broker", False, f"{where} does not answer ({exc}): start it, or fix "
+                                      "LAYBY_BROKER_URL")
     finally:
         conn.release()
     return Check("broker", True, f"{where} answers")
