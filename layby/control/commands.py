@@ -65,7 +65,7 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
         raise Invalid("`messages` is empty: give at least one user message")
     elif (why := why_not_a_start(messages)) is not None:
         raise Invalid(why, detail=[{"path": "/messages", "message": why}])
-    run_id = run_id or new_run_id()
+    run_id = run_id or store.new_run_id(idempotency_key)
     # The version it starts on is this process's; a run of an agent that pins keeps it.
     declared = rt.agents[agent]
     pinned = declared.on_change == "pin"

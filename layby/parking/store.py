@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -29,6 +30,7 @@ from redis.exceptions import NoScriptError
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
 from layby.parking import codecs, events, formats, pinning, results, scripts
+from layby.parking import shards as sharding
 from layby.parking.clock import iso
 from layby.parking.keys import Keys, ShardKeys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
@@ -212,6 +214,17 @@ class Store:
         return self._scripts[name](keys=keys, args=scripts.argv(named), client=client)
 
     # -- transitions -------------------------------------------------------------------
+
+    def new_run_id(self, idempotency_key: str | None = None) -> str:
+        """A fresh run id; with `idempotency_key`, one in the shard that key names (in the
+        sharded layout the key is written by the run's creation, in the run's shard: a
+        retry with the key, under another fresh id, must look in the same one)."""
+        while True:
+            run_id = f"run_{uuid.uuid4().hex}"
+            if idempotency_key is None or len(self.keys.shards) == 1 or (
+                    self.keys.shard_number(run_id)
+                    == sharding.shard_of(idempotency_key, len(self.keys.shards))):
+                return run_id
 
     def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
                    metadata: dict[str, Any], idempotency_key: str | None,

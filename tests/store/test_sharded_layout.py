@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from redis.crc import key_slot
 
-from layby.parking import Keys
+from layby.parking import Keys, Verdict
 from layby.parking.shards import tags
 from layby.wire import Status
 from tests.store.conftest import MESSAGES, OWNER, World, answer, interrupt
@@ -79,3 +79,18 @@ def test_deadlines_and_lost_messages_are_found_in_every_shard(sharded: World) ->
     sharded.client.delete(f"{sharded.prefix}:broker:layby.turns")
     sharded.next_ms()
     assert sorted(pushing.waiting_too_long(0)) == sorted(RUNS[6:])
+
+
+def test_an_idempotency_key_finds_its_run_in_any_shard(sharded: World) -> None:
+    store = sharded.store
+    # A retry of a start comes with another fresh id: each is drawn in the key's shard.
+    for key in ("order-1", "order-2", "order-3", "order-4"):
+        first, again = store.new_run_id(key), store.new_run_id(key)
+        assert store.keys.shard_number(first) == store.keys.shard_number(again)
+        assert store.create_run(first, "demo.agent", input="hi", messages=MESSAGES,
+                                metadata={}, idempotency_key=key).ok
+        retried = store.create_run(again, "demo.agent", input="hi", messages=MESSAGES,
+                                   metadata={}, idempotency_key=key)
+        assert retried.verdict is Verdict.EXISTS and retried.run_id == first
+    assert len({store.keys.shard_number(store.new_run_id(k))
+                for k in ("order-1", "order-2", "order-3", "order-4")}) > 1
