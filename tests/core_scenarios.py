@@ -7,6 +7,8 @@ LAYBY_LOST_MESSAGE_S left to drain, not copied (the importing module's system se
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from layby.ops.embedded import EmbeddedRedis
@@ -27,13 +29,20 @@ from tests.test_demos import (
 )
 
 
-def beside(root: Path, broker_url: str) -> tuple[EmbeddedRedis, LaybySystem]:
-    """A store of its own, and a system (not started) whose broker is `broker_url`, its
-    lost-message wait at 2 s: a lost message, or a copy of one that was not, would show."""
+@contextmanager
+def beside(root: Path, broker_url: str) -> Iterator[tuple[EmbeddedRedis, LaybySystem]]:
+    """A store of its own, and a system started on it whose broker is `broker_url`, its
+    lost-message wait at 2 s (a lost message, or a copy of one that was not, would show);
+    both stopped on the way out."""
     store = EmbeddedRedis(root / "store").start()
-    return store, LaybySystem(store.url, root / "system",
-                              env_overrides={"LAYBY_BROKER_URL": broker_url,
-                                             "LAYBY_LOST_MESSAGE_S": "2"})
+    system = LaybySystem(store.url, root / "system",
+                         env_overrides={"LAYBY_BROKER_URL": broker_url,
+                                        "LAYBY_LOST_MESSAGE_S": "2"})
+    try:
+        yield store, system.start()
+    finally:
+        system.stop()
+        store.stop()
 
 
 def test_a_backlog_older_than_the_lost_message_wait_is_not_copied(system: LaybySystem) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,25 +26,24 @@ from tests.harness import LaybySystem, wait_until
 pytestmark = pytest.mark.integration
 
 
+@dataclass
 class Apart:
-    def __init__(self, root: Path) -> None:
-        self.broker = EmbeddedRedis(root / "broker").start()
-        self.store, self.system = beside(root, self.broker.url)
-
-    def stop(self) -> None:
-        self.system.stop()
-        self.store.stop()
-        self.broker.stop()
+    broker: EmbeddedRedis  # a test may replace it (same port)
+    store: EmbeddedRedis
+    system: LaybySystem
 
 
 @pytest.fixture(scope="module")
 def apart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apart]:
-    setup = Apart(tmp_path_factory.mktemp("apart"))
+    root = tmp_path_factory.mktemp("apart")
+    broker = EmbeddedRedis(root / "broker").start()
+    setup = None
     try:
-        setup.system.start()
-        yield setup
+        with beside(root, broker.url) as (store, system):
+            setup = Apart(broker, store, system)
+            yield setup
     finally:
-        setup.stop()
+        (setup.broker if setup else broker).stop()
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
 from amqp.exceptions import PreconditionFailed
 from kombu import Connection
+
+from layby.ops.embedded import EmbeddedRedis
 
 # The same scenarios as on one server (collected here, they get this module's `system`).
 from tests.core_scenarios import *  # noqa: F403
@@ -23,28 +25,25 @@ from tests.rabbit import Rabbit, available
 pytestmark = pytest.mark.integration
 
 
+@dataclass
 class WithRabbit:
-    def __init__(self, root: Path) -> None:
-        if not available():
-            raise RuntimeError("these tests need Debian's rabbitmq-server (apt-get install "
-                               "rabbitmq-server; .ci/run does it)")
-        self.rabbit = Rabbit(root / "rabbit").start()
-        self.store, self.system = beside(root, self.rabbit.url)
-
-    def stop(self) -> None:
-        self.system.stop()
-        self.store.stop()
-        self.rabbit.stop()
+    rabbit: Rabbit
+    store: EmbeddedRedis
+    system: LaybySystem
 
 
 @pytest.fixture(scope="module")
 def with_rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WithRabbit]:
-    setup = WithRabbit(tmp_path_factory.mktemp("rabbit"))
+    if not available():
+        raise RuntimeError("these tests need Debian's rabbitmq-server (apt-get install "
+                           "rabbitmq-server; .ci/run does it)")
+    root = tmp_path_factory.mktemp("rabbit")
+    rabbit = Rabbit(root / "rabbit").start()
     try:
-        setup.system.start()
-        yield setup
+        with beside(root, rabbit.url) as (store, system):
+            yield WithRabbit(rabbit, store, system)
     finally:
-        setup.stop()
+        rabbit.stop()
 
 
 @pytest.fixture(scope="module")

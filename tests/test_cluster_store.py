@@ -20,7 +20,7 @@ from layby.parking import Announcements, Store, StoreConfig
 from layby.parking.scripts import standalone
 from layby.parking.shards import slot_of, tags
 from layby.wire import Status
-from tests.store.conftest import MESSAGES, OWNER, World, answer, interrupt, park_event
+from tests.store.conftest import MESSAGES, OWNER, World, answer, interrupt, pages, park_event
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +48,8 @@ def test_runs_live_their_whole_life_on_the_cluster(store: Store) -> None:
         _parked(store, run_id)
     assert len({store.keys.shard_number(r) for r in runs}) > 10
     # The parked list, newest first, page by page across shards on three primaries.
-    seen, cursor = [], None
-    while True:
-        page, cursor = store.runs.page(Status.INTERRUPTED, 7, cursor)
-        seen.extend(run_id for run_id, _ in page)
-        if cursor is None:
-            break
+    seen = [run_id for page in pages(store.runs, Status.INTERRUPTED, 7)
+            for run_id, _ in page]
     assert sorted(seen) == sorted(runs) and len(seen) == len(runs)
     for run_id in runs[:10]:
         done = store.answer(run_id, [answer("int_a")])

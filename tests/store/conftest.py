@@ -31,6 +31,7 @@ from layby.generation.messages import Message, text_message
 from layby.ops.embedded import EmbeddedRedis
 from layby.parking import Announcements, Keys, Store, StoreConfig
 from layby.parking.clock import iso
+from layby.parking.registries import RunIndex
 from layby.wire import Answer, Delegation, InterruptState, Notification, Status
 
 OWNER = "worker-1"
@@ -102,6 +103,16 @@ def handover(reviewer: str, to: str) -> Delegation:
 
 
 # -- a test's own corner of the server --------------------------------------------------
+
+
+def pages(runs: RunIndex, status: Status | None, size: int) -> list[list[tuple[str, int]]]:
+    """Every page of `runs` in `status` (None: all), `size` a page, cursor to cursor."""
+    found, cursor = [], None
+    while True:
+        page, cursor = runs.page(status, size, cursor)
+        found.append(page)
+        if cursor is None:
+            return found
 
 
 @dataclass

@@ -12,7 +12,7 @@ import pytest
 from layby.parking.keys import ShardKeys
 from layby.parking.registries import Registry, RunIndex, due_in
 from layby.wire import Status
-from tests.store.conftest import World
+from tests.store.conftest import World, pages
 
 pytestmark = pytest.mark.store
 
@@ -32,21 +32,12 @@ def _spread(world: World) -> tuple[RunIndex, RunIndex]:
     return RunIndex(world.client, *shards), RunIndex(world.client, whole)
 
 
-def _pages(runs: RunIndex, status: Status | None, size: int) -> list[list[tuple[str, int]]]:
-    pages, cursor = [], None
-    while True:
-        page, cursor = runs.page(status, size, cursor)
-        pages.append(page)
-        if cursor is None:
-            return pages
-
-
 def test_pages_over_several_shards_are_those_of_one(world: World) -> None:
     sharded, one = _spread(world)
     assert [sharded.count(s) for s in Status] == [one.count(s) for s in Status]
     for status in (None, *STATES):
         for size in (1, 3, 7, 100):
-            assert _pages(sharded, status, size) == _pages(one, status, size), (status, size)
+            assert pages(sharded, status, size) == pages(one, status, size), (status, size)
         for offset in (0, 5, 17):
             assert sharded.newest(status, 6, offset) == one.newest(status, 6, offset)
 

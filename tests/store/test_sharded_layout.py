@@ -11,7 +11,7 @@ from redis.crc import key_slot
 from layby.parking import Keys, Verdict
 from layby.parking.shards import tags
 from layby.wire import Status
-from tests.store.conftest import MESSAGES, OWNER, World, answer, interrupt
+from tests.store.conftest import MESSAGES, OWNER, World, answer, interrupt, pages
 
 pytestmark = pytest.mark.store
 
@@ -47,12 +47,8 @@ def test_runs_over_three_shards_live_their_whole_life(sharded: World) -> None:
         assert store.keys.run(run_id).startswith(shard.base + ":")
         assert sharded.client.zscore(shard.index(Status.INTERRUPTED), run_id) is not None
     # Listed newest first across the shards, page by page.
-    seen, cursor = [], None
-    while True:
-        page, cursor = store.runs.page(Status.INTERRUPTED, 5, cursor)
-        seen.extend(run_id for run_id, _ in page)
-        if cursor is None:
-            break
+    seen = [run_id for page in pages(store.runs, Status.INTERRUPTED, 5)
+            for run_id, _ in page]
     assert seen == RUNS[::-1]
     # Answered, resumed, claimed and completed, each in its own shard.
     for run_id in RUNS[:4]:
