@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from layby import running
@@ -88,9 +88,18 @@ def is_sentinel_url(url: str) -> bool:
 # What both the broker (kombu) and the store (redis-py) take. kombu reads any other
 # `redis+…://` as plain redis:// on localhost, and `unix://` not at all.
 REDIS_SCHEMES = ("redis", "rediss", "sentinel")
+# What the store alone may be besides: a Redis or Valkey Cluster (redis-py's RedisCluster).
+# kombu has no cluster transport, so the broker is never one (LAYBY_BROKER_URL).
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster", "valkey+cluster", "valkeys+cluster")
+STORE_SCHEMES = REDIS_SCHEMES + CLUSTER_SCHEMES
 # What the broker alone may be besides: RabbitMQ (kombu's py-amqp transport).
 AMQP_SCHEMES = ("amqp", "amqps")
 BROKER_SCHEMES = REDIS_SCHEMES + AMQP_SCHEMES
+
+
+def is_cluster_url(url: str) -> bool:
+    scheme = urlsplit(url.strip()).scheme.lower() if "://" in url else ""
+    return scheme in CLUSTER_SCHEMES
 HTTP_SCHEMES = ("http", "https")
 
 
@@ -141,6 +150,13 @@ class Settings(BaseSettings):
     # `layby.turns@<version>`); empty: each agent's own version.
     agent_versions: CommaList = Field(default_factory=list)
     key_prefix: str = "layby"
+    # How many shards a store made on a cluster (LAYBY_REDIS_URL=redis+cluster://…) holds,
+    # fixed when it is made and recorded in it (`layby.parking.shards`): a process given
+    # another number refuses to start. Set on one server, a store made there is sharded
+    # too (the same layout, ready for a cluster). Each transition touches one shard, so one slot;
+    # what reads every shard (a list page, a sweep) costs more the more there are. 48
+    # spread evenly over 1, 2, 3, 4, 6, 8, 12, 16, 24 or 48 primaries.
+    store_shards: int = Field(48, ge=1, le=1024)
     # Empty by default: another service reaches layby with nothing but the broker URL.
     # Set it (e.g. "layby:broker:") when the broker's Redis database is shared.
     broker_key_prefix: str = ""
@@ -266,7 +282,7 @@ class Settings(BaseSettings):
     def _redis_url(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        problem = url_problem(value, REDIS_SCHEMES)
+        problem = url_problem(value, STORE_SCHEMES)
         if problem:
             raise ValueError(problem)
         return value.strip()
@@ -276,10 +292,37 @@ class Settings(BaseSettings):
     def _broker_url(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
+        if is_cluster_url(value):
+            raise ValueError(
+                "a cluster cannot be the broker: kombu (Celery's transport) has no cluster "
+                "transport; give a redis://, sentinel:// or amqp:// URL of a server beside "
+                "the cluster")
         problem = url_problem(value, BROKER_SCHEMES)
         if problem:
             raise ValueError(problem)
         return value.strip()
+
+    @model_validator(mode="after")
+    def _broker_beside_a_cluster(self) -> Settings:
+        if self.redis_url and is_cluster_url(self.redis_url) and not self.broker_url:
+            raise ValueError(
+                "LAYBY_REDIS_URL names a cluster, which cannot carry Celery's queues (kombu "
+                "has no cluster transport): set LAYBY_BROKER_URL to a redis://, sentinel:// "
+                "or amqp:// server beside it")
+        return self
+
+    @property
+    def store_is_cluster(self) -> bool:
+        """Whether the store is a Redis or Valkey Cluster (LAYBY_REDIS_URL=redis+cluster://…)."""
+        return is_cluster_url(self.resolved_redis_url() or "")
+
+    @property
+    def wanted_shards(self) -> int | None:
+        """The shard count this process asks of the store: LAYBY_STORE_SHARDS on a cluster
+        or when set; None on one server when unset (the store's layout, as it was made)."""
+        if self.store_is_cluster or "store_shards" in self.model_fields_set:
+            return self.store_shards
+        return None
 
     @field_validator("public_url")
     @classmethod
@@ -409,9 +452,10 @@ class Settings(BaseSettings):
 def settings_problem(exc: ValidationError) -> str:
     """Refused settings in one line: each variable and what is wrong with it, never its
     value (it may be a secret)."""
+    # A rule of several settings (a model validator) has no one place: its message names them.
     return "; ".join(
-        f"LAYBY_{str(e['loc'][0]).upper() if e['loc'] else '?'}: "
-        f"{e['msg'].removeprefix('Value error, ')}"
+        (f"LAYBY_{str(e['loc'][0]).upper()}: " if e['loc'] else "")
+        + e['msg'].removeprefix('Value error, ')
         for e in exc.errors(include_input=False, include_url=False))
 
 

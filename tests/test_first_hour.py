@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from layby import running
 from layby.broker_config.settings import REDIS_SCHEMES, Settings, settings_problem, url_problem
+from layby.control.connections import cluster_nodes
 from layby.errors import ConfigError
 from layby.generation.importing import import_user_module
 from layby.ops.embedded import free_port
@@ -43,17 +44,51 @@ payer = Agent(name="bank.payer", description="Pays, in a project of its own.",
 
 
 def test_a_redis_url_of_an_unknown_scheme_is_refused_naming_the_schemes_taken() -> None:
-    assert url_problem("redis+cluster://h:7000", REDIS_SCHEMES) == (
-        "the scheme redis+cluster:// is not one layby takes: give one of redis://, "
+    assert url_problem("redis+socket://h:7000", REDIS_SCHEMES) == (
+        "the scheme redis+socket:// is not one layby takes: give one of redis://, "
         "rediss://, sentinel://")
     assert url_problem("localhost:6379", REDIS_SCHEMES).startswith("not a URL")
     assert url_problem("redis://:pw@h:6379/0", REDIS_SCHEMES) is None
     assert url_problem("sentinel://h:26379/0;sentinel://h2:26379", REDIS_SCHEMES) is None
     with pytest.raises(ValidationError) as refused:
-        Settings(redis_url="redis+cluster://:s3cret@h:7000/0")
+        Settings(redis_url="unix://:s3cret@h:7000/0")
     line = settings_problem(refused.value)
-    assert line.startswith("LAYBY_REDIS_URL: the scheme redis+cluster:// is not one")
+    assert line.startswith("LAYBY_REDIS_URL: the scheme unix:// is not one")
+    assert "redis+cluster://" in line  # the store may be a cluster
     assert "s3cret" not in line and "\n" not in line
+
+
+def test_a_cluster_is_the_store_only_with_a_broker_beside_it() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(redis_url="redis+cluster://:s3cret@h:7000")
+    line = settings_problem(refused.value)
+    assert line.startswith("LAYBY_REDIS_URL names a cluster, which cannot carry Celery's")
+    assert "set LAYBY_BROKER_URL" in line and "s3cret" not in line
+    with pytest.raises(ValidationError) as refused:
+        Settings(redis_url="redis://h:6379", broker_url="valkey+cluster://:s3cret@h:7000")
+    line = settings_problem(refused.value)
+    assert line.startswith("LAYBY_BROKER_URL: a cluster cannot be the broker")
+    assert "s3cret" not in line
+    given = Settings(redis_url="valkey+cluster://h:7000", broker_url="redis://b:6379")
+    assert given.store_is_cluster and not given.broker_is_store
+    assert given.wanted_shards == 48  # a cluster's store is sharded; one server's, not
+    assert Settings(redis_url="redis://h:6379").wanted_shards is None
+    assert Settings(redis_url="redis://h:6379", store_shards=16).wanted_shards == 16
+
+
+def test_a_cluster_url_is_read_for_its_nodes_and_login() -> None:
+    found = cluster_nodes("rediss+cluster://ops:p%40ss@10.0.0.1:7000,10.0.0.2")
+    assert found.nodes == [("10.0.0.1", 7000), ("10.0.0.2", 6379)] and found.tls
+    assert found.username == "ops" and found.password.get_secret_value() == "p@ss"
+    for bad, said in (("redis+cluster://h:7000/3", "database"),
+                      ("redis+cluster://:s3cret@h:port", "port that is not a number"),
+                      ("redis+cluster://h:7000?timeout=1", "options"),
+                      ("redis+cluster://", "names no cluster node")):
+        with pytest.raises(ConfigError) as refused:
+            cluster_nodes(bad)
+        assert said in refused.value.message and "s3cret" not in refused.value.message
+
+
     with pytest.raises(ValidationError):
         Settings(public_url="127.0.0.1:8000")
 
@@ -245,14 +280,24 @@ def test_up_refuses_a_taken_port_before_the_banner(tmp_path: Path, taken_port: i
 
 @integration
 def test_an_unknown_redis_scheme_is_refused_by_up_and_the_worker(tmp_path: Path) -> None:
-    env = _env(tmp_path / "data", LAYBY_REDIS_URL="redis+cluster://:s3cret@10.0.0.9:7000",
+    env = _env(tmp_path / "data", LAYBY_REDIS_URL="redis+socket://:s3cret@10.0.0.9:7000",
                **_ports())
     for command in (["up", "--port", str(free_port())], ["worker"], ["gateway"]):
         done = _layby(*command, env=env)
         assert done.returncode == 2, (command, done.stderr)
         assert done.stderr == (
-            "error: LAYBY_REDIS_URL: the scheme redis+cluster:// is not one layby takes: "
-            "give one of redis://, rediss://, sentinel:// (fix it in the environment)\n")
+            "error: LAYBY_REDIS_URL: the scheme redis+socket:// is not one layby takes: "
+            "give one of redis://, rediss://, sentinel://, redis+cluster://, "
+            "rediss+cluster://, valkey+cluster://, valkeys+cluster:// (fix it in the "
+            "environment)\n")
+    # A cluster without a broker beside it, refused the same way.
+    env["LAYBY_REDIS_URL"] = "redis+cluster://:s3cret@10.0.0.9:7000"
+    for command in (["up", "--port", str(free_port())], ["worker"], ["gateway"]):
+        done = _layby(*command, env=env)
+        assert done.returncode == 2, (command, done.stderr)
+        assert done.stderr.startswith("error: LAYBY_REDIS_URL names a cluster, which cannot "
+                                      "carry Celery's queues"), done.stderr
+        assert "s3cret" not in done.stderr
 
 
 @integration

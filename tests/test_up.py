@@ -16,7 +16,8 @@ import psutil
 import pytest
 import redis
 
-from layby.ops.embedded import EmbeddedRedis, free_port
+from layby.ops.embedded import EmbeddedCluster, EmbeddedRedis, free_port
+from layby.parking.keys import Keys
 from tests.harness import ROOT, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -113,6 +114,22 @@ def test_layby_up_survives_a_restart_with_a_parked_run(tmp_path: Path) -> None:
         assert _stop(up) == []
 
 
+def _a_transfer_approved(base: str, log: Path) -> str:
+    """A transfer started, parked, approved and completed through `layby up`'s gateway."""
+    with _client(base, _printed(log, "api key")) as api:
+        run_id: str = api.post("/v1/runs", json={"agent": "demo.transfer",
+                                                 "input": "Send 30 to Ann"}).json()["id"]
+        wait_until(lambda: api.get(f"/v1/runs/{run_id}").json()["status"]
+                   == "interrupted", 30, what="the run to park")
+        run = api.get(f"/v1/runs/{run_id}").json()
+        [waiting] = [i for i in run["interrupts"] if i["state"] == "open"]
+        api.post(f"/v1/runs/{run_id}/interrupts/{waiting['id']}",
+                 json={"status": "resolved", "payload": {"approved": True}})
+        wait_until(lambda: api.get(f"/v1/runs/{run_id}").json()["status"]
+                   == "completed", 30, what="the run to complete")
+    return run_id
+
+
 def test_layby_up_with_the_broker_on_another_server(tmp_path: Path) -> None:
     broker = EmbeddedRedis(tmp_path / "broker").start()
     data_dir, port, log = tmp_path / "data", free_port(), tmp_path / "up.log"
@@ -121,23 +138,35 @@ def test_layby_up_with_the_broker_on_another_server(tmp_path: Path) -> None:
     try:
         wait_until(lambda: _ready(base), 60, what="layby up")
         assert f"  broker    Redis 127.0.0.1:{broker.port}   (LAYBY_BROKER_URL)" in log.read_text()
-        with _client(base, _printed(log, "api key")) as api:
-            run_id = api.post("/v1/runs", json={"agent": "demo.transfer",
-                                                "input": "Send 30 to Ann"}).json()["id"]
-            wait_until(lambda: api.get(f"/v1/runs/{run_id}").json()["status"]
-                       == "interrupted", 30, what="the run to park")
-            run = api.get(f"/v1/runs/{run_id}").json()
-            [waiting] = [i for i in run["interrupts"] if i["state"] == "open"]
-            api.post(f"/v1/runs/{run_id}/interrupts/{waiting['id']}",
-                     json={"status": "resolved", "payload": {"approved": True}})
-            wait_until(lambda: api.get(f"/v1/runs/{run_id}").json()["status"]
-                       == "completed", 30, what="the run to complete")
+        _a_transfer_approved(base, log)
         # Celery's queues were on the broker's server, not on the embedded store.
         with redis.Redis(port=broker.port) as client:
             assert any(k.startswith(b"_kombu.binding.") for k in client.scan_iter())
     finally:
         assert _stop(up) == []
         broker.stop()
+
+
+def test_layby_up_on_a_cluster_with_the_broker_beside_it(tmp_path: Path) -> None:
+    cluster = EmbeddedCluster(tmp_path / "cluster").start()
+    broker = EmbeddedRedis(tmp_path / "broker").start()
+    data_dir, port, log = tmp_path / "data", free_port(), tmp_path / "up.log"
+    base = f"http://127.0.0.1:{port}"
+    # One node named: the client finds the others.
+    up = _up(data_dir, port, log, LAYBY_REDIS_URL=f"valkey+cluster://{cluster.members[0].address}",
+             LAYBY_BROKER_URL=broker.url)
+    try:
+        wait_until(lambda: _ready(base), 60, what="layby up")
+        run_id = _a_transfer_approved(base, log)
+        # The store was made in the sharded layout, its shard count recorded; the run's
+        # keys carry its shard's tag.
+        client = cluster.client()
+        assert client.hget("layby:format", "shards") == "48"
+        assert client.exists(Keys("layby", 48).run(run_id)) == 1
+    finally:
+        assert _stop(up) == []
+        broker.stop()
+        cluster.stop()
 
 
 def test_the_email_round_trip_on_one_machine(tmp_path: Path) -> None:

@@ -5,25 +5,42 @@ kombu's form, `sentinel://[:password@]host:26379[/db];sentinel://host2:26379;…
 primary is LAYBY_REDIS_SENTINEL_MASTER. A Sentinel client asks the sentinels where the
 primary is each time it connects, so after a failover it reconnects to the new one; kombu
 does the same for the broker (`broker_config.celery_app`).
+
+Or it names a Redis or Valkey Cluster, `redis+cluster://[user:password@]host:port[,host:port…]`
+(`valkey+cluster://`; `rediss+cluster://`, `valkeys+cluster://` with TLS): one node is
+enough, the client learns the others and the slots from it, and follows MOVED and ASK
+(redis-py's RedisCluster). The store is then in the sharded layout (`layby.parking.shards`),
+each transition in one slot; the broker is a server beside it (LAYBY_BROKER_URL).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster
 import redis.asyncio.sentinel
+import redis.cluster
 import redis.sentinel
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-from layby.broker_config.settings import SENTINEL_PORT, Settings, is_sentinel_url
+from layby.broker_config.settings import (
+    SENTINEL_PORT,
+    Settings,
+    is_cluster_url,
+    is_sentinel_url,
+)
 from layby.errors import ConfigError
 
 SENTINEL_FORM = "sentinel://[:password@]host:26379/0;sentinel://host2:26379;…"
+CLUSTER_FORM = "redis+cluster://[:password@]host:6379[,host2:6379…]"
+# A cluster node that does not answer is left for another this soon: the client then asks
+# the rest where the slots are (after a failover, the promoted replica).
+CLUSTER_CONNECT_S = 2.0
 
 
 class SentinelGroup(BaseModel):
@@ -92,6 +109,74 @@ def sentinel_group(url: str) -> SentinelGroup:
                          password=SecretStr(first[1]) if first[1] else None, db=first[2])
 
 
+class ClusterNodes(BaseModel):
+    """What a cluster LAYBY_REDIS_URL says: some of its nodes (the client finds the rest),
+    how to log in to them, and whether over TLS."""
+
+    model_config = ConfigDict(frozen=True)
+
+    nodes: list[tuple[str, int]]
+    username: str | None = None
+    password: SecretStr | None = None
+    tls: bool = False
+
+
+def cluster_nodes(url: str) -> ClusterNodes:
+    """Parse a cluster URL, refusing what a cluster has no use for (a database other than
+    0, options). Errors say what, never the password."""
+    head, sep, rest = url.strip().partition("://")
+    if not sep or not rest:
+        raise ConfigError(f"LAYBY_REDIS_URL names no cluster node: give {CLUSTER_FORM}")
+    login, at, hosts = rest.rpartition("@")
+    hosts, _, path = hosts.partition("/")
+    if "?" in hosts or "#" in hosts or path.strip("/") not in ("", "0"):
+        raise ConfigError(
+            "LAYBY_REDIS_URL names a database or options after the cluster's nodes: a "
+            f"cluster has database 0 only and takes no options; give {CLUSTER_FORM}")
+    nodes: list[tuple[str, int]] = []
+    for i, part in enumerate(p.strip() for p in hosts.split(",")):
+        found = urlsplit(f"redis://{part}")
+        try:
+            port = found.port or 6379
+        except ValueError:
+            raise ConfigError(f"{_nth(i)} has a port that is not a number from 1 to "
+                              "65535") from None
+        if not found.hostname:
+            raise ConfigError(f"{_nth(i)} has no host: give {CLUSTER_FORM}")
+        nodes.append((found.hostname, port))
+    user, _, password = login.partition(":") if at else ("", "", "")
+    return ClusterNodes(nodes=nodes, username=unquote(user) or None,
+                        password=SecretStr(unquote(password)) if password else None,
+                        tls=head.lower().startswith(("rediss", "valkeys")))
+
+
+def _cluster_kwargs(settings: Settings, found: ClusterNodes,
+                    timeout_s: float | None = None) -> dict[str, Any]:
+    options = _node_kwargs(settings, timeout_s=timeout_s)
+    # A node away is given up on quickly: the client asks another where its slots went.
+    options["socket_connect_timeout"] = min(options["socket_connect_timeout"],
+                                            CLUSTER_CONNECT_S)
+    options.pop("retry_on_timeout")  # RedisCluster retries (after a new look at the slots)
+    options.update(username=found.username, ssl=found.tls,
+                   password=found.password.get_secret_value() if found.password else None)
+    return options
+
+
+def cluster_client(settings: Settings, timeout_s: float | None = None
+                   ) -> redis.cluster.RedisCluster:
+    """A blocking client of the cluster of LAYBY_REDIS_URL."""
+    found = cluster_nodes(redis_url(settings))
+    nodes = [redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
+             for host, port in found.nodes]
+    try:
+        return redis.cluster.RedisCluster(startup_nodes=nodes,
+                                          **_cluster_kwargs(settings, found, timeout_s))
+    except redis.RedisError as exc:
+        # redis-py asks the nodes for the slots as it is made: none answering is this.
+        raise ConfigError(f"no node of the cluster of LAYBY_REDIS_URL answers ({exc}); "
+                          "is it running, and are its slots all covered?") from None
+
+
 def redis_url(settings: Settings) -> str:
     url = settings.resolved_redis_url()
     if not url:
@@ -154,7 +239,10 @@ def sentinel(settings: Settings, timeout_s: float | None = None
 
 
 def redis_client(settings: Settings, timeout_s: float | None = None) -> redis.Redis:
-    """A blocking client of the primary; `timeout_s` replaces the socket timeouts."""
+    """A blocking client of the primary (of the cluster: a RedisCluster, which has the same
+    commands, each sent to its key's node); `timeout_s` replaces the socket timeouts."""
+    if is_cluster_url(redis_url(settings)):
+        return cast("redis.Redis", cluster_client(settings, timeout_s))
     group = sentinel(settings, timeout_s)
     if group is None:
         return _from_url(redis.Redis.from_url, redis_url(settings),
@@ -171,6 +259,17 @@ async def async_redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     No socket timeout on reads, which a blocked XREAD would trip: a server that dies closes
     the socket, and keepalive finds one that vanished."""
     url = redis_url(settings)
+    if is_cluster_url(url):
+        found = cluster_nodes(url)
+        cluster = redis.asyncio.cluster.RedisCluster(
+            startup_nodes=[redis.asyncio.cluster.ClusterNode(host, port)
+                           for host, port in found.nodes],
+            **{**_cluster_kwargs(settings, found), "socket_timeout": None})
+        try:
+            yield cast("aioredis.Redis", cluster)
+        finally:
+            await cluster.aclose()
+        return
     group = sentinel_group(url) if is_sentinel_url(url) else None
     options = {**_node_kwargs(settings, group), "socket_timeout": None}
     manager: redis.asyncio.sentinel.Sentinel | None = None

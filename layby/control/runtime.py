@@ -44,6 +44,7 @@ from layby.control.connections import redis_client
 from layby.generation.agents import Agent, hosted, hosted_versions, load_agents
 from layby.generation.importing import import_user_module
 from layby.parking import OutboxEntry, Store, StoreConfig, TaskNames, formats, migrations
+from layby.parking.keys import Keys
 from layby.reviewers.config import Reviewers
 from layby.reviewers.directory import load_directory
 from layby.reviewers.policy import load_rules
@@ -60,9 +61,11 @@ TASK_NAMES = TaskNames(turn_task=RUN_TURN, resume_task=RESUME_RUN, turn_queue=TU
                        notify_task=NOTIFY_TASK, notify_queue=NOTIFY, deliver_task=DELIVER_TASK)
 
 
-def store_config(settings: Settings, celery: Celery | None = None) -> StoreConfig:
+def store_config(settings: Settings, celery: Celery | None = None, *,
+                 shards: int | None = None) -> StoreConfig:
     """The store's settings; with the `celery` app, when its broker is the store's server,
-    the transitions push the tasks that follow them themselves."""
+    the transitions push the tasks that follow them themselves. `shards`: the store's
+    layout, as its format key says (`formats.keys_of`)."""
     messages = None
     if celery is not None and settings.broker_is_store:
         messages = {kind: (t.queue_key, t.message)
@@ -76,7 +79,7 @@ def store_config(settings: Settings, celery: Celery | None = None) -> StoreConfi
                        outbox_grace_ms=int(settings.outbox_grace_s * 1000),
                        min_replicas_ack=settings.redis_min_replicas_ack,
                        replica_ack_timeout_ms=int(settings.redis_replica_ack_timeout_s * 1000),
-                       messages=messages)
+                       messages=messages, shards=shards)
 
 
 class Runtime:
@@ -113,11 +116,13 @@ class Runtime:
             return found[1]
         with self._store_lock:
             if self._store is None or self._store[0] != os.getpid():
-                store = Store(redis_client(self.settings),
-                              store_config(self.settings, self.celery))
+                client = redis_client(self.settings)
                 # Before anything is read or written: code that cannot read the store's
-                # format must not serve it (FormatError says what to run).
-                state = formats.check(store.redis, store.keys, migrations.newest())
+                # format or layout must not serve it (FormatError says what to run).
+                state = formats.check(client, Keys(self.settings.key_prefix),
+                                      migrations.newest(), shards=self.settings.wanted_shards)
+                store = Store(client, store_config(self.settings, self.celery,
+                                                   shards=state.shards))
                 store.writing = state.written or migrations.newest()
                 if not self.settings.broker_is_store:
                     store.length_of_queue = self.queue_length

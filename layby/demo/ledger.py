@@ -46,17 +46,21 @@ def _redis() -> tuple[Redis, str]:
         return _connection[1], _connection[2]
 
 
-def _keys(prefix: str, kind: str) -> list[str]:
-    return [f"{prefix}:demo:{kind}", f"{prefix}:demo:{kind}:seen"]
+def _keys(prefix: str, kind: str, cluster: bool) -> list[str]:
+    # On a cluster, one hash tag: both in the slot the script that writes them runs in.
+    name = f"{{{kind}}}" if cluster else kind
+    return [f"{prefix}:demo:{name}", f"{prefix}:demo:{name}:seen"]
 
 
 def record(kind: str, idempotency_key: str, entry: dict[str, Any]) -> dict[str, Any]:
     client, prefix = _redis()
     entry = {**entry, "key": idempotency_key, "at": time.time()}
-    first = client.eval(_RECORD, 2, *_keys(prefix, kind), idempotency_key, json.dumps(entry))
+    first = client.eval(_RECORD, 2, *_keys(prefix, kind, Settings().store_is_cluster),
+                        idempotency_key, json.dumps(entry))
     return dict(json.loads(first))
 
 
-def read(client: Redis, prefix: str) -> dict[str, list[dict[str, Any]]]:
-    return {kind: [json.loads(e) for e in client.lrange(_keys(prefix, kind)[0], 0, -1)]
+def read(client: Redis, prefix: str, *, cluster: bool = False
+         ) -> dict[str, list[dict[str, Any]]]:
+    return {kind: [json.loads(e) for e in client.lrange(_keys(prefix, kind, cluster)[0], 0, -1)]
             for kind in KINDS}

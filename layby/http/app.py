@@ -342,7 +342,8 @@ def _plain_routes(app: FastAPI) -> None:
     def demo_ledger(rt: Rt) -> dict[str, Any]:
         from layby.demo import ledger
 
-        return ledger.read(rt.store.redis, rt.settings.key_prefix)
+        return ledger.read(rt.store.redis, rt.settings.key_prefix,
+                           cluster=rt.settings.store_is_cluster)
 
 
 class _LogIds:

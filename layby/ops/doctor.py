@@ -9,16 +9,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import redis
+import redis.cluster
 import redis.sentinel
 from kombu import Connection
 from kombu.exceptions import OperationalError
 
 from layby.broker_config.settings import Settings, broker_shown
+from layby.control import connections
 from layby.parking import formats, migrations
 from layby.parking.gauges import live_hosting, runs_by_version
 from layby.parking.keys import Keys
+from layby.parking.store import on_cluster
 from layby.wire import Status
 
 MAX_SKEW_S = 2.0
@@ -98,7 +102,7 @@ def check_clock(client: redis.Redis) -> Check:
 def check_sweeper(client: redis.Redis, settings: Settings) -> Check:
     """The sweeper's liveness: when it last finished a sweep (it notes each one; it sweeps
     in its own loop, so Flower shows no task for it)."""
-    raw = client.get(Keys(settings.key_prefix).swept)
+    raw = client.get(formats.keys_of(client, settings.key_prefix).swept)
     if not raw:
         return Check("sweeper", True, "no sweep recorded yet: start `layby sweeper` (one "
                                       "per deployment) before runs are started")
@@ -116,7 +120,7 @@ def check_sweeper(client: redis.Redis, settings: Settings) -> Check:
 def check_format(client: redis.Redis, settings: Settings) -> Check:
     """Whether this code reads the store's format, as every process checks before it
     serves; a migration under way and how far it got."""
-    keys = Keys(settings.key_prefix)
+    keys = formats.keys_of(client, settings.key_prefix)
     state = formats.read(client, keys)
     newest = migrations.newest()
     why = formats.readable(state, newest, empty=not formats.has_data(client, keys))
@@ -140,7 +144,7 @@ def check_pinned_versions(client: redis.Redis, settings: Settings) -> list[Check
     """Runs pinned to an agent version (`on_change="pin"`) that no live worker hosts: queued
     or resuming, they wait now; parked, they would wait once answered. One line each
     version."""
-    keys = Keys(settings.key_prefix)
+    keys = formats.keys_of(client, settings.key_prefix)
     counts = runs_by_version(client, keys, (Status.INTERRUPTED, Status.QUEUED,
                                             Status.RESUMING))
     pinned = sorted(((c.agent, c.version or ""), n) for c, n in counts.items() if c.pinned)
@@ -164,7 +168,7 @@ def check_pinned_versions(client: redis.Redis, settings: Settings) -> list[Check
 def check_processes(client: redis.Redis, settings: Settings) -> Check:
     """The live processes of the registry, by kind and release: mid-deployment, two
     releases, and which format the store writes meanwhile."""
-    keys = Keys(settings.key_prefix)
+    keys = formats.keys_of(client, settings.key_prefix)
     seconds, micros = client.time()
     now = int(seconds) * 1000 + int(micros) // 1000
     names = cast("list[str]", client.zrangebyscore(keys.workers, f"({now}", "+inf"))
@@ -266,6 +270,78 @@ def check_replicas(group: redis.sentinel.Sentinel, master: str,
                      f"LAYBY_REDIS_MIN_REPLICAS_ACK={min_replicas_ack}: acknowledged "
                      "transitions are refused until more replicas are in sync")
     return Check("redis replicas", True, f"{len(in_sync)} in sync: {', '.join(in_sync)}")
+
+
+def check_cluster(client: redis.cluster.RedisCluster, settings: Settings) -> list[Check]:
+    """A cluster store's health as CLUSTER NODES and CLUSTER INFO tell it: every node up,
+    every slot served, a replica for every primary, the store's shard count the one set
+    here, and the broker not one of its nodes."""
+    nodes = cast("dict[str, dict[str, Any]]", client.cluster_nodes())
+    info: dict[str, str] = client.cluster_info()
+    failing = sorted(addr.split("@")[0] for addr, n in nodes.items()
+                     if "fail" in n["flags"] or not n["connected"])
+    primaries = {n["node_id"]: addr.split("@")[0] for addr, n in nodes.items()
+                 if "master" in n["flags"] and "fail" not in n["flags"] and n["slots"]}
+    checks = [Check("cluster nodes", not failing,
+                    f"{len(nodes)} known, {len(primaries)} primaries serve slots"
+                    + (f"; failing or unreachable: {', '.join(failing)} (a replica takes "
+                       "over a failed primary; start the node again or forget it)"
+                       if failing else ""))]
+    covered = int(info.get("cluster_slots_ok", 0))
+    if info.get("cluster_state") == "ok" and covered == 16384:
+        checks.append(Check("cluster slots", True, "all 16384 served"))
+    else:
+        checks.append(Check("cluster slots", False,
+                            f"{covered} of 16384 served (state {info.get('cluster_state')}): "
+                            "runs in the others cannot be reached; assign them (CLUSTER "
+                            "ADDSLOTSRANGE, or `valkey-cli --cluster fix`)"))
+    bare = sorted(addr for node_id, addr in primaries.items()
+                  if not any(n["master_id"] == node_id and n["connected"]
+                             and "fail" not in n["flags"] for n in nodes.values()))
+    checks.append(Check("cluster replicas", not bare,
+                        f"a replica in sync for each of {len(primaries)} primaries"
+                        if not bare else
+                        f"no replica for {', '.join(bare)}: its failure would leave its "
+                        "slots unserved; attach one (CLUSTER REPLICATE)"))
+    state = formats.read(cast("redis.Redis", client), Keys(settings.key_prefix))
+    why = formats.layout_problem(state, settings.wanted_shards)
+    checks.append(Check("store shards", why is None, why or (
+        f"{state.shards} (LAYBY_STORE_SHARDS)" if state.shards is not None
+        else f"none yet (an empty store: the first process makes {settings.store_shards})")))
+    broker = urlsplit((settings.resolved_broker_url() or "").split(";")[0])
+    on_it = {addr.split("@")[0] for addr in nodes} & {f"{broker.hostname}:{broker.port}"}
+    checks.append(Check("broker apart", not on_it,
+                        f"{broker_shown(settings.resolved_broker_url() or '')}, not a node "
+                        "of the cluster" if not on_it else
+                        f"LAYBY_BROKER_URL names {on_it.pop()}, a node of the cluster: "
+                        "Celery's queues cannot live on a cluster (kombu has no cluster "
+                        "transport); give a Redis, Sentinel or RabbitMQ beside it"))
+    return checks
+
+
+def per_node(client: redis.cluster.RedisCluster, settings: Settings,
+             check: Callable[[redis.Redis], Check]) -> Check:
+    """`check` on every node of the cluster (each keeps its own configuration): one line,
+    the nodes that fail it named."""
+    login = connections.cluster_nodes(connections.redis_url(settings))
+    found: list[tuple[str, Check]] = []
+    for addr, node in cast("dict[str, dict[str, Any]]", client.cluster_nodes()).items():
+        if "fail" in node["flags"]:
+            continue
+        host, _, port = addr.split("@")[0].rpartition(":")
+        one = redis.Redis(host, int(port), username=login.username, ssl=login.tls,
+                          password=login.password.get_secret_value() if login.password
+                          else None, socket_timeout=5, decode_responses=True)
+        try:
+            found.append((f"{host}:{port}", check(one)))
+        finally:
+            one.close()
+    bad = [(where, c) for where, c in found if not c.ok]
+    name = found[0][1].name if found else check.__name__.removeprefix("check_")
+    if not bad:
+        return Check(name, True, f"{found[0][1].message} on all {len(found)} nodes"
+                     if found else "no node answers")
+    return Check(name, False, "; ".join(f"{where}: {c.message}" for where, c in bad))
 
 
 def check_celery(conf: object, settings: Settings) -> list[Check]:
@@ -405,9 +481,15 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
             redis_checks: list[Callable[[redis.Redis], Check]] = [
                 check_version, check_appendonly, check_appendfsync, check_eviction,
                 check_clock]
+            cluster = cast("redis.cluster.RedisCluster", client) if on_cluster(client) \
+                else None
+            if cluster is not None:
+                checks.extend(check_cluster(cluster, settings))
             for check in redis_checks:
                 try:
-                    checks.append(check(client))
+                    # A cluster's nodes each have their own configuration (one clock).
+                    checks.append(check(client) if cluster is None or check is check_clock
+                                  else per_node(cluster, settings, check))
                 except redis.ResponseError as exc:  # CONFIG renamed or refused by a host
                     checks.append(Check(check.__name__.removeprefix("check_"), False,
                                         f"cannot read it: {exc}; check it by hand"))

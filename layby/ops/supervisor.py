@@ -41,11 +41,11 @@ from layby.broker_config import (
     worker_queues,
 )
 from layby.broker_config.settings import write_private
+from layby.control import connections
 from layby.ops.embedded import EmbeddedRedis
 from layby.ops.flower import ensure_credentials, flower_argv, flower_env
 from layby.ops.lifetime import die_with_parent
 from layby.parking import formats, migrations
-from layby.parking.keys import Keys
 from layby.reviewers.tokens import new_keys
 
 DEMO_REVIEWERS = """\
@@ -232,12 +232,14 @@ class System:
         embedded server is this `layby up`'s alone (its data folder is locked): data an
         older layby left there is migrated at once, saying so. Another server may be shared
         with processes this one does not see: NotStarted, with what to run."""
-        client = redis.Redis.from_url(url, decode_responses=True)
+        client = redis.Redis.from_url(url, decode_responses=True) if owned \
+            else connections.redis_client(self.settings)
         try:
-            keys = Keys(self.settings.key_prefix)
+            keys = formats.keys_of(client, self.settings.key_prefix)
             state = formats.read(client, keys)
             newest = migrations.newest()
-            why = formats.readable(state, newest, empty=not formats.has_data(client, keys))
+            why = formats.readable(state, newest, empty=not formats.has_data(client, keys)) \
+                or formats.layout_problem(state, self.settings.wanted_shards)
             todo = migrations.pending(state)
             if why is None and not todo:
                 return

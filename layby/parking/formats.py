@@ -11,6 +11,11 @@ format this code knows) or was written by layby 0.1.0, which kept no version: it
 only after `layby migrate` (migration 1) has run. Code reads the newest format it knows
 and the one before it, so that two consecutive versions of layby can share a store while
 a deployment is rolled one process at a time.
+
+The key also holds the store's layout: `shards`, how many shards a store made on a cluster
+has (LAYBY_STORE_SHARDS when it was made; `parking.shards`), absent for the one-shard
+layout of a store on one server. A process reads it before anything else (`keys_of`);
+one given another number refuses to start. (layby 0.2.0 cannot reach a cluster at all.)
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class FormatState:
     version: int | None
     writing: int | None
     migrating: int | None = None  # the migration under way, if one is
+    shards: int | None = None  # the sharded layout's shard count (None: one, the legacy)
 
     @property
     def written(self) -> int | None:
@@ -58,9 +64,15 @@ def reads(newest: int) -> range:
 
 def read(client: Redis, keys: Keys) -> FormatState:
     raw = cast("list[str | None]", client.hmget(keys.format, "version", "writing",
-                                                 "migrating"))
-    version, writing, migrating = (int(v) if v else None for v in raw)
-    return FormatState(version, writing, migrating)
+                                                 "migrating", "shards"))
+    version, writing, migrating, shards = (int(v) if v else None for v in raw)
+    return FormatState(version, writing, migrating, shards)
+
+
+def keys_of(client: Redis, prefix: str) -> Keys:
+    """The store's keys under `prefix`, in the layout its format key says (the format key
+    is named the same in every layout)."""
+    return Keys(prefix, read(client, Keys(prefix)).shards)
 
 
 def has_data(client: Redis, keys: Keys) -> bool:
@@ -116,15 +128,38 @@ def settle_after_switch(client: Redis, keys: Keys) -> float:
     return max(0.0, left)
 
 
-def check(client: Redis, keys: Keys, newest: int) -> FormatState:
+def check(client: Redis, keys: Keys, newest: int, *, shards: int | None = None
+          ) -> FormatState:
     """The store's format, for code whose newest format is `newest`: raises `FormatError`
     (one line: which formats it reads and what to run) when it cannot read it. An empty
-    store without a version is stamped with `newest` (first come: HSETNX)."""
+    store without a version is stamped with `newest`, and with `shards` when given (a
+    cluster's store, or LAYBY_STORE_SHARDS set: the sharded layout), first come first
+    served; a store whose layout is not that is refused (`layout_problem`)."""
     state = read(client, keys)
     if state.version is None and not has_data(client, keys):
-        client.hsetnx(keys.format, "version", newest)
+        with client.pipeline(transaction=True) as pipe:
+            # One MULTI: the first process's version and layout, or neither.
+            pipe.hsetnx(keys.format, "version", newest)
+            if shards is not None:
+                pipe.hsetnx(keys.format, "shards", shards)
+            pipe.execute()
         state = read(client, keys)
-    why = readable(state, newest, empty=False)
+    why = readable(state, newest, empty=False) or layout_problem(state, shards)
     if why is not None:
         raise FormatError(why, code="store_format")
     return state
+
+
+def layout_problem(state: FormatState, shards: int | None) -> str | None:
+    """Why a process that wants `shards` shards cannot serve a store in `state` (None when
+    it can). One that wants none in particular (None: a store on one server, without
+    LAYBY_STORE_SHARDS) takes the store's layout as it is."""
+    if shards is None or state.shards == shards or state.version is None:
+        return None  # (a store without a version has no layout yet: the first stamps it)
+    if state.shards is None:
+        return (f"the store has the one-shard layout of a store made on one server, and "
+                f"this process is set for {shards} shards (LAYBY_STORE_SHARDS, or a cluster "
+                "URL): a store's layout is fixed when it is made; unset LAYBY_STORE_SHARDS")
+    return (f"the store was made with {state.shards} shards and this process is set for "
+            f"{shards}: a store's shard count is fixed when it is made; set "
+            f"LAYBY_STORE_SHARDS={state.shards} on every process")

@@ -71,11 +71,12 @@ come and go.
     what each process of workers says it is: "<kind> <newest store format its code knows>
     <release>" (kind: worker, gateway, listener); taken out with it.
 <p>:format                  hash    none
-    the store's format (parking.formats): version (the format every record is in), writing (the
-    one processes write now, while a deployment rolls) and switched_at (when it switched, ms),
-    migrating (the migration under way) and that migration's m<n>:cursor (where its scan is),
-    m<n>:server (the server that cursor is of), m<n>:seen, m<n>:changed (its counts so far),
-    m<n>:done (when it finished, ms).
+    the store's format (parking.formats): version (the format every record is in), shards (how
+    many shards a store made on a cluster has, its layout: Keys; absent: one, the legacy
+    layout), writing (the one processes write now, while a deployment rolls) and switched_at
+    (when it switched, ms), migrating (the migration under way) and that migration's m<n>:cursor
+    (where its scan is), m<n>:server (the server that cursor is of), m<n>:seen, m<n>:changed
+    (its counts so far), m<n>:done (when it finished, ms).
 <p>:migrate:lock            string  30 s, renewed
     who runs `layby migrate` now ("<host>:<pid>"): one at a time.
 <p>:workers:hosting         hash    none
@@ -135,7 +136,11 @@ The structures a transition writes beside the run's own keys (the indexes, deadl
 leases, outbox, due notifications, stats, queues, and the idempotency and grant keys it
 names), and the fold cursor of the indexes, are a shard's (`ShardKeys`): a transition
 writes its run's shard's (`Keys.shard_of`), and whatever scans them reads every shard's
-(`Keys.shards`). Format 1 has one shard, the legacy one, whose keys are those listed above.
+(`Keys.shards`). A store on one server has one shard, the legacy one, whose keys are those
+listed above. A store made on a cluster is in the sharded layout (`Keys`): its format key
+records its shard count (`shards`), its runs' keys are `<p>:{<tag>}:<run>:run`, …, its
+shards' `<p>:{<tag>}:index:<status>`, …, and the process registry's
+`{<p>:format}:workers`, `{<p>:format}:workers:about` and `{<p>:format}:workers:hosting`.
 """
 
 from __future__ import annotations
@@ -269,6 +274,8 @@ KEY_SPECS: tuple[KeySpec, ...] = (
     KeySpec(
         "<p>:format", "hash", "none",
         "the store's format (parking.formats): version (the format every record is in), "
+        "shards (how many shards a store made on a cluster has, its layout: Keys; absent: "
+        "one, the legacy layout), "
         "writing (the one processes write now, while a deployment rolls) and switched_at "
         "(when it switched, ms), migrating (the migration under way) and that migration's "
         "m<n>:cursor (where its scan is), m<n>:server (the server that cursor is of), "
@@ -411,11 +418,13 @@ class Keys:
     the store reads and writes them through `shards` and `shard_of`.
 
     `shard_count` None is format 1's layout: one shard, the legacy one, and each run's keys
-    tagged with its own id (`<p>:{<run>}:run`). A number is the sharded layout the store on
-    a cluster will take (not written by any release yet): `shard_count` shards, each tagged
+    tagged with its own id (`<p>:{<run>}:run`). A number is the sharded layout, that of a
+    store made on a cluster (its format key says how many shards): `shard_count` shards, each tagged
     `{<tag>}` (`layby.parking.shards`), a run's keys carrying its shard's tag, so that a
     transition's keys share one cluster slot: `<p>:{<tag>}:<run>:run`, and the shard's
-    structures `<p>:{<tag>}:index:<status>`, `<p>:{<tag>}:deadlines`, …"""
+    structures `<p>:{<tag>}:index:<status>`, `<p>:{<tag>}:deadlines`, … The process
+    registry's keys are tagged with the format key's name, `{<p>:format}:workers`, …, in
+    its slot (a beat reads the format)."""
 
     prefix: str = "layby"
     shard_count: int | None = None
@@ -486,13 +495,20 @@ class Keys:
     def leases(self) -> str:
         return self.legacy.leases
 
+    def _registry(self, name: str) -> str:
+        """A key of the process registry: in the sharded layout, tagged with the format
+        key's own name, so that a beat (which reads the format) touches one slot."""
+        if self.shard_count is None:
+            return f"{self.prefix}:{name}"
+        return f"{{{self.format}}}:{name}"
+
     @property
     def workers(self) -> str:
-        return f"{self.prefix}:workers"
+        return self._registry("workers")
 
     @property
     def workers_about(self) -> str:
-        return f"{self.prefix}:workers:about"
+        return self._registry("workers:about")
 
     @property
     def format(self) -> str:
@@ -504,7 +520,7 @@ class Keys:
 
     @property
     def hosting(self) -> str:
-        return f"{self.prefix}:workers:hosting"
+        return self._registry("workers:hosting")
 
     @property
     def outbox(self) -> str:

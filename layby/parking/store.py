@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, cast
 
-from redis import Redis, RedisError
+from redis import Redis, RedisCluster, RedisError
 from redis.exceptions import NoScriptError
 
 from layby.generation.interrupts import Interrupt
@@ -75,12 +75,18 @@ class TaskNames:
                 for kind, (task, queue) in named.items()}
 
 
+def on_cluster(client: object) -> bool:
+    """Whether `client` is a cluster's (redis-py's RedisCluster, which has the commands of
+    a server's client but answers some, INFO say, node by node)."""
+    return isinstance(client, RedisCluster)
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     tasks: TaskNames
     prefix: str = "layby"
-    # None: format 1's layout (one shard); a number: the sharded layout (`parking.keys.Keys`),
-    # which no release writes yet (the tests run the store on it).
+    # None: the one-shard layout of a store made on one server; a number: the sharded
+    # layout (`parking.keys.Keys`) of a store made on a cluster. As its format key says.
     shards: int | None = None
     retention_s: int = 7 * 24 * 3600
     idempotency_ttl_s: int = 24 * 3600
@@ -194,12 +200,13 @@ class Store:
             replied: list[Any] = self._scripts[name](keys=keys, args=args)
             return replied
         # WAIT counts the replicas that have this connection's writes: same pipeline.
-        pipe = self.redis.pipeline(transaction=False)
-        self._scripts[name](keys=keys, args=args, client=pipe)
-        pipe.wait(wanted, self.config.replica_ack_timeout_ms)
+        def fill(pipe: Any) -> None:
+            self._queue(pipe, name, keys, args)
+            pipe.wait(wanted, self.config.replica_ack_timeout_ms)
+
         reply: list[Any]
         acked: int
-        reply, acked = pipe.execute()
+        reply, acked = self._pipelined(fill, name)
         if acked < wanted and reply and reply[0] in WROTE:
             raise NotReplicated(
                 f"{name} for run {run_id} is written on the primary, but {acked} of the "
@@ -210,8 +217,34 @@ class Store:
 
     def _call(self, name: str, keys: list[str], /, *, client: Any = None, **named: Any) -> Any:
         """Run script `name`, one of global keys (or of a run's hash and events alone), on
-        `keys`, given `named` (`scripts.argv`); in `client`'s pipeline when given."""
-        return self._scripts[name](keys=keys, args=scripts.argv(named), client=client)
+        `keys`, given `named` (`scripts.argv`); queued on pipeline `client` when given (run
+        by `_pipelined`)."""
+        if client is not None:
+            return self._queue(client, name, keys, scripts.argv(named))
+        return self._scripts[name](keys=keys, args=scripts.argv(named))
+
+    def _queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+        """Queue script `name` on `pipe` by its SHA1 alone. (redis-py's Script objects ask
+        the server whether it has them before every pipeline, and a cluster's pipelines
+        refuse them: `_pipelined` loads a script the server lacks, and sends again.)"""
+        pipe.execute_command("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
+
+    def _pipelined(self, fill: Callable[[Any], None], *names: str,
+                   transaction: bool = False) -> list[Any]:
+        """A pipeline (a MULTI with `transaction`) that `fill` queues, scripts `names` among
+        its commands, executed; sent once more after loading them when the server had lost
+        one (a restart, a failover, a flush: NOSCRIPT, which writes nothing)."""
+        for attempt in (1, 2):
+            pipe = self.redis.pipeline(transaction=transaction)
+            fill(pipe)
+            try:
+                return pipe.execute()
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                for name in names:
+                    self.redis.script_load(self._scripts[name].script)
+        raise AssertionError("unreachable")
 
     # -- transitions -------------------------------------------------------------------
 
@@ -362,21 +395,13 @@ class Store:
         """A transition and reads after it, in one round trip and one moment (MULTI): the
         reads see what it wrote. (Not with `min_replicas_ack`: its WAIT is not for MULTI.)"""
         keys = self.keys.for_scripts(run_id)
-        script = self._scripts[name]
-        for attempt in (1, 2):
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.evalsha(script.sha, len(keys), *keys, *scripts.argv(named))
+
+        def fill(pipe: Any) -> None:
+            self._queue(pipe, name, keys, scripts.argv(named))
             read(pipe, run_id)
-            try:
-                reply, *found = pipe.execute()
-                return reply, found
-            except NoScriptError:
-                if attempt == 2:
-                    raise
-                # A restarted or flushed server has lost the script: load it and send it
-                # again with the reads (NOSCRIPT: the script wrote nothing).
-                self.redis.script_load(script.script)
-        raise AssertionError("unreachable")
+
+        reply, *found = self._pipelined(fill, name, transaction=True)
+        return reply, found
 
     def delegate(self, run_id: str, interrupt_id: str, handover: Delegation,
                  plan: Announcements | None = None) -> Transition:
@@ -596,8 +621,10 @@ class Store:
                 ) -> dict[str, str]:
         """Id → JSON of the run's `prefix` fields, from a first HSCAN reply on (a large hash
         can take more than one)."""
-        cursor, found = scanned
-        fields = dict(found)
+        cursor, found = int(scanned[0]), scanned[1]
+        # A cluster's MULTI hands HSCAN's reply back raw: its fields and values in a list.
+        fields = found if isinstance(found, dict) else dict(zip(found[::2], found[1::2],
+                                                               strict=True))
         while cursor:
             cursor, more = cast("tuple[int, dict[str, str]]", self.redis.hscan(
                 self.keys.run(run_id), cursor, match=prefix + "*", count=SCAN_COUNT))
@@ -844,13 +871,14 @@ class Store:
         store writes now comes back, and is the one this store writes from now on.
         `hosting`: the agent versions a worker runs pinned runs of (`<agent>@<version>`),
         told again at each beat, for `layby doctor`."""
-        pipe = self.redis.pipeline(transaction=False)
-        self._call("beat_worker", [self.keys.workers, self.keys.workers_about,
-                                   self.keys.format],
-                   client=pipe, worker=name, lease_ms=self.config.lease_ms, about=about)
-        if hosting is not None:
-            pipe.hset(self.keys.hosting, name, _dumps(sorted(hosting)))
-        reply = pipe.execute()[0]
+        def fill(pipe: Any) -> None:
+            self._call("beat_worker", [self.keys.workers, self.keys.workers_about,
+                                       self.keys.format],
+                       client=pipe, worker=name, lease_ms=self.config.lease_ms, about=about)
+            if hosting is not None:
+                pipe.hset(self.keys.hosting, name, _dumps(sorted(hosting)))
+
+        reply = self._pipelined(fill, "beat_worker")[0]
         if reply[2]:
             self.writing = int(reply[2])
 
@@ -893,7 +921,12 @@ class Store:
 
     def server_id(self) -> str:
         """The Redis server's run id: a new one after a restart or a failover, when the
-        server may have lost the last writes before it (a task message among them)."""
+        server may have lost the last writes before it (a task message among them). On a
+        cluster, its primaries' run ids, sorted: another after any one's failover."""
+        if on_cluster(self.redis):
+            found = cast("RedisCluster", self.redis).info(
+                "server", target_nodes=RedisCluster.PRIMARIES)
+            return ",".join(sorted(str(info.get("run_id", "")) for info in found.values()))
         return str(self.redis.info("server").get("run_id", ""))
 
     def noted_server(self, *, broker: bool = False) -> str | None:
@@ -947,11 +980,14 @@ class Store:
             return 0
         folded = 0
         for at in range(0, len(found), 200):
-            pipe = self.redis.pipeline(transaction=False)
-            for run_id, _ in found[at:at + 200]:
-                self._call("fold_events", [self.keys.run(run_id), self.keys.events(run_id)],
-                           client=pipe, keep=self.config.events_max)
-            folded += sum(reply == "folded" for reply in pipe.execute())
+            def fill(pipe: Any, page: list[tuple[str, float]] = found[at:at + 200]) -> None:
+                for run_id, _ in page:
+                    self._call("fold_events", [self.keys.run(run_id),
+                                               self.keys.events(run_id)],
+                               client=pipe, keep=self.config.events_max)
+
+            folded += sum(reply == "folded"
+                          for reply in self._pipelined(fill, "fold_events"))
         # The next pass starts at this page's last time again (runs parked in the same ms
         # may be past the page; folding twice finds nothing), or past it when the whole
         # page was that one ms.
