@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -62,6 +62,7 @@ class _Plan(Announcements):
     settings: Settings | None = None
     reviewers: Reviewers | None = None
     now: float = field(default_factory=time.time)
+    fits: Callable[[str], bool] | None = None  # which grant refs will do (`tokens.issue`)
 
     def token(self, intr: InterruptView, reviewer: Reviewer, expires: float | None) -> str:
         """The reviewer's token for `intr`: the one issued before, or a new one."""
@@ -76,7 +77,7 @@ class _Plan(Announcements):
             return issued
         grant = tokens.Grant(self.run_id, intr.id, reviewer.id, self.version,
                              int(expires or self.now + self.settings.token_ttl_s))
-        ref, token = tokens.issue(self.reviewers.token_keys(), grant)
+        ref, token = tokens.issue(self.reviewers.token_keys(), grant, self.fits)
         # Stored past the token's own expiry, so that an expired link still opens a page
         # saying the request expired (verify refuses it as an answer).
         keep_s = grant.expires - self.now + self.settings.retention_s
@@ -140,12 +141,13 @@ class _Plan(Announcements):
 
 
 def announcements(settings: Settings, reviewers: Reviewers, run_id: str, version: int,
-                  interrupts: list[InterruptView], sent: Sequence[Notification] = ()
-                  ) -> Announcements:
+                  interrupts: list[InterruptView], sent: Sequence[Notification] = (), *,
+                  fits: Callable[[str], bool] | None = None) -> Announcements:
     """The announcements of `interrupts` (those open and waiting on people) of run `run_id`
-    at `version`, which has sent `sent` before."""
+    at `version`, which has sent `sent` before. `fits`: the grant refs the store takes
+    with the run (`Keys.fits_with`)."""
     planning = _Plan(run_id=run_id, version=version, sent=list(sent), settings=settings,
-                     reviewers=reviewers)
+                     reviewers=reviewers, fits=fits)
     directory = reviewers.directory()
     if not directory.reviewers:  # no directory: runs are answered through the API only
         return Announcements()
@@ -168,13 +170,14 @@ def announcements(settings: Settings, reviewers: Reviewers, run_id: str, version
 
 
 def for_park(settings: Settings, reviewers: Reviewers, run_id: str, version: int,
-             interrupts: list[Interrupt]) -> Announcements | None:
+             interrupts: list[Interrupt], *, fits: Callable[[str], bool] | None = None
+             ) -> Announcements | None:
     """The announcements of the interrupts a run is about to park on (at `version`, the
     park's); None when they cannot be planned now (the reviewer directory does not load):
     the park then queues the announcement task, which tries until it can."""
     try:
         return announcements(settings, reviewers, run_id, version,
-                             [InterruptView.of(i, None, True) for i in interrupts])
+                             [InterruptView.of(i, None, True) for i in interrupts], fits=fits)
     except Exception:  # never lose the park over its announcements
         log.exception("run %s: could not plan the announcements as it parks; the "
                       "announcement task will", run_id)
@@ -189,7 +192,7 @@ def plan(store: Store, settings: Settings, reviewers: Reviewers, run_id: str) ->
     if view is None or view.status is not Status.INTERRUPTED:
         return []
     plan = announcements(settings, reviewers, run_id, view.version, view.interrupts,
-                         view.notifications)
+                         view.notifications, fits=store.keys.fits_with(run_id))
     if not plan:
         return []
     _, dispatch = store.plan_notifications(run_id, plan)

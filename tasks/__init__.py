@@ -70,7 +70,7 @@ def register(rt: Runtime) -> Celery:
         publishes it again, and planning twice plans nothing new."""
         planned = planning.plan(rt.store, rt.settings, rt.reviewers, run_id)
         sent = delivery.dispatch(app, [(run_id, n) for n in planned])
-        rt.store.ack_outbox([self.request.id])
+        rt.store.ack_outbox([(run_id, self.request.id)])
         return sent
 
     @app.task(name=DELIVER_TASK)

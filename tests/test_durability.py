@@ -472,7 +472,7 @@ def _lost_message_run(store: Store) -> str:
     created = store.create_run(run_id, "demo.trivia", input="quiz me",
                                messages=[text_message("user", "quiz me")], metadata={},
                                idempotency_key=None)
-    store.ack_outbox([e.id for e in created.entries])
+    store.ack_outbox([(run_id, e.id) for e in created.entries])
     return run_id
 
 

@@ -214,8 +214,11 @@ class Runtime:
             log.exception("publish failed; %d outbox entries left for the sweeper",
                           len(entries))
             return 0
-        self.store.ack_outbox([e.id for e in entries if e.task not in ACKED_BY_THE_TASK])
-        self.store.hold_outbox([e.id for e in entries if e.task in ACKED_BY_THE_TASK])
+        # Every task's first argument is its run's id.
+        self.store.ack_outbox([(e.args[0], e.id) for e in entries
+                               if e.task not in ACKED_BY_THE_TASK])
+        self.store.hold_outbox([(e.args[0], e.id) for e in entries
+                                if e.task in ACKED_BY_THE_TASK])
         return len(entries)
 
 

@@ -147,6 +147,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -448,6 +449,15 @@ class Keys:
     def shard_of(self, run_id: str) -> ShardKeys:
         """The shard whose structures the run's transitions write."""
         return self.shards[self.shard_number(run_id)]
+
+    def fits_with(self, run_id: str) -> Callable[[str], bool] | None:
+        """Which ids of things a run's transition writes beside it (a grant's ref) land in
+        its shard, so that a reader given the id alone finds it in one read; None: any
+        (one shard)."""
+        if len(self.shards) == 1:
+            return None
+        number = self.shard_number(run_id)
+        return lambda other: self.shard_number(other) == number
 
     def _of(self, run_id: str, part: str) -> str:
         if self.shard_count is None:

@@ -530,12 +530,9 @@ class Store:
         return _notification(notification_id, raw) if raw else None
 
     def grant(self, ref: str) -> str | None:
-        """The grant `ref` names, from whichever shard holds it (a token names no run)."""
-        for shard in self.shards:
-            found = cast("str | None", self.redis.get(shard.keys.grant(ref)))
-            if found is not None:
-                return found
-        return None
+        """The grant `ref` names, in the shard of `ref` itself: one read (refs are drawn
+        to land in their run's shard, `Keys.fits_with`; a token names no run)."""
+        return cast("str | None", self.redis.get(self.keys.shard_of(ref).grant(ref)))
 
     def first_sight(self, what: str, ttl_s: int) -> bool:
         """True the first time `what` is seen within `ttl_s` (a webhook-id, a mail)."""
@@ -556,23 +553,30 @@ class Store:
             found.extend(results.entries_of(raw))
         return found
 
-    def hold_outbox(self, entry_ids: list[str]) -> None:
-        """Entries published whose task acks them itself once done: due again only if the
-        message was lost (LAYBY_LOST_MESSAGE_S), not after the grace time, so that one still
-        queued is not published again. (An entry's id does not always name its run, a
-        delivery's is the notification's: each shard is told, and only the one that holds
-        an entry changes, XX.)"""
-        if entry_ids:
-            due = self.now_ms() + self.config.lost_message_ms
-            for shard in self.shards:
-                self.redis.zadd(shard.keys.outbox, dict.fromkeys(entry_ids, due), xx=True)
+    def _by_shard(self, entries: Sequence[tuple[str, str]]) -> dict[int, list[str]]:
+        """Outbox entry ids, given as (run id, entry id), by the shard that holds them (the
+        run's: an entry's id does not always name its run, a delivery's is the
+        notification's)."""
+        found: dict[int, list[str]] = {}
+        for run_id, entry_id in entries:
+            found.setdefault(self.keys.shard_number(run_id), []).append(entry_id)
+        return found
 
-    def ack_outbox(self, entry_ids: list[str]) -> None:
-        """Forget published entries, in whichever shard holds them (see `hold_outbox`)."""
-        if entry_ids:
-            for shard in self.shards:
-                self._call("ack_outbox", [shard.keys.outbox, shard.keys.outbox_entries],
-                           ids=entry_ids)
+    def hold_outbox(self, entries: Sequence[tuple[str, str]]) -> None:
+        """Entries published, as (run id, entry id), whose task acks them itself once
+        done: due again only if the message was lost (LAYBY_LOST_MESSAGE_S), not after the
+        grace time, so that one still queued is not published again."""
+        if entries:
+            due = self.now_ms() + self.config.lost_message_ms
+            for number, ids in self._by_shard(entries).items():
+                self.redis.zadd(self.shards[number].keys.outbox, dict.fromkeys(ids, due),
+                                xx=True)
+
+    def ack_outbox(self, entries: Sequence[tuple[str, str]]) -> None:
+        """Forget published entries, given as (run id, entry id)."""
+        for number, ids in self._by_shard(entries).items():
+            keys = self.shards[number].keys
+            self._call("ack_outbox", [keys.outbox, keys.outbox_entries], ids=ids)
 
     def overdue_outbox(self, older_than_ms: int = 0, limit: int = 200
                        ) -> list[tuple[str, int]]:

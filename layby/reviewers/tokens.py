@@ -95,10 +95,15 @@ def _sign(key: bytes, kid: str, ref: str, grant: Grant) -> str:
     return _b32(hmac.new(key, message, hashlib.sha256).digest()[:10])
 
 
-def issue(keys: dict[str, bytes], grant: Grant) -> tuple[str, str]:
-    """A new token for `grant`: returns (ref, token). The caller stores the grant under ref."""
+def issue(keys: dict[str, bytes], grant: Grant,
+          fits: Callable[[str], bool] | None = None) -> tuple[str, str]:
+    """A new token for `grant`: returns (ref, token). The caller stores the grant under ref.
+    `fits`: which refs will do (in a sharded store, those in the shard of the grant's run,
+    which is where the grant is stored and looked up: drawn until one fits)."""
     kid, key = next(iter(keys.items()))
     ref = _b32(secrets.token_bytes(10))
+    while fits is not None and not fits(ref):
+        ref = _b32(secrets.token_bytes(10))
     return ref, f"{kid}-{ref}-{_sign(key, kid, ref, grant)}"
 
 

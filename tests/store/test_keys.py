@@ -198,8 +198,8 @@ def _cycle(world: World) -> None:
     # The outbox published and acked.
     entries = store.claim_outbox(retry_ms=30_000)
     assert entries
-    store.hold_outbox([entries[0].id])
-    store.ack_outbox([e.id for e in entries])
+    store.hold_outbox([(entries[0].args[0], entries[0].id)])
+    store.ack_outbox([(e.args[0], e.id) for e in entries])
 
     # Workers beat, one dies and is reaped, one stops cleanly.
     lapsing.beat_worker("celery@a:1", "worker 1 0.2.0")

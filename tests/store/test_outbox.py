@@ -52,7 +52,7 @@ def test_an_entry_whose_record_is_gone_is_dropped_not_handed_out(world: World) -
 
 def test_an_acked_entry_is_gone_for_good(world: World) -> None:
     _create(world, "run_1", "run_2")
-    world.store.ack_outbox(["run_1:turn:1"])
+    world.store.ack_outbox([("run_1", "run_1:turn:1")])
     assert list(world.outbox()) == ["run_2:turn:1"]
     assert [e.id for e in world.store.claim_outbox()] == ["run_2:turn:1"]
 

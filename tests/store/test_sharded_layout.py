@@ -1,5 +1,5 @@
-"""The sharded layout (`Keys(prefix, shard_count)`), which the store on a cluster will write
-(no release writes it yet), run on one server: every transition's keys share one cluster
+"""The sharded layout (`Keys(prefix, shard_count)`), that of a store made on a cluster,
+run on one server: every transition's keys share one cluster
 slot (a run's keys carry its shard's tag), and runs spread over three shards go through
 their whole life, and are listed, expired and sought as in one."""
 
@@ -8,10 +8,19 @@ from __future__ import annotations
 import pytest
 from redis.crc import key_slot
 
-from layby.parking import Keys, Verdict
+from layby.parking import Announcements, Keys, Verdict
 from layby.parking.shards import tags
+from layby.reviewers import tokens
 from layby.wire import Status
-from tests.store.conftest import MESSAGES, OWNER, World, answer, interrupt, pages
+from tests.store.conftest import (
+    MESSAGES,
+    OWNER,
+    World,
+    answer,
+    interrupt,
+    note,
+    pages,
+)
 
 pytestmark = pytest.mark.store
 
@@ -90,3 +99,34 @@ def test_an_idempotency_key_finds_its_run_in_any_shard(sharded: World) -> None:
         assert retried.verdict is Verdict.EXISTS and retried.run_id == first
     assert len({store.keys.shard_number(store.new_run_id(k))
                 for k in ("order-1", "order-2", "order-3", "order-4")}) > 1
+
+
+def test_a_grant_and_an_outbox_ack_touch_their_runs_shard_alone(sharded: World) -> None:
+    store = sharded.store
+    run_id = RUNS[0]
+    sharded.make("interrupted", run_id)
+    fits = store.keys.fits_with(run_id)
+    assert fits is not None and Keys("layby").fits_with(run_id) is None  # one shard: any
+    keys = {"k1": b"k" * 32}
+    refs = [tokens.issue(keys, tokens.Grant(run_id, "int_a", "alice", 2, 2**40), fits)[0]
+            for _ in range(6)]
+    assert all(store.keys.shard_number(ref) == store.keys.shard_number(run_id) for ref in refs)
+    plan = Announcements(notes=[(note("ntf_1", "int_a"), None)],
+                         grants=[(ref, f"grant {n}", 60_000) for n, ref in enumerate(refs)])
+    store.plan_notifications(run_id, plan)
+    # Found with one read, in the ref's own shard.
+    assert [store.grant(ref) for ref in refs] == [f"grant {n}" for n in range(6)]
+    assert store.grant("not-a-ref") is None
+    # Entries of runs in every shard, acked by run: each shard loses its own.
+    others = [r for r in RUNS[1:] if store.keys.shard_number(r) != store.keys.shard_number(run_id)]
+    sharded.client.delete(*(shard.keys.outbox for shard in store.shards))  # the park's
+    entries = []
+    for other in (run_id, *others[:2]):
+        created = store.create_run(f"{other}_new", "demo.agent", input="hi",
+                                   messages=MESSAGES, metadata={}, idempotency_key=None)
+        entries.extend(created.entries)
+    assert len(entries) == 3
+    store.ack_outbox([(e.args[0], e.id) for e in entries[:2]])
+    left = {shard.keys.outbox: sharded.client.zrange(shard.keys.outbox, 0, -1)
+            for shard in store.shards if sharded.client.zcard(shard.keys.outbox)}
+    assert left == {store.keys.shard_of(entries[2].args[0]).outbox: [entries[2].id]}
