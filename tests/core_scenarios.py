@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from layby.ops.embedded import EmbeddedRedis
+from layby.ops.embedded import EmbeddedCluster, EmbeddedRedis
 from tests.harness import API_KEY, LaybySystem, wait_until
 from tests.test_agui import (
     test_parallel_resume_must_answer_both,
@@ -56,6 +56,21 @@ def beside(root: Path, broker_url: str) -> Iterator[tuple[EmbeddedRedis, LaybySy
     finally:
         system.stop()
         store.stop()
+
+
+@contextmanager
+def on_a_cluster(root: Path, broker_url: str) -> Iterator[tuple[EmbeddedCluster, LaybySystem]]:
+    """A Valkey Cluster of its own (3 primaries, 3 replicas), and a system started on it
+    (`CORE_ENV`), one node named in its URL (the rest discovered), whose broker is
+    `broker_url`; both stopped on the way out."""
+    cluster = EmbeddedCluster(root / "cluster").start()
+    system = LaybySystem(f"redis+cluster://{cluster.members[0].address}", root / "system",
+                         env_overrides={"LAYBY_BROKER_URL": broker_url, **CORE_ENV})
+    try:
+        yield cluster, system.start()
+    finally:
+        system.stop()
+        cluster.stop()
 
 
 def test_a_backlog_older_than_the_lost_message_wait_is_not_copied(system: LaybySystem) -> None:

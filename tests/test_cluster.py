@@ -17,7 +17,7 @@ from layby.ops.embedded import EmbeddedCluster, EmbeddedRedis
 
 # The same scenarios as on one server (collected here, they get this module's `system`).
 from tests.core_scenarios import *  # noqa: F403
-from tests.core_scenarios import CORE_ENV
+from tests.core_scenarios import on_a_cluster
 from tests.harness import LAYBY, ROOT, LaybySystem
 
 pytestmark = pytest.mark.integration
@@ -33,17 +33,12 @@ class OnCluster:
 @pytest.fixture(scope="module")
 def on_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnCluster]:
     root = tmp_path_factory.mktemp("on-cluster")
-    cluster = EmbeddedCluster(root / "cluster").start()
     broker = EmbeddedRedis(root / "broker").start()
-    # One node named: the rest are discovered.
-    system = LaybySystem(f"redis+cluster://{cluster.members[0].address}", root / "system",
-                         env_overrides={"LAYBY_BROKER_URL": broker.url, **CORE_ENV})
     try:
-        yield OnCluster(cluster, broker, system.start())
+        with on_a_cluster(root, broker.url) as (cluster, system):
+            yield OnCluster(cluster, broker, system)
     finally:
-        system.stop()
         broker.stop()
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")

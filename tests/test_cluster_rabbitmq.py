@@ -1,0 +1,31 @@
+"""layby on a Valkey Cluster with RabbitMQ as the broker beside it (LAYBY_BROKER_URL=amqp://…,
+Debian's package): the core scenarios run as they run on one server (the same tests, given
+this module's `system`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+# The same scenarios as on one server (collected here, they get this module's `system`).
+from tests.core_scenarios import *  # noqa: F403
+from tests.core_scenarios import on_a_cluster
+from tests.harness import LaybySystem
+from tests.rabbit import Rabbit, available
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaybySystem]:
+    if not available():
+        raise RuntimeError("these tests need Debian's rabbitmq-server (apt-get install "
+                           "rabbitmq-server; .ci/run does it)")
+    root = tmp_path_factory.mktemp("cluster-rabbit")
+    rabbit = Rabbit(root / "rabbit").start()
+    try:
+        with on_a_cluster(root, rabbit.url) as (_, system):
+            yield system
+    finally:
+        rabbit.stop()
