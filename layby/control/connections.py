@@ -27,6 +27,9 @@ import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
 from pydantic import BaseModel, ConfigDict, SecretStr
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
 from layby.broker_config.settings import (
     SENTINEL_PORT,
@@ -41,6 +44,7 @@ CLUSTER_FORM = "redis+cluster://[:password@]host:6379[,host2:6379…]"
 # A cluster node that does not answer is left for another this soon: the client then asks
 # the rest where the slots are (after a failover, the promoted replica).
 CLUSTER_CONNECT_S = 2.0
+CLUSTER_RETRIES = 8
 
 
 class SentinelGroup(BaseModel):
@@ -157,6 +161,10 @@ def _cluster_kwargs(settings: Settings, found: ClusterNodes,
     options["socket_connect_timeout"] = min(options["socket_connect_timeout"],
                                             CLUSTER_CONNECT_S)
     options.pop("retry_on_timeout")  # RedisCluster retries (after a new look at the slots)
+    # Enough tries to outlast a failover (the cluster's node timeout and an election, a few
+    # seconds) before a caller sees an error; each waits on redis-py's own backoff.
+    options["retry"] = Retry(ExponentialWithJitterBackoff(base=0.1, cap=1.0),
+                             retries=CLUSTER_RETRIES)
     options.update(username=found.username, ssl=found.tls,
                    password=found.password.get_secret_value() if found.password else None)
     return options
@@ -264,7 +272,9 @@ async def async_redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
         cluster = redis.asyncio.cluster.RedisCluster(
             startup_nodes=[redis.asyncio.cluster.ClusterNode(host, port)
                            for host, port in found.nodes],
-            **{**_cluster_kwargs(settings, found), "socket_timeout": None})
+            **{**_cluster_kwargs(settings, found), "socket_timeout": None,
+               "retry": AsyncRetry(ExponentialWithJitterBackoff(base=0.1, cap=1.0),
+                                   retries=CLUSTER_RETRIES)})
         try:
             yield cast("aioredis.Redis", cluster)
         finally:

@@ -213,6 +213,12 @@ def _handle_errors(app: FastAPI) -> None:
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
+    # A cluster mid-failover: slots without a primary for a moment, or a node refusing a
+    # script while a slot it touches moves (TRYAGAIN).
+    @app.exception_handler(redis.exceptions.ClusterError)
+    @app.exception_handler(redis.exceptions.TryAgainError)
+    @app.exception_handler(redis.exceptions.MasterDownError)
+    @app.exception_handler(redis.exceptions.RedisClusterException)
     async def _redis_away(_: Request, exc: Exception) -> JSONResponse:
         # Redis restarting or failing over is transient: a 503 tells clients to try again,
         # where a bare 500 would read as a bug in the request or the server.

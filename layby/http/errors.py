@@ -109,6 +109,10 @@ def why_redis_is_away(exc: Exception) -> str:
         # Its own text lists the settings of every sentinel client it tried.
         return ("no Redis primary: the sentinels name none right now (a failover under "
                 "way?); try again in a few seconds")
+    if isinstance(exc, (redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+                        redis.exceptions.RedisClusterException)):
+        return (f"the Redis cluster cannot serve this now ({exc}): a failover or a slot "
+                "moving; try again in a few seconds")
     return f"Redis does not answer: {exc}"
 
 

@@ -22,10 +22,10 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from redis import Redis, RedisCluster, RedisError
-from redis.exceptions import NoScriptError
+from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
@@ -73,6 +73,30 @@ class TaskNames:
                  "deliver": (self.deliver_task, self.notify_queue)}
         return {kind: QueuedTask(task, queue, *(messages or {}).get(kind, (None, None)))
                 for kind, (task, queue) in named.items()}
+
+
+# How long a transition waits for a slot it touches to finish moving to another node
+# (TRYAGAIN: some of its keys are there, some not yet; nothing ran), and its first pause.
+SLOT_MOVE_WAIT_S = 10.0
+SLOT_MOVE_PAUSE_S = 0.02
+
+_T = TypeVar("_T")
+
+
+def _while_slots_move(call: Callable[[], _T]) -> _T:
+    """`call()`, again while a cluster answers TRYAGAIN (a slot's keys half moved, as
+    `valkey-cli --cluster reshard` moves them: its scripts and MULTIs wait until the slot is
+    whole again), pausing longer each time, up to SLOT_MOVE_WAIT_S."""
+    deadline = time.monotonic() + SLOT_MOVE_WAIT_S
+    pause = SLOT_MOVE_PAUSE_S
+    while True:
+        try:
+            return call()
+        except TryAgainError:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
 
 
 def on_cluster(client: object) -> bool:
@@ -197,16 +221,18 @@ class Store:
         args = scripts.argv(named)
         wanted = self.config.min_replicas_ack
         if not wanted or name not in ACKNOWLEDGED:
-            replied: list[Any] = self._scripts[name](keys=keys, args=args)
+            replied: list[Any] = _while_slots_move(
+                lambda: self._scripts[name](keys=keys, args=args))
             return replied
-        # WAIT counts the replicas that have this connection's writes: same pipeline.
+        # WAIT counts the replicas that have this connection's writes: same pipeline (on a
+        # cluster, on the connection to the node of the run's slot).
         def fill(pipe: Any) -> None:
             self._queue(pipe, name, keys, args)
             pipe.wait(wanted, self.config.replica_ack_timeout_ms)
 
         reply: list[Any]
         acked: int
-        reply, acked = self._pipelined(fill, name)
+        reply, acked = self._pipelined(fill, name, on_node_of=keys[0])
         if acked < wanted and reply and reply[0] in WROTE:
             raise NotReplicated(
                 f"{name} for run {run_id} is written on the primary, but {acked} of the "
@@ -230,21 +256,53 @@ class Store:
         pipe.execute_command("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
 
     def _pipelined(self, fill: Callable[[Any], None], *names: str,
-                   transaction: bool = False) -> list[Any]:
+                   transaction: bool = False, on_node_of: str | None = None) -> list[Any]:
         """A pipeline (a MULTI with `transaction`) that `fill` queues, scripts `names` among
         its commands, executed; sent once more after loading them when the server had lost
-        one (a restart, a failover, a flush: NOSCRIPT, which writes nothing)."""
-        for attempt in (1, 2):
-            pipe = self.redis.pipeline(transaction=transaction)
-            fill(pipe)
+        one (a restart, a failover, a flush: NOSCRIPT, which writes nothing). On a cluster,
+        `on_node_of` sends it over one connection to the node that serves that key (a
+        cluster's pipeline may spread commands without keys, WAIT, over others); a node
+        that no longer serves it (MOVED: nothing ran) has the slots looked up again, and
+        one whose slot is moving (ASK: the keys are at the node it goes to) is left for
+        that node, asked with ASKING, for the next try."""
+        node = on_node_of if on_cluster(self.redis) else None
+        tries = 4  # NOSCRIPT, MOVED or ASK, in any order, then the one that works
+        asked: Redis | None = None  # the node an ASK named, for the next try alone
+        for attempt in range(1, tries + 1):
+            client = self.redis if node is None else (asked or self._node_client(node))
+
+            def execute(client: Any = client, asking: bool = asked is not None) -> list[Any]:
+                pipe = client.pipeline(transaction=transaction)
+                if asking:  # the slot is moving, and these keys are at the node it goes to
+                    pipe.execute_command("ASKING")
+                fill(pipe)
+                replies: list[Any] = pipe.execute()
+                return replies[1:] if asking else replies
+
             try:
-                return pipe.execute()
+                return _while_slots_move(execute)
             except NoScriptError:
-                if attempt == 2:
+                if attempt == tries:
                     raise
                 for name in names:
-                    self.redis.script_load(self._scripts[name].script)
+                    client.script_load(self._scripts[name].script)
+            except MovedError:  # (an AskError too: first)
+                if attempt == tries:
+                    raise
+                cast("RedisCluster", self.redis).nodes_manager.initialize()
+            except AskError as exc:
+                cluster = cast("RedisCluster", self.redis)
+                found = cluster.get_node(host=exc.host, port=exc.port)  # type: ignore[no-untyped-call]
+                if attempt == tries or found is None:
+                    raise
+                asked = cluster.get_redis_connection(found)
+                continue
+            asked = None
         raise AssertionError("unreachable")
+
+    def _node_client(self, key: str) -> Redis:
+        cluster = cast("RedisCluster", self.redis)
+        return cluster.get_redis_connection(cluster.get_node_from_key(key))  # type: ignore[no-untyped-call]
 
     # -- transitions -------------------------------------------------------------------
 
@@ -607,11 +665,12 @@ class Store:
                                      _open(raw[4])))
 
     def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hget(self.keys.run(run_id), "open")
-        self._scan(pipe, run_id, INTERRUPT)
-        pipe.hgetall(self.keys.answers(run_id))
-        open_field, specs, answers = pipe.execute()
+        def fill(pipe: Any) -> None:
+            pipe.hget(self.keys.run(run_id), "open")
+            self._scan(pipe, run_id, INTERRUPT)
+            pipe.hgetall(self.keys.answers(run_id))
+
+        open_field, specs, answers = self._pipelined(fill, transaction=True)
         return _interrupts(self._fields(run_id, INTERRUPT, specs), answers, _open(open_field))
 
     # The run's interrupts and notifications are fields of its hash (`INTERRUPT`, `NOTE`),
@@ -650,9 +709,8 @@ class Store:
 
     def view(self, run_id: str) -> RunView | None:
         # One round trip, and one moment: the run, its interrupts and its notifications.
-        pipe = self.redis.pipeline(transaction=True)
-        self._read_view(pipe, run_id)
-        return self._view_of(run_id, *pipe.execute())
+        return self._view_of(run_id, *self._pipelined(
+            lambda pipe: self._read_view(pipe, run_id), transaction=True))
 
     def _read_view(self, pipe: Any, run_id: str) -> None:
         pipe.hgetall(self.keys.run(run_id))
