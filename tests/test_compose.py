@@ -76,7 +76,7 @@ def _clean_env() -> dict[str, str]:
     """The machine's environment without anything that would configure layby or Compose
     behind the test's back (Compose prefers the shell's variables to .env)."""
     knobs = set(DOTENV) | {"GATEWAY_PUBLISH", "FLOWER_PUBLISH", "REPLIES_PUBLISH",
-                           "VALKEY_MAXMEMORY", "PYTHONPATH"}
+                           "VALKEY_MAXMEMORY", "CLUSTER_NET", "PYTHONPATH"}
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("LAYBY_", "COMPOSE_", "DOCKER_", "FLOWER_")) and k not in knobs}
 
@@ -87,10 +87,11 @@ def _clean_env() -> dict[str, str]:
 @dataclass
 class Project:
     folder: Path
+    file: str = "docker-compose.yml"
 
     def compose(self, *args: str, dotenv: Path | None = None) -> subprocess.CompletedProcess:
         argv = [str(BIN / "docker-compose"), "--project-directory", str(self.folder),
-                "-f", str(self.folder / "docker-compose.yml")]
+                "-f", str(self.folder / self.file)]
         argv += ["--env-file", str(dotenv)] if dotenv else []
         return subprocess.run([*argv, *args], env=_clean_env(), capture_output=True,
                               text=True, timeout=60)
@@ -116,12 +117,19 @@ def write_dotenv(example: str, values: dict[str, str]) -> str:
 def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
     """The compose file, its folder of reviewers and a .env, as a user's checkout has them
     (a copy: the developer's own .env must not leak in)."""
+    return checkout(tmp_path_factory)
+
+
+def checkout(tmp_path_factory: pytest.TempPathFactory,
+             file: str = "docker-compose.yml") -> Project:
+    """A user's checkout with its .env, and the compose `file` in it."""
     folder = tmp_path_factory.mktemp("project")
-    for name in ("docker-compose.yml", ".env.example", "Dockerfile"):
+    for name in ("docker-compose.yml", "docker-compose.cluster.yml", ".env.example",
+                 "Dockerfile"):
         shutil.copy(ROOT / name, folder / name)
     shutil.copytree(ROOT / "deploy", folder / "deploy")
     (folder / ".env").write_text(write_dotenv((ROOT / ".env.example").read_text(), DOTENV))
-    return Project(folder)
+    return Project(folder, file)
 
 
 def _worker_queues(services: dict[str, Any]) -> dict[str, list[str]]:
@@ -346,13 +354,14 @@ class Deployment:
         raise KeyError(host_port)
 
     def _url_host(self, match: re.Match[str]) -> str:
-        """`//host:port` in a URL: a compose service, or a port published on the host (as
-        in LAYBY_PUBLIC_URL), becomes the loopback port standing for it."""
-        host, port = match[1], int(match[2])
+        """`//host:port` in a URL (or `,host:port`, a further node of a cluster URL): a
+        compose service, or a port published on the host (as in LAYBY_PUBLIC_URL), becomes
+        the loopback port standing for it."""
+        lead, host, port = match[1], match[2], int(match[3])
         if host in self.services:
-            return f"//127.0.0.1:{self.port(host, port)}"
+            return f"{lead}127.0.0.1:{self.port(host, port)}"
         if host == "127.0.0.1":
-            return f"//127.0.0.1:{self.published(port)}"
+            return f"{lead}127.0.0.1:{self.published(port)}"
         return match[0]
 
     def env(self, service: str) -> dict[str, str]:
@@ -372,7 +381,7 @@ class Deployment:
                 env[name], env[port_name] = "127.0.0.1", str(
                     self.port(value, int(env[port_name])))
         for name, value in env.items():
-            value = re.sub(r"//([\w.-]+):(\d+)", self._url_host, value)
+            value = re.sub(r"(//|,)([\w.-]+):(\d+)", self._url_host, value)
             if value.startswith("/"):
                 mount = next((t for t in mounts if value.startswith(t)), None)
                 value = (mounts[mount] + value[len(mount):] if mount
@@ -380,7 +389,7 @@ class Deployment:
             env[name] = value
         for name, value in env.items():  # nothing may still name a compose host
             for host in self.services:
-                assert not re.search(rf"(^|//|@){re.escape(host)}(:\d|/|$)", value), \
+                assert not re.search(rf"(^|//|@|,){re.escape(host)}(:\d|/|,|$)", value), \
                     (service, name, value)
         data = Path(env["LAYBY_DATA_DIR"])
         data.mkdir(parents=True, exist_ok=True)
