@@ -166,6 +166,17 @@ class Approver(threading.Thread):
         return not self.pending
 
 
+def answered(api: httpx.Client, path: str, seen: Counter[str]) -> bool:
+    """GET `path`, its status (or the error that stood for one) counted in `seen`; whether
+    it was 200."""
+    try:
+        status = str(api.get(path).status_code)
+    except httpx.HTTPError as exc:
+        status = type(exc).__name__
+    seen[status] += 1
+    return status == "200"
+
+
 def listed(api: httpx.Client, status: str) -> dict[str, str]:
     """Runs in `status` (id → when they last changed), every page of them."""
     found: dict[str, str] = {}

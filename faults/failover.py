@@ -14,7 +14,15 @@ from typing import Any
 
 import httpx
 
-from faults.common import AS_SHIPPED, Approver, Outcome, Size, run_figures, start_runs
+from faults.common import (
+    AS_SHIPPED,
+    Approver,
+    Outcome,
+    Size,
+    answered,
+    run_figures,
+    start_runs,
+)
 from tests.harness import LaybySystem
 from tests.sentinels import SentinelSetup
 
@@ -105,8 +113,8 @@ def _back(layby: LaybySystem, sentinels: SentinelSetup, old_port: int,
     checks = {
         "kill to new primary named (s)":
             lambda _: sentinels.primary_port() not in (None, old_port),
-        "kill to GET /v1/agents 200 (s)": lambda api: _ok(api, "/v1/agents", seen),
-        "kill to GET /v1/runs 200 (s)": lambda api: _ok(api, "/v1/runs?limit=1", seen),
+        "kill to GET /v1/agents 200 (s)": lambda api: answered(api, "/v1/agents", seen),
+        "kill to GET /v1/runs 200 (s)": lambda api: answered(api, "/v1/runs?limit=1", seen),
     }
     found: dict[str, Any] = {}
     with layby.api() as api:
@@ -119,11 +127,3 @@ def _back(layby: LaybySystem, sentinels: SentinelSetup, old_port: int,
     return {**{name: found.get(name, "never") for name in checks},
             "API answers until then": dict(seen)}
 
-
-def _ok(api: httpx.Client, path: str, seen: Counter[str]) -> bool:
-    try:
-        status = str(api.get(path).status_code)
-    except httpx.HTTPError as exc:
-        status = type(exc).__name__
-    seen[status] += 1
-    return status == "200"

@@ -309,7 +309,11 @@ def check_cluster(client: redis.cluster.RedisCluster, settings: Settings) -> lis
         f"{state.shards} (LAYBY_STORE_SHARDS)" if state.shards is not None
         else f"none yet (an empty store: the first process makes {settings.store_shards})")))
     broker = urlsplit((settings.resolved_broker_url() or "").split(";")[0])
-    on_it = {addr.split("@")[0] for addr in nodes} & {f"{broker.hostname}:{broker.port}"}
+    # A node is named by its address or, announced, by its hostname (on Compose, say).
+    names = {addr.split("@")[0] for addr in nodes} | {
+        f"{n['hostname']}:{addr.split('@')[0].rpartition(':')[2]}"
+        for addr, n in nodes.items() if n.get("hostname")}
+    on_it = names & {f"{broker.hostname}:{broker.port or 6379}"}
     checks.append(Check("broker apart", not on_it,
                         f"{broker_shown(settings.resolved_broker_url() or '')}, not a node "
                         "of the cluster" if not on_it else
