@@ -10,6 +10,8 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kombu import Connection
@@ -23,6 +25,20 @@ BIN = Path("/usr/lib/rabbitmq/bin")
 
 def available() -> bool:
     return (BIN / "rabbitmq-server").exists()
+
+
+@contextmanager
+def running(root: Path) -> Iterator[Rabbit]:
+    """A node started in `root` (refused, saying how to get one, when the package is not
+    installed), stopped on the way out."""
+    if not available():
+        raise RuntimeError("these tests need Debian's rabbitmq-server (apt-get install "
+                           "rabbitmq-server; .ci/run does it)")
+    rabbit = Rabbit(root).start()
+    try:
+        yield rabbit
+    finally:
+        rabbit.stop()
 
 
 class Rabbit:

@@ -20,7 +20,7 @@ from layby.ops.embedded import EmbeddedRedis
 from tests.core_scenarios import *  # noqa: F403
 from tests.core_scenarios import beside
 from tests.harness import LaybySystem
-from tests.rabbit import Rabbit, available
+from tests.rabbit import Rabbit, running
 
 pytestmark = pytest.mark.integration
 
@@ -34,16 +34,9 @@ class WithRabbit:
 
 @pytest.fixture(scope="module")
 def with_rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WithRabbit]:
-    if not available():
-        raise RuntimeError("these tests need Debian's rabbitmq-server (apt-get install "
-                           "rabbitmq-server; .ci/run does it)")
     root = tmp_path_factory.mktemp("rabbit")
-    rabbit = Rabbit(root / "rabbit").start()
-    try:
-        with beside(root, rabbit.url) as (store, system):
-            yield WithRabbit(rabbit, store, system)
-    finally:
-        rabbit.stop()
+    with running(root / "rabbit") as rabbit, beside(root, rabbit.url) as (store, system):
+        yield WithRabbit(rabbit, store, system)
 
 
 @pytest.fixture(scope="module")

@@ -12,20 +12,13 @@ import pytest
 from tests.core_scenarios import *  # noqa: F403
 from tests.core_scenarios import on_a_cluster
 from tests.harness import LaybySystem
-from tests.rabbit import Rabbit, available
+from tests.rabbit import running
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaybySystem]:
-    if not available():
-        raise RuntimeError("these tests need Debian's rabbitmq-server (apt-get install "
-                           "rabbitmq-server; .ci/run does it)")
     root = tmp_path_factory.mktemp("cluster-rabbit")
-    rabbit = Rabbit(root / "rabbit").start()
-    try:
-        with on_a_cluster(root, rabbit.url) as (_, system):
-            yield system
-    finally:
-        rabbit.stop()
+    with running(root / "rabbit") as rabbit, on_a_cluster(root, rabbit.url) as (_, system):
+        yield system

@@ -141,6 +141,16 @@ def _worker_queues(services: dict[str, Any]) -> dict[str, list[str]]:
     return found
 
 
+def assert_secrets_interpolated(text: str) -> None:
+    """Secrets are interpolated from .env, never written into the compose file."""
+    raw = yaml.safe_load(text)
+    env = raw["x-layby"]["environment"]
+    for name in ("LAYBY_API_KEYS", "LAYBY_TOKEN_KEYS"):
+        assert env[name].startswith(f"${{{name}:?"), env[name]
+    flower_auth = raw["services"]["flower"]["environment"]["LAYBY_FLOWER_BASIC_AUTH"]
+    assert flower_auth.startswith("${LAYBY_FLOWER_BASIC_AUTH:?")
+
+
 def test_the_compose_file_is_valid_and_refuses_missing_secrets(project: Project) -> None:
     done = project.compose("config", "--quiet")
     assert done.returncode == 0, done.stderr
@@ -194,13 +204,7 @@ def test_the_compose_file_is_valid_and_refuses_missing_secrets(project: Project)
     assert _duration_s(services["worker-notify"]["stop_grace_period"]) >= \
         settings.smtp_timeout_s + settings.webhook_timeout_s
 
-    # Secrets are interpolated, never written into the file.
-    raw = yaml.safe_load(text)
-    env = raw["x-layby"]["environment"]
-    for name in ("LAYBY_API_KEYS", "LAYBY_TOKEN_KEYS"):
-        assert env[name].startswith(f"${{{name}:?"), env[name]
-    flower_auth = raw["services"]["flower"]["environment"]["LAYBY_FLOWER_BASIC_AUTH"]
-    assert flower_auth.startswith("${LAYBY_FLOWER_BASIC_AUTH:?")
+    assert_secrets_interpolated(text)
 
 
 # -- the image ----------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from tests.test_compose import (
     Image,
     Project,
     _clean_env,
+    assert_secrets_interpolated,
     checkout,
     image,
     mount_agents,
@@ -120,13 +121,7 @@ def test_the_cluster_file_is_valid_and_refuses_missing_secrets(project: Project,
         for port in spec.get("ports", []):
             assert port["host_ip"] == "127.0.0.1", (name, port)
 
-    # Secrets are interpolated, never written into the file.
-    raw = yaml.safe_load(text)
-    env = raw["x-layby"]["environment"]
-    for name in ("LAYBY_API_KEYS", "LAYBY_TOKEN_KEYS"):
-        assert env[name].startswith(f"${{{name}:?"), env[name]
-    flower_auth = raw["services"]["flower"]["environment"]["LAYBY_FLOWER_BASIC_AUTH"]
-    assert flower_auth.startswith("${LAYBY_FLOWER_BASIC_AUTH:?")
+    assert_secrets_interpolated(text)
 
 
 def test_six_nodes_in_cluster_mode_formed_as_three_primaries_with_a_replica_each(
