@@ -162,6 +162,8 @@ def test_the_next_format_waits_for_the_older_processes_or_for_finish(
     assert formats.read(u.world.client, u.world.keys).written == 1
     assert not u.world.run_hash("run_1")["metadata"].startswith("z:")
 
+    # Still alive (each `newer` takes seconds to start: its beat would lapse meanwhile).
+    u.world.store.beat_worker("layby-1@old:42", "worker 1 0.2.0")
     done = newer("migrate", "--finish")
     assert done.returncode == 0, done.stderr
     assert "warning: switched to format 2 with processes of an older release in the " \
