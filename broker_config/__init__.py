@@ -20,6 +20,7 @@ from layby.broker_config.names import (
     QUEUES,
     RESUME_RUN,
     RUN_TURN,
+    SLACK_TASK,
     START_RUN,
     SWEEP,
     SWEEP_TASK,
@@ -29,6 +30,6 @@ from layby.broker_config.names import (
 from layby.broker_config.settings import Settings
 
 __all__ = ["CELERY_ENTRY", "DELIVER_TASK", "JOBS", "NOTIFY", "NOTIFY_TASK", "QUEUES",
-           "RESUME_RUN", "RUN_TURN", "START_RUN", "SWEEP", "SWEEPER_ENTRY", "SWEEP_TASK",
-           "TURNS", "Settings", "celery_argv", "celery_config", "make_celery", "pinned_queue",
-           "worker_queues"]
+           "RESUME_RUN", "RUN_TURN", "SLACK_TASK", "START_RUN", "SWEEP", "SWEEPER_ENTRY",
+           "SWEEP_TASK", "TURNS", "Settings", "celery_argv", "celery_config", "make_celery",
+           "pinned_queue", "worker_queues"]

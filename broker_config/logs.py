@@ -70,6 +70,7 @@ def _secrets_of(settings: Settings) -> list[str | None]:
     url_password = re.findall(r"//[^:/@;]*:([^@/;]+)@", settings.redis_url or "")
     return [*settings.bearer_keys, value(settings.smtp_password),
             value(settings.inbound_mail_secret), value(settings.redis_sentinel_password),
+            value(settings.slack_bot_token), value(settings.slack_signing_secret),
             *(pair.partition(":")[2] for pair in keys.split(",")),
             *(pair.partition(":")[2] for pair in auth.split(",")), *url_password]
 

@@ -10,6 +10,7 @@ name with `send_task`, and operators read them in Flower.
 | layby.sweep             | layby.sweep  | (none)                                     |
 | layby.notify.interrupts | layby.notify | run_id, version (plans the announcements)  |
 | layby.notify.deliver    | layby.notify | run_id, notification_id                    |
+| layby.notify.slack      | layby.notify | run_id, interrupt_ids, approval (Slack updates)|
 
 Background jobs (users' own tasks) run on `layby.jobs`, Celery's default queue for this app.
 The steps of a run whose agent pins its version (`on_change="pin"`) go to
@@ -34,3 +35,4 @@ RESUME_RUN = "layby.resume_run"
 SWEEP_TASK = "layby.sweep"
 NOTIFY_TASK = "layby.notify.interrupts"
 DELIVER_TASK = "layby.notify.deliver"
+SLACK_TASK = "layby.notify.slack"

@@ -260,6 +260,13 @@ class Settings(BaseSettings):
     notify_send_timeout_s: float = 300.0
     webhook_timeout_s: float = 10.0
     remind_before_s: float | None = None  # remind reviewers this long before expiry
+    # Slack (layby.notifier.slack, layby.inbox.slack): the bot token ("xoxb-…") that posts
+    # the messages and the app's signing secret that verifies clicks; both unset, no Slack.
+    slack_bot_token: SecretStr | None = None
+    slack_signing_secret: SecretStr | None = None
+    # Slack's Web API; tests point it at a local server that answers as Slack does.
+    slack_api_url: str = Field("https://slack.com/api/", pattern=r"^https?://")
+    slack_timeout_s: float = 10.0
 
     # -- Flower (`layby flower`, started by `layby up`) ---------------------------------------
     flower_host: str = "127.0.0.1"
@@ -375,6 +382,11 @@ class Settings(BaseSettings):
     @property
     def token_keys_file(self) -> Path:
         return self.data_dir / "token.keys"
+
+    @property
+    def slack(self) -> bool:
+        """Whether Slack is configured (a bot token to post with)."""
+        return self.slack_bot_token is not None
 
     def resolved_token_keys(self) -> str | None:
         if self.token_keys:

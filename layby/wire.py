@@ -129,7 +129,7 @@ class Notification(Wire):
     id: str
     interrupt_id: str
     reviewer: str
-    channel: Literal["email", "webhook"]
+    channel: Literal["email", "webhook", "slack"]
     # "escalation": a request to a level asked because nobody answered in time
     kind: Literal["request", "reminder", "escalation"] = "request"
     level: int = 0  # the escalation level whose reviewer this is (0: those asked first)
@@ -140,6 +140,9 @@ class Notification(Wire):
     sent_at: str | None = None
     created_at: str | None = None
     token: str | None = Field(None, exclude=True, repr=False)
+    # Where the message went, to update it later: a Slack post's "<channel>/<ts>". Optional
+    # and stored under its long name: a reader that does not know it ignores it.
+    message: str | None = None
 
 
 class RunView(Wire):

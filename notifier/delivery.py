@@ -10,7 +10,7 @@ import random
 from celery import Celery
 
 from layby.broker_config import DELIVER_TASK, NOTIFY, Settings
-from layby.notifier import mail, webhooks
+from layby.notifier import mail, slack, webhooks
 from layby.notifier.mail import PermanentFailure
 from layby.parking import Store
 from layby.parking.failover import through_failover
@@ -62,7 +62,7 @@ def deliver(store: Store, settings: Settings, reviewers: Reviewers, run_id: str,
     try:
         if run is None:
             raise PermanentFailure(f"run {run_id} is gone")
-        _send(settings, reviewers, run, note)
+        message = _send(settings, reviewers, run, note)
     except PermanentFailure as exc:
         return _finish(store, run_id, note, "failed", str(exc))
     except Exception as exc:  # noqa: BLE001  (any trouble on the way out is worth a retry)
@@ -77,11 +77,11 @@ def deliver(store: Store, settings: Settings, reviewers: Reviewers, run_id: str,
         through_failover(store.finish_delivery, run_id, note, "retry", error=error,
                                  retry_in_ms=int(delay * 1000))
         return "retry"
-    return _finish(store, run_id, note, "sent")
+    return _finish(store, run_id, note, "sent", message=message or "")
 
 
 def _finish(store: Store, run_id: str, note: Notification, outcome: str,
-            error: str = "") -> str:
+            error: str = "", message: str = "") -> str:
     if outcome == "failed":
         log.error("notification %s of run %s (%s to %s) failed for good: %s", note.id, run_id,
                   note.channel, note.reviewer, error)
@@ -89,15 +89,20 @@ def _finish(store: Store, run_id: str, note: Notification, outcome: str,
         log.info("notification %s of run %s sent (%s to %s)", note.id, run_id, note.channel,
                  note.reviewer)
     # Sent is sent: recorded through a failover, or the notification would go out again.
-    through_failover(store.finish_delivery, run_id, note, outcome, error=error)
+    through_failover(store.finish_delivery, run_id, note, outcome, error=error,
+                     message=message)
     return outcome
 
 
-def _send(settings: Settings, reviewers: Reviewers, run: RunView, note: Notification) -> None:
+def _send(settings: Settings, reviewers: Reviewers, run: RunView, note: Notification
+          ) -> str | None:
+    """Send `note`; returns where its message is, for channels that update theirs."""
     interrupt = next((i for i in run.interrupts if i.id == note.interrupt_id), None)
-    reviewer = reviewers.get(note.reviewer)
     if interrupt is None:
         raise PermanentFailure(f"interrupt {note.interrupt_id} is not in run {run.id}")
+    if note.channel == "slack":  # to a reviewer, or to a group's channel
+        return slack.send(settings, reviewers, run, interrupt, note)
+    reviewer = reviewers.get(note.reviewer)
     if reviewer is None:
         raise PermanentFailure(f"reviewer {note.reviewer!r} is no longer in the directory")
     if note.channel == "email":
@@ -109,3 +114,4 @@ def _send(settings: Settings, reviewers: Reviewers, run: RunView, note: Notifica
             raise PermanentFailure(f"reviewer {reviewer.id!r} has no webhook any more")
         webhooks.send(settings, reviewer, note,
                       webhooks.notification_body(settings, run, interrupt, reviewer, note))
+    return None

@@ -24,16 +24,17 @@ from layby.parking import Announcements, Store
 from layby.parking.clock import iso
 from layby.reviewers import routing, tokens
 from layby.reviewers.config import Reviewers
-from layby.reviewers.directory import Reviewer
+from layby.reviewers.directory import Directory, Reviewer
 from layby.reviewers.routing import epoch
 from layby.wire import Delegation, InterruptState, InterruptView, Notification, Status
 
 log = logging.getLogger(__name__)
 
 # A notification's channel and kind, as `Notification` takes them.
-Channel = Literal["email", "webhook"]
+Channel = Literal["email", "webhook", "slack"]
 Kind = Literal["request", "reminder", "escalation"]
-CHANNELS: tuple[Channel, ...] = ("email", "webhook")
+CHANNELS: tuple[Channel, ...] = ("email", "webhook", "slack")
+_REACHED_BY = {"email": "email", "webhook": "webhook", "slack": "slack_id"}
 
 
 def notification_id(run_id: str, interrupt_id: str, reviewer: str, channel: str,
@@ -43,8 +44,28 @@ def notification_id(run_id: str, interrupt_id: str, reviewer: str, channel: str,
     return f"ntf_{digest[:20]}"
 
 
-def channels_of(reviewer: Reviewer) -> list[Channel]:
-    return [c for c in CHANNELS if getattr(reviewer, c)]
+def channels_of(reviewer: Reviewer, slack: bool = True) -> list[Channel]:
+    """The channels `reviewer` is reached on (Slack only where it is configured)."""
+    return [c for c in CHANNELS if getattr(reviewer, _REACHED_BY[c])
+            and (slack or c != "slack")]
+
+
+def slack_groups(directory: Directory, intr: InterruptView) -> list[tuple[str, int, float]]:
+    """(group, level, when) of each group asked for `intr` whose requests are posted to a
+    Slack channel."""
+    found: list[tuple[str, int, float]] = []
+    for level, since, names in routing.levels(intr):
+        wanted = names or ([directory.default_group] if directory.default_group else [])
+        found += [(name, level, since) for name in wanted
+                  if name in directory.slack_channels and name not in
+                  {g for g, _, _ in found}]
+    return found
+
+
+def in_slack_channels(directory: Directory, intr: InterruptView) -> set[str]:
+    """The reviewers who see `intr` in a group's Slack channel (sent no direct message)."""
+    return {routing.handed_to(intr, member) for group, _, _ in slack_groups(directory, intr)
+            for member in directory.groups[group]}
 
 
 MAX_REMINDERS = 20  # repeated reminders planned per reviewer (`remind_every`)
@@ -122,21 +143,38 @@ class _Plan(Announcements):
                 found.append(("reminder", at))
         return found
 
+    def sends(self, intr: InterruptView, level: int, since: float, expires: float | None,
+              start: float) -> list[tuple[str, Kind, float | None]]:
+        """(id key, kind, when: None for now) of the sends to one reviewer asked from
+        `level` at `since`: the request or escalation, then the reminders."""
+        first_kind: Kind = "request" if level == 0 else "escalation"
+        first_at = None if since <= self.now + 1 else since
+        sends: list[tuple[str, Kind, float | None]] = [(first_kind, first_kind, first_at)]
+        return sends + [(key, "reminder", at) for key, at in
+                        self.reminders(intr, start, expires) if at > since]
+
     def announce(self, intr: InterruptView, asked: routing.Asked, expires: float | None,
-                 start: float) -> None:
+                 start: float, channels: list[Channel]) -> None:
         reviewer = asked.reviewer
         token = self.token(intr, reviewer, expires)
-        first_kind: Kind = "request" if asked.level == 0 else "escalation"
-        first_at = None if asked.since <= self.now + 1 else asked.since
-        sends: list[tuple[str, Kind, float | None]] = [(first_kind, first_kind, first_at)]
-        sends += [(key, "reminder", at) for key, at in self.reminders(intr, start, expires)
-                  if at > asked.since]
-        for channel in channels_of(reviewer):
-            for key, kind, at in sends:
+        for channel in channels:
+            for key, kind, at in self.sends(intr, asked.level, asked.since, expires, start):
                 note = Notification(
                     id=notification_id(self.run_id, intr.id, reviewer.id, channel, key),
                     interrupt_id=intr.id, reviewer=reviewer.id, channel=channel, kind=kind,
                     level=asked.level, token=token)
+                self.notes.append((note, None if at is None else int(at * 1000)))
+
+    def post_to_groups(self, intr: InterruptView, directory: Directory,
+                       expires: float | None, start: float) -> None:
+        """A Slack post per group channel asked (the notification's reviewer is the
+        group's name; it carries no token: a click is checked by who clicks)."""
+        for group, level, since in slack_groups(directory, intr):
+            for key, kind, at in self.sends(intr, level, since, expires, start):
+                note = Notification(
+                    id=notification_id(self.run_id, intr.id, group, "slack", key),
+                    interrupt_id=intr.id, reviewer=group, channel="slack", kind=kind,
+                    level=level, token="")
                 self.notes.append((note, None if at is None else int(at * 1000)))
 
 
@@ -156,16 +194,22 @@ def announcements(settings: Settings, reviewers: Reviewers, run_id: str, version
             continue
         intr = planning.away_handovers(intr)
         asked = routing.everyone(directory, intr)
-        people = [a for a in asked if channels_of(a.reviewer)]
-        if not people:
+        in_channels = in_slack_channels(directory, intr) if settings.slack else set()
+        reach = {a.reviewer.id: [c for c in channels_of(a.reviewer, settings.slack)
+                                 if c != "slack" or a.reviewer.id not in in_channels]
+                 for a in asked}
+        people = [a for a in asked if reach[a.reviewer.id]]
+        if not people and not in_channels:
             # Asked of nobody by name and no default group: answered through the API, by
             # design. Named reviewers nobody can reach are worth a warning.
             (log.warning if intr.reviewers or directory.default_group else log.debug)(
-                "run %s: interrupt %s has no reviewer with an email or webhook; it can be "
+                "run %s: interrupt %s has no reviewer with an email, webhook or Slack; it can be "
                 "answered through /v1", run_id, intr.id, extra={"interrupt_id": intr.id})
         start = epoch(intr.created_at) or planning.now
         for one in people:
-            planning.announce(intr, one, epoch(intr.expires_at), start)
+            planning.announce(intr, one, epoch(intr.expires_at), start, reach[one.reviewer.id])
+        if settings.slack:
+            planning.post_to_groups(intr, directory, epoch(intr.expires_at), start)
     return Announcements(planning.notes, planning.grants, planning.handovers)
 
 

@@ -25,12 +25,13 @@ from layby.broker_config import (
     NOTIFY_TASK,
     RESUME_RUN,
     RUN_TURN,
+    SLACK_TASK,
     START_RUN,
     SWEEP_TASK,
     TURNS,
 )
 from layby.control import Runtime, commands
-from layby.notifier import delivery, planning
+from layby.notifier import delivery, planning, slack
 from layby.parking import migrations
 from layby.parking.formats import FormatError
 from layby.tasks import context, jobs
@@ -76,6 +77,15 @@ def register(rt: Runtime) -> Celery:
     @app.task(name=DELIVER_TASK)
     def deliver_notification(run_id: str, notification_id: str) -> str:
         return delivery.deliver(rt.store, rt.settings, rt.reviewers, run_id, notification_id)
+
+    @app.task(name=SLACK_TASK)
+    def update_slack(run_id: str, interrupt_ids: list[str], approval: bool = False) -> int:
+        """Bring the run's Slack messages up to date after answers (on any channel)."""
+        view = rt.store.view(run_id)
+        if view is None or not rt.settings.slack:
+            return 0
+        return slack.refresh(rt.settings, rt.reviewers, view, interrupt_ids,
+                             approval=approval)
 
     jobs.connect(rt)
     context.connect()

@@ -17,6 +17,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
+from layby.broker_config import NOTIFY, SLACK_TASK
 from layby.control.runtime import Runtime
 from layby.errors import Conflict, Invalid, NotFound, TooLarge
 from layby.generation.answers import check_answer, check_storable
@@ -147,7 +148,23 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
                  rec.state.value, by, channel,
                  extra={"run_id": run_id, "interrupt_id": rec.interrupt_id})
     rt.publish(result.entries)
+    if result.verdict is Verdict.OK:
+        update_slack(rt, run_id, [r.interrupt_id for r in records], approval=bool(votes))
     return result
+
+
+def update_slack(rt: Runtime, run_id: str, interrupt_ids: list[str], *,
+                 approval: bool = False) -> None:
+    """Queue the update of the run's Slack messages (answered now, on whatever channel),
+    where Slack is configured. A message left stale by a lost task still refuses a click:
+    every click is checked against the stored request."""
+    if not rt.settings.slack:
+        return
+    try:
+        rt.celery.send_task(SLACK_TASK, args=[run_id, interrupt_ids, approval], queue=NOTIFY)
+    except Exception:
+        log.warning("run %s: could not queue the update of its Slack messages", run_id,
+                    exc_info=True, extra={"run_id": run_id})
 
 
 def approves(entry: ResumeEntry) -> bool:

@@ -143,6 +143,10 @@ _SCHEMES = {
         "description": "a Standard Webhooks signature of the body with the reviewer's "
                        "webhook secret, with webhook-id and webhook-timestamp; or none, "
                        "and the notification's `token` in the body"},
+    "slackSignature": {
+        "type": "apiKey", "in": "header", "name": "X-Slack-Signature",
+        "description": "Slack's signature of the request with the app's signing secret "
+                       "(LAYBY_SLACK_SIGNING_SECRET), with X-Slack-Request-Timestamp"},
     "inboundBasic": {
         "type": "http", "scheme": "basic",
         "description": "LAYBY_INBOUND_MAIL_SECRET as the password (or as a bearer token), "
@@ -282,7 +286,8 @@ def _middleware(app: FastAPI, rt: Runtime) -> None:
 
 
 def _carries_tokens(scope: Any) -> bool:
-    return str(scope.get("path", "")).startswith(("/review/", "/inbound/", "/callbacks/"))
+    return str(scope.get("path", "")).startswith(("/review/", "/inbound/", "/callbacks/",
+                                                  "/slack/"))
 
 
 class _KeyFirst:

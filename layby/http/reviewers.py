@@ -1,11 +1,13 @@
 """The reviewer side of the gateway: the signed answer page (`/review/{token}`), webhook
-callbacks (`/callbacks/answers`) and the inbound-mail webhook (`/inbound/email`).
+callbacks (`/callbacks/answers`), the inbound-mail webhook (`/inbound/email`) and Slack's
+interactions (`/slack/interactions`).
 
 None of these take API keys: a reviewer proves who they are with a token (a link, a reply
 address), a Standard Webhooks signature made with their secret, or, for the inbound-mail
 webhook, the reply token inside the mail (and the provider's shared secret when one is
-configured). Routes only: the work is `layby.inbox`'s, and every answer goes through
-`layby.control`, recorded with who, how and when.
+configured); Slack signs its requests with the app's signing secret. Routes only: the work
+is `layby.inbox`'s, and every answer goes through `layby.control`, recorded with who, how
+and when.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, BackgroundTasks, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -34,7 +36,7 @@ from layby.errors import (
 )
 from layby.http.deps import Rt
 from layby.http.errors import ERROR_SCHEMA, documented, status_of
-from layby.inbox import answers, callbacks
+from layby.inbox import answers, callbacks, slack
 from layby.inbox import replies as inbox
 from layby.inbox.forms import DECISIONS, entry_from_form, form_for
 from layby.inbox.pages import render_review
@@ -218,6 +220,33 @@ async def callback(request: Request, rt: Rt) -> JSONResponse:
             for e in exc.errors(include_url=False)]) from None
     headers = {k.lower(): v for k, v in request.headers.items()}
     return JSONResponse(await run_in_threadpool(callbacks.receive, rt, body, raw, headers))
+
+
+_SLACK_BODY = {"required": True, "content": {"application/x-www-form-urlencoded": {
+    "schema": {"type": "object", "required": ["payload"],
+               "properties": {"payload": {"type": "string",
+                                          "description": "the interaction, as JSON"}}}}}}
+_SLACK_REPLY = {"description": "taken: an empty body, or for a modal's submission what the "
+                "modal shows (`response_action`)",
+                "content": {"application/json": {"schema": {"type": "object"}}}}
+
+
+@router.post("/slack/interactions", responses={200: _SLACK_REPLY,
+                                              **documented(400, 401, 404, 409, 413)},
+             openapi_extra={"security": [{"slackSignature": []}],
+                            "requestBody": _SLACK_BODY})
+async def slack_interactions(request: Request, rt: Rt,
+                             background: BackgroundTasks) -> JSONResponse:
+    """Slack's interactivity requests: a click on a request's Approve, Decline or Answer…
+    button, or the answer modal submitted. Signed by Slack (`X-Slack-Signature`,
+    `X-Slack-Request-Timestamp`); 404 when Slack is not configured."""
+    raw = await request.body()
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    reply = await run_in_threadpool(slack.receive, rt, raw, headers)
+    for later in reply.later:  # after Slack has its reply: it waits 3 seconds at most
+        background.add_task(later)
+    # A click's reply is not read; a modal's says what the modal does next.
+    return JSONResponse(reply.body or {}, background=background)
 
 
 @router.post("/inbound/email", response_model=MailTaken | MailIgnored,

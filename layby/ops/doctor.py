@@ -415,6 +415,48 @@ def check_smtp(settings: Settings) -> Check:
     return Check("smtp", True, f"{where} answers EHLO")
 
 
+def check_slack(settings: Settings) -> list[Check]:
+    """Whether Slack's bot token works (`auth.test`) and every Slack user of the directory
+    exists (`users.info`), when Slack is configured."""
+    from layby.notifier import slack
+    from layby.notifier.mail import PermanentFailure
+    from layby.reviewers.directory import load_directory
+
+    if not settings.slack:
+        return [Check("slack", True, "not configured (LAYBY_SLACK_BOT_TOKEN unset): no Slack")]
+    checks = []
+    if settings.slack_signing_secret is None:
+        checks.append(Check("slack signing secret", False, "unset: clicks in Slack cannot be "
+                            "verified and are refused; set LAYBY_SLACK_SIGNING_SECRET to the "
+                            "app's signing secret"))
+    try:
+        who = slack.call(settings, "auth.test")
+    except (PermanentFailure, ConnectionError) as exc:
+        return [*checks, Check("slack token", False, f"{exc}; check LAYBY_SLACK_BOT_TOKEN "
+                               f"and LAYBY_SLACK_API_URL ({settings.slack_api_url})")]
+    checks.append(Check("slack token", True, f"works: bot {who.get('user')!r} of "
+                                             f"{who.get('team')!r}"))
+    try:
+        directory = load_directory(settings.reviewers_file)
+    except Exception:  # noqa: BLE001  (reported by the reviewer directory's check)
+        return checks
+    missing: list[str] = []
+    for reviewer in directory.reviewers.values():
+        if reviewer.slack_id:
+            try:
+                found = slack.call(settings, "users.info", user=reviewer.slack_id)
+                if (found.get("user") or {}).get("deleted"):
+                    missing.append(f"{reviewer.id} ({reviewer.slack_id}: deactivated)")
+            except (PermanentFailure, ConnectionError) as exc:
+                missing.append(f"{reviewer.id} ({reviewer.slack_id}: {exc})")
+    count = sum(1 for r in directory.reviewers.values() if r.slack_id)
+    checks.append(Check("slack users", not missing,
+                        f"all {count} of the directory exist" if not missing else
+                        f"not found in Slack: {', '.join(missing)}; fix their slack_id in "
+                        "the reviewer directory"))
+    return checks
+
+
 def check_reviewers(settings: Settings) -> list[Check]:
     from layby.reviewers.directory import load_directory
     from layby.reviewers.tokens import parse_keys
@@ -511,4 +553,5 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
     checks.extend(check_celery(conf, settings))
     checks.append(check_smtp(settings))
     checks.extend(check_reviewers(settings))
+    checks.extend(check_slack(settings))
     return checks

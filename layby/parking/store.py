@@ -547,11 +547,12 @@ class Store:
         return str(reply[0]), None
 
     def finish_delivery(self, run_id: str, note: Notification, outcome: str, *,
-                        error: str = "", retry_in_ms: int = 0) -> str:
-        """Record a send's outcome: "sent", "retry" (in `retry_in_ms`) or "failed"."""
+                        error: str = "", retry_in_ms: int = 0, message: str = "") -> str:
+        """Record a send's outcome: "sent", "retry" (in `retry_in_ms`) or "failed"; a sent
+        one with where its `message` is (a Slack post's "<channel>/<ts>"), if given."""
         reply = self._run("finish_delivery", run_id, notification_id=note.id, outcome=outcome,
                           error=error[:2000], retry_ms=retry_in_ms, run_id=run_id,
-                          attempts=note.attempts)
+                          attempts=note.attempts, message=message[:200])
         return str(reply[0])
 
     def retry_notifications(self, run_id: str, notification_ids: list[str] | None = None

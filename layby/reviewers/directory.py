@@ -20,6 +20,17 @@ A reviewer away says until when and who takes their new requests:
     away_until = 2026-12-31T00:00:00Z
     delegate_to = "bob"
 
+A reviewer on Slack has their Slack user id, and is sent a direct message; a group with a
+Slack channel has its requests posted there (its members are not sent direct messages of
+what the channel shows):
+
+    [reviewers.alice]
+    slack_id = "U024BE7LH"
+
+    [groups.ops]
+    members = ["alice", "payments-bot"]
+    slack_channel = "C0123ABCD"
+
 An interrupt names people and groups (`ctx.interrupt(reviewers=[...])`); with none, the
 default group is asked. Webhook secrets stay in this file: they are never logged, stored
 in Redis or sent in a task.
@@ -32,7 +43,7 @@ import binascii
 import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import (
@@ -69,6 +80,10 @@ class Webhook(BaseModel):
         return value
 
 
+SLACK_USER = r"^[UW][A-Z0-9]{6,20}$"
+SLACK_CHANNEL = r"^[CG][A-Z0-9]{6,20}$"
+
+
 class Reviewer(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -79,6 +94,8 @@ class Reviewer(BaseModel):
     # Away: until then, new requests for this reviewer go to `delegate_to` instead.
     away_until: datetime | None = None
     delegate_to: str | None = None
+    # A Slack user id ("U…" or "W…", as Slack shows under the profile's "Copy member ID").
+    slack_id: str | None = Field(None, pattern=SLACK_USER)
 
     @property
     def label(self) -> str:
@@ -95,6 +112,30 @@ class Directory(BaseModel):
     reviewers: dict[str, Reviewer] = Field(default_factory=dict)
     groups: dict[str, list[str]] = Field(default_factory=dict)
     default_group: str | None = None
+    # Group → the Slack channel its requests are posted to (a group written as a table
+    # with `members` and `slack_channel`).
+    slack_channels: dict[str, Annotated[str, Field(pattern=SLACK_CHANNEL)]] = Field(
+        default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _group_tables(cls, data: Any) -> Any:
+        """A group is a list of reviewers, or a table: `members` and `slack_channel`."""
+        if not isinstance(data, dict) or not isinstance(data.get("groups"), dict):
+            return data
+        groups, channels = {}, dict(data.get("slack_channels") or {})
+        for name, group in data["groups"].items():
+            if isinstance(group, dict):
+                unknown = set(group) - {"members", "slack_channel"}
+                if unknown:
+                    raise ValueError(f"group {name!r} has unknown keys {sorted(unknown)}: a "
+                                     "group table takes `members` and `slack_channel`")
+                groups[name] = group.get("members") or []
+                if group.get("slack_channel") is not None:
+                    channels[name] = group["slack_channel"]
+            else:
+                groups[name] = group
+        return {**data, "groups": groups, "slack_channels": channels}
 
     @model_validator(mode="after")
     def _consistent(self) -> Directory:
@@ -113,6 +154,9 @@ class Directory(BaseModel):
                 raise ValueError(f"group {group!r} names unknown reviewers {unknown}")
             if group in self.reviewers:
                 raise ValueError(f"{group!r} is both a reviewer and a group")
+        for group in self.slack_channels:
+            if group not in self.groups:
+                raise ValueError(f"slack_channels names {group!r}, which is not a group")
         if self.default_group and self.default_group not in self.groups:
             raise ValueError(f"default_group {self.default_group!r} is not a group")
         return self
@@ -127,6 +171,9 @@ class Directory(BaseModel):
             elif name in self.reviewers:
                 found[name] = self.reviewers[name]
         return list(found.values())
+
+    def by_slack_id(self, slack_id: str) -> Reviewer | None:
+        return next((r for r in self.reviewers.values() if r.slack_id == slack_id), None)
 
     def by_email(self, address: str) -> Reviewer | None:
         address = address.strip().lower()

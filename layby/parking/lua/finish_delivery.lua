@@ -2,9 +2,10 @@
 -- failed (no attempts left: recorded on the run for operators; the run stays parked).
 -- Reads notifications, run (version). Writes notifications, notify:due, events, stats.
 -- Arguments: notification_id, outcome (sent | retry | failed), error (text), retry_ms (due
---   again in, for a retry), run_id, attempts (of the send being finished)
+--   again in, for a retry), run_id, attempts (of the send being finished), message (where
+--   a sent message is, to update it later: a Slack post's "<channel>/<ts>"; '' for none)
 -- Returns {'ok'} | {'stale'} (another sender took this notification over)
-local A = args({'notification_id', 'outcome', 'error', 'retry_ms', 'run_id', 'attempts'})
+local A = args({'notification_id', 'outcome', 'error', 'retry_ms', 'run_id', 'attempts', 'message'})
 local outcome, error_text, retry_ms = A.outcome, A.error, A.retry_ms
 local the_run, attempts, nid = A.run_id, A.attempts, A.notification_id
 local member = the_run .. ' ' .. nid
@@ -23,6 +24,7 @@ if outcome == 'sent' then
   rec.sentAt = now
   rec.lastError = nil
   rec.due = nil  -- nothing more is due: a parked run keeps the record for as long as it waits
+  if A.message ~= '' then rec.message = A.message end
   redis.call('ZREM', NOTIFY_DUE, member)
   event('notification.sent', v, cjson.encode(data), now)
 elseif outcome == 'retry' then

@@ -1,0 +1,208 @@
+"""Slack, in process: the directory's Slack ids and channels, who is sent what (a direct
+message, a post to a group's channel), the message and its buttons, the answer modal built
+from the request's schema and read back as the answer page reads its form, and the
+request signature."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from layby.broker_config import Settings
+from layby.errors import ConfigError, Invalid
+from layby.inbox import slack as inbound
+from layby.inbox.answers import Opened
+from layby.inbox.forms import entry_from_form
+from layby.notifier import planning, slack
+from layby.reviewers.config import Reviewers
+from layby.reviewers.directory import load_directory
+from layby.reviewers.tokens import Grant
+from layby.wire import InterruptView, RunView, Status
+from tests.slack import ALICE, BOB, OPS_CHANNEL, SIGNING_SECRET, directory_toml, signed
+from tests.test_forms import APPROVAL, ORDER, TRIVIA, answer, view
+
+TOKEN_KEYS = "t1:test-token-key-one-0123456789"
+
+
+def directory_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "reviewers.toml"
+    path.write_text(text)
+    return path
+
+
+def run_of(*interrupts: InterruptView) -> RunView:
+    return RunView(id="run_1", agent="demo.transfer", status=Status.INTERRUPTED, version=3,
+                   messages=[], interrupts=list(interrupts), created_at="2025-06-01T11:00:00Z",
+                   updated_at="2025-06-01T11:00:00Z")
+
+
+def opened(intr: InterruptView) -> Opened:
+    from layby.reviewers.directory import Reviewer
+    return Opened(Grant("run_1", intr.id, "alice", 3, 0), Reviewer(id="alice"), run_of(intr),
+                  intr)
+
+
+# -- the directory -------------------------------------------------------------------------
+
+
+def test_the_directory_takes_slack_ids_and_group_channels(tmp_path: Path) -> None:
+    found = load_directory(directory_file(tmp_path, directory_toml("https://hooks.test/x")))
+    assert found.reviewers["alice"].slack_id == ALICE
+    assert found.groups["ops"] == ["bob"] and found.slack_channels == {"ops": OPS_CHANNEL}
+    assert found.groups["approvers"] == ["alice", "hookbot"]
+    assert found.by_slack_id(BOB).id == "bob"  # type: ignore[union-attr]
+    assert found.by_slack_id("U0NOBODY01") is None
+
+
+@pytest.mark.parametrize("text, says", [
+    ('[reviewers.a]\nslack_id = "alice"\n', "slack_id"),
+    ('[reviewers.a]\nslack_id = "C0CHANNEL1"\n', "slack_id"),
+    ('[reviewers.a]\n[groups.g]\nmembers = ["a"]\nslack_channel = "#ops"\n', "slack_channels"),
+    ('[reviewers.a]\n[groups.g]\nmembers = ["a"]\nchannel = "C0OPS00001"\n', "unknown keys"),
+])
+def test_a_slack_id_or_channel_of_the_wrong_shape_is_refused(tmp_path: Path, text: str,
+                                                              says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        load_directory(directory_file(tmp_path, text))
+
+
+# -- who is sent what ----------------------------------------------------------------------
+
+
+def plan(tmp_path: Path, names: list[str] | None, **settings: Any
+         ) -> list[tuple[str, str, str]]:
+    path = directory_file(tmp_path, directory_toml("https://hooks.test/x"))
+    config = Settings(reviewers_file=path, token_keys=TOKEN_KEYS, **settings)  # type: ignore[arg-type]
+    intr = view(reviewers=names, created_at="2099-01-01T00:00:00Z", expires_at=None)
+    made = planning.announcements(config, Reviewers(config), "run_1", 3, [intr])
+    return sorted((n.reviewer, n.channel, n.kind) for n, _ in made.notes)
+
+
+def test_reviewers_with_slack_ids_get_a_direct_message_when_slack_is_configured(
+        tmp_path: Path) -> None:
+    assert ("alice", "slack", "request") not in plan(tmp_path, ["alice"])
+    assert plan(tmp_path, ["alice"], slack_bot_token="xoxb-1") == [
+        ("alice", "email", "request"), ("alice", "slack", "request")]
+
+
+def test_a_group_with_a_channel_gets_one_post_and_its_members_no_direct_message(
+        tmp_path: Path) -> None:
+    assert plan(tmp_path, ["ops"], slack_bot_token="xoxb-1") == [
+        ("bob", "email", "request"), ("ops", "slack", "request")]
+    # Bob asked by name too: still seen in the channel, not sent a DM as well.
+    assert plan(tmp_path, ["ops", "bob"], slack_bot_token="xoxb-1") == [
+        ("bob", "email", "request"), ("ops", "slack", "request")]
+
+
+# -- the message ---------------------------------------------------------------------------
+
+
+def elements(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for b in blocks if b["type"] == "actions" for e in b["elements"]]
+
+
+def test_a_confirmation_has_approve_and_decline_and_shows_the_tool_input() -> None:
+    intr = view(APPROVAL)
+    blocks = slack.open_blocks(run_of(intr), intr)
+    text = str(blocks)
+    assert "demo.transfer" in text and "Send 250 to Bob?" in text
+    assert "transfer_funds" in text and '"amount": 250' in text
+    assert [(e["action_id"], e["text"]["text"], e["value"]) for e in elements(blocks)] == [
+        (slack.APPROVE, "Approve", "run_1 int_1"), (slack.DECLINE, "Decline", "run_1 int_1")]
+
+
+def test_a_question_has_an_answer_button() -> None:
+    intr = view(TRIVIA, reason="input_required")
+    assert [e["action_id"] for e in elements(slack.open_blocks(run_of(intr), intr))] == [
+        slack.ANSWER]
+
+
+def test_the_input_is_escaped_for_slack() -> None:
+    intr = view(APPROVAL, tool_input={"to": "<!channel> & co"})
+    assert "<!channel>" not in str(slack.open_blocks(run_of(intr), intr))
+
+
+def test_an_answered_message_says_who_how_and_when_and_has_no_buttons() -> None:
+    intr = view(APPROVAL, state="resolved",
+                answer=answer({"approved": True}, by="reviewer:alice", channel="email"))
+    blocks = slack.closed_blocks(run_of(intr), intr, lambda rid: rid.capitalize())
+    assert not elements(blocks)
+    assert "*Approved* by Alice via email <!date^" in str(blocks)
+
+
+# -- the modal -----------------------------------------------------------------------------
+
+
+def inputs(modal: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {b["block_id"]: b for b in modal["blocks"] if b["type"] == "input"}
+
+
+def test_the_modal_has_a_control_per_field_of_the_answer_page() -> None:
+    intr = view(ORDER, reason="input_required")
+    found = inputs(inbound.modal(opened(intr), "D0ALICE001"))
+    assert found["name"]["element"]["type"] == "plain_text_input"
+    assert found["name"]["label"]["text"] == "Customer name" and not found["name"]["optional"]
+    assert found["notes"]["element"]["multiline"] and found["notes"]["optional"]
+    assert found["guests"]["element"] == {"type": "number_input", "is_decimal_allowed": False,
+                                          "action_id": "value"}
+    assert [o["value"] for o in found["grill"]["element"]["options"]] == ["charcoal", "gas"]
+    assert found["checked"]["element"]["type"] == "checkboxes"
+    assert "version" not in found  # a constant is filled in, not asked
+
+
+def test_a_submitted_modal_reads_as_the_answer_page_reads_its_form() -> None:
+    intr = view(ORDER, reason="input_required")
+    state = {"values": {
+        "name": {"value": {"type": "plain_text_input", "value": "Ada"}},
+        "guests": {"value": {"type": "number_input", "value": "12"}},
+        "grill": {"value": {"type": "radio_buttons", "selected_option": {"value": "gas"}}},
+        "checked": {"value": {"type": "checkboxes", "selected_options": [{"value": "on"}]}},
+        "notes": {"value": {"type": "plain_text_input", "value": None}}}}
+    entry = entry_from_form(intr, inbound.form_values(state))
+    assert entry.payload["name"] == "Ada" and entry.payload["guests"] == 12
+    assert entry.payload["grill"] == "gas" and entry.payload["version"] == 2
+    with pytest.raises(Invalid):
+        entry_from_form(intr, inbound.form_values({"values": {}}))
+
+
+def test_the_modal_of_a_trivia_question_offers_its_choices() -> None:
+    intr = view(TRIVIA, reason="input_required")
+    (field,) = inputs(inbound.modal(opened(intr))).values()
+    assert field["block_id"] == "payload"
+    assert field["element"]["type"] == "radio_buttons"
+    assert "Jaws" in [o["value"] for o in field["element"]["options"]]
+
+
+# -- the signature -------------------------------------------------------------------------
+
+
+def headers_of(body: str, **kwargs: Any) -> dict[str, str]:
+    return {k.lower(): v for k, v in signed(body, **kwargs).items()}
+
+
+def test_a_signed_request_verifies() -> None:
+    inbound.verify(SIGNING_SECRET, b"payload=%7B%7D", headers_of("payload=%7B%7D"))
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"secret": "another-secret"}, "does not verify"),
+    ({"at": time.time() - 6 * 60}, "more than 300 s"),
+    ({"at": time.time() + 6 * 60}, "more than 300 s"),
+])
+def test_a_forged_or_stale_request_is_refused(change: dict[str, Any], says: str) -> None:
+    with pytest.raises(inbound.BadSignature, match=says):
+        inbound.verify(SIGNING_SECRET, b"payload=%7B%7D",
+                       headers_of("payload=%7B%7D", **change))
+
+
+def test_a_changed_body_is_refused() -> None:
+    with pytest.raises(inbound.BadSignature, match="does not verify"):
+        inbound.verify(SIGNING_SECRET, b"payload=%7B%22a%22%7D", headers_of("payload=%7B%7D"))
+
+
+def test_an_unsigned_request_is_refused() -> None:
+    with pytest.raises(inbound.BadSignature, match="X-Slack-Signature"):
+        inbound.verify(SIGNING_SECRET, b"payload=%7B%7D", {})
