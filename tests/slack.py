@@ -86,6 +86,8 @@ class SlackApi:
     token: str = BOT_TOKEN
     port: int = field(default_factory=free_port)
     calls: list[Call] = field(default_factory=list)
+    # Answer this many posts with Slack's `internal_error` (a failure worth a retry).
+    fail_next: int = 0
     server: ThreadingHTTPServer | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     _ts: Iterator[int] = field(default_factory=lambda: itertools.count(1))
@@ -157,6 +159,9 @@ class SlackApi:
                         return {"ok": False, "error": "user_not_found"}
                     return {"ok": True, "channel": {"id": "D" + user[1:]}}
                 case "chat.postMessage" | "chat.update" | "chat.postEphemeral":
+                    if self.fail_next > 0:
+                        self.fail_next -= 1
+                        return {"ok": False, "error": "internal_error"}
                     channel = str(params.get("channel") or "")
                     if channel not in self.channels and not channel.startswith("D"):
                         return {"ok": False, "error": "channel_not_found"}

@@ -24,8 +24,10 @@ from tests.reviewers import ReviewedSystem, wait_gone
 from tests.slack import (
     ALICE,
     BOB,
+    BOT_TOKEN,
     MALLORY,
     OPS_CHANNEL,
+    SIGNING_SECRET,
     STRANGER,
     Call,
     SlackApi,
@@ -57,6 +59,20 @@ name = "ops-transfers"
 tool = "transfer_funds"
 when = "input.to == 'Ops'"
 reviewers = ["ops"]
+
+[[rules]]
+name = "reminded"
+tool = "transfer_funds"
+when = "input.amount >= 400 && input.amount < 500"
+reviewers = ["alice"]
+remind_every = "2s"
+
+[[rules]]
+name = "escalating"
+tool = "transfer_funds"
+when = "input.amount >= 500 && input.amount < 1000"
+reviewers = ["alice"]
+escalate = [{ after = "3s", to = ["bob"] }]
 
 [[rules]]
 name = "default"
@@ -362,3 +378,71 @@ def test_metrics_count_answers_given_in_slack(slacked: ReviewedSystem, api: Slac
     with slacked.system.api() as client:
         text = client.get("/metrics").text
     assert 'layby_answers_total{channel="slack"}' in text
+
+
+# -- follow-ups in the thread, failures ----------------------------------------------------
+
+
+def in_thread(api: SlackApi, message: str) -> list[str]:
+    channel, _, ts = message.partition("/")
+    return [str(c.params.get("text")) for c in api.of("chat.postMessage", channel=channel,
+                                                        thread_ts=ts)]
+
+
+def test_reminders_are_posted_in_the_requests_thread(slacked: ReviewedSystem,
+                                                     api: SlackApi) -> None:
+    run_id, interrupt_id = parked(slacked, "demo.transfer", "Send 450 to Bob")
+    message = message_of(slacked, run_id)
+    said = wait_until(lambda: in_thread(api, message), 30, what="a reminder in the thread")
+    assert "Reminder" in said[0]
+    channel, _, ts = message.partition("/")
+    (first,) = api.of("chat.postMessage", channel=channel, thread_ts=ts)[:1]
+    assert first.params["reply_broadcast"] is True  # shown in the conversation too
+    assert len(posts(api, run_id)) == 1  # no new message: the thread
+    interaction(slacked.system.base_url, click(ALICE, "layby_approve", run_id, interrupt_id))
+    slacked.system.wait_status(run_id, "completed", timeout=60)
+
+
+def test_an_escalation_messages_the_next_level_and_says_so_in_the_thread(
+        slacked: ReviewedSystem, api: SlackApi) -> None:
+    run_id, interrupt_id = parked(slacked, "demo.transfer", "Send 600 to Bob")
+    alices = message_of(slacked, run_id)
+    bob_dm = "D" + BOB[1:]
+    post = wait_post(api, run_id, bob_dm, timeout=60)
+    assert post.params["text"].startswith(":rotating_light: Escalated")
+    said = wait_until(lambda: [t for t in in_thread(api, alices) if "escalated" in t], 30,
+                      what="the escalation in Alice's thread")
+    assert "escalated to <@U0BOB00001>" in said[0]
+    bobs = message_of(slacked, run_id, reviewer="bob")
+    assert interaction(slacked.system.base_url, click(BOB, "layby_approve", run_id,
+                                                       interrupt_id)).status_code == 200
+    slacked.system.wait_status(run_id, "completed", timeout=60)
+    # Both messages say it is done.
+    assert "via slack" in json.dumps(wait_update(api, alices).params)
+    assert "via slack" in json.dumps(wait_update(api, bobs).params)
+
+
+def test_a_failed_post_is_retried_and_an_unknown_user_fails_for_good(
+        slacked: ReviewedSystem, api: SlackApi) -> None:
+    api.fail_next = 2
+    run_id, _ = parked(slacked, "demo.transfer", "Send 320 to Bob")
+    message_of(slacked, run_id)
+    (note,) = [n for n in slack_notes(slacked, run_id) if n["reviewer"] == "alice"]
+    assert (note["state"], note["attempts"]) == ("sent", 3)
+
+    api.users.discard(ALICE)
+    try:
+        run_id, _ = parked(slacked, "demo.transfer", "Send 330 to Bob")
+        failed = wait_until(lambda: next((n for n in slack_notes(slacked, run_id)
+                                          if n["state"] == "failed"), None), 30,
+                            what="the Slack notification failed")
+        assert "user_not_found" in failed["lastError"] and failed["attempts"] == 1
+    finally:
+        api.users.add(ALICE)
+
+
+def test_no_slack_secret_in_any_log(slacked: ReviewedSystem) -> None:
+    for name, proc in slacked.system.procs.items():
+        output = proc.output()
+        assert BOT_TOKEN not in output, name
+        assert SIGNING_SECRET not in output, name

@@ -17,11 +17,22 @@ from layby.inbox import slack as inbound
 from layby.inbox.answers import Opened
 from layby.inbox.forms import entry_from_form
 from layby.notifier import planning, slack
+from layby.ops.doctor import Check, check_slack
 from layby.reviewers.config import Reviewers
 from layby.reviewers.directory import load_directory
 from layby.reviewers.tokens import Grant
 from layby.wire import InterruptView, RunView, Status
-from tests.slack import ALICE, BOB, OPS_CHANNEL, SIGNING_SECRET, directory_toml, signed
+from tests.slack import (
+    ALICE,
+    BOB,
+    BOT_TOKEN,
+    MALLORY,
+    OPS_CHANNEL,
+    SIGNING_SECRET,
+    SlackApi,
+    directory_toml,
+    signed,
+)
 from tests.test_forms import APPROVAL, ORDER, TRIVIA, answer, view
 
 TOKEN_KEYS = "t1:test-token-key-one-0123456789"
@@ -206,3 +217,32 @@ def test_a_changed_body_is_refused() -> None:
 def test_an_unsigned_request_is_refused() -> None:
     with pytest.raises(inbound.BadSignature, match="X-Slack-Signature"):
         inbound.verify(SIGNING_SECRET, b"payload=%7B%7D", {})
+
+
+# -- layby doctor --------------------------------------------------------------------------
+
+
+def doctor(tmp_path: Path, api: SlackApi, token: str = BOT_TOKEN) -> dict[str, Check]:
+    path = directory_file(tmp_path, directory_toml("https://hooks.test/x"))
+    config = Settings(reviewers_file=path, slack_bot_token=token,  # type: ignore[arg-type]
+                      slack_signing_secret=SIGNING_SECRET, slack_api_url=api.url)
+    return {c.name: c for c in check_slack(config)}
+
+
+def test_doctor_says_whether_the_token_works_and_the_slack_users_exist(
+        tmp_path: Path) -> None:
+    api = SlackApi(users={ALICE, BOB}).start()
+    try:
+        found = doctor(tmp_path, api)
+        assert found["slack token"].ok and "layby test" in found["slack token"].message
+        assert not found["slack users"].ok
+        assert f"mallory ({MALLORY}: Slack refused users.info: user_not_found)" in \
+            found["slack users"].message
+        api.users.add(MALLORY)
+        assert doctor(tmp_path, api)["slack users"].ok
+        refused = doctor(tmp_path, api, token="xoxb-revoked")
+        assert not refused["slack token"].ok and "invalid_auth" in refused["slack token"].message
+        assert BOT_TOKEN not in str(refused) and "xoxb-revoked" not in str(refused)
+    finally:
+        api.stop()
+    assert [c.ok for c in check_slack(Settings())] == [True]  # not configured: no Slack
