@@ -1,8 +1,9 @@
 """Concurrent answers: fifty answers fired at once at each run's one approval, over every
 channel together (the API, the answer page, the inbound-mail webhook, an SMTP reply,
-callbacks carrying Alice's or hookbot's token or signed by hookbot), every process at
-DEBUG. Exactly one may be taken and recorded; every other one is refused as answered
-already (409, or 550 by SMTP), the run resumes once, and the money moves once."""
+callbacks carrying Alice's or hookbot's token or signed by hookbot, Alice's Slack answer
+modal), every process at DEBUG. Exactly one may be taken and recorded; every other one is
+refused as answered already (409, 550 by SMTP, the modal's errors in Slack's 200), the run
+resumes once, and the money moves once."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from faults.common import Outcome, Size, transfers
-from faults.reviewing import CHANNELS, Attempt, Parked, approve, park, reviewed
+from faults.reviewing import RACING, SLACK_MODAL, Attempt, Parked, approve, park, reviewed
 from tests.reviewers import ReviewedSystem
 from tests.sse import history
 from tests.test_reviewer_answers import finished
@@ -45,7 +46,7 @@ def burst(system: ReviewedSystem, run: Parked) -> list[Attempt]:
     gate = threading.Barrier(PER_INTERRUPT)
 
     def send(i: int) -> None:
-        channel = CHANNELS[i % len(CHANNELS)]
+        channel = RACING[i % len(RACING)]
         gate.wait()
         attempts[i] = approve(system, run, channel, f"{channel} {i}")
 
@@ -59,7 +60,10 @@ def burst(system: ReviewedSystem, run: Parked) -> list[Attempt]:
 
 
 def _refused_as_answered(attempt: Attempt) -> bool:
-    """The refusal a late answer must get: 409 over HTTP, 550 by SMTP, saying so."""
+    """The refusal a late answer must get: 409 over HTTP, 550 by SMTP, saying so (Slack's
+    modal: a 200 whose errors say so)."""
+    if attempt.channel == SLACK_MODAL:
+        return attempt.code == 200 and "already" in attempt.said.lower()
     wanted = 550 if attempt.channel == "smtp" else 409
     return attempt.code == wanted and "already" in attempt.said
 
@@ -116,5 +120,6 @@ def outcome(system: ReviewedSystem, runs: list[Parked],
         "every run completed": figures["completed"] == len(runs),
         "every run moved its money": moved == len(runs),
         "0 duplicate side effects": twice == 0,
-        "every refusal a 409 (550 by SMTP) saying it was answered already": not odd,
+        "every refusal a 409 (550 by SMTP, the modal's errors in Slack) saying it was "
+        "answered already": not odd,
     })

@@ -26,6 +26,7 @@ from faults.reviewing import (
     park,
     reviewed,
 )
+from tests import slack
 from tests.harness import API_KEY
 from tests.reviewers import HOOK_SECRET, TOKEN_KEYS, ReviewedSystem, issued_tokens
 from tests.test_reviewer_answers import (
@@ -97,6 +98,8 @@ def secrets() -> dict[str, str]:
         "the inbound-mail secret": INBOUND_SECRET,
         "hookbot's webhook secret": HOOK_SECRET,
         "hookbot's webhook key": hook_key.decode(),
+        "the Slack bot token": slack.BOT_TOKEN,
+        "the Slack signing secret": slack.SIGNING_SECRET,
         **{f"token key {kid}": secret for kid, _, secret in
            (pair.partition(":") for pair in TOKEN_KEYS.split(","))},
     }

@@ -2,11 +2,14 @@
 process at DEBUG (an SMTP server asking for a login, the inbound-mail webhook behind a
 secret, a webhook reviewer), runs parked on their approval, and each way one is answered
 (the API, the answer page, the inbound-mail webhook, an SMTP reply, a callback carrying
-Alice's or hookbot's token, a callback signed by hookbot), each reporting what it was told."""
+Alice's or hookbot's token, a callback signed by hookbot, Alice's Slack answer modal, signed
+as Slack signs it, against a local server speaking Slack's Web API), each reporting what it
+was told."""
 
 from __future__ import annotations
 
 import html
+import json
 import logging
 import re
 import smtplib
@@ -20,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from layby.ops.embedded import EmbeddedRedis
+from tests import slack
 from tests.reviewers import (
     ReviewedSystem,
     SmtpServer,
@@ -52,14 +56,23 @@ def reviewed(folder: Path) -> Iterator[ReviewedSystem]:
     # aiosmtpd warns of its own deprecated attribute at each login: noise in the report.
     logging.getLogger("mail.log").setLevel(logging.ERROR)
     server = EmbeddedRedis(folder / "valkey").start()
+    api = slack.SlackApi().start()
+    hooks = WebhookReceiver().start()
+    directory = folder / "slack-reviewers.toml"
+    directory.write_text(slack.directory_toml(hooks.url))
     try:
         with own_reviewed(server, folder, 0, SmtpServer(login=SMTP_LOGIN).start(),
-                          WebhookReceiver().start(), log_level="DEBUG",
+                          hooks, log_level="DEBUG",
                           LAYBY_SMTP_USERNAME=SMTP_LOGIN[0],
                           LAYBY_SMTP_PASSWORD=SMTP_LOGIN[1],
-                          LAYBY_INBOUND_MAIL_SECRET=INBOUND_SECRET) as running:
+                          LAYBY_INBOUND_MAIL_SECRET=INBOUND_SECRET,
+                          LAYBY_REVIEWERS_FILE=str(directory),
+                          LAYBY_SLACK_BOT_TOKEN=slack.BOT_TOKEN,
+                          LAYBY_SLACK_SIGNING_SECRET=slack.SIGNING_SECRET,
+                          LAYBY_SLACK_API_URL=api.url) as running:
             yield running
     finally:
+        api.stop()
         server.stop()
 
 
@@ -162,15 +175,37 @@ def _by_smtp(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
                                                                        "recorded"))
 
 
+def _by_slack_modal(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
+    """Alice's Slack answer modal sent with Approve and `note`, signed as Slack signs it.
+    Slack's reply is a 200 either way: the modal closes (`clear`), or shows why not."""
+    view = {"private_metadata": json.dumps({"run": run.run_id, "interrupt": run.interrupt_id}),
+            "blocks": [{"type": "input", "block_id": "decision"},
+                       {"type": "input", "block_id": "note"}]}
+    payload = slack.submission(slack.ALICE, view, {
+        "decision": {"type": "radio_buttons", "selected_option": {"value": "approve"}},
+        "note": {"type": "plain_text_input", "value": note}})
+    try:
+        reply = slack.interaction(reviewed.system.base_url, payload)
+        shown = reply.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return Attempt(SLACK_MODAL, note, 0, repr(exc), False)
+    said = "; ".join((shown.get("errors") or {}).values()) or json.dumps(shown)
+    return Attempt(SLACK_MODAL, note, reply.status_code, said,
+                   reply.status_code == 200 and shown == {"response_action": "clear"})
+
+
+SLACK_MODAL = "slack modal"
 SENDERS: dict[str, Callable[[ReviewedSystem, Parked, str], Attempt]] = {
     "api": _by_api, "page": _by_page, "inbound": _by_inbound, "smtp": _by_smtp,
     "mail token callback": _by_token_callback(lambda run: token_of(run.mail),
                                               "mail token callback"),
     "hook token callback": _by_token_callback(lambda run: run.hook_token,
                                               "hook token callback"),
-    "signed callback": _by_signed_callback}
-# Every way a reviewer (or their system) answers, and the run's owner through the API.
-CHANNELS = tuple(SENDERS)
+    "signed callback": _by_signed_callback, SLACK_MODAL: _by_slack_modal}
+# The ways a reviewer (or their system) answers with an HTTP refusal or an SMTP one, and the
+# run's owner through the API; and with Slack, whose replies are 200s that say so.
+CHANNELS = tuple(c for c in SENDERS if c != SLACK_MODAL)
+RACING = (*CHANNELS, SLACK_MODAL)
 
 
 def _http(channel: str, note: str, send: Callable[[], httpx.Response]) -> Attempt:
