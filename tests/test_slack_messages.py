@@ -246,3 +246,16 @@ def test_doctor_says_whether_the_token_works_and_the_slack_users_exist(
     finally:
         api.stop()
     assert [c.ok for c in check_slack(Settings())] == [True]  # not configured: no Slack
+
+
+def test_the_modal_of_an_approval_asks_for_the_decision_and_the_note() -> None:
+    intr = view(APPROVAL)
+    found = inputs(inbound.modal(opened(intr)))
+    assert list(found) == ["decision", "note"]
+    assert [(o["text"]["text"], o["value"]) for o in found["decision"]["element"]["options"]] \
+        == [("Approve", "approve"), ("Decline", "decline")]
+    entry = entry_from_form(intr, inbound.form_values({"values": {
+        "decision": {"value": {"type": "radio_buttons",
+                               "selected_option": {"value": "approve"}}},
+        "note": {"value": {"type": "plain_text_input", "value": "fine"}}}}))
+    assert entry.payload == {"approved": True, "note": "fine"}

@@ -154,8 +154,10 @@ def _clicked(rt: Runtime, payload: dict[str, Any]) -> Reply:
     except Conflict as exc:
         tell(f":information_source: {exc.message}. Your click records nothing.")
         reply.later.append(lambda: refresh(rt, run_id, interrupt_id))
-    except LaybyError as exc:  # an answer the request cannot take as a click
-        tell(f":warning: {exc.message}. Open the request's page to answer it.")
+    except Invalid:  # the approval asks for more than a click (a required note, say)
+        _open_modal(rt, opened, str(payload.get("trigger_id") or ""), channel)
+    except LaybyError as exc:
+        tell(f":warning: {exc.message}. Your click records nothing.")
     return reply
 
 
@@ -222,8 +224,9 @@ def _cut(text: str, most: int) -> str:
 def _input(f: Field) -> dict[str, Any]:
     element: dict[str, Any]
     if f.kind == "radio":
-        options = [{"text": {"type": "plain_text", "text": _cut(c, 75)}, "value": c[:150]}
-                   for c in f.choices]
+        shown = str.capitalize if f.name == DECISION else str
+        options = [{"text": {"type": "plain_text", "text": _cut(shown(c), 75)},
+                    "value": c[:150]} for c in f.choices]
         element = {"type": "radio_buttons" if len(options) <= _MAX_OPTIONS
                    else "static_select", "options": options[:100]}
         initial = next((o for o in options if o["value"] == f.value), None)
