@@ -178,7 +178,8 @@ def _by_smtp(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
 def _by_slack_modal(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
     """Alice's Slack answer modal sent with Approve and `note`, signed as Slack signs it.
     Slack's reply is a 200 either way: the modal closes (`clear`), or shows why not."""
-    view = {"private_metadata": json.dumps({"run": run.run_id, "interrupt": run.interrupt_id}),
+    view = {"id": f"V{uuid.uuid4().hex[:10].upper()}",  # a modal of its own, as each is
+            "private_metadata": json.dumps({"run": run.run_id, "interrupt": run.interrupt_id}),
             "blocks": [{"type": "input", "block_id": "decision"},
                        {"type": "input", "block_id": "note"}]}
     payload = slack.submission(slack.ALICE, view, {

@@ -228,7 +228,7 @@ def submission(user: str, view: dict[str, Any], values: dict[str, dict[str, Any]
     """A view_submission payload: `user` sent the modal `view` with `values` (block id →
     the element's state)."""
     return {"type": "view_submission", "user": {"id": user},
-            "view": {**view, "id": "V0VIEW0001", "hash": "h1",
+            "view": {"id": "V0VIEW0001", **view, "hash": "h1",
                      "state": {"values": {block: {"value": state}
                                           for block, state in values.items()}}}}
 

@@ -16,6 +16,7 @@ the clicking user why a click did nothing) runs after the reply (`Reply.later`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -304,8 +305,12 @@ def _submitted(rt: Runtime, payload: dict[str, Any]) -> Reply:
                 if done else "This request is no longer open")
         return Reply({"response_action": "errors", "errors": {first: said}},
                      [lambda: refresh(rt, run_id, interrupt_id)])
-    return _record(rt, reviewer, opened, form_values(view.get("state") or {}),
-                   f"slack:{user}:{view.get('id') or ''}", first, blocks)
+    values = form_values(view.get("state") or {})
+    # The same modal sent again with the same values is the same answer (a retry); with
+    # other values, another one.
+    digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+    return _record(rt, reviewer, opened, values, f"slack:{user}:{view.get('id') or ''}:{digest}",
+                   first, blocks)
 
 
 def _record(rt: Runtime, reviewer: Reviewer, opened: answers.Opened, values: dict[str, str],
