@@ -27,6 +27,7 @@ from typing import Any, Literal
 import redis
 
 from layby.broker_config.logs import about
+from layby.control import commands
 from layby.control.runtime import Runtime
 from layby.generation.interrupts import ExpiryAction
 from layby.notifier import delivery
@@ -264,6 +265,7 @@ def expire(rt: Runtime, run_id: str, interrupt_id: str) -> int:
     rt.publish(result.entries)
     if result.verdict in (Verdict.OK, Verdict.FAILED):
         log.info("run %s: interrupt %s expired (%s)", run_id, interrupt_id, policy.action.value)
+        commands.update_slack(rt, run_id, [interrupt_id])
         return 1
     return 0
 

@@ -446,3 +446,17 @@ def test_no_slack_secret_in_any_log(slacked: ReviewedSystem) -> None:
         output = proc.output()
         assert BOT_TOKEN not in output, name
         assert SIGNING_SECRET not in output, name
+
+
+def test_a_cancelled_run_updates_its_message_and_a_click_records_nothing(
+        slacked: ReviewedSystem, api: SlackApi) -> None:
+    run_id, interrupt_id = parked(slacked, "demo.transfer", "Send 340 to Bob")
+    message = message_of(slacked, run_id)
+    with slacked.system.api() as client:
+        assert client.post(f"/v1/runs/{run_id}/cancel", json={}).status_code == 200
+    update = wait_update(api, message)
+    assert "the run is cancelled" in json.dumps(update.params) and actions(update) == []
+    before = len(ephemerals(api, ALICE))
+    interaction(slacked.system.base_url, click(ALICE, "layby_approve", run_id, interrupt_id))
+    assert "no longer open" in wait_ephemeral(api, ALICE, before)
+    assert slacked.system.run(run_id)["status"] == "cancelled"

@@ -345,7 +345,9 @@ def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None) -> R
     if result.verdict is Verdict.FINISHED:
         raise Conflict(f"run {run_id} is already {result.status}", run_id=run_id,
                        detail={"status": result.status})
-    return get_run(rt, run_id)
+    run = get_run(rt, run_id)
+    update_slack(rt, run_id, [i.id for i in run.interrupts])
+    return run
 
 
 def requeue(rt: Runtime, run_id: str) -> Transition:
