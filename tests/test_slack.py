@@ -460,3 +460,11 @@ def test_a_cancelled_run_updates_its_message_and_a_click_records_nothing(
     interaction(slacked.system.base_url, click(ALICE, "layby_approve", run_id, interrupt_id))
     assert "no longer open" in wait_ephemeral(api, ALICE, before)
     assert slacked.system.run(run_id)["status"] == "cancelled"
+
+
+def test_a_body_past_the_limit_is_refused_before_its_signature_is_read(
+        slacked: ReviewedSystem) -> None:
+    body = "payload=" + "x" * 2_000_000
+    got = httpx.post(f"{slacked.system.base_url}/slack/interactions", content=body,
+                     headers=signed(body), timeout=30)
+    assert got.status_code == 413 and "LAYBY_MAX_ANSWER_BYTES" in got.text
