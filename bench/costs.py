@@ -8,14 +8,18 @@ the figures; the snapshots' own INFO calls are taken out. Idle traffic in the ba
 worker's BRPOP timeouts, heartbeats) counts against whichever side ran, in proportion to
 its wall time, which is fair: a slower side idles longer.
 
-What a cycle costs the server in time: its main thread's active time (`INFO cpu`,
-`used_active_time_main_thread`, Valkey 8: the time it spent on anything but waiting for
-clients; on a server without it, its main thread's CPU time), scripts and the commands
-they call included, and of it the scripts' own (`INFO commandstats`: EVALSHA's `usec`, the
+What a cycle costs the server in time: its main thread's CPU time (`INFO cpu`,
+`used_cpu_user_main_thread` + `used_cpu_sys_main_thread`), scripts and the commands they
+call included, and of it the scripts' own (`INFO commandstats`: EVALSHA's `usec`, the
 commands a script calls included). (Summing commandstats' `usec` over every command would
-count a script's commands twice: in the script's and in their own.) A primary's main thread
-is one core: 1,000,000 µs over the µs a cycle costs is the most cycles a second one primary
-can carry.
+count a script's commands twice: in the script's and in their own.) Beside it, the main
+thread's active time (`used_active_time_main_thread`, Valkey 8: the time it spent on
+anything but waiting for clients, by the clock): on a machine whose cores are shared (the
+worker, the bench, another tenant) it also counts the moments the thread waited for a core
+while busy, so it overstates what the work costs a core of its own (3.4 times its CPU time
+once, under a load average of 9 on 2 cores). A primary's main thread is one core:
+1,000,000 µs over the CPU µs a cycle costs is the most cycles a second one primary can
+carry. (`usec` of commandstats is also by the clock.)
 
 On a Redis or Valkey Cluster every figure is summed over its primaries (`servers`: a client
 of each, from the cluster's own map of its slots): the counters are each primary's own,
@@ -67,8 +71,9 @@ class Counters:
     commands: int = 0
     by_command: Counter[str] = field(default_factory=Counter)
     usec_by_command: Counter[str] = field(default_factory=Counter)
-    busy_us: float = 0.0  # the main thread's active time, summed over the servers
-    busy_us_by_server: Counter[str] = field(default_factory=Counter)  # host:port → µs
+    cpu_us: float = 0.0  # the main thread's CPU time, summed over the servers
+    active_us: float | None = 0.0  # its active time (None: a server that does not say)
+    cpu_us_by_server: Counter[str] = field(default_factory=Counter)  # host:port → µs
     servers: int = 1  # how many servers a snapshot read (its own INFO calls are taken out)
 
     def __sub__(self, other: Counters) -> Counters:
@@ -77,19 +82,28 @@ class Counters:
         by["info"] -= SNAPSHOT_COMMANDS * self.servers
         usec = Counter(self.usec_by_command)
         usec.subtract(other.usec_by_command)
-        busy = Counter(self.busy_us_by_server)
-        busy.subtract(other.busy_us_by_server)
+        cpu = Counter(self.cpu_us_by_server)
+        cpu.subtract(other.cpu_us_by_server)
         return Counters(self.reads - other.reads - SNAPSHOT_READS * self.servers,
                         self.commands - other.commands - SNAPSHOT_COMMANDS * self.servers,
-                        +by, +usec, self.busy_us - other.busy_us, busy, self.servers)
+                        +by, +usec, self.cpu_us - other.cpu_us,
+                        _either(self.active_us, other.active_us, float.__sub__), cpu,
+                        self.servers)
 
     def __add__(self, other: Counters) -> Counters:
-        busy = Counter(self.busy_us_by_server)
-        busy.update(other.busy_us_by_server)
+        cpu = Counter(self.cpu_us_by_server)
+        cpu.update(other.cpu_us_by_server)
         return Counters(self.reads + other.reads, self.commands + other.commands,
                         self.by_command + other.by_command,
                         self.usec_by_command + other.usec_by_command,
-                        self.busy_us + other.busy_us, busy, max(self.servers, other.servers))
+                        self.cpu_us + other.cpu_us,
+                        _either(self.active_us, other.active_us, float.__add__), cpu,
+                        max(self.servers, other.servers))
+
+
+def _either(a: float | None, b: float | None, op: Callable[[float, float], float]
+            ) -> float | None:
+    return None if a is None or b is None else op(float(a), float(b))
 
 
 def snapshot(clients: list[Redis]) -> Counters:
@@ -101,19 +115,22 @@ def snapshot(clients: list[Redis]) -> Counters:
         pipe.info("commandstats")
         pipe.info("cpu")
         stats, commandstats, cpu = pipe.execute()
-        busy = cpu.get("used_active_time_main_thread")
-        if busy is None:  # Redis: the main thread's CPU time
-            busy = (float(cpu.get("used_cpu_user_main_thread", 0))
-                    + float(cpu.get("used_cpu_sys_main_thread", 0)))
-        busy_us = float(busy) * 1_000_000
+        if "used_cpu_user_main_thread" in cpu:
+            cpu_s = float(cpu["used_cpu_user_main_thread"]) + float(
+                cpu["used_cpu_sys_main_thread"])
+        else:  # a server without threads of its own to tell apart: the process's
+            cpu_s = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+        active = cpu.get("used_active_time_main_thread")
         total.reads += int(stats["total_reads_processed"])
         total.commands += int(stats["total_commands_processed"])
         total.by_command.update({name.removeprefix("cmdstat_"): int(v["calls"])
                                  for name, v in commandstats.items()})
         total.usec_by_command.update({name.removeprefix("cmdstat_"): int(v["usec"])
                                       for name, v in commandstats.items()})
-        total.busy_us += busy_us
-        total.busy_us_by_server[name_of(client)] += busy_us
+        total.cpu_us += cpu_s * 1_000_000
+        total.active_us = (None if active is None or total.active_us is None
+                           else total.active_us + float(active) * 1_000_000)
+        total.cpu_us_by_server[name_of(client)] += cpu_s * 1_000_000
     return total
 
 
@@ -128,11 +145,13 @@ def per_item(counters: Counters, items: int) -> dict[str, Any]:
     if items <= 0:
         return {}
     top = counters.by_command.most_common(12)
-    server_us = counters.busy_us / items
+    server_us = counters.cpu_us / items
     by_primary = {name: round(us / items, 1)
-                  for name, us in sorted(counters.busy_us_by_server.items())}
+                  for name, us in sorted(counters.cpu_us_by_server.items())}
     busiest = max(by_primary.values(), default=0.0)
     return {"server_us": round(server_us, 1),
+            "server_active_us": (round(counters.active_us / items, 1)
+                                 if counters.active_us is not None else None),
             "script_us": round(sum(counters.usec_by_command[c] for c in SCRIPT_COMMANDS)
                                / items, 1),
             # One primary's main thread is one core: 1,000,000 µs a second, over what a
@@ -161,6 +180,9 @@ class Accounting:
 
     cycles: int
     scripts: Counter[str] = field(default_factory=Counter)
+    # Scripts that are not layby's, by SHA1 prefix: kombu's own (its Redis transport
+    # refreshes its bindings with a script now and then), sent by the worker.
+    other_scripts: Counter[str] = field(default_factory=Counter)
     tasks: Counter[str] = field(default_factory=Counter)
     pushed_by_scripts: int = 0
 
@@ -169,6 +191,8 @@ class Accounting:
         return {"cycles": self.cycles,
                 "evalsha_by_script": {k: round(v / n, 2)
                                       for k, v in sorted(self.scripts.items())},
+                "evalsha_not_layby": {k: round(v / n, 2)
+                                      for k, v in sorted(self.other_scripts.items())},
                 "tasks_by_name": {k: round(v / n, 2) for k, v in sorted(self.tasks.items())},
                 "tasks_per_cycle": round(sum(self.tasks.values()) / n, 2),
                 "task_messages_pushed_by_scripts": round(self.pushed_by_scripts / n, 2)}
@@ -215,8 +239,11 @@ def _note(seen: Accounting, line: dict[str, Any], script_names: dict[str, str]) 
     verb, _, rest = command.partition(" ")
     verb = verb.upper()
     if verb == "EVALSHA":
-        sha = rest.split(" ", 1)[0]
-        seen.scripts[script_names.get(sha, sha[:12])] += 1
+        sha = rest.split(" ", 1)[0].strip('"')
+        if sha in script_names:
+            seen.scripts[script_names[sha]] += 1
+        else:
+            seen.other_scripts[sha[:12]] += 1
     elif verb in ("LPUSH", "RPUSH"):
         names = _TASK_NAME.findall(command)
         if names:

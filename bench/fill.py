@@ -151,18 +151,21 @@ class Direct(Runtime):
 
 
 def parked(rt: Runtime, agent: str, count: int, label: str = "",
-           processes: int = PROCESSES) -> float:
+           processes: int | None = None) -> float:
     """Start `count` runs of `agent` at the site of `rt` and take each to its park (its
-    announcements delivered), in this process and `processes` - 1 forked from it, each with
-    THREADS runs under way; returns runs parked a second."""
+    announcements delivered), in this process and `processes` - 1 forked from it (by
+    default PROCESSES, or this one alone for fewer than SMALL runs), each with THREADS runs
+    under way; returns runs parked a second."""
     if count <= 0:
         return 0.0
     if getattr(rt.store.redis, "nodes_manager", None) is not None:
         raise BenchError("parked runs are built on one server, not on a cluster")
     rt.store  # noqa: B018  (made before a fork: a child makes its own, from the same settings)
     started = time.monotonic()
+    if processes is None:
+        processes = PROCESSES if count >= SMALL else 1
     shares = [count // processes + (k < count % processes) for k in range(processes)]
-    shares = [n for n in shares if n] if count >= SMALL else [count]
+    shares = [n for n in shares if n]
     children = []
     context = multiprocessing.get_context("fork")
     offset = shares[0]

@@ -182,12 +182,14 @@ def _scale_rows(parked: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _server_time(lay: dict[str, Any], base: dict[str, Any]) -> str:
-    """The servers' time per cycle, and what one primary carries at that cost: on a cluster,
-    summed over its primaries, each one's share, and what these carry."""
+    """The servers' main-thread CPU time per cycle, and what one primary carries at that
+    cost: on a cluster, summed over its primaries, each one's share, and what these carry."""
     nan = float("nan")
     primaries = lay.get("primaries", 1)
-    line = (f"{lay.get('server_us', nan)} µs per cycle (scripts {lay.get('script_us', nan)} "
-            f"µs), {base.get('server_us', nan)} µs per bare chain")
+    line = (f"{lay.get('server_us', nan)} µs of CPU per cycle (scripts "
+            f"{lay.get('script_us', nan)} µs by the clock; the main thread busy "
+            f"{lay.get('server_active_us', nan)} µs by the clock), "
+            f"{base.get('server_us', nan)} µs per bare chain")
     if primaries > 1:
         shares = " / ".join(f"{us:g}" for us in lay.get("server_us_by_primary", {}).values())
         line += (f", summed over {primaries} primaries ({shares} µs each): at most "
@@ -195,7 +197,8 @@ def _server_time(lay: dict[str, Any], base: dict[str, Any]) -> str:
                  f"{lay.get('server_us', nan)} µs), {lay.get('per_s_on_these_primaries', nan)} "
                  f"on these {primaries} (1,000,000 µs ÷ the busiest one's share)")
     else:
-        line += f": at most {lay.get('per_s_per_primary', nan)} cycles/s per primary"
+        line += (f": at most {lay.get('per_s_per_primary', nan)} cycles/s per primary "
+                 f"(1,000,000 µs ÷ {lay.get('server_us', nan)} µs)")
     return line
 
 
@@ -244,7 +247,9 @@ def table(result: dict[str, Any]) -> str:
                             f"{base_cost.get('commands', nan)} per bare chain (Lua's "
                             "included)"),
         ("EVALSHA per cycle", f"{lay_cost.get('evalsha', nan)}: " + ", ".join(
-            f"{name} {n:g}" for name, n in lay_cost.get("evalsha_by_script", {}).items())),
+            f"{name} {n:g}" for name, n in lay_cost.get("evalsha_by_script", {}).items())
+            + (f" (and {sum(lay_cost['evalsha_not_layby'].values()):g} of kombu's or "
+               "another's)" if lay_cost.get("evalsha_not_layby") else "")),
         ("Celery tasks per cycle", f"{lay_cost.get('tasks_per_cycle', nan)}: " + ", ".join(
             f"{name} {n:g}" for name, n in lay_cost.get("tasks_by_name", {}).items())
             + f" ({lay_cost.get('task_messages_pushed_by_scripts', 0):g} pushed by "
