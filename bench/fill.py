@@ -7,8 +7,9 @@ worker's own `tasks.steps.advance` (the claim, the scripted model's turn, the in
 plan of its announcement, the park), and the announcement it asks for is delivered through
 the store's `start_delivery` and `finish_delivery`, as `notifier.delivery.deliver` does once
 a webhook answered 200; the sweeper folds its events 30 s later, as it folds every parked
-run's. So what a built run holds is what a run parked by a worker holds, byte for byte (the
-bench's tests compare the two): the same scripts, given the same arguments by the same code.
+run's. So what a built run holds is what a run parked by a worker holds, field for field
+(the bench's tests compare the two, ids and times aside): the same scripts, given the same
+arguments by the same code.
 What is left out is no part of what is stored: the broker (the step is taken here at once,
 so the message that would carry it is not sent: its outbox entry is acked as a publisher
 acks what it sent; its queue's number is taken as a pushed message's is), Celery's worker
@@ -18,7 +19,8 @@ Why: parking through the worker runs at about 175 parks a second on this machine
 1,000,000 parked runs would take over an hour and a half; most of that is Celery's and the
 webhook's own work, none of which is stored. Here the Python of a run is the product's, and
 its round trips are shared: `Coalesced` sends the commands that many threads have waiting as
-one pipeline, so the server reads them in one go and the threads compute meanwhile.
+one pipeline, so the server reads them in one go and the threads compute meanwhile; two
+processes share the work (a run's Python is the larger part of what it costs).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import redis
 from celery import Celery
 
 from bench import BenchError
+from layby.broker_config import DELIVER_TASK
 from layby.control import Runtime, commands
 from layby.parking import OutboxEntry, Store
 from layby.tasks.steps import advance
@@ -118,6 +121,9 @@ class _Deliveries(Celery):
         yield None
 
     def send_task(self, name: str, args: Any = None, *_: Any, **__: Any) -> Any:
+        if name != DELIVER_TASK:
+            raise BenchError(f"a built run's step sent {name}: the fill delivers "
+                             f"announcements only")
         run_id, notification_id = args
         with self.lock:
             self.due[run_id].append(notification_id)
@@ -160,7 +166,6 @@ def parked(rt: Runtime, agent: str, count: int, label: str = "",
         return 0.0
     if getattr(rt.store.redis, "nodes_manager", None) is not None:
         raise BenchError("parked runs are built on one server, not on a cluster")
-    rt.store  # noqa: B018  (made before a fork: a child makes its own, from the same settings)
     started = time.monotonic()
     if processes is None:
         processes = PROCESSES if count >= SMALL else 1
