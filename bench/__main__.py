@@ -43,11 +43,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="unmeasured runs and chains first (at least 1; default 20)")
     p.add_argument("--redis-url", default=None,
                    help="use this Redis/Valkey instead of starting an embedded Valkey (the "
-                        "bench uses a key prefix of its own and deletes its keys after)")
+                        "bench uses a key prefix of its own and deletes its keys after); "
+                        "redis+cluster://host:port names a cluster (one node is enough), "
+                        "which needs --broker-url")
     p.add_argument("--broker-url", default=None,
                    help="Celery's broker on this server (redis://, sentinel://, amqp://) "
                         "instead of the store's: task messages then go through the outbox "
                         "(the bench's queues under a prefix of their own on a Redis broker)")
+    p.add_argument("--cluster", type=int, nargs="?", const=3, default=0, metavar="PRIMARIES",
+                   help="start an embedded Valkey Cluster of this many primaries (3 if not "
+                        "given), each with a replica, and a Valkey beside it for the broker "
+                        "(unless --broker-url), and measure the cycles on it")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="give up when nothing moves for this many seconds (default 120)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -60,6 +66,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "on a server and worker of its own, measured side by side: parks/s, "
                         "answers, list pages, memory per parked run), then measure the "
                         "cycles on top of the deepest")
+    p.add_argument("--burst", action="store_true",
+                   help="with --parked: start each level's runs all at once and let the "
+                        "worker park them (a burst, as from a service; about 175 parks/s "
+                        "here), rather than take each to its park in the bench process "
+                        "(about three times as fast, the same stored)")
     args = p.parse_args(argv)
     try:
         args.parked = sorted({int(x) for x in args.parked.split(",") if x.strip()})
@@ -67,9 +78,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--parked takes whole numbers, comma-separated (e.g. 1000,100000)")
     if any(n < 1 for n in args.parked):
         p.error("--parked levels must be at least 1")
-    if args.broker_url and args.parked:
-        p.error("--broker-url measures the cycles only: leave out --parked (each level is "
-                "a site of its own, with the store's server as its broker)")
+    from layby.broker_config.settings import is_cluster_url
+
+    on_cluster = bool(args.cluster) or is_cluster_url(args.redis_url or "")
+    if args.cluster and args.redis_url:
+        p.error("--cluster starts a cluster of the bench's own: leave out --redis-url, or "
+                "give your cluster's as --redis-url redis+cluster://host:port")
+    if args.cluster < 0:
+        p.error("--cluster takes a number of primaries, at least 1")
+    if is_cluster_url(args.redis_url or "") and not args.broker_url:
+        p.error("a store on a cluster needs its broker beside it (Celery's Redis transport "
+                "cannot use a cluster): add --broker-url redis://host:port/0 (or "
+                "sentinel://…, amqp://…), or use --cluster, which starts both")
+    if (args.broker_url or on_cluster) and args.parked:
+        p.error("--parked builds its levels on one server that is also their broker: leave "
+                "out --parked with --broker-url or a cluster (they measure the cycles only)")
+    if args.burst and not args.parked:
+        p.error("--burst is how --parked builds its levels: give --parked too")
     if min(args.runs, args.concurrency, args.rounds) < 1 or args.warmup < 0:
         p.error("--runs, --concurrency and --rounds must be at least 1, --warmup at least 0")
     args.in_flight = args.in_flight or 4 * args.concurrency
@@ -87,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        with Parts(args.redis_url) as parts:
+        with Parts(args.redis_url, cluster=args.cluster,
+                   broker_url=args.broker_url) as parts:
             result = _bench(parts, args)
     except KeyboardInterrupt:
         print("bench: interrupted; everything it started is stopped", file=sys.stderr)
@@ -111,7 +137,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     # Parked runs are announced to a reviewer by webhook: a park plans it, a task on the
     # notify queue delivers it (the bench checks each is queued once).
     sink = hooks.Sink() if args.parked else None
-    env = _environment(parts, prefix, sink, args.broker_url)
+    env = _environment(parts, prefix, sink)
     # The runtime (built below) and the worker both read these.
     os.environ.update(env)
     from bench import costs, measure, report
@@ -119,17 +145,19 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
 
     load_before = report.load_average()
     rt = build()
-    store = rt.store
     try:
+        store = rt.store
         store.redis.ping()
+        servers = costs.servers(store.redis)
     except Exception as exc:
         raise BenchError(f"cannot reach Redis at {parts.redis_url}: {exc}") from exc
     try:
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         worker = parts.start_worker(measure.WORKER_QUEUES, args.concurrency,
                                     {**os.environ, "PYTHONPATH": path})
-        print(f"bench: worker started (-c {args.concurrency}) on "
-              f"{'an embedded Valkey' if parts.embedded else parts.redis_url}", file=sys.stderr)
+        where = (f"an embedded cluster of {args.cluster} primaries" if args.cluster else
+                 "an embedded Valkey" if parts.embedded else parts.redis_url)
+        print(f"bench: worker started (-c {args.concurrency}) on {where}", file=sys.stderr)
         measure.wait_for_worker(store, worker.alive)
 
         levels = _levels(args, parts, rt, sink, path) if args.parked else []
@@ -140,7 +168,6 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
               f"{args.runs} chains and {args.runs} runs in {args.rounds} round(s), then "
               f"{args.runs} runs one at a time", file=sys.stderr)
 
-        r = store.redis
         rounds = []
         spent = {"layby": costs.Counters(), "baseline": costs.Counters()}
         for n in _split(args.runs, args.rounds):
@@ -148,14 +175,14 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
             # the machine, the append-only file growing) weighs on both sides alike
             first_chains = len(rounds) % 2 == 0
             if first_chains:
-                chains, cost = costs.counted(r, lambda: measure.celery_chains(
+                chains, cost = costs.counted(servers, lambda: measure.celery_chains(
                     store, n, hops, args.in_flight, args.timeout))  # noqa: B023  (called within this iteration)
                 spent["baseline"] += cost
-            cycles, cost = costs.counted(r, lambda: measure.layby_cycles(
+            cycles, cost = costs.counted(servers, lambda: measure.layby_cycles(
                 rt, n, args.in_flight, args.timeout))  # noqa: B023  (called within this iteration)
             spent["layby"] += cost
             if not first_chains:
-                chains, cost = costs.counted(r, lambda: measure.celery_chains(
+                chains, cost = costs.counted(servers, lambda: measure.celery_chains(
                     store, n, hops, args.in_flight, args.timeout))  # noqa: B023  (called within this iteration)
                 spent["baseline"] += cost
             rounds.append((cycles, chains))
@@ -167,9 +194,9 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
         # Untimed: which scripts and tasks a cycle takes, read off MONITOR.
         k = min(args.runs, 50)
         seen = {
-            "layby": costs.under_monitor(r, store.script_names(), k, lambda: (
+            "layby": costs.under_monitor(servers, store.script_names(), k, lambda: (
                 measure.layby_cycles(rt, k, args.in_flight, args.timeout))),
-            "baseline": costs.under_monitor(r, {}, k, lambda: measure.celery_chains(
+            "baseline": costs.under_monitor(servers, {}, k, lambda: measure.celery_chains(
                 store, k, hops, args.in_flight, args.timeout)),
         }
         completed = {"layby": sum(c.completed for c, _ in rounds),
@@ -181,16 +208,19 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
                     "in_flight": args.in_flight, "rounds": len(rounds),
                     "warmup": args.warmup,
                     "embedded": parts.embedded,
-                    "malloc": getattr(parts.server, "allocator", None),
+                    "malloc": _allocator(parts),
+                    "cluster": args.cluster or None,
+                    "primaries": len(servers),
                     "redis": "embedded" if parts.embedded else parts.redis_url,
                     "redis_url": parts.redis_url,
-                    "broker_url": args.broker_url or parts.redis_url,
+                    "broker_url": parts.broker_url or parts.redis_url,
                     "worker": " ".join(worker.argv[1:]), "key_prefix": prefix}
+        first = servers[0]
         try:
-            config = r.config_get("append*")
+            config = first.config_get("append*")
         except redis.exceptions.ResponseError:  # CONFIG is often disabled on managed servers
             config = {}
-        facts = report.machine(r.info("server"), config, load_before)
+        facts = report.machine(first.info("server"), config, load_before)
         result = report.summarize(rounds, at_rest, settings, facts, cost_figures,
                                   baseline_at_rest)
         if levels:
@@ -201,10 +231,10 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if sink is not None:
             sink.stop()
-        if not parts.embedded or args.broker_url:
+        if not parts.embedded or parts.broker_url:
             _stop_processes(parts)  # first, or they would write keys again
         if not parts.embedded:
-            _delete_keys(store, prefix)
+            _delete_keys(rt, prefix)
         if args.broker_url and not rt.settings.broker_is_amqp:
             rt.celery.pool.force_close_all()  # its channels write kombu's tables as they close
             _delete_broker_keys(args.broker_url)
@@ -223,20 +253,31 @@ def _prefix(parts: Parts) -> str:
     return "layby" if parts.embedded else f"laybybench-{uuid.uuid4().hex[:8]}"
 
 
-def _environment(parts: Parts, prefix: str, sink: hooks.Sink | None,
-                 broker_url: str | None = None) -> dict[str, str]:
+def _allocator(parts: Parts) -> str | None:
+    """The malloc of the bench's own server (of a cluster's first node)."""
+    server = parts.server
+    members = getattr(server, "members", None)
+    if members:
+        server = members[0].server
+    return getattr(server, "allocator", None)
+
+
+def _environment(parts: Parts, prefix: str, sink: hooks.Sink | None) -> dict[str, str]:
     """The LAYBY_* settings of a site: its server, its key prefix (on a shared server, the
-    broker's keys under it too), its broker when not the store's server, the bench's agents
-    and tasks, and with `sink`, the reviewer its runs announce to."""
+    broker's keys under it too), its broker when not the store's server (under a prefix of
+    the bench's on a server the user gave), the bench's agents and tasks, and with `sink`,
+    the reviewer its runs announce to."""
     assert parts.folder is not None and parts.redis_url is not None
     env = {"LAYBY_REDIS_URL": parts.redis_url, "LAYBY_KEY_PREFIX": prefix,
            "LAYBY_BROKER_KEY_PREFIX": "" if parts.embedded else f"{prefix}:broker:",
            "LAYBY_INTAKE_QUEUE": "",
            "LAYBY_AGENT_MODULES": "bench.agents", "LAYBY_TASK_MODULES": "bench.tasks",
            "LAYBY_DATA_DIR": str(parts.folder / "data")}
-    if broker_url:  # a server of the user's: the queues under a prefix of the bench's own
-        env.update({"LAYBY_BROKER_URL": broker_url,
-                    "LAYBY_BROKER_KEY_PREFIX": f"{BROKER_PREFIX}:broker:"})
+    if parts.broker_url:
+        # On a server of the user's, the queues under a prefix of the bench's own.
+        env.update({"LAYBY_BROKER_URL": parts.broker_url,
+                    "LAYBY_BROKER_KEY_PREFIX": "" if parts.broker is not None
+                    else f"{BROKER_PREFIX}:broker:"})
     if sink is not None:
         env.update({"LAYBY_REVIEWERS_FILE": str(hooks.directory(parts.folder, sink.url)),
                     "LAYBY_TOKEN_KEYS": f"bench:{uuid.uuid4().hex}{uuid.uuid4().hex}",
@@ -278,17 +319,17 @@ def _levels(args: argparse.Namespace, parts: Parts, rt: Any, sink: hooks.Sink | 
             with _environ(env):
                 site_rt = build()
             if not extra.embedded:
-                stack.callback(_delete_keys, site_rt.store, prefix)
+                stack.callback(_delete_keys, site_rt, prefix)
                 stack.callback(_stop_processes, extra)
             worker = extra.start_worker(measure.WORKER_QUEUES, args.concurrency, env)
             measure.wait_for_worker(site_rt.store, worker.alive)
             extra.start_sweeper(env)
-            sites.append(scale.Site(level, site_rt, reviewer))
+            sites.append(scale.Site(level, site_rt, reviewer, burst=args.burst))
         # Each app built made itself Celery's current one, which the baseline's `hop` is
         # sent with: the bench's own is again.
         rt.celery.set_current()
         sweeper = parts.start_sweeper({**os.environ, "PYTHONPATH": path})
-        sites.append(scale.Site(args.parked[-1], rt, sink))
+        sites.append(scale.Site(args.parked[-1], rt, sink, burst=args.burst))
         print(f"bench: parking runs to {', '.join(map(str, args.parked))} (one site each), "
               "then measuring them side by side", file=sys.stderr)
         levels = scale.side_by_side(sites, args.timeout)
@@ -305,7 +346,7 @@ def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> di
     key = uuid.uuid4().hex
     url = parts.start_gateway({**os.environ, "LAYBY_API_KEYS": key, "PYTHONPATH": path})
     http.cycles(url, key, args.warmup, args.in_flight, args.timeout)
-    r = rt.store.redis
+    servers = costs.servers(rt.store.redis)
     spent, done, wall, direct_done, direct_wall, rounds = costs.Counters(), 0, 0.0, 0, 0.0, []
     for i, n in enumerate(_split(args.runs, args.rounds)):
         def over() -> Any:
@@ -318,7 +359,7 @@ def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> di
         got: dict[str, Any] = {}
         for step in order:
             if step is over:
-                got["http"], cost = costs.counted(r, over)
+                got["http"], cost = costs.counted(servers, over)
                 spent += cost
             else:
                 got["direct"] = step()
@@ -347,11 +388,20 @@ def _stop_processes(parts: Parts) -> None:
             process.stop()
 
 
-def _delete_keys(store: Any, prefix: str) -> None:
-    """On a server the bench did not start, leave nothing of its own behind."""
+def _delete_keys(rt: Any, prefix: str) -> None:
+    """On a server the bench did not start, leave nothing of its own behind: on a cluster,
+    on any of its primaries (each scanned, its keys deleted one by one: keys of several
+    slots cannot go in one command)."""
+    from bench import costs
+
     try:
-        for key in store.redis.scan_iter(match=f"{prefix}:*", count=1000):
-            store.redis.delete(key)
+        for server in costs.servers(rt.store.redis):
+            pipe = server.pipeline(transaction=False)
+            for key in server.scan_iter(match=f"{prefix}:*", count=1000):
+                pipe.unlink(key)
+                if len(pipe) >= 1000:
+                    pipe.execute()
+            pipe.execute()
     except Exception as exc:  # noqa: BLE001  (do not hide the error that brought us here)
         print(f"bench: could not delete the keys under {prefix}: {exc}", file=sys.stderr)
 

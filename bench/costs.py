@@ -8,14 +8,24 @@ the figures; the snapshots' own INFO calls are taken out. Idle traffic in the ba
 worker's BRPOP timeouts, heartbeats) counts against whichever side ran, in proportion to
 its wall time, which is fair: a slower side idles longer.
 
-What a cycle costs the server in time: its main thread's active time (`INFO cpu`,
-`used_active_time_main_thread`, Valkey 8: the time it spent on anything but waiting for
-clients; on a server without it, its main thread's CPU time), scripts and the commands
-they call included, and of it the scripts' own (`INFO commandstats`: EVALSHA's `usec`, the
+What a cycle costs the server in time: its main thread's CPU time (`INFO cpu`,
+`used_cpu_user_main_thread` + `used_cpu_sys_main_thread`), scripts and the commands they
+call included, and of it the scripts' own (`INFO commandstats`: EVALSHA's `usec`, the
 commands a script calls included). (Summing commandstats' `usec` over every command would
-count a script's commands twice: in the script's and in their own.) A primary's main thread
-is one core: 1,000,000 µs over the µs a cycle costs is the most cycles a second one primary
-can carry.
+count a script's commands twice: in the script's and in their own.) Beside it, the main
+thread's active time (`used_active_time_main_thread`, Valkey 8: the time it spent on
+anything but waiting for clients, by the clock): on a machine whose cores are shared (the
+worker, the bench, another tenant) it also counts the moments the thread waited for a core
+while busy, so it overstates what the work costs a core of its own (3.4 times its CPU time
+once, under a load average of 9 on 2 cores). A primary's main thread is one core:
+1,000,000 µs over the CPU µs a cycle costs is the most cycles a second one primary can
+carry. (`usec` of commandstats is also by the clock.)
+
+On a Redis or Valkey Cluster every figure is summed over its primaries (`servers`: a client
+of each, from the cluster's own map of its slots): the counters are each primary's own,
+and a cycle's transitions land on the primary of its run's shard. The main thread's time
+is also kept primary by primary, to show how evenly a cycle's cost is spread. Replicas are
+not counted: what a primary spends replicating to them is in its own time.
 
 What the counters cannot say (which script, which task) comes from a separate pass of a
 few cycles under MONITOR, untimed: EVALSHA by script name (the store's scripts' SHA1s)
@@ -33,10 +43,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis import Redis
+from redis.cluster import RedisCluster
 
 # One snapshot is one pipeline of three INFO commands: one read, three commands.
 SNAPSHOT_READS, SNAPSHOT_COMMANDS = 1, 3
 SCRIPT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
+
+
+def servers(client: Redis | RedisCluster) -> list[Redis]:
+    """The servers whose counters a figure sums: the one server, or each primary of a
+    cluster (a client of that node alone, as the cluster's client reaches it)."""
+    if isinstance(client, RedisCluster):
+        return [client.get_redis_connection(node)  # type: ignore[no-untyped-call]
+                for node in sorted(client.get_primaries(),  # type: ignore[no-untyped-call]
+                                   key=lambda n: (n.host, n.port))]
+    return [client]
+
+
+def name_of(client: Redis) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
 
 
 @dataclass
@@ -45,59 +71,97 @@ class Counters:
     commands: int = 0
     by_command: Counter[str] = field(default_factory=Counter)
     usec_by_command: Counter[str] = field(default_factory=Counter)
-    busy_us: float = 0.0  # the main thread's active time
+    cpu_us: float = 0.0  # the main thread's CPU time, summed over the servers
+    active_us: float | None = 0.0  # its active time (None: a server that does not say)
+    cpu_us_by_server: Counter[str] = field(default_factory=Counter)  # host:port → µs
+    servers: int = 1  # how many servers a snapshot read (its own INFO calls are taken out)
 
     def __sub__(self, other: Counters) -> Counters:
         by = Counter(self.by_command)
         by.subtract(other.by_command)
-        by["info"] -= SNAPSHOT_COMMANDS
+        by["info"] -= SNAPSHOT_COMMANDS * self.servers
         usec = Counter(self.usec_by_command)
         usec.subtract(other.usec_by_command)
-        return Counters(self.reads - other.reads - SNAPSHOT_READS,
-                        self.commands - other.commands - SNAPSHOT_COMMANDS,
-                        +by, +usec, self.busy_us - other.busy_us)
+        cpu = Counter(self.cpu_us_by_server)
+        cpu.subtract(other.cpu_us_by_server)
+        return Counters(self.reads - other.reads - SNAPSHOT_READS * self.servers,
+                        self.commands - other.commands - SNAPSHOT_COMMANDS * self.servers,
+                        +by, +usec, self.cpu_us - other.cpu_us,
+                        _either(self.active_us, other.active_us, float.__sub__), cpu,
+                        self.servers)
 
     def __add__(self, other: Counters) -> Counters:
+        cpu = Counter(self.cpu_us_by_server)
+        cpu.update(other.cpu_us_by_server)
         return Counters(self.reads + other.reads, self.commands + other.commands,
                         self.by_command + other.by_command,
                         self.usec_by_command + other.usec_by_command,
-                        self.busy_us + other.busy_us)
+                        self.cpu_us + other.cpu_us,
+                        _either(self.active_us, other.active_us, float.__add__), cpu,
+                        max(self.servers, other.servers))
 
 
-def snapshot(client: Redis) -> Counters:
-    pipe = client.pipeline(transaction=False)
-    pipe.info("stats")
-    pipe.info("commandstats")
-    pipe.info("cpu")
-    stats, commandstats, cpu = pipe.execute()
-    busy = cpu.get("used_active_time_main_thread")
-    if busy is None:  # Redis: the main thread's CPU time
-        busy = (float(cpu.get("used_cpu_user_main_thread", 0))
-                + float(cpu.get("used_cpu_sys_main_thread", 0)))
-    return Counters(int(stats["total_reads_processed"]), int(stats["total_commands_processed"]),
-                    Counter({name.removeprefix("cmdstat_"): int(v["calls"])
-                             for name, v in commandstats.items()}),
-                    Counter({name.removeprefix("cmdstat_"): int(v["usec"])
-                             for name, v in commandstats.items()}),
-                    float(busy) * 1_000_000)
+def _either(a: float | None, b: float | None, op: Callable[[float, float], float]
+            ) -> float | None:
+    return None if a is None or b is None else op(float(a), float(b))
 
 
-def counted(client: Redis, measure: Callable[[], Any]) -> tuple[Any, Counters]:
-    """`measure()`'s result, and what the server did meanwhile."""
-    before = snapshot(client)
+def snapshot(clients: list[Redis]) -> Counters:
+    """The counters of every server in `clients`, summed (one pipeline each)."""
+    total = Counters(servers=len(clients))
+    for client in clients:
+        pipe = client.pipeline(transaction=False)
+        pipe.info("stats")
+        pipe.info("commandstats")
+        pipe.info("cpu")
+        stats, commandstats, cpu = pipe.execute()
+        if "used_cpu_user_main_thread" in cpu:
+            cpu_s = float(cpu["used_cpu_user_main_thread"]) + float(
+                cpu["used_cpu_sys_main_thread"])
+        else:  # a server without threads of its own to tell apart: the process's
+            cpu_s = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+        active = cpu.get("used_active_time_main_thread")
+        total.reads += int(stats["total_reads_processed"])
+        total.commands += int(stats["total_commands_processed"])
+        total.by_command.update({name.removeprefix("cmdstat_"): int(v["calls"])
+                                 for name, v in commandstats.items()})
+        total.usec_by_command.update({name.removeprefix("cmdstat_"): int(v["usec"])
+                                      for name, v in commandstats.items()})
+        total.cpu_us += cpu_s * 1_000_000
+        total.active_us = (None if active is None or total.active_us is None
+                           else total.active_us + float(active) * 1_000_000)
+        total.cpu_us_by_server[name_of(client)] += cpu_s * 1_000_000
+    return total
+
+
+def counted(clients: list[Redis], measure: Callable[[], Any]) -> tuple[Any, Counters]:
+    """`measure()`'s result, and what the servers did meanwhile."""
+    before = snapshot(clients)
     result = measure()
-    return result, snapshot(client) - before
+    return result, snapshot(clients) - before
 
 
 def per_item(counters: Counters, items: int) -> dict[str, Any]:
     if items <= 0:
         return {}
     top = counters.by_command.most_common(12)
-    server_us = counters.busy_us / items
+    server_us = counters.cpu_us / items
+    by_primary = {name: round(us / items, 1)
+                  for name, us in sorted(counters.cpu_us_by_server.items())}
+    busiest = max(by_primary.values(), default=0.0)
     return {"server_us": round(server_us, 1),
+            "server_active_us": (round(counters.active_us / items, 1)
+                                 if counters.active_us is not None else None),
             "script_us": round(sum(counters.usec_by_command[c] for c in SCRIPT_COMMANDS)
                                / items, 1),
+            # One primary's main thread is one core: 1,000,000 µs a second, over what a
+            # cycle costs the servers in all (on a cluster, summed over the primaries;
+            # spread evenly, P primaries carry P times as many).
             "per_s_per_primary": round(1_000_000 / server_us) if server_us > 0 else None,
+            "primaries": counters.servers,
+            "server_us_by_primary": by_primary,
+            # What these primaries carry before the busiest one's core is full.
+            "per_s_on_these_primaries": round(1_000_000 / busiest) if busiest > 0 else None,
             "round_trips": round(counters.reads / items, 1),
             "commands": round(counters.commands / items, 1),
             "evalsha": round(counters.by_command.get("evalsha", 0) / items, 2),
@@ -116,6 +180,9 @@ class Accounting:
 
     cycles: int
     scripts: Counter[str] = field(default_factory=Counter)
+    # Scripts that are not layby's, by SHA1 prefix: kombu's own (its Redis transport
+    # refreshes its bindings with a script now and then), sent by the worker.
+    other_scripts: Counter[str] = field(default_factory=Counter)
     tasks: Counter[str] = field(default_factory=Counter)
     pushed_by_scripts: int = 0
 
@@ -124,20 +191,22 @@ class Accounting:
         return {"cycles": self.cycles,
                 "evalsha_by_script": {k: round(v / n, 2)
                                       for k, v in sorted(self.scripts.items())},
+                "evalsha_not_layby": {k: round(v / n, 2)
+                                      for k, v in sorted(self.other_scripts.items())},
                 "tasks_by_name": {k: round(v / n, 2) for k, v in sorted(self.tasks.items())},
                 "tasks_per_cycle": round(sum(self.tasks.values()) / n, 2),
                 "task_messages_pushed_by_scripts": round(self.pushed_by_scripts / n, 2)}
 
 
-def under_monitor(client: Redis, script_names: dict[str, str], cycles: int,
+def under_monitor(clients: list[Redis], script_names: dict[str, str], cycles: int,
                   run: Callable[[], Any]) -> Accounting:
-    """Run `run()` (which takes `cycles` cycles) with MONITOR on; `script_names` maps each
-    script's SHA1 to its name."""
+    """Run `run()` (which takes `cycles` cycles) with MONITOR on every server of `clients`;
+    `script_names` maps each script's SHA1 to its name."""
     seen = Accounting(cycles)
     stop = threading.Event()
-    ready = threading.Event()
+    lock = threading.Lock()
 
-    def watch() -> None:
+    def watch(client: Redis, ready: threading.Event) -> None:
         with client.monitor() as monitor:
             ready.set()
             conn = monitor.connection
@@ -145,16 +214,23 @@ def under_monitor(client: Redis, script_names: dict[str, str], cycles: int,
                 if not conn.can_read(timeout=0.2):
                     continue
                 line = monitor.next_command()
-                _note(seen, line, script_names)
+                with lock:
+                    _note(seen, line, script_names)
 
-    thread = threading.Thread(target=watch, name="bench monitor", daemon=True)
-    thread.start()
-    ready.wait(10)
+    threads = []
+    for client in clients:
+        ready = threading.Event()
+        thread = threading.Thread(target=watch, args=(client, ready), name="bench monitor",
+                                  daemon=True)
+        thread.start()
+        ready.wait(10)
+        threads.append(thread)
     try:
         run()
     finally:
         stop.set()
-        thread.join(30)
+        for thread in threads:
+            thread.join(30)
     return seen
 
 
@@ -163,8 +239,11 @@ def _note(seen: Accounting, line: dict[str, Any], script_names: dict[str, str]) 
     verb, _, rest = command.partition(" ")
     verb = verb.upper()
     if verb == "EVALSHA":
-        sha = rest.split(" ", 1)[0]
-        seen.scripts[script_names.get(sha, sha[:12])] += 1
+        sha = rest.split(" ", 1)[0].strip('"')
+        if sha in script_names:
+            seen.scripts[script_names[sha]] += 1
+        else:
+            seen.other_scripts[sha[:12]] += 1
     elif verb in ("LPUSH", "RPUSH"):
         names = _TASK_NAME.findall(command)
         if names:

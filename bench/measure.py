@@ -7,6 +7,11 @@ Both measurements are closed loops with the same number of items in flight: a ne
 chain) starts as soon as one finishes, until N have finished; throughput is N over the wall
 time from the first start to the last finish.
 
+The bench follows the runs' event streams with one `XREAD BLOCK` over all those in flight.
+On a Redis or Valkey Cluster a command's keys must share a slot, and a run's stream is in
+its shard's: there each run in flight is followed by a thread of its own, blocked on its
+one stream (as the gateway follows a run for a client).
+
 Times of a layby cycle come from the run's event stream. Every event's `at` is the Redis
 server's clock (`TIME` inside the transition script, in ms), so the bench, the worker and
 the server agree on one clock even when Redis runs on another machine.
@@ -15,6 +20,7 @@ the server agree on one clock even when Redis runs on another machine.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -98,6 +104,8 @@ def layby_cycles(rt: Runtime, runs: int, in_flight: int, timeout_s: float) -> La
     """N runs of the bench agent; each is answered (in this process, through
     `control.commands.answer`, as the HTTP API would) as soon as it parks."""
     store = rt.store
+    if on_cluster(store):
+        return _cycles_in_lanes(rt, runs, in_flight, timeout_s)
     streams: dict[str, str] = {}  # events key -> last id read
     active: dict[str, Cycle] = {}
     finished: list[Cycle] = []
@@ -130,6 +138,65 @@ def layby_cycles(rt: Runtime, runs: int, in_flight: int, timeout_s: float) -> La
                 finished.append(active.pop(key))
                 del streams[key]
     return LaybyOutcome(runs, time.perf_counter() - started, finished)
+
+
+def on_cluster(store: Store) -> bool:
+    """Whether the store is on a cluster (redis-py's RedisCluster knows its nodes)."""
+    return hasattr(store.redis, "nodes_manager")
+
+
+def _cycles_in_lanes(rt: Runtime, runs: int, in_flight: int, timeout_s: float
+                     ) -> LaybyOutcome:
+    """`layby_cycles` on a cluster: `in_flight` threads, each starting a run, following its
+    one stream until it completes (answering it when it parks), then the next."""
+    store = rt.store
+    numbers = iter(range(runs))
+    lock = threading.Lock()
+    finished: list[Cycle] = []
+    failed: list[BaseException] = []
+
+    def lane() -> None:
+        while not failed:
+            with lock:
+                n = next(numbers, None)
+            if n is None:
+                return
+            try:
+                finished.append(_one_cycle(rt, store, n, timeout_s))
+            except BaseException as exc:  # noqa: BLE001  (the first stops every lane)
+                failed.append(exc)
+
+    started = time.perf_counter()
+    lanes = [threading.Thread(target=lane, name=f"bench lane {k}", daemon=True)
+             for k in range(max(1, min(in_flight, runs)))]
+    for thread in lanes:
+        thread.start()
+    for thread in lanes:
+        thread.join()
+    if failed:
+        raise failed[0]
+    return LaybyOutcome(runs, time.perf_counter() - started, finished)
+
+
+def _one_cycle(rt: Runtime, store: Store, n: int, timeout_s: float) -> Cycle:
+    run_id = commands.new_run_id()
+    commands.start_run(rt, AGENT, input=f"step {n}", run_id=run_id)
+    key = store.keys.events(run_id)
+    streams = {key: "0-0"}
+    cycle = Cycle(run_id)
+    last_progress = time.monotonic()
+    while True:
+        # A second at most: a longer block would outlast the client's socket timeout.
+        items = stream_items(store.redis.xread(streams, count=100, block=1000))
+        if items:
+            last_progress = time.monotonic()
+        elif time.monotonic() - last_progress > timeout_s:
+            raise BenchError(f"layby run {run_id} did not move for {timeout_s} s")
+        for _, entries in items:
+            for event_id, fields in entries:
+                streams[key] = max(streams[key], event_id, key=_stream_id)
+                if _on_event(rt, cycle, event_id, fields, streams, key):
+                    return cycle
 
 
 def _stream_id(event_id: str) -> tuple[int, int]:

@@ -1,5 +1,7 @@
 """The parts the benchmark starts, and their stopping: an embedded Valkey server in a
-temporary folder (unless a Redis URL is given) and one real `celery worker` subprocess.
+temporary folder (unless a Redis URL is given), or with `cluster`, an embedded Valkey
+Cluster and a Valkey beside it for the broker (unless a broker URL is given), and one real
+`celery worker` subprocess.
 
 `Parts` is a context manager: whatever it started is stopped on the way out, in reverse
 order, on success, on error and on Ctrl-C (SIGINT is ignored while it cleans up, so a second
@@ -72,11 +74,16 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 @dataclass
 class Parts:
-    """A temporary folder, Valkey (embedded unless `redis_url`), and later the worker."""
+    """A temporary folder, Valkey (embedded unless `redis_url`; with `cluster`, an embedded
+    cluster of that many primaries, each with a replica, and a broker beside it unless
+    `broker_url`), and later the worker."""
 
     redis_url: str | None = None
+    cluster: int = 0
+    broker_url: str | None = None
     folder: Path | None = None
-    server: object | None = None  # layby.ops.embedded.EmbeddedRedis
+    server: object | None = None  # layby.ops.embedded.EmbeddedRedis, or EmbeddedCluster
+    broker: object | None = None  # the embedded broker beside a cluster of the bench's
     worker: Worker | None = None
     gateway: Worker | None = None
     sweeper: Worker | None = None
@@ -86,7 +93,22 @@ class Parts:
     def __enter__(self) -> Parts:
         self.folder = Path(tempfile.mkdtemp(prefix="layby-bench-"))
         try:
-            if self.redis_url is None:
+            if self.cluster:
+                from layby.broker_config import Settings
+                from layby.ops.embedded import EmbeddedCluster, EmbeddedRedis
+
+                malloc = Settings().embedded_malloc
+                cluster = EmbeddedCluster(self.folder / "cluster", shards=self.cluster,
+                                          malloc=malloc)
+                self.server = cluster
+                cluster.start()
+                self.redis_url = cluster.url
+                self.embedded = True
+                if self.broker_url is None:
+                    broker = EmbeddedRedis(self.folder / "broker", malloc=malloc)
+                    self.broker = broker
+                    self.broker_url = broker.start().url
+            elif self.redis_url is None:
                 from layby.broker_config import Settings
                 from layby.ops.embedded import EmbeddedRedis
 
@@ -156,6 +178,8 @@ class Parts:
                 self.worker.stop()
             if self.server is not None:
                 self.server.stop()  # type: ignore[attr-defined]
+            if self.broker is not None:
+                self.broker.stop()  # type: ignore[attr-defined]
             if self.folder is not None:
                 shutil.rmtree(self.folder, ignore_errors=True)
         finally:

@@ -169,7 +169,9 @@ def _scale_rows(parked: dict[str, Any]) -> list[tuple[str, str]]:
                if "announcements" in lv else "")
             + (f"; {lv['turn_messages']} step messages for {lv['turn_messages_needed']} "
                f"needed ({lv['duplicate_turn_messages']} copies)"
-               if "turn_messages" in lv else ""))))
+               if "turn_messages" in lv else "")
+            + (f"; built by {lv['built_by']} at {lv['built_per_s']} runs/s"
+               if lv.get("built_by") else ""))))
     if len(parked["levels"]) > 1:
         by_turn = parked.get("last_over_first_by_turn", {})
         rows.append(("last / first level", ", ".join(
@@ -177,6 +179,38 @@ def _scale_rows(parked: dict[str, Any]) -> list[tuple[str, str]]:
                               if by_turn.get(k) else "")
             for k, v in parked["last_over_first"].items())))
     return rows
+
+
+def _server_time(lay: dict[str, Any], base: dict[str, Any]) -> str:
+    """The servers' main-thread CPU time per cycle, and what one primary carries at that
+    cost: on a cluster, summed over its primaries, each one's share, and what these carry."""
+    nan = float("nan")
+    primaries = lay.get("primaries", 1)
+    line = (f"{lay.get('server_us', nan)} µs of CPU per cycle (scripts "
+            f"{lay.get('script_us', nan)} µs by the clock; the main thread busy "
+            f"{lay.get('server_active_us', nan)} µs by the clock), "
+            f"{base.get('server_us', nan)} µs per bare chain")
+    if primaries > 1:
+        shares = " / ".join(f"{us:g}" for us in lay.get("server_us_by_primary", {}).values())
+        line += (f", summed over {primaries} primaries ({shares} µs each): at most "
+                 f"{lay.get('per_s_per_primary', nan)} cycles/s per primary (1,000,000 µs ÷ "
+                 f"{lay.get('server_us', nan)} µs), {lay.get('per_s_on_these_primaries', nan)} "
+                 f"on these {primaries} (1,000,000 µs ÷ the busiest one's share)")
+    else:
+        line += (f": at most {lay.get('per_s_per_primary', nan)} cycles/s per primary "
+                 f"(1,000,000 µs ÷ {lay.get('server_us', nan)} µs)")
+    return line
+
+
+def _where(s: dict[str, Any]) -> str:
+    if s.get("cluster"):
+        return (f"an embedded cluster of {s['cluster']} primaries with a replica each, malloc "
+                f"{s.get('malloc', '?')}; broker {s.get('broker_url')}")
+    if s["embedded"]:
+        return f"embedded, malloc {s.get('malloc', '?')}"
+    if s.get("primaries", 1) > 1:
+        return f"{s['redis']}, {s['primaries']} primaries; broker {s.get('broker_url')}"
+    return str(s["redis"])
 
 
 def table(result: dict[str, Any]) -> str:
@@ -206,17 +240,16 @@ def table(result: dict[str, Any]) -> str:
         ("publish → start (bare Celery)", f"{base_rest.get('p50', nan):.0f} / "
                                           f"{base_rest.get('p99', nan):.0f} ms p50 / p99, "
                                           "one at a time"),
-        ("server time", f"{lay_cost.get('server_us', nan)} µs per cycle (scripts "
-                        f"{lay_cost.get('script_us', nan)} µs), "
-                        f"{base_cost.get('server_us', nan)} µs per bare chain: at most "
-                        f"{lay_cost.get('per_s_per_primary', nan)} cycles/s per primary"),
+        ("server time", _server_time(lay_cost, base_cost)),
         ("client round trips", f"{lay_cost.get('round_trips', nan)} per cycle, "
                                f"{base_cost.get('round_trips', nan)} per bare chain"),
         ("server commands", f"{lay_cost.get('commands', nan)} per cycle, "
                             f"{base_cost.get('commands', nan)} per bare chain (Lua's "
                             "included)"),
         ("EVALSHA per cycle", f"{lay_cost.get('evalsha', nan)}: " + ", ".join(
-            f"{name} {n:g}" for name, n in lay_cost.get("evalsha_by_script", {}).items())),
+            f"{name} {n:g}" for name, n in lay_cost.get("evalsha_by_script", {}).items())
+            + (f" (and {sum(lay_cost['evalsha_not_layby'].values()):g} of kombu's or "
+               "another's)" if lay_cost.get("evalsha_not_layby") else "")),
         ("Celery tasks per cycle", f"{lay_cost.get('tasks_per_cycle', nan)}: " + ", ".join(
             f"{name} {n:g}" for name, n in lay_cost.get("tasks_by_name", {}).items())
             + f" ({lay_cost.get('task_messages_pushed_by_scripts', 0):g} pushed by "
@@ -233,9 +266,7 @@ def table(result: dict[str, Any]) -> str:
         ("load average (1 min)", f"{m['load_before']} before, {m['load_after']} after"),
         ("Python / Celery / kombu", f"{m['python']} / {m['celery']} / {m['kombu']}"),
         ("server", f"{m['server']}, appendonly {m['appendonly']}, appendfsync "
-                   f"{m['appendfsync']} ("
-                   + (f"embedded, malloc {s.get('malloc', '?')}" if s["embedded"] else s["redis"])
-                   + ")"),
+                   f"{m['appendfsync']} (" + _where(s) + ")"),
     ]
     if result.get("http"):
         h = result["http"]

@@ -11,10 +11,16 @@ machine's own speed drifts by tens of percent from one minute to the next (anoth
 tenant, the host), and parking 100,000 runs takes a quarter of an hour: levels measured
 one after the other compare two moments of the machine, not two levels.
 
-Runs are started through `control.commands.start_run`, many at once (a thread pool), and
-parked by the site's worker; a level is reached when the index of interrupted runs holds
-that many. Memory per parked run is the server's `used_memory` grown while a level's runs
-were parked, over their number; `MEMORY USAGE` of a sample splits it by key.
+A level is built by taking each of its runs from its start to its park in the bench
+process (`fill`: the product's start, the worker's own step code, the store's transitions;
+what a run holds is what the worker would have stored), about three times as fast as the
+worker parks them; with `burst`, the runs are started through
+`control.commands.start_run`, many at once (a thread pool), and parked by the site's worker,
+as a burst of starts from a service would be (its announcements delivered by the worker to
+the webhook): slower, and it measures the burst itself (copies of step messages, each
+announcement queued once). Either way the timed parks of the turns go through the worker.
+Memory per parked run is the server's `used_memory` grown while a level's runs were
+parked, over their number; `MEMORY USAGE` of a sample splits it by key.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import BenchError
+from bench import BenchError, fill
 from bench.agents import AGENT, ANNOUNCED
 from bench.hooks import Sink
 from bench.measure import stream_items
@@ -42,6 +48,9 @@ SAMPLES = 200  # timed list calls of each kind a turn
 PARK_BATCH = 200  # runs parked (timed) and runs answered a turn, at most
 PARK_CHUNKS = 4  # a turn's parks, in chunks taken at each site in turn
 TURNS = 5  # turns of each site; the figure of a level is the middle one
+# Runs built before memory is first read: the builder's scripts (its store's, which queue
+# nothing) are then in the server's script cache, not counted against the level's runs.
+FILL_FIRST = 8
 TIMINGS = ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms", "answer_ms",
            "answer_to_completed_ms")
 
@@ -54,7 +63,9 @@ class Site:
     level: int
     rt: Runtime
     sink: Sink | None = None
-    parks: int = 0  # runs parked here, by all means (each announced once, with a sink)
+    burst: bool = False  # built by starts through the worker, not by `fill`
+    parks: int = 0  # runs parked here by the worker (each announced to the sink once)
+    filled: int = 0  # runs parked here by `fill` (their announcements recorded as sent)
     sent_before: int = 0
     tasks_before: int = 0
     built: dict[str, Any] = field(default_factory=dict)  # memory, measured once built
@@ -103,16 +114,24 @@ def build_up(site: Site, timeout_s: float) -> None:
     a page of all states then merges the same states at every level), then measure the
     memory they take, once the sweeper has folded their events into their hashes
     (LAYBY_FOLD_EVENTS_AFTER_S after each park: what a parked run holds for as long as it
-    waits, not in its first seconds)."""
+    waits, not in its first seconds). The level's runs are built by `fill`, or with
+    `site.burst`, started all at once and parked by the worker."""
     store = site.store
     site.sent_before, site.tasks_before = site.sent(), deliveries_done(site.rt)
     finished = min(SAMPLES, site.level)
     _park_announced(site, finished, timeout_s)
     answer_at_rest(site.rt, [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED,
                                                                         finished)])
+    if not site.burst:
+        _filled(site, min(FILL_FIRST, site.level - store.runs.count(Status.INTERRUPTED)))
     have = store.runs.count(Status.INTERRUPTED)
     used_before, rss_before = _memory(store)
-    _park_announced(site, max(0, site.level - have), timeout_s)
+    started = time.monotonic()
+    if site.burst:
+        _park_announced(site, max(0, site.level - have), timeout_s)
+    else:
+        _filled(site, max(0, site.level - have))
+    took = time.monotonic() - started
     folded(store, timeout_s)
     persisted(store)
     parked = store.runs.count(Status.INTERRUPTED)
@@ -125,6 +144,9 @@ def build_up(site: Site, timeout_s: float) -> None:
                    or 0 for shard in store.shards) / max(1, parked)
     site.built = {
         "level": site.level, "parked": parked, "redis_url": site.rt.settings.redis_url,
+        # How the level's runs were parked, and how fast (their events folded after).
+        "built_by": "starts through the worker" if site.burst else "fill",
+        "built_per_s": round(added / took, 1) if took > 0 else None,
         # The server's own growth (meaningful with many runs: small levels drown in what
         # else the server holds and frees), and the sum of a sample's keys.
         "memory_per_parked_run": memory_per_run(used_before, used_after, added),
@@ -155,6 +177,7 @@ def figures(site: Site, timeout_s: float) -> dict[str, Any]:
         out[key] = took[len(took) // 2][key]
         # A turn without it keeps its place (None): ratios pair the levels turn by turn.
         out[f"{key}_by_turn"] = [t[key]["p50"] if t.get(key) else None for t in site.turns]
+    out["filled"] = site.filled
     if site.sink is not None:
         out.update(_announced(site, timeout_s))
     out.update(turn_messages(site.store))
@@ -193,6 +216,13 @@ def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:
             last, last_change = now, time.monotonic()
         elif time.monotonic() - last_change > timeout_s:
             raise BenchError(f"parking stalled at {now} of {target} interrupted runs")
+
+
+def _filled(site: Site, count: int) -> None:
+    """Park `count` runs at the site with `fill`, in this process."""
+    if count > 0:
+        fill.parked(site.rt, site.agent, count, label=f"level {site.level}: ")
+        site.filled += count
 
 
 def _park_announced(site: Site, count: int, timeout_s: float) -> None:
