@@ -144,13 +144,13 @@ def check_pinned_versions(client: redis.Redis, settings: Settings) -> list[Check
     """Runs pinned to an agent version (`on_change="pin"`) that no live worker hosts: queued
     or resuming, they wait now; parked, they would wait once answered. One line each
     version."""
-    keys = formats.keys_of(client, settings.key_prefix)
-    counts = runs_by_version(client, keys, (Status.INTERRUPTED, Status.QUEUED,
-                                            Status.RESUMING))
+    layout = formats.layout_of(client, settings.key_prefix)
+    counts = runs_by_version(client, layout, (Status.INTERRUPTED, Status.QUEUED,
+                                              Status.RESUMING))
     pinned = sorted(((c.agent, c.version or ""), n) for c, n in counts.items() if c.pinned)
     if not pinned:
         return [Check("pinned versions", True, "no waiting run is pinned to a version")]
-    hosted = {token for tokens in live_hosting(client, keys).values() for token in tokens}
+    hosted = {token for tokens in live_hosting(client, layout).values() for token in tokens}
     missing = [(agent, version, n) for (agent, version), n in pinned
                if f"{agent}@{version}" not in hosted]
     if not missing:
