@@ -297,10 +297,14 @@ class Store:
 
     def keys_of(self, run_id: str) -> Keys:
         """The keys the run is under: those of the layout, once it is moved there when it
-        is still in the legacy one (while the store moves to the sharded layout)."""
+        is still in the legacy one (while the store moves to the sharded layout). Between
+        the switch and the layout instant (seconds), one not in the legacy layout is looked
+        for in the sharded one: a process a round trip ahead may have moved it."""
         layout = self.layout
         if layout.legacy is not None and run_id not in self._moved:
             self._move(layout, [run_id])
+        elif layout.next is not None and not self.redis.exists(layout.keys.run(run_id)):
+            return layout.next
         return layout.keys
 
     def _move(self, layout: Layout, run_ids: Sequence[str]) -> None:
@@ -364,7 +368,7 @@ class Store:
         keys = under or self.keys_of(run_id)
         reply = self._run_on(name, run_id, keys, extra_keys, named)
         later = self._layout.next
-        if later is not None and _found_nothing(reply) \
+        if later is not None and later != keys and _found_nothing(reply) \
                 and not self.redis.exists(keys.run(run_id)):
             reply = self._run_on(name, run_id, later, extra_keys, named)
         return reply

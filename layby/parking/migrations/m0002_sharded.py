@@ -122,7 +122,7 @@ def finish(client: Redis, keys: Keys, dry: bool) -> tuple[int, int]:
     counters = int(client.hlen(old.stats))
     registry = int(client.zcard(keys.workers)) + int(client.hlen(keys.workers_about)) \
         + int(client.hlen(keys.hosting))
-    rest = [old.queues, old.fold_cursor, old.outbox_entries]
+    rest = [old.queues, old.fold_cursor]
     left = int(client.exists(*rest))
     if dry:
         return (found + counters + registry + left,
@@ -134,7 +134,7 @@ def finish(client: Redis, keys: Keys, dry: bool) -> tuple[int, int]:
               (keys.workers_about, sharded.workers_about, keys.hosting, sharded.hosting))
     client.delete(keys.workers_about, keys.hosting, *rest,
                   *(old.index(s) for s in Status), old.leases, old.deadlines, old.notify_due,
-                  old.outbox, old.stats)
+                  old.outbox, old.outbox_entries, old.stats)
     client.delete(*(shard.fold_cursor for shard in sharded.shards))
     _TARGETS.pop((id(client), keys.prefix), None)
     return (found + counters + registry + left,
@@ -173,9 +173,10 @@ def _where(client: Redis, keys: Keys, sharded: Keys, run_ids: list[str]) -> list
 def _members(client: Redis, keys: Keys, sharded: Keys, source: str, dry: bool,
              target: Any, run_of: Any) -> int:
     """Every member of the legacy sorted set `source`, moved to `target(shard)` of its
-    run's shard (`run_of(member)`), or dropped when its run is gone."""
+    run's shard (`run_of(member)`), or dropped when its run is gone. Dry: how many would be
+    (those of runs the scan does not move: not in the legacy layout)."""
     if dry:
-        return int(client.zcard(source))
+        return _left(client, keys, [run_of(m) for m, _ in client.zscan_iter(source)])
     done = 0
     while members := cast("list[str]", client.zrange(source, 0, PAGE - 1)):
         runs = [run_of(m) for m in members]
@@ -194,7 +195,10 @@ def _outbox(client: Redis, keys: Keys, sharded: Keys, dry: bool) -> int:
     record's first argument), or dropped when its run is gone or it has no record."""
     old: ShardKeys = keys.legacy
     if dry:
-        return int(client.zcard(old.outbox))
+        ids = [entry_id for entry_id, _ in client.zscan_iter(old.outbox)]
+        records = cast("list[str | None]", client.hmget(old.outbox_entries, ids)) \
+            if ids else []
+        return _left(client, keys, [_run_of_entry(record) or "" for record in records])
     done = 0
     while ids := cast("list[str]", client.zrange(old.outbox, 0, PAGE - 1)):
         records = cast("list[str | None]", client.hmget(old.outbox_entries, ids))
@@ -209,6 +213,18 @@ def _outbox(client: Redis, keys: Keys, sharded: Keys, dry: bool) -> int:
                           (old.outbox_entries, shard.outbox_entries))
             client.zrem(old.outbox, *group)
     return done
+
+
+def _left(client: Redis, keys: Keys, run_ids: list[str]) -> int:
+    """How many of `run_ids` are not in the legacy layout (their entries are left for
+    `finish`: the scan's moves carry the others)."""
+    left = 0
+    for at in range(0, len(run_ids), PAGE):
+        pipe = client.pipeline(transaction=False)
+        for run_id in run_ids[at:at + PAGE]:
+            pipe.exists(keys.run(run_id))
+        left += sum(not there for there in pipe.execute())
+    return left
 
 
 def _run_of_entry(record: str | None) -> str | None:
