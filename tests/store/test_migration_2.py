@@ -52,7 +52,7 @@ def _as_0_2_0_left_it(world: World) -> None:
     assert store.create_run(QUEUED, "demo.agent", input="hi", messages=MESSAGES,
                             metadata={"team": "a"}, idempotency_key="start-q").ok
     world.next_ms()
-    world.make("running", RUNNING)
+    world.make("running", RUNNING, store=world.store_with(lease_ms=600_000))  # (not lapsing)
     world.next_ms()
     now = world.now()
     world.make("interrupted", PARKED,
@@ -402,7 +402,7 @@ def test_layby_migrate_moves_the_rest_and_leaves_no_key_of_the_legacy_layout(
     state = formats.read(world.client, world.keys)
     assert (state.version, state.migrating) == (1, 2)
     left = _legacy_runs(world)
-    assert 0 < len(left) < len(legacy)
+    assert 0 < len(left) < len(legacy), (left, legacy)
     # Meanwhile the store serves both.
     assert store.view("run_05") == before["run_05"]
 
@@ -424,7 +424,11 @@ def test_layby_migrate_moves_the_rest_and_leaves_no_key_of_the_legacy_layout(
     again = after.create_run(after.new_run_id("start-q"), "demo.agent", input="hi",
                              messages=MESSAGES, metadata={}, idempotency_key="start-q")
     assert again.run_id == QUEUED
-    assert set(after.live_processes()) == {"gateway h:1", "gateway h:2"}
+    # The registry of processes merged into the sharded layout's (leases as they were).
+    assert set(world.client.zrange(after.keys.workers, 0, -1)) == {"gateway h:1",
+                                                                   "gateway h:2"}
+    assert set(world.client.hgetall(after.keys.workers_about)) == {"gateway h:1",
+                                                                   "gateway h:2"}
     # What waited in the legacy shard waits in its run's.
     assert after.due_deadlines() == [(EXPIRING, "int_a")]
     assert after.lapsed_leases() == [LAPSED]
