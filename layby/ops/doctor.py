@@ -19,7 +19,7 @@ from kombu.exceptions import OperationalError
 
 from layby.broker_config.settings import Settings, broker_shown
 from layby.control import connections
-from layby.parking import formats, migrations
+from layby.parking import formats, iso, migrations
 from layby.parking.gauges import live_hosting, runs_by_version
 from layby.parking.keys import Keys
 from layby.parking.store import on_cluster
@@ -132,6 +132,10 @@ def check_format(client: redis.Redis, settings: Settings) -> Check:
     line = f"format {state.version}"
     if state.written != state.version:
         line += f", writing format {state.written}"
+    if state.sharded_at is not None and state.version < formats.SHARDED:
+        line += (f"; moving to the sharded layout ({state.shards} shards) since "
+                 f"{iso(state.sharded_at)}: runs move as they are touched, `layby migrate` "
+                 "moves the rest")
     if state.migrating is not None:
         line += (f"; migration {state.migrating} under way (`layby migrate` goes on "
                  "where it stopped)")

@@ -144,12 +144,12 @@ def server_ms(reply: tuple[int | str, int | str]) -> int:
 
 
 def layout_of(client: Redis, prefix: str) -> Layout:
-    """The store's layout now (the format key and the server's clock, read at once)."""
-    pipe = client.pipeline(transaction=False)
-    pipe.hmget(Keys(prefix).format, *FIELDS)
-    pipe.time()
-    raw, now = pipe.execute()
-    return layout(parsed(raw), prefix, server_ms(now))
+    """The store's layout now (its format key, and the server's clock when the store moves
+    to the sharded layout: a store on a cluster never does, and a cluster's pipeline has
+    no TIME)."""
+    state = read(client, Keys(prefix))
+    moving = state.sharded_at is not None and (state.version or 0) < SHARDED
+    return layout(state, prefix, server_ms(client.time()) if moving else 0)
 
 
 def keys_of(client: Redis, prefix: str) -> Keys:
