@@ -497,3 +497,19 @@ def test_a_client_error_while_reading_the_format_keeps_the_layout(world: World) 
     layout = store.layout
     broken = Store(redis.Redis(port=1, socket_connect_timeout=0.2), store.config)
     assert broken.layout == layout  # away: the layout configured, asked again later
+
+
+def test_a_migration_begun_before_the_layout_instant_waits_for_it(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the instant processes may still make runs in the legacy layout: a migration
+    does not begin its scan until it came (`layby migrate` waits a margin longer)."""
+    monkeypatch.setattr(formats, "FRESH_S", 0.3)
+    monkeypatch.setattr(formats, "LAYOUT_MARGIN_S", 0.2)
+    _as_0_2_0_left_it(world)
+    _switched(world)
+    at = formats.read(world.client, world.keys).sharded_at or 0
+    assert at > world.now()
+    migrations.migrate(world.client, world.keys)
+    assert _of_the_legacy_layout(world) == []
+    done = int(world.client.hget(world.keys.format, "m2:done") or 0)
+    assert done >= at

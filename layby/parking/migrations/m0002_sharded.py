@@ -33,6 +33,7 @@ layout instant of now.
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from typing import Any, cast
 
@@ -69,9 +70,16 @@ def _sharded(client: Redis, keys: Keys) -> Keys:
 
 def prepare(client: Redis, keys: Keys, shards: int) -> None:
     """A store in the legacy layout that no switch gave a shard count gets `shards`, and a
-    layout instant of now (no process serves it)."""
+    layout instant of now (no process serves it). One whose instant has not come yet is
+    waited for (`layby migrate` waits a margin longer: `formats.settle_after_switch`):
+    before it, processes still make runs in the legacy layout."""
     if client.hsetnx(keys.format, "shards", shards):
         client.hset(keys.format, "sharded_at", formats.server_ms(client.time()))
+    at = _format(client, keys).sharded_at
+    if at is not None:
+        left = (at - formats.server_ms(client.time())) / 1000
+        if left > 0:
+            time.sleep(left)
     _TARGETS.pop((id(client), keys.prefix), None)
     _TARGETS[(id(client), keys.prefix)] = _sharded(client, keys)
 
