@@ -150,12 +150,12 @@ class Settings(BaseSettings):
     # `layby.turns@<version>`); empty: each agent's own version.
     agent_versions: CommaList = Field(default_factory=list)
     key_prefix: str = "layby"
-    # How many shards a store made on a cluster (LAYBY_REDIS_URL=redis+cluster://…) holds,
-    # fixed when it is made and recorded in it (`layby.parking.shards`): a process given
-    # another number refuses to start. Set on one server, a store made there is sharded
-    # too (the same layout, ready for a cluster). Each transition touches one shard, so one slot;
-    # what reads every shard (a list page, a sweep) costs more the more there are. 48
-    # spread evenly over 1, 2, 3, 4, 6, 8, 12, 16, 24 or 48 primaries.
+    # How many shards a store holds (format 2, on one server as on a cluster), fixed when
+    # it is made, or when a store of 0.2.0 switches to format 2 (the sweeper's), and
+    # recorded in it (`layby.parking.shards`): a process given another number (set, or on a
+    # cluster) refuses to start. Each transition touches one shard, so one slot; what
+    # reads every shard (a list page, a sweep) costs more the more there are. 48 spread
+    # evenly over 1, 2, 3, 4, 6, 8, 12, 16, 24 or 48 primaries.
     store_shards: int = Field(48, ge=1, le=1024)
     # Empty by default: another service reaches layby with nothing but the broker URL.
     # Set it (e.g. "layby:broker:") when the broker's Redis database is shared.
@@ -326,7 +326,8 @@ class Settings(BaseSettings):
     @property
     def wanted_shards(self) -> int | None:
         """The shard count this process asks of the store: LAYBY_STORE_SHARDS on a cluster
-        or when set; None on one server when unset (the store's layout, as it was made)."""
+        or when set; None on one server when unset (the store's, as it was made; a new
+        store is still made with `store_shards`)."""
         if self.store_is_cluster or "store_shards" in self.model_fields_set:
             return self.store_shards
         return None

@@ -236,7 +236,7 @@ def plan(store: Store, settings: Settings, reviewers: Reviewers, run_id: str) ->
     if view is None or view.status is not Status.INTERRUPTED:
         return []
     plan = announcements(settings, reviewers, run_id, view.version, view.interrupts,
-                         view.notifications, fits=store.keys.fits_with(run_id))
+                         view.notifications, fits=store.fits_with(run_id))
     if not plan:
         return []
     _, dispatch = store.plan_notifications(run_id, plan)

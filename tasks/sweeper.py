@@ -115,11 +115,12 @@ def _sweep(rt: Runtime) -> dict[str, int]:
 def _switch_format(rt: Runtime) -> int:
     """Once no process of an older release is alive (none beats in the registry), the
     store starts writing the newest format this code knows (`layby.parking.formats`):
-    1 when it switched."""
+    1 when it switched. A store in the legacy layout switching to format 2 gets this
+    sweeper's LAYBY_STORE_SHARDS, and moves to the sharded layout at its layout instant."""
     store, newest = rt.store, migrations.newest()
     if store.writing >= newest:
         return 0
-    reply = store.switch_format(store.writing + 1)
+    reply = store.switch_format(store.writing + 1, shards=rt.settings.store_shards)
     if reply[0] != "switched":
         return 0
     log.warning("no process of an older release is left: the store writes format %d now; "

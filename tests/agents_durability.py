@@ -34,7 +34,7 @@ from layby.generation import (
     interrupt_tool,
     tool,
 )
-from layby.parking import Keys
+from layby.parking import Keys, formats
 
 QUICK_JOB = "test.quick_job"
 
@@ -46,7 +46,8 @@ def _seconds(name: str, default: str) -> float:
 @cache
 def _store() -> tuple[Redis, Keys]:
     settings = Settings()
-    return redis_client(settings), Keys(settings.key_prefix)
+    client = redis_client(settings)
+    return client, formats.keys_of(client, settings.key_prefix)
 
 
 @shared_task(name=QUICK_JOB)

@@ -26,8 +26,10 @@ import layby
 from layby.broker_config import JOBS, NOTIFY, TURNS, Settings
 from layby.ops.embedded import free_port
 from layby.ops.supervisor import gateway_argv, sweeper_argv, worker_argv
-from layby.parking import codecs
+from layby.parking import codecs, formats
 from layby.parking.keys import Keys
+from layby.parking.scripts import standalone
+from layby.wire import Status
 
 API_KEY = "test-key-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,13 +51,39 @@ BASE_ENV = {
 }
 
 
+def keys_of(client: Any, prefix: str) -> Keys:
+    """The keys of the store under `prefix`, in the layout its format key says."""
+    return formats.keys_of(client, prefix)
+
+
+def back_to_the_legacy_layout(client: Any, prefix: str) -> None:
+    """The store as layby 0.2.0 made it (format 1, the legacy layout, one shard): every run
+    moved back out of the sharded layout (lua/move_run.lua, its KEYS swapped), and its
+    grants and idempotency keys; the format key without its shard count. Every process
+    must be stopped."""
+    sharded, legacy = formats.keys_of(client, prefix), Keys(prefix)
+    if sharded.shard_count is None:
+        return
+    move = standalone(client, "move_run")
+    for shard in sharded.shards:
+        for status in Status:
+            for run_id in client.zrange(shard.index(status), 0, -1):
+                move(keys=[*sharded.for_scripts(run_id), *legacy.for_scripts(run_id)])
+        for kind, named in (("grant", legacy.grant), ("idem", legacy.idempotency)):
+            for key in client.scan_iter(match=f"{shard.base}:{kind}:*"):
+                client.rename(key, named(key.removeprefix(f"{shard.base}:{kind}:")))
+    client.hdel(legacy.format, "shards", "sharded_at")
+    client.hset(legacy.format, "version", 1)
+
+
 def as_0_1_0s_predecessors_kept_it(client: Any, prefix: str, run_id: str) -> dict[str, str]:
     """Rewrite a parked run as layby 0.1.0's unreleased predecessors kept it, and the store
-    as 0.1.0 left it (no format version), for `layby migrate` to find: the run's id in its
-    hash, its interrupts (in their wire form), notifications (under their long names) and
-    open interrupts (a set) in keys of their own, none of the run's later fields. Returns
-    the fields moved out (`i:<id>`, `n:<id>`), as they were. Every process must be stopped
-    (none serves a store without a version)."""
+    as 0.1.0 left it (the legacy layout, no format version), for `layby migrate` to find:
+    the run's id in its hash, its interrupts (in their wire form), notifications (under
+    their long names) and open interrupts (a set) in keys of their own, none of the run's
+    later fields. Returns the fields moved out (`i:<id>`, `n:<id>`), as they were. Every
+    process must be stopped (none serves a store without a version)."""
+    back_to_the_legacy_layout(client, prefix)
     keys = Keys(prefix)
     run = keys.run(run_id)
     held = client.hgetall(run)

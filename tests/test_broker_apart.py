@@ -21,7 +21,7 @@ from layby.ops.embedded import EmbeddedRedis
 # The same scenarios as on one server (collected here, they get this module's `system`).
 from tests.core_scenarios import *  # noqa: F403
 from tests.core_scenarios import beside
-from tests.harness import LaybySystem, wait_until
+from tests.harness import LaybySystem, keys_of, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -67,10 +67,12 @@ def test_each_server_holds_its_own_keys(apart: Apart) -> None:
     # Celery's queues and bindings are on the broker alone; the runs on the store alone.
     assert not [k for k in store.scan_iter() if k.startswith(("layby.", "_kombu"))]
     assert any(k.startswith("_kombu.binding.layby") for k in broker.scan_iter())
-    assert store.exists(f"layby:{{{run_id}}}:run")
+    keys = keys_of(store, "layby")
+    assert store.exists(keys.run(run_id))
     assert not list(broker.scan_iter("layby:*"))
     # Everything the transitions put in the outbox was published and acked.
-    wait_until(lambda: not store.zcard("layby:outbox"), 10, what="an empty outbox")
+    wait_until(lambda: not any(store.zcard(shard.outbox) for shard in keys.shards), 10,
+               what="an empty outbox")
 
 
 def test_doctor_names_the_broker(apart: Apart) -> None:

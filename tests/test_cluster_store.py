@@ -16,7 +16,7 @@ import redis
 
 from layby.control.runtime import TASK_NAMES
 from layby.ops.embedded import EmbeddedCluster
-from layby.parking import Announcements, Store, StoreConfig
+from layby.parking import Announcements, Keys, Store, StoreConfig, formats, migrations
 from layby.parking.scripts import standalone
 from layby.parking.shards import slot_of, tags
 from layby.wire import Status
@@ -113,3 +113,29 @@ def test_the_cluster_refuses_a_script_given_keys_of_two_slots(
         assert count(keys=keys[:1]) == []  # one slot: it runs (no such run: nothing counted)
         with pytest.raises(redis.ResponseError, match="hash to the same slot"):
             count(keys=keys)
+
+
+def test_a_store_of_format_1_made_on_the_cluster_is_taken_to_format_2_without_a_scan(
+        store: Store) -> None:
+    """A store made on a cluster before format 2 (version 1 and a shard count, as this
+    layby's processes stamped it then) is in the sharded layout already: the switch keeps
+    its shard count and gives it no layout instant, and `layby migrate` (migration 2) looks
+    at no key, on any primary, and sets the version."""
+    keys = Keys(store.keys.prefix)
+    formats.stamp(store.redis, keys, 1, 48)
+    runs = [f"run_{uuid.uuid4().hex}" for _ in range(6)]
+    for run_id in runs:
+        _parked(store, run_id)
+    before = {run_id: store.view(run_id) for run_id in runs}
+    assert store.switch_format(2, shards=16) == ["switched"]
+    state = formats.read(store.redis, keys)
+    assert (state.shards, state.sharded_at, state.written) == (48, None, 2)
+    assert store.layout == formats.Layout(Keys(keys.prefix, 48))
+    formats.settle_after_switch(store.redis, keys)
+    scanned: list[int] = []
+    [report] = migrations.migrate(store.redis, keys, progress=scanned.append)
+    assert (report.number, report.seen, report.changed, scanned) == (2, 0, 0, [])
+    assert formats.read(store.redis, keys).version == 2
+    again = Store(store.redis, StoreConfig(TASK_NAMES, prefix=keys.prefix, shards=48))
+    assert {run_id: again.view(run_id) for run_id in runs} == before
+    assert again.answer(runs[0], [answer("int_a")]).resumed

@@ -34,7 +34,13 @@ from layby.parking.registries import RunIndex
 from layby.parking.scripts import PLACEHOLDER
 from layby.wire import Status
 from tests import sse
-from tests.harness import API_KEY, LaybySystem, as_0_1_0s_predecessors_kept_it, wait_until
+from tests.harness import (
+    API_KEY,
+    LaybySystem,
+    as_0_1_0s_predecessors_kept_it,
+    keys_of,
+    wait_until,
+)
 from tests.reviewers import SmtpServer, WebhookReceiver, reviewed_system
 
 
@@ -227,8 +233,8 @@ def test_a_cycle_takes_two_tasks_and_a_parked_run_keeps_only_what_it_holds(
         isolated: Any) -> None:
     system = isolated().start()
     (run_id,) = _park(system, 1)
-    keys = Keys(system.settings.key_prefix)
     with redis.Redis.from_url(system.redis_url, decode_responses=True) as client:
+        keys = keys_of(client, system.settings.key_prefix)
         # The run's events take what they hold: a new stream reserves room for many more
         # (4 KB with the server's defaults), and the park gives it back.
         held = sum(len(k) + len(v) for _, fields in client.xrange(keys.events(run_id))
@@ -280,8 +286,8 @@ def test_a_runs_input_is_kept_once_and_read_back_as_given(isolated: Any) -> None
             reply = api.post("/v1/runs", json={"agent": "demo.trivia", **body})
             assert reply.status_code == 202, reply.text
             ids.append(reply.json()["id"])
-    keys = Keys(system.settings.key_prefix)
     with redis.Redis.from_url(system.redis_url, decode_responses=True) as client:
+        keys = keys_of(client, system.settings.key_prefix)
         kept = [client.hexists(keys.run(run_id), "input") for run_id in ids]
     assert kept == [False, True, True]
     for run_id, (_, expected) in zip(ids, given, strict=True):
@@ -300,8 +306,8 @@ def test_a_run_parked_a_while_keeps_its_events_in_its_hash_and_readers_see_no_ch
         system = reviewed_system(isolated(), tmp_path, smtp, hooks,
                                  LAYBY_FOLD_EVENTS_AFTER_S="4").system
         (run_id,) = _park(system, 1)
-        keys = Keys(system.settings.key_prefix)
         client = redis.Redis.from_url(system.redis_url, decode_responses=True)
+        keys = keys_of(client, system.settings.key_prefix)
         wait_until(lambda: [f["type"] for _, f in client.xrange(keys.events(run_id))].count(
             "notification.sent") == 2, 30, what="both notifications sent")
         before = sse.history(system, run_id)
@@ -456,8 +462,8 @@ def test_a_parked_run_holds_its_history_once_and_its_events_still_carry_it(
     resume, which rewrites the parked model message."""
     system = isolated().start()
     (run_id,) = _park(system, 1, agent)
-    keys = Keys(system.settings.key_prefix)
     with redis.Redis.from_url(system.redis_url, decode_responses=True) as client:
+        keys = keys_of(client, system.settings.key_prefix)
         # An answer's own "messages" (its payload's, not a step's) is the reviewer's: a
         # later park must leave it as it was sent.
         answers = [{"by": "test", "messages": ["kept as sent"]}, {"second": True}] \
@@ -500,7 +506,10 @@ def test_a_run_parked_by_0_1_0s_predecessors_is_answered_and_finishes_once_migra
         # the older layout is gone
         assert not client.exists(keys.open(run_id), keys.interrupts(run_id),
                                  keys.notifications(run_id))
-        assert "id" not in client.hkeys(keys.run(run_id))
+        # (And migration 2 moved it to the sharded layout.)
+        assert not client.exists(keys.run(run_id))
+        held = client.hkeys(keys_of(client, system.settings.key_prefix).run(run_id))
+        assert held and "id" not in held
     system.start_again()
 
     with system.api() as api:

@@ -240,7 +240,7 @@ def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem)
     assert store.plan_notifications(run_id, Announcements([(dead, None)])) == (["n2"], ["n2"])
     assert store.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "ok"
     assert store.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "failed"
-    text = render(client, store.keys).decode()
+    text = render(client, store.layout).decode()
     assert "layby_notifications_failed_total 2.0" in text
     for key in client.scan_iter("metrics-test:*"):
         client.delete(key)

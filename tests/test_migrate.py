@@ -2,7 +2,9 @@
 layby 0.1.0: every part refuses the unversioned store in one line that says what to run;
 `layby doctor` says the same; `--dry-run` counts and changes nothing; a migration killed
 with SIGKILL mid-way goes on where it stopped when run again, and a second run changes
-nothing. (Runs parked by 0.1.0 itself completing after the upgrade: test_upgrade.py.)"""
+nothing. A store of format 1 shared with a process of layby 0.2.0 is not switched to format 2
+(the sharded layout) until it is gone, or `--finish` is given. (Runs parked by the previous
+release itself completing after the upgrade: test_upgrade.py.)"""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import pytest
 import redis
 
 from layby.ops.embedded import EmbeddedRedis
-from layby.parking import formats
+from layby.parking import Keys, formats
 from tests.harness import ROOT
 from tests.store.conftest import MESSAGES, World
 from tests.store.test_migrations import _aged, _parked_with_a_note
@@ -55,7 +57,8 @@ def unversioned(redis_server: EmbeddedRedis, tmp_path: Path,
             "LAYBY_KEY_PREFIX": prefix, "LAYBY_DATA_DIR": str(tmp_path),
             "LAYBY_BROKER_KEY_PREFIX": f"{prefix}:broker:"}
     yield Unversioned(world, env)
-    for key in client.scan_iter(match=f"{prefix}:*"):
+    for key in [*client.scan_iter(match=f"{prefix}:*"),
+                *client.scan_iter(match=f"{{{prefix}:format}}:*")]:
         client.delete(key)
     client.close()
 
@@ -64,7 +67,7 @@ def _refused(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
     [line] = [ln for ln in done.stderr.splitlines() if "no format version" in ln]
-    assert "reads format 1" in line and "`layby migrate`" in line
+    assert "reads formats 1–2" in line and "`layby migrate`" in line
     return line
 
 
@@ -80,23 +83,25 @@ def test_every_part_refuses_the_store_of_0_1_0_until_it_is_migrated(
 
     counted = u.layby("migrate", "--dry-run")
     assert counted.returncode == 0, counted.stderr
-    # The run and its stream.
+    # The run and its stream; then the run (and what it has) to move.
     assert "migration 1 (" in counted.stdout and "2 keys looked at, 0 would change" in \
         counted.stdout
+    assert re.search(r"migration 2 \(the sharded layout.*\): \d+ keys looked at, [1-9]\d* "
+                     "would change", counted.stdout), counted.stdout
     assert formats.read(u.world.client, u.world.keys).version is None
 
     done = u.layby("migrate")
     assert done.returncode == 0, done.stderr
     assert "migrating" in done.stderr  # the progress bar
-    assert "the store is at format 1" in done.stdout
+    assert "the store is at format 2" in done.stdout
     assert "2 keys looked at, 0 changed" in done.stdout
     listed = u.layby("runs", "ls")
     assert listed.returncode == 0 and "run_1" in listed.stdout, listed.stderr
     doctor = u.layby("doctor")
-    assert "OK      store format: format 1" in doctor.stdout
+    assert "OK      store format: format 2" in doctor.stdout
     again = u.layby("migrate")
     assert again.returncode == 0
-    assert "nothing to do: the store is at format 1" in again.stdout
+    assert "nothing to do: the store is at format 2" in again.stdout
 
 
 def test_a_migration_killed_mid_way_goes_on_where_it_stopped(unversioned: Unversioned) -> None:
@@ -130,44 +135,51 @@ def test_a_migration_killed_mid_way_goes_on_where_it_stopped(unversioned: Unvers
     assert client.exists(keys.migrate_lock)
     done = u.layby("migrate", "--batch", "50")
     assert done.returncode == 0, done.stderr
-    assert "the store is at format 1" in done.stdout
+    assert "the store is at format 2" in done.stdout
     assert not any(client.exists(keys.interrupts(f"run_{n:03}")) for n in range(runs))
-    assert not any("id" in u.world.run_hash(f"run_{n:03}") for n in range(runs))
-    view = u.world.store.view("run_123")
+    # (Migrated on to the sharded layout: a store that reads the format now finds them.)
+    store = u.world.store_with()
+    held = [client.hkeys(store.keys.run(f"run_{n:03}")) for n in range(runs)]
+    assert all(fields and "id" not in fields for fields in held)
+    view = store.view("run_123")
     assert view is not None and [i.id for i in view.interrupts] == ["int_a", "int_b"]
     assert u.layby("migrate").stdout.startswith("nothing to do")
 
 
 def test_the_next_format_waits_for_the_older_processes_or_for_finish(
         unversioned: Unversioned) -> None:
-    """A store at format 1 that a newer release (format 2: tests/format2.py) shares with a
-    process of the older one: `layby migrate` of the newer release refuses, naming it;
-    `--finish` switches at once, with a warning, and migrates."""
+    """A store at format 1 (the legacy layout, as layby 0.2.0 made it) that a process of
+    0.2.0 shares: `layby migrate` refuses, naming it; `--finish` switches at once, with a
+    warning, waits for the layout instant, and moves the store to the sharded layout."""
     u = unversioned
     assert u.world.store.create_run("run_1", "demo.agent", input="hi", messages=MESSAGES,
                                     metadata={"team": "a"}, idempotency_key=None).ok
     u.world.client.hset(u.world.keys.format, "version", 1)
     u.world.store.beat_worker("layby-1@old:42", "worker 1 0.2.0")
+    before = u.world.run_hash("run_1")
 
-    def newer(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tests.format2", *args], env=u.env,
-                              cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=120)
-
-    refused = newer("migrate")
+    refused = u.layby("migrate", timeout=120)
     assert refused.returncode == 1, refused.stdout
     assert "processes of an older release are alive: layby-1@old:42 (worker 1 0.2.0)" in \
         refused.stderr
     assert "the store writes format 1 until they are gone" in refused.stderr
     assert formats.read(u.world.client, u.world.keys).written == 1
-    assert not u.world.run_hash("run_1")["metadata"].startswith("z:")
+    assert u.world.client.exists(u.world.keys.run("run_1"))
 
-    # Still alive (each `newer` takes seconds to start: its beat would lapse meanwhile).
+    # Still alive (each `layby` takes seconds to start: its beat would lapse meanwhile).
     u.world.store.beat_worker("layby-1@old:42", "worker 1 0.2.0")
-    done = newer("migrate", "--finish")
+    began = time.monotonic()
+    done = u.layby("migrate", "--finish", timeout=120)
     assert done.returncode == 0, done.stderr
     assert "warning: switched to format 2 with processes of an older release in the " \
            "registry: layby-1@old:42" in done.stderr
-    assert "1 keys looked at, 1 changed" in done.stdout
+    # Every process uses the sharded layout from the layout instant on: it waits for it.
+    assert re.search(r"waited \d+\.\d s for every process to write format 2", done.stderr)
+    assert time.monotonic() - began >= formats.FRESH_S + formats.LAYOUT_MARGIN_S
+    assert re.search(r"migration 2 \(.*\): \d+ keys looked at, [1-9]\d* changed", done.stdout)
     assert "the store is at format 2" in done.stdout
-    assert u.world.run_hash("run_1")["metadata"].startswith("z:")
+    state = formats.read(u.world.client, u.world.keys)
+    assert state.version == 2 and state.shards == 48
+    assert not u.world.client.exists(u.world.keys.run("run_1"))
+    moved = u.world.client.hgetall(Keys(u.world.prefix, 48).run("run_1"))
+    assert moved == {k: v for k, v in before.items() if k != "sent"}

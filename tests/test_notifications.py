@@ -26,10 +26,9 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 from layby.demo.agents import TRIVIA_CHOICES
 from layby.ops.embedded import EmbeddedRedis
-from layby.parking import Keys
 from layby.reviewers.tokens import TOKEN
 from tests import sse
-from tests.harness import as_0_1_0s_predecessors_kept_it, wait_until
+from tests.harness import as_0_1_0s_predecessors_kept_it, keys_of, wait_until
 from tests.reviewers import (
     HOOK_SECRET,
     INBOUND_DOMAIN,
@@ -267,12 +266,13 @@ def test_the_run_shows_its_notifications_and_no_secret_shows_anywhere(
     # As the run's hash keeps them for as long as it waits: a request sent at the first
     # attempt, what most are, says neither (read back as above); nor is the grant behind
     # a token JSON (its values, space-separated).
-    keys = Keys(reviewed.system.settings.key_prefix)
     with redis.Redis.from_url(reviewed.system.redis_url, decode_responses=True) as client:
+        keys = keys_of(client, reviewed.system.settings.key_prefix)
         held = client.hgetall(keys.run(run_id))
         stored = [json.loads(v) for k, v in held.items() if k.startswith("n:")]
         assert len(stored) == 2 and not [n for n in stored if {"k", "s", "a"} & n.keys()]
-        grant = client.get(keys.grant(token_of(mail).split("-")[1]))
+        ref = token_of(mail).split("-")[1]
+        grant = client.get(keys.shard_of(ref).grant(ref))
         assert grant.split(" ", 4)[:3] == [run_id, run["notifications"][0]["interruptId"],
                                            str(run["version"])], grant
 

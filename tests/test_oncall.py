@@ -11,7 +11,8 @@ from pathlib import Path
 import redis
 
 from layby.broker_config import TURNS
-from tests.harness import LaybySystem, wait_until
+from layby.wire import Status
+from tests.harness import LaybySystem, keys_of, wait_until
 from tests.reviewers import SmtpServer, WebhookReceiver, reviewed_system
 from tests.test_cli import layby
 
@@ -135,13 +136,14 @@ def test_purge_drops_finished_runs_past_retention(
     system.procs["sweeper"].stop()  # or it prunes first
     run_id = system.start_run("test.loop", "go round")["id"]
     system.wait_status(run_id, "failed")
-    client = redis.Redis.from_url(system.redis_url)
-    assert client.zscore("layby:index:failed", run_id) is not None
+    client = redis.Redis.from_url(system.redis_url, decode_responses=True)
+    failed = keys_of(client, "layby").shard_of(run_id).index(Status.FAILED)
+    assert client.zscore(failed, run_id) is not None
     wait_until(lambda: "1 failed" in layby(system, "ops", "purge", "--dry-run").stdout,
                15, every=0.5, what="the run past retention")
     done = layby(system, "ops", "purge")
     assert done.returncode == 0, done.stderr
     assert "purged 1 index entry" in done.stdout
-    assert client.zscore("layby:index:failed", run_id) is None
+    assert client.zscore(failed, run_id) is None
     assert "would purge: 0 completed, 0 failed, 0 cancelled" in layby(
         system, "ops", "purge", "--dry-run").stdout

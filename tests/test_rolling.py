@@ -73,8 +73,8 @@ def test_a_stopping_gateway_ends_its_streams_and_they_go_on_at_another(
     assert first.process.returncode in (0, -signal.SIGTERM), first.output()[-2000:]
     assert "Traceback" not in first.output()
     # Out of the registry of processes as it stopped, not a lease later.
-    about = redis.Redis.from_url(system.redis_url, decode_responses=True).hgetall(
-        Keys(system.settings.key_prefix).workers_about)
+    client = redis.Redis.from_url(system.redis_url, decode_responses=True)
+    about = client.hgetall(formats.keys_of(client, system.settings.key_prefix).workers_about)
     kinds = sorted(told.split()[0] for told in about.values())
     assert kinds == ["gateway", "worker", "worker"], about  # the other gateway; worker, sweeper
     assert not [n for n in about if n.endswith(f":{first.process.pid}")]
@@ -96,9 +96,9 @@ def test_a_stopping_gateway_ends_its_streams_and_they_go_on_at_another(
 
 
 def _stored_format(raw: str) -> int:
-    """The format a run's stored metadata was written in (tests/format2.py, which this
-    process must not import: it would register format 2 in the test process itself)."""
-    return 2 if raw.startswith("z:") else 1
+    """The format a run's stored metadata was written in (tests/format3.py, which this
+    process must not import: it would register format 3 in the test process itself)."""
+    return 3 if raw.startswith("z:") else 2
 
 
 def _order(event_id: str) -> tuple[int, int]:
@@ -203,18 +203,18 @@ def _client_loop(url: str, key: str, seen: Seen, me: int, stop: threading.Event)
 @pytest.mark.slow
 def test_a_deployment_rolled_one_process_at_a_time_under_load(
         isolated: Callable[..., LaybySystem]) -> None:
-    """The older release (format 1) runs a gateway, a worker and the sweeper behind a
-    front; four clients keep starting and approving transfers. The newer release (format 2,
-    tests/format2.py) replaces the gateway, then the worker, then the sweeper, one process
-    at a time; the store switches to format 2 once no older process is left, and `layby
+    """The older release (format 2) runs a gateway, a worker and the sweeper behind a
+    front; four clients keep starting and approving transfers. The newer release (format 3,
+    tests/format3.py) replaces the gateway, then the worker, then the sweeper, one process
+    at a time; the store switches to format 3 once no older process is left, and `layby
     migrate` brings the records written before to it. Every run completes, its money moved
     exactly once; no reply is a 5xx but 503 with Retry-After; every call goes through."""
     old = isolated(LAYBY_AGENT_MODULES="layby.demo.agents")
     old.worker_count = 2
     old.start()
     store = redis.Redis.from_url(old.redis_url, decode_responses=True)
-    keys = Keys(old.settings.key_prefix)
-    newer = {**old.env, "LAYBY_TASK_MODULES": "tests.format2"}
+    keys = formats.keys_of(store, old.settings.key_prefix)
+    newer = {**old.env, "LAYBY_TASK_MODULES": "tests.format3"}
     front = Front([old.port])
     seen, stop = Seen(), threading.Event()
     clients = [threading.Thread(target=_client_loop, args=(front.url, API_KEY, seen, i, stop))
@@ -238,7 +238,7 @@ def _roll(old: LaybySystem, store: redis.Redis, keys: Keys, newer: dict[str, str
           began: float) -> dict[str, object]:
 
     def completed() -> int:
-        return int(store.zcard(keys.index(Status.COMPLETED)))
+        return sum(int(store.zcard(shard.index(Status.COMPLETED))) for shard in keys.shards)
 
     def more_complete(than: int) -> None:
         wait_until(lambda: completed() >= than + 4, 60, what="runs to complete")
@@ -253,7 +253,7 @@ def _roll(old: LaybySystem, store: redis.Redis, keys: Keys, newer: dict[str, str
     more_complete(completed())
     old.procs["gateway"].stop()
     front.backends = [port]
-    assert formats.read(store, keys).written == 1  # an older worker and sweeper live
+    assert formats.read(store, keys).written == 2  # an older worker and sweeper live
     more_complete(completed())
     # The worker, then the sweeper: each newer one started before the older one stops.
     workers = Proc("worker-new", worker_argv(old.settings, [TURNS, JOBS, NOTIFY, "celery"],
@@ -266,16 +266,16 @@ def _roll(old: LaybySystem, store: redis.Redis, keys: Keys, newer: dict[str, str
     sweeper.start(newer)
     wait_until(lambda: store.get(keys.swept) is not None, 30, what="a sweep")
     old.procs["sweeper"].stop()
-    # No older process left: the store writes format 2, new runs' metadata compressed.
-    wait_until(lambda: formats.read(store, keys).written == 2, 30, what="the switch")
+    # No older process left: the store writes format 3, new runs' metadata compressed.
+    wait_until(lambda: formats.read(store, keys).written == 3, 30, what="the switch")
     # (Each process learns of the switch at its next beat.)
     wait_until(lambda: _stored_format(
-        store.hget(keys.run(seen.runs[-1]), "metadata") or "") == 2, 30,
-        what="runs written in format 2")
-    migrate = subprocess.run([sys.executable, "-m", "tests.format2", "migrate"], env=newer,
+        store.hget(keys.run(seen.runs[-1]), "metadata") or "") == 3, 30,
+        what="runs written in format 3")
+    migrate = subprocess.run([sys.executable, "-m", "tests.format3", "migrate"], env=newer,
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert migrate.returncode == 0, migrate.stderr
-    assert "the store is at format 2" in migrate.stdout
+    assert "the store is at format 3" in migrate.stdout
     more_complete(completed())
     stop.set()
     for thread in clients:
@@ -291,7 +291,7 @@ def _roll(old: LaybySystem, store: redis.Redis, keys: Keys, newer: dict[str, str
     assert statuses == {"completed": len(every)}, statuses
     transfers = Counter(entry["run"] for entry in _at(old, port).ledger()["transfers"])
     assert set(transfers) == set(every) and set(transfers.values()) == {1}
-    assert all(_stored_format(store.hget(keys.run(r), "metadata") or "") == 2
+    assert all(_stored_format(store.hget(keys.run(r), "metadata") or "") == 3
                for r in every)
     assert seen.without_retry_after == []
     assert not [what for what in seen.replies if what[0] == "5" and not what.startswith("503")]

@@ -18,7 +18,7 @@ import redis
 
 from layby.ops.embedded import EmbeddedCluster, EmbeddedRedis, free_port
 from layby.parking.keys import Keys
-from tests.harness import ROOT, wait_until
+from tests.harness import ROOT, back_to_the_legacy_layout, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -86,11 +86,12 @@ def test_layby_up_survives_a_restart_with_a_parked_run(tmp_path: Path) -> None:
     assert leftovers == []
     assert not (data_dir / "redis.url").exists()
 
-    # The data folder as layby 0.1.0 left it: no format version. Its own `layby up` (the
-    # server is its alone) migrates it, and says so.
+    # The data folder as layby 0.1.0 left it: the legacy layout, no format version. Its own
+    # `layby up` (the server is its alone) migrates it, and says so.
     valkey = EmbeddedRedis(data_dir / "valkey").start()
     try:
-        client = redis.Redis(port=valkey.port)
+        client = redis.Redis(port=valkey.port, decode_responses=True)
+        back_to_the_legacy_layout(client, "layby")
         assert client.delete("layby:format") == 1
         client.close()
     finally:
@@ -99,6 +100,7 @@ def test_layby_up_survives_a_restart_with_a_parked_run(tmp_path: Path) -> None:
     try:
         wait_until(lambda: _ready(base), 60, what="layby up, again")
         assert f"layby up: migrated the data in {data_dir} to format 1" in log.read_text()
+        assert f"layby up: migrated the data in {data_dir} to format 2" in log.read_text()
         api = _client(base, key)
         run = api.get(f"/v1/runs/{run_id}").json()
         assert run["status"] == "interrupted"

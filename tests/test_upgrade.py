@@ -1,12 +1,22 @@
-"""Upgrading from the previous release while runs wait: the previous release (the newest
-CHANGELOG.md names with its commit, 0.1.0 today) is built from the git history (`git
-archive`) into a wheel, installed in a virtualenv of its own next to this code, and run on
-a real Valkey: it parks runs, it is stopped (0.1.0 announces no version, so this one step
-stops every process), `layby migrate` versions the store, and this layby's processes
-complete the runs it parked and give every run's events as it gave them (a finished one's
-steps' messages, which 0.1.0 kept inside their data, kept apart now). (When the previous
-release is 0.2.0 or later, which announce their format, this test must run the two side by
-side instead, as tests/test_rolling.py rolls a deployment: the next release's work.)"""
+"""Upgrading from the previous release while runs wait, a process at a time: the previous
+release (the newest one CHANGELOG.md names with its commit that this checkout comes after:
+0.2.0 today) is built from the git history (`git archive`) into a wheel, installed in a
+virtualenv of its own next to this code, and run on a real Valkey beside this layby's
+processes, as a deployment is rolled (tests/test_rolling.py rolls one under load, within
+this code):
+
+1. 0.2.0's gateway, worker and sweeper make the store (format 1, the legacy layout) and
+   park runs; one finishes.
+2. This layby's gateway and worker join: while a process of 0.2.0 lives, the store is
+   written in format 1, in the legacy layout, and runs answered and started through the
+   newer gateway complete or park, whichever worker takes their steps.
+3. 0.2.0's gateway and worker stop; this layby's sweeper starts, and 0.2.0's stops: no
+   process of 0.2.0 is left, the sweeper switches the store to format 2, and from its
+   layout instant every process uses the sharded layout, moving a run of the legacy one
+   as it is touched (migration 2); 0.2.0 now refuses the store.
+4. `layby migrate` moves the rest: the store is at format 2, no key of the legacy layout
+   left, every run's events read as 0.2.0 gave them, and the runs 0.2.0 parked are
+   answered and complete."""
 
 from __future__ import annotations
 
@@ -16,9 +26,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
-import time
 from collections.abc import Iterator
-from importlib import metadata
 from io import BytesIO
 from pathlib import Path
 
@@ -27,7 +35,9 @@ import pytest
 import redis
 
 from layby.ops.embedded import EmbeddedRedis
-from layby.parking import Keys
+from layby.ops.supervisor import gateway_argv, sweeper_argv
+from layby.parking import Keys, formats
+from layby.parking.keys import KEY_SPECS
 from tests.harness import ROOT, LaybySystem, Proc, free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -35,14 +45,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 RELEASE = re.compile(r"^## (\d+)\.(\d+)\.(\d+) \(.*commit ([0-9a-f]{7,40})\)")
 
 
+def _git(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                          check=False)
+
+
 def _previous_release() -> tuple[str, str]:
-    """The newest release before this code's version, and its commit, as CHANGELOG.md
-    records them ("## 0.1.0 (2026-11-26, commit 4d81e2c)")."""
-    mine = tuple(int(n) for n in metadata.version("layby").split(".")[:3])
+    """The newest release CHANGELOG.md records with its commit ("## 0.2.0 (2026-11-27,
+    commit bbc36c3)") that this checkout's commit comes after (a checkout of a release's
+    own commit: the one before it)."""
     found = [(tuple(int(n) for n in m.groups()[:3]), m[4])
              for line in (ROOT / "CHANGELOG.md").read_text().splitlines()
              if (m := RELEASE.match(line))]
-    older = sorted((v, commit) for v, commit in found if v < mine)
+    head = _git("rev-parse", "HEAD").stdout.strip()
+    assert head, "the test needs the project's git history (a clone, not an export)"
+    older = sorted((v, commit) for v, commit in found
+                   if _git("rev-parse", commit).stdout.strip() != head
+                   and _git("merge-base", "--is-ancestor", commit, "HEAD").returncode == 0)
     assert older, "CHANGELOG.md names no earlier release with its commit"
     version, commit = older[-1]
     return ".".join(map(str, version)), commit
@@ -53,8 +72,8 @@ PREVIOUS, PREVIOUS_COMMIT = _previous_release()
 
 @pytest.fixture(scope="module")
 def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtualenv with layby 0.1.0's wheel, built from its commit, and this one's
-    dependencies (0.1.0 pins the same ranges): its `bin/` directory."""
+    """A virtualenv with the previous release's wheel, built from its commit, and this
+    one's dependencies (it pins the same ranges): its `bin/` directory."""
     work = tmp_path_factory.mktemp("release")
     commit = PREVIOUS_COMMIT
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit],
@@ -74,7 +93,8 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     # This environment's packages (not its editable layby: a .pth line adds a folder, the
-    # .pth files in it are not read), then 0.1.0's wheel in the venv's own site-packages.
+    # .pth files in it are not read), then the release's wheel in the venv's own
+    # site-packages.
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
                                 "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True,
@@ -91,28 +111,30 @@ def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class PreviousSystem:
-    """0.1.0's worker, sweeper and gateway, started with its own `layby` command, away
-    from this checkout (its folder is not on their path)."""
+    """The previous release's worker, sweeper and gateway, started with its own `layby`
+    command, away from this checkout (its folder is not on their path)."""
 
     def __init__(self, bin_dir: Path, env: dict[str, str], logs: Path) -> None:
         self.env = {**env, "PYTHONPATH": ""}
         self.port = free_port()
-        layby = str(bin_dir / "layby")
-        self.procs = [Proc(name, argv, logs / f"old-{name}.log") for name, argv in (
-            ("worker", [layby, "worker", "--concurrency", "2"]),
-            ("sweeper", [layby, "sweeper"]),
-            ("gateway", [layby, "gateway", "--host", "127.0.0.1", "--port", str(self.port)]))]
+        self.layby = str(bin_dir / "layby")
+        self.procs = {name: Proc(name, argv, logs / f"old-{name}.log") for name, argv in (
+            ("worker", [self.layby, "worker", "--concurrency", "2"]),
+            ("sweeper", [self.layby, "sweeper"]),
+            ("gateway", [self.layby, "gateway", "--host", "127.0.0.1", "--port",
+                         str(self.port)]))}
         self.cwd = logs
 
     def start(self) -> None:
-        for proc in self.procs:
+        for proc in self.procs.values():
             proc.log.parent.mkdir(parents=True, exist_ok=True)
             with open(proc.log, "ab") as out:
                 proc.process = subprocess.Popen(proc.argv, env=self.env, cwd=self.cwd,
                                                 stdout=out, stderr=subprocess.STDOUT,
                                                 start_new_session=True)
-        wait_until(lambda: "ready." in self.procs[0].output(), 60, what="0.1.0's worker")
-        wait_until(self._up, 60, what="0.1.0's gateway")
+        wait_until(lambda: "ready." in self.procs["worker"].output(), 60,
+                   what=f"{PREVIOUS}'s worker")
+        wait_until(self._up, 60, what=f"{PREVIOUS}'s gateway")
 
     def _up(self) -> bool:
         try:
@@ -120,9 +142,19 @@ class PreviousSystem:
         except httpx.HTTPError:
             return False
 
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30,
+                            headers={"Authorization": f"Bearer {self.env['LAYBY_API_KEYS']}"})
+
+    def command(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([self.layby, *args], env=self.env, cwd=self.cwd,
+                              capture_output=True, text=True, timeout=60)
+
+    def stop(self, *names: str) -> None:
+        """Stop its processes (those `names` only, when given), cleanly (SIGTERM)."""
+        for name, proc in reversed(self.procs.items()):
+            if not names or name in names:
+                proc.stop()
 
 
 @pytest.fixture
@@ -138,67 +170,88 @@ def stores(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[LaybySystem]
     client.close()
 
 
-def test_runs_parked_by_the_previous_release_complete_after_the_upgrade(
+def test_runs_parked_by_the_previous_release_complete_through_a_rolled_upgrade(
         previous_release: Path, stores: LaybySystem, tmp_path: Path) -> None:
     old = PreviousSystem(previous_release, stores.env, tmp_path / "old")
     old.start()
+    client = redis.Redis.from_url(stores.redis_url, decode_responses=True)
+    prefix = stores.settings.key_prefix
+    legacy, sharded = Keys(prefix), Keys(prefix, 48)
     try:
-        headers = {"Authorization": f"Bearer {stores.env['LAYBY_API_KEYS']}"}
-        with httpx.Client(base_url=f"http://127.0.0.1:{old.port}", headers=headers,
-                          timeout=30) as api:
+        # 1. The previous release parks runs, and finishes one.
+        with old.api() as api:
             started = [api.post("/v1/runs", json={"agent": "demo.trivia",
                                                   "input": f"Ask me question {n}"})
-                       for n in range(3)]
+                       for n in range(4)]
             assert all(r.status_code == 202 for r in started), [r.text for r in started]
             ids = [r.json()["id"] for r in started]
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                statuses = [api.get(f"/v1/runs/{i}").json()["status"] for i in ids]
-                if set(statuses) == {"interrupted"}:
-                    break
-                time.sleep(0.2)
-            assert set(statuses) == {"interrupted"}, statuses
-            # One more, which 0.1.0 finishes too: its steps' events keep their messages
-            # inside their data, where format 1 keeps them apart.
+            for run_id in ids:
+                wait_until(lambda r=run_id: api.get(f"/v1/runs/{r}").json()["status"]
+                           == "interrupted", 60, what="the runs to park")
             finished = _finished_by(api, ids[-1])
             streams = {run_id: _events_text(api, run_id) for run_id in [*ids, finished]}
+        state = formats.read(client, legacy)
+        assert (state.version, state.shards) == (1, None)  # format 1, the legacy layout
+        assert all(client.exists(legacy.run(r)) for r in [*ids, finished])
+
+        # 2. This layby's gateway and worker join; the store stays at format 1.
+        stores.port = free_port()
+        stores._start("gateway", gateway_argv("127.0.0.1", stores.port))
+        wait_until(stores._gateway_up, 30, what="this layby's gateway")
+        stores.start_worker()
+        with stores.api() as api:  # it shows what the previous release wrote
+            assert {run_id: _events_text(api, run_id) for run_id in streams} == streams
+        _answer(stores, ids[0])
+        parked_here = stores.start_run("demo.trivia", "Ask me one here")["id"]
+        stores.wait_status(parked_here, "interrupted", timeout=60)
+        assert client.exists(legacy.run(parked_here))
+        assert formats.read(client, legacy).written == 1
+
+        # 3. The previous release's gateway and worker stop; the sweepers take turns: no
+        # process of the previous release is left, and the store switches to format 2.
+        old.stop("gateway", "worker")
+        stores._start("sweeper", sweeper_argv(stores.settings))
+        wait_until(lambda: client.get(legacy.swept) is not None, 30, what="a sweep")
+        old.stop()
+        wait_until(lambda: formats.read(client, legacy).written == 2, 60, what="the switch")
+        state = formats.read(client, legacy)
+        assert state.shards == 48 and state.sharded_at is not None
+        refused = old.command("runs", "ls")
+        assert refused.returncode == 2 and "written by a newer layby" in refused.stderr, \
+            refused.stderr
+        # From the layout instant on, a run answered is moved first, and completes.
+        wait_until(lambda: formats.server_ms(client.time()) > (state.sharded_at or 0), 30,
+                   what="the layout instant")
+        _answer(stores, ids[1])
+        assert client.exists(sharded.run(ids[1])) and not client.exists(legacy.run(ids[1]))
+
+        # 4. `layby migrate` moves the rest.
+        migrated = stores.layby("migrate", timeout=180)
+        assert migrated.returncode == 0, migrated.stderr
+        assert "the store is at format 2" in migrated.stdout, migrated.stdout
+        assert formats.read(client, legacy).version == 2
+        left = [key for key in (*client.scan_iter(match=f"{prefix}:*"),
+                                *client.scan_iter(match=f"{{{prefix}:format}}:*"))
+                if any(spec.migrated_by == 2 and spec.regex(prefix).fullmatch(key)
+                       for spec in KEY_SPECS)]
+        assert left == []
+        with stores.api() as api:  # every run's events as the previous release gave them
+            assert {r: _events_text(api, r) for r in [*ids[2:], finished]} == \
+                {r: streams[r] for r in [*ids[2:], finished]}
+        for run_id in (*ids[2:], parked_here):
+            _answer(stores, run_id)
     finally:
         old.stop()
-    assert all(p.process is not None and p.process.poll() is not None for p in old.procs)
+        client.close()
 
-    client = redis.Redis.from_url(stores.redis_url, decode_responses=True)
-    steps = Keys(stores.settings.key_prefix).events(finished)
 
-    def completed_entry() -> dict[str, str]:
-        [(_, fields)] = [e for e in client.xrange(steps) if e[1]["type"] == "run.completed"]
-        return fields
-
-    assert '"messages":[' in completed_entry()["data"] and "messages" not in completed_entry()
-    env = {**stores.env, "PYTHONPATH": str(ROOT)}
-    layby = str(Path(sys.executable).parent / "layby")
-    refused = subprocess.run([layby, "runs", "ls"], env=env, cwd=ROOT, capture_output=True,
-                             text=True, timeout=60)
-    assert refused.returncode == 2 and "`layby migrate`" in refused.stderr, refused.stderr
-    migrated = subprocess.run([layby, "migrate"], env=env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)
-    assert migrated.returncode == 0, migrated.stderr
-    assert "the store is at format 1" in migrated.stdout
-    assert '"messages"' not in completed_entry()["data"] and "messages" in completed_entry()
-    client.close()
-
-    stores.start()
-    # Every run's events read as 0.1.0 gave them, byte for byte.
-    with stores.api() as api:
-        assert {run_id: _events_text(api, run_id) for run_id in streams} == streams
-    for run_id in ids:
-        run = stores.run(run_id)
-        assert run["status"] == "interrupted"
-        [question] = stores.open_interrupts(run)
-        choice = question["responseSchema"]["enum"][0]
-        stores.answer(run_id, question["id"], payload=choice)
-    for run_id in ids:
-        done = stores.wait_status(run_id, "completed", timeout=60)
-        assert done["result"], done
+def _answer(system: LaybySystem, run_id: str) -> None:
+    """Answer the run's question (demo.trivia) with its first choice; it completes."""
+    [question] = system.open_interrupts(system.run(run_id))
+    choice = question["responseSchema"]["enum"][0]
+    assert system.answer(run_id, question["id"], payload=choice).status_code == 200
+    done = system.wait_status(run_id, "completed", timeout=60)
+    assert done["result"], done
 
 
 def _events_text(api: httpx.Client, run_id: str) -> str:

@@ -120,7 +120,8 @@ class Runtime:
                 # Before anything is read or written: code that cannot read the store's
                 # format or layout must not serve it (FormatError says what to run).
                 state = formats.check(client, Keys(self.settings.key_prefix),
-                                      migrations.newest(), shards=self.settings.wanted_shards)
+                                      migrations.newest(), shards=self.settings.wanted_shards,
+                                      stamp_shards=self.settings.store_shards)
                 store = Store(client, store_config(self.settings, self.celery,
                                                    shards=state.shards))
                 store.writing = state.written or migrations.newest()

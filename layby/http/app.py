@@ -346,7 +346,7 @@ def _plain_routes(app: FastAPI) -> None:
     async def metrics(rt: Rt, _: Caller) -> Response:
         # Prometheus text format, read from Redis now (layby.http.metrics); bearer key.
         store = rt.store
-        body = await run_in_threadpool(render_metrics, store.redis, store.keys)
+        body = await run_in_threadpool(lambda: render_metrics(store.redis, store.layout))
         return Response(body, media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/demo/ledger", include_in_schema=False)

@@ -94,19 +94,35 @@ async def close_clients(rt: Runtime) -> None:
         await found[2].aclose()
 
 
+async def _where(rt: Runtime, run_id: str) -> tuple[str, events.Where | None]:
+    """The run's events key (the run moved first, while the store moves to the sharded
+    layout: `Store.keys_of`), and, while it may still move (a store in the legacy layout),
+    how to find it again."""
+    store = rt.store
+    keys = await asyncio.to_thread(store.keys_of, run_id)
+    if keys.shard_count is not None:  # the sharded layout: it stays there
+        return keys.events(run_id), None
+
+    async def where() -> str:
+        return (await asyncio.to_thread(store.keys_of, run_id)).events(run_id)
+
+    return keys.events(run_id), where
+
+
 async def run_exists(rt: Runtime, run_id: str) -> bool:
     """Whether the run is there (unknown, or past retention, if not)."""
     client = await _client(rt)
-    return bool(await client.exists(rt.store.keys.run(run_id)))
+    keys = await asyncio.to_thread(rt.store.keys_of, run_id)
+    return bool(await client.exists(keys.run(run_id)))
 
 
 async def run_events(rt: Runtime, run_id: str, after: str, follow: bool = True
                      ) -> AsyncIterator[Event | None]:
     """The run's events after `after`, then (with `follow`) as they come; None for a
     keep-alive."""
-    key = rt.store.keys.events(run_id)
+    key, where = await _where(rt, run_id)
     client = await _client(rt)
-    async for event in events.follow(client, key, after, keep_going=follow):
+    async for event in events.follow(client, key, after, keep_going=follow, where=where):
         yield event
 
 
@@ -114,8 +130,9 @@ async def sse(rt: Runtime, run_id: str, after: str, follow: bool) -> AsyncIterat
     """Server-sent events from the run's stream: replay, then follow until the run ends.
     Each entry is written as it is stored (its data is not parsed and written again)."""
     client = await _client(rt)
-    key = rt.store.keys.events(run_id)
-    async for batch in events.follow_raw(client, key, after, keep_going=follow):
+    key, where = await _where(rt, run_id)
+    async for batch in events.follow_raw(client, key, after, keep_going=follow,
+                                         where=where):
         if batch is None:
             yield b": keep-alive\n\n"
             continue

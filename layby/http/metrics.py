@@ -22,7 +22,8 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from layby.errors import ConfigError
-from layby.parking import Keys, Store, gauges
+from layby.parking import Store, gauges
+from layby.parking.formats import Layout
 from layby.parking.scripts import LATENCY_BUCKETS_S
 from layby.wire import Status
 
@@ -40,15 +41,16 @@ def _age_of_oldest(oldest: tuple[str, int] | None, now_ms: int, due_only: bool) 
 
 
 class LaybyCollector:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, layout: Layout) -> None:
         self.client = client
-        self.keys = keys
+        self.layout = layout
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("layby_redis_up", "1 when the Redis server answered this scrape")
         try:
-            read = gauges.read(self.client, self.keys, WAIT_BUCKETS_S)
-            by_version = gauges.runs_by_version(self.client, self.keys, (Status.INTERRUPTED,))
+            read = gauges.read(self.client, self.layout, WAIT_BUCKETS_S)
+            by_version = gauges.runs_by_version(self.client, self.layout,
+                                                (Status.INTERRUPTED,))
         except redis.RedisError:
             up.add_metric([], 0)
             yield up
@@ -165,9 +167,9 @@ def _latency(stats: dict[str, str], what: str, doc: str) -> HistogramMetricFamil
                                  sum_value=float(stats.get(f"{what}_latency_ms_sum", 0)) / 1000)
 
 
-def render(client: redis.Redis, keys: Keys) -> bytes:
+def render(client: redis.Redis, layout: Layout) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(LaybyCollector(client, keys))
+    registry.register(LaybyCollector(client, layout))
     return generate_latest(registry)
 
 
@@ -185,7 +187,7 @@ class _CollectorOfTheStore:
             yield GaugeMetricFamily("layby_redis_up", "1 when the Redis server answered this "
                                     "scrape", value=0)
             return
-        yield from LaybyCollector(store.redis, store.keys).collect()
+        yield from LaybyCollector(store.redis, store.layout).collect()
 
 
 def serve(host: str, port: int, store: Callable[[], Store]) -> WSGIServer:

@@ -368,7 +368,8 @@ def migrate(dry_run: Annotated[bool, typer.Option(
                            show_pos=True) as bar:
         step = bar.update
         reports = (migrations.dry_run(client, keys, batch=batch, progress=step) if dry_run
-                   else migrations.migrate(client, keys, batch=batch, progress=step))
+                   else migrations.migrate(client, keys, batch=batch, progress=step,
+                                           shards=settings.store_shards))
     verb = "would change" if dry_run else "changed"
     for r in reports:
         typer.echo(f"migration {r.number} ({r.title}): {r.seen} keys looked at, {r.changed} "
@@ -384,7 +385,7 @@ def _switch_to(format: int, force: bool) -> None:
     store = _rt().store
     older = {name: told for name, told in store.live_processes().items()
              if not told or int(told.split()[1]) < format}
-    reply = store.switch_format(format, force=force)
+    reply = store.switch_format(format, force=force, shards=_rt().settings.store_shards)
     if reply[0] == "older":
         names = ", ".join(f"{name} ({told or 'no version'})" for name, told in older.items())
         _fail(f"processes of an older release are alive: {names}; the store writes format "

@@ -19,7 +19,7 @@ from kombu.exceptions import OperationalError
 
 from layby.broker_config.settings import Settings, broker_shown
 from layby.control import connections
-from layby.parking import formats, migrations
+from layby.parking import formats, iso, migrations
 from layby.parking.gauges import live_hosting, runs_by_version
 from layby.parking.keys import Keys
 from layby.parking.store import on_cluster
@@ -132,6 +132,10 @@ def check_format(client: redis.Redis, settings: Settings) -> Check:
     line = f"format {state.version}"
     if state.written != state.version:
         line += f", writing format {state.written}"
+    if state.sharded_at is not None and state.version < formats.SHARDED:
+        line += (f"; moving to the sharded layout ({state.shards} shards) since "
+                 f"{iso(state.sharded_at)}: runs move as they are touched, `layby migrate` "
+                 "moves the rest")
     if state.migrating is not None:
         line += (f"; migration {state.migrating} under way (`layby migrate` goes on "
                  "where it stopped)")
@@ -144,13 +148,13 @@ def check_pinned_versions(client: redis.Redis, settings: Settings) -> list[Check
     """Runs pinned to an agent version (`on_change="pin"`) that no live worker hosts: queued
     or resuming, they wait now; parked, they would wait once answered. One line each
     version."""
-    keys = formats.keys_of(client, settings.key_prefix)
-    counts = runs_by_version(client, keys, (Status.INTERRUPTED, Status.QUEUED,
-                                            Status.RESUMING))
+    layout = formats.layout_of(client, settings.key_prefix)
+    counts = runs_by_version(client, layout, (Status.INTERRUPTED, Status.QUEUED,
+                                              Status.RESUMING))
     pinned = sorted(((c.agent, c.version or ""), n) for c, n in counts.items() if c.pinned)
     if not pinned:
         return [Check("pinned versions", True, "no waiting run is pinned to a version")]
-    hosted = {token for tokens in live_hosting(client, keys).values() for token in tokens}
+    hosted = {token for tokens in live_hosting(client, layout).values() for token in tokens}
     missing = [(agent, version, n) for (agent, version), n in pinned
                if f"{agent}@{version}" not in hosted]
     if not missing:

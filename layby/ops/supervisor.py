@@ -247,7 +247,7 @@ class System:
                 raise NotStarted(why)  # shared, or written by a newer layby
             if not owned:
                 return  # readable; `layby migrate` when the deployment is through
-            for report in migrations.migrate(client, keys):
+            for report in migrations.migrate(client, keys, shards=self.settings.store_shards):
                 _say(f"layby up: migrated the data in {self.settings.data_dir} to format "
                      f"{report.number} ({report.changed} of {report.seen} keys changed)")
         finally:

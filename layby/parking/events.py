@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 from redis import Redis
@@ -32,6 +32,12 @@ from layby.parking.scripts import argv, folding_source
 from layby.wire import Event
 
 KEEP_ALIVE_MS = 15_000
+# A follower of a run that may move to the sharded layout (its store in the legacy one)
+# waits at most this long at once, and looks where the run is between waits: a blocking
+# XREAD is not woken by the move (the stream renamed away).
+WHERE_EVERY_MS = 1_000
+# How a follower finds the run's events key again (`follow_raw`).
+Where = Callable[[], Awaitable[str]]
 # The most events one read returns, and a count above any run's (a run keeps
 # LAYBY_EVENTS_MAX, 2,000 by default, in its stream and as many folded).
 PAGE = 500
@@ -162,7 +168,8 @@ def last_park(client: Redis, key: str, interrupt_ids: set[str] | None = None) ->
     return None
 
 
-async def follow_raw(client: AsyncRedis, key: str, after: str, *, keep_going: bool = True
+async def follow_raw(client: AsyncRedis, key: str, after: str, *, keep_going: bool = True,
+                     where: Where | None = None
                      ) -> AsyncIterator[list[tuple[str, dict[str, str]]] | None]:
     """`follow`, a batch at a time (what one read found), each entry as `fill` gives it:
     (id, fields), its data unparsed.
@@ -172,19 +179,32 @@ async def follow_raw(client: AsyncRedis, key: str, after: str, *, keep_going: bo
     streamed events at once, unless the last wait just returned a part of the stream (a
     batch not full: all there was). An event appended and folded in the instant between
     that wait and the next, which only a sweeper's fold 30 s into a park can do, comes at
-    the next keep-alive (15 s)."""
+    the next keep-alive (15 s).
+
+    `where`: the run may move to the sharded layout while it is followed (its store in the
+    legacy one): a wait is at most WHERE_EVERY_MS, and after one that found nothing the
+    run's events key is asked again (a move keeps the stream's ids: the follower goes on
+    from `after` there)."""
     look = True
+    waited = 0
     while True:
         batch = await stored_async(client, key, after) if look else []
         if not batch and not keep_going:
             return
         if not batch:
-            reply: Any = await client.xread({key: after}, count=PAGE, block=KEEP_ALIVE_MS)
+            wait = KEEP_ALIVE_MS if where is None else min(WHERE_EVERY_MS,
+                                                           KEEP_ALIVE_MS - waited)
+            reply: Any = await client.xread({key: after}, count=PAGE, block=wait)
             batch = reply[0][1] if reply else []
             if not batch:
-                look = True
-                yield None
+                waited += wait
+                if where is not None and (moved := await where()) != key:
+                    key, look = moved, True
+                if waited >= KEEP_ALIVE_MS:
+                    waited, look = 0, True
+                    yield None
                 continue
+        waited = 0
         look = len(batch) >= PAGE
         after = batch[-1][0]
         yield await fill_async(client, key, batch)
@@ -198,12 +218,12 @@ def wire_json(event_id: str, fields: dict[str, str]) -> str:
             f'"data":{fields.get("data") or "null"}}}')
 
 
-async def follow(client: AsyncRedis, key: str, after: str, *, keep_going: bool = True
-                 ) -> AsyncIterator[Event | None]:
+async def follow(client: AsyncRedis, key: str, after: str, *, keep_going: bool = True,
+                 where: Where | None = None) -> AsyncIterator[Event | None]:
     """Events after `after`: what is there, then, with `keep_going`, each as it comes and
     None every 15 s without one (for a keep-alive). Async, so a waiting stream holds a
     socket, not one of the server's threads."""
-    async for batch in follow_raw(client, key, after, keep_going=keep_going):
+    async for batch in follow_raw(client, key, after, keep_going=keep_going, where=where):
         if batch is None:
             yield None
             continue

@@ -12,10 +12,21 @@ only after `layby migrate` (migration 1) has run. Code reads the newest format i
 and the one before it, so that two consecutive versions of layby can share a store while
 a deployment is rolled one process at a time.
 
-The key also holds the store's layout: `shards`, how many shards a store made on a cluster
-has (LAYBY_STORE_SHARDS when it was made; `parking.shards`), absent for the one-shard
-layout of a store on one server. A process reads it before anything else (`keys_of`);
-one given another number refuses to start. (layby 0.2.0 cannot reach a cluster at all.)
+The key also holds the store's layout: `shards`, how many shards its sharded layout has
+(`parking.shards`; LAYBY_STORE_SHARDS when it was made, or when a store of format 1 switched
+to format 2), absent for the legacy layout of format 1 on one server (layby 0.2.0's, one
+shard). A process reads it before anything else (`layout`); one given another number
+refuses to start. (layby 0.2.0 cannot reach a cluster at all.)
+
+Format 2 is every record in the sharded layout (`SHARDED`, migration 2). A store of format
+1 in the legacy layout moves to it online: the switch to writing format 2 records the shard
+count and `sharded_at`, the layout instant (the server's clock, ms: FRESH_S and a margin
+after the switch, by when every process has seen the switch). Before it, every process
+uses the legacy layout (and looks for a run it does not find there in the sharded one:
+`Layout.next`); from it on, new runs are made in the sharded layout, a run still in the
+legacy one is moved there before anything is done with it, and whatever scans the shards
+reads the legacy shard as one more (`Layout.legacy`), until `layby migrate` has moved the
+rest and set the version to 2.
 """
 
 from __future__ import annotations
@@ -28,13 +39,19 @@ from typing import cast
 from redis import Redis
 
 from layby.errors import ConfigError
-from layby.parking.keys import Keys
+from layby.parking.keys import Keys, ShardKeys
+from layby.parking.shards import DEFAULT_COUNT
 from layby.wire import Status
 
 FIRST = 1  # the format of layby 0.2.0, which migration 1 brings a store of 0.1.0 to
+SHARDED = 2  # every record in the sharded layout (migration 2)
 # How old a process's idea of the format it writes may be (`Store.writing`): a switch
 # reaches every process within it, so a migration waits that long after one.
 FRESH_S = 5.0
+# The layout instant comes this long after FRESH_S has passed since the switch: for a
+# process's read of the format key on its way (a reply late, a process paused), and a
+# migration begins this long after the instant.
+LAYOUT_MARGIN_S = 1.0
 
 
 class FormatError(ConfigError):
@@ -49,6 +66,8 @@ class FormatState:
     writing: int | None
     migrating: int | None = None  # the migration under way, if one is
     shards: int | None = None  # the sharded layout's shard count (None: one, the legacy)
+    # A store of format 1 moving to the sharded layout: from when on (the server's ms).
+    sharded_at: int | None = None
 
     @property
     def written(self) -> int | None:
@@ -62,17 +81,81 @@ def reads(newest: int) -> range:
     return range(max(1, newest - 1), newest + 1)
 
 
+FIELDS = ("version", "writing", "migrating", "shards", "sharded_at")
+
+
+def parsed(raw: list[str | None]) -> FormatState:
+    """`FormatState` from an HMGET of `FIELDS`."""
+    return FormatState(*(int(v) if v else None for v in raw))
+
+
 def read(client: Redis, keys: Keys) -> FormatState:
-    raw = cast("list[str | None]", client.hmget(keys.format, "version", "writing",
-                                                 "migrating", "shards"))
-    version, writing, migrating, shards = (int(v) if v else None for v in raw)
-    return FormatState(version, writing, migrating, shards)
+    return parsed(cast("list[str | None]", client.hmget(keys.format, *FIELDS)))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a store's records are, as a process sees them: `keys`, the layout its
+    transitions write and new runs are made in; `legacy`, while a store of format 1 moves
+    to the sharded layout (from its layout instant until it is at format 2), the legacy
+    layout, whose runs are moved before anything is done with them and whose one shard
+    every scan reads besides; `next`, between the switch and the layout instant, the
+    sharded layout runs will move to (a run a transition does not find in `keys` may
+    already be there: a process's idea of the instant is off by a round trip)."""
+
+    keys: Keys
+    legacy: Keys | None = None
+    next: Keys | None = None
+
+    @property
+    def moving(self) -> bool:
+        return self.legacy is not None
+
+    @property
+    def scanned(self) -> tuple[tuple[ShardKeys, Keys], ...]:
+        """Every shard a scan reads (the legacy one last, while moving), each with the
+        layout of the runs it indexes."""
+        found = tuple((shard, self.keys) for shard in self.keys.shards)
+        if self.legacy is not None:
+            found += tuple((shard, self.legacy) for shard in self.legacy.shards)
+        return found
+
+    @property
+    def shards(self) -> tuple[ShardKeys, ...]:
+        return tuple(shard for shard, _ in self.scanned)
+
+
+def layout(state: FormatState, prefix: str, now_ms: int) -> Layout:
+    """The layout of a store in `state` at `now_ms` (the server's clock)."""
+    legacy = Keys(prefix)
+    if state.shards is None:
+        return Layout(legacy)
+    sharded = Keys(prefix, state.shards)
+    if state.sharded_at is None or (state.version or 0) >= SHARDED:
+        return Layout(sharded)
+    if now_ms < state.sharded_at:
+        return Layout(legacy, next=sharded)
+    return Layout(sharded, legacy=legacy)
+
+
+def server_ms(reply: tuple[int | str, int | str]) -> int:
+    """TIME's reply in ms."""
+    return int(reply[0]) * 1000 + int(reply[1]) // 1000
+
+
+def layout_of(client: Redis, prefix: str) -> Layout:
+    """The store's layout now (its format key, and the server's clock when the store moves
+    to the sharded layout: a store on a cluster never does, and a cluster's pipeline has
+    no TIME)."""
+    state = read(client, Keys(prefix))
+    moving = state.sharded_at is not None and (state.version or 0) < SHARDED
+    return layout(state, prefix, server_ms(client.time()) if moving else 0)
 
 
 def keys_of(client: Redis, prefix: str) -> Keys:
-    """The store's keys under `prefix`, in the layout its format key says (the format key
-    is named the same in every layout)."""
-    return Keys(prefix, read(client, Keys(prefix)).shards)
+    """The store's keys under `prefix`, in the layout its transitions write now (the
+    format key is named the same in every layout)."""
+    return layout_of(client, prefix).keys
 
 
 def has_data(client: Redis, keys: Keys) -> bool:
@@ -115,34 +198,35 @@ def release() -> str:
 
 def settle_after_switch(client: Redis, keys: Keys) -> float:
     """Wait until every process writes the format the store switched to (FRESH_S after
-    the switch, by the server's clock), so that a migration's scan is not followed by
-    records written in the format before; returns the seconds waited."""
-    raw = cast("str | None", client.hget(keys.format, "switched_at"))
-    if not raw:
+    the switch, by the server's clock), and uses the sharded layout when the store moves
+    to it (LAYOUT_MARGIN_S after its layout instant), so that a migration's scan is not
+    followed by records written in the format or the layout before; returns the seconds
+    waited."""
+    switched, sharded = cast("list[str | None]", client.hmget(keys.format, "switched_at",
+                                                               "sharded_at"))
+    waits = [int(at) + s * 1000 for at, s in ((switched, FRESH_S + 1),
+                                              (sharded, LAYOUT_MARGIN_S)) if at]
+    if not waits:
         return 0.0
-    seconds, micros = client.time()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    left = (int(raw) + (FRESH_S + 1) * 1000 - now_ms) / 1000
+    until = max(waits)
+    left = (until - server_ms(client.time())) / 1000
     if left > 0:
         time.sleep(left)
     return max(0.0, left)
 
 
-def check(client: Redis, keys: Keys, newest: int, *, shards: int | None = None
-          ) -> FormatState:
+def check(client: Redis, keys: Keys, newest: int, *, shards: int | None = None,
+          stamp_shards: int = DEFAULT_COUNT) -> FormatState:
     """The store's format, for code whose newest format is `newest`: raises `FormatError`
     (one line: which formats it reads and what to run) when it cannot read it. An empty
-    store without a version is stamped with `newest`, and with `shards` when given (a
-    cluster's store, or LAYBY_STORE_SHARDS set: the sharded layout), first come first
-    served; a store whose layout is not that is refused (`layout_problem`)."""
+    store without a version is stamped (`stamp`) with `newest`, and with `shards` when
+    given (a cluster's store, or LAYBY_STORE_SHARDS set), else `stamp_shards` (the
+    process's LAYBY_STORE_SHARDS) from format 2 on, first come first served; a store whose
+    layout is not that is refused (`layout_problem`)."""
     state = read(client, keys)
     if state.version is None and not has_data(client, keys):
-        with client.pipeline(transaction=True) as pipe:
-            # One MULTI: the first process's version and layout, or neither.
-            pipe.hsetnx(keys.format, "version", newest)
-            if shards is not None:
-                pipe.hsetnx(keys.format, "shards", shards)
-            pipe.execute()
+        stamp(client, keys, newest, shards if shards is not None else
+              stamp_shards if newest >= SHARDED else None)
         state = read(client, keys)
     why = readable(state, newest, empty=False) or layout_problem(state, shards)
     if why is not None:
@@ -150,16 +234,25 @@ def check(client: Redis, keys: Keys, newest: int, *, shards: int | None = None
     return state
 
 
+def stamp(client: Redis, keys: Keys, newest: int, shards: int | None) -> None:
+    """An empty store's format: `newest`, and its shard count when given; first come first
+    served."""
+    with client.pipeline(transaction=True) as pipe:
+        # One MULTI: the first process's version and layout, or neither.
+        pipe.hsetnx(keys.format, "version", newest)
+        if shards is not None:
+            pipe.hsetnx(keys.format, "shards", shards)
+        pipe.execute()
+
+
 def layout_problem(state: FormatState, shards: int | None) -> str | None:
     """Why a process that wants `shards` shards cannot serve a store in `state` (None when
     it can). One that wants none in particular (None: a store on one server, without
-    LAYBY_STORE_SHARDS) takes the store's layout as it is."""
-    if shards is None or state.shards == shards or state.version is None:
+    LAYBY_STORE_SHARDS) takes the store's layout as it is; so does one on a store of
+    format 1 in the legacy layout, which the switch to format 2 gives the sweeper's
+    shard count."""
+    if shards is None or state.shards in (shards, None) or state.version is None:
         return None  # (a store without a version has no layout yet: the first stamps it)
-    if state.shards is None:
-        return (f"the store has the one-shard layout of a store made on one server, and "
-                f"this process is set for {shards} shards (LAYBY_STORE_SHARDS, or a cluster "
-                "URL): a store's layout is fixed when it is made; unset LAYBY_STORE_SHARDS")
     return (f"the store was made with {state.shards} shards and this process is set for "
             f"{shards}: a store's shard count is fixed when it is made; set "
             f"LAYBY_STORE_SHARDS={state.shards} on every process")

@@ -16,7 +16,8 @@ from typing import Any, cast
 
 from redis import Redis
 
-from layby.parking.keys import Keys, ShardKeys
+from layby.parking.formats import Layout
+from layby.parking.keys import ShardKeys
 from layby.parking.registries import first_scored, now_ms
 from layby.parking.scripts import standalone
 from layby.wire import Status
@@ -40,14 +41,16 @@ class Gauges:
     last_sweep_ms: int | None = None   # when the sweeper last finished a sweep
 
 
-def read(client: Redis, keys: Keys, wait_buckets_s: tuple[int, ...]) -> Gauges:
+def read(client: Redis, layout: Layout, wait_buckets_s: tuple[int, ...]) -> Gauges:
+    """Every shard's gauges, summed: the legacy shard's too while the store moves to the
+    sharded layout."""
     now = now_ms(client)
     pipe = client.pipeline(transaction=False)  # replies are taken in the order asked
-    for shard in keys.shards:
+    for shard in layout.shards:
         _ask(pipe, shard, now, wait_buckets_s)
-    pipe.get(keys.swept)
+    pipe.get(layout.keys.swept)
     replies = iter(pipe.execute())
-    each = [_told(replies, now, wait_buckets_s) for _ in keys.shards]
+    each = [_told(replies, now, wait_buckets_s) for _ in layout.shards]
     swept = next(replies)
     return _summed(each, int(swept) if swept else None)
 
@@ -120,15 +123,17 @@ class VersionCount:
     pinned: bool
 
 
-def runs_by_version(client: Redis, keys: Keys, statuses: Iterable[Status]
+def runs_by_version(client: Redis, layout: Layout, statuses: Iterable[Status]
                     ) -> Counter[VersionCount]:
     """How many runs in `statuses` each agent version has: each index read a page at a
     time, its runs counted by a script where they are (lua/count_versions.lua), one round
     trip a page: at 100,000 runs, about 0.2 s, 0.13 s of it the server's. Runs that move on
-    while it reads may be counted in two states, or none."""
+    while it reads may be counted in two states, or none (and so may runs moved to the
+    sharded layout while it reads the legacy shard)."""
     count = standalone(client, "count_versions")
     found: Counter[VersionCount] = Counter()
-    for index in (shard.index(status) for status in statuses for shard in keys.shards):
+    for index, keys in ((shard.index(status), keys) for status in statuses
+                        for shard, keys in layout.scanned):
         start = 0
         while True:
             run_ids = cast("list[str]", client.zrange(index, start, start + VERSION_PAGE - 1))
@@ -142,11 +147,17 @@ def runs_by_version(client: Redis, keys: Keys, statuses: Iterable[Status]
     return found
 
 
-def live_hosting(client: Redis, keys: Keys) -> dict[str, list[str]]:
+def live_hosting(client: Redis, layout: Layout) -> dict[str, list[str]]:
     """Live worker (its beat not lapsed) → the agent versions it hosts (`<agent>@<version>`;
-    empty for one that takes no steps)."""
-    live = cast("list[str]", client.zrangebyscore(keys.workers, f"({now_ms(client)}", "+inf"))
-    if not live:
-        return {}
-    told = cast("list[str | None]", client.hmget(keys.hosting, live))
-    return {name: json.loads(raw) if raw else [] for name, raw in zip(live, told, strict=True)}
+    empty for one that takes no steps). While the store moves to the sharded layout, the
+    legacy registry's too (a process there has not beaten since the layout instant)."""
+    found: dict[str, list[str]] = {}
+    now = now_ms(client)
+    for keys in [layout.keys] + ([layout.legacy] if layout.legacy is not None else []):
+        live = cast("list[str]", client.zrangebyscore(keys.workers, f"({now}", "+inf"))
+        if not live:
+            continue
+        told = cast("list[str | None]", client.hmget(keys.hosting, live))
+        found.update({name: json.loads(raw) if raw else []
+                      for name, raw in zip(live, told, strict=True) if name not in found})
+    return found

@@ -1,15 +1,19 @@
 """Every Redis key layby writes, its type and its lifetime: `KEY_SPECS`, one `KeySpec` each,
 listed below as `table()` prints them. `Keys` names them. tests/store/test_keys.py checks
-that this list is `table()`'s, and runs the store through a whole cycle to check that every
-key it writes is one of `KEY_SPECS`, and every one of them (but those only migration 1 reads)
-written.
+that this list is `table()`'s, and runs the store through a whole cycle in each layout to
+check that every key it writes is one of `KEY_SPECS`, and every one of them written (but
+those only migration 1 reads; those of the legacy layout, by the cycle of a store of
+format 1).
 
-`<p>` is the prefix (a setting, LAYBY_KEY_PREFIX). A run's own keys carry its id as a hash
-tag, `{<run>}`, so a run lives in one cluster slot. "as the run": none while the run lives,
-`retention` seconds once it ended (LAYBY_RETENTION_S); "none": the key stays, its entries
-come and go.
+`<p>` is the prefix (a setting, LAYBY_KEY_PREFIX). The store is in the sharded layout
+(format 2): its runs are spread over a fixed number of shards (the format key's `shards`,
+`parking.shards`), each with its own hash tag, `{<shard>}`; a run's keys carry its shard's
+tag, `<p>:{<shard>}:<run>:…`, beside that shard's share of the structures its transitions
+write (`<p>:{<shard>}:index:<status>`, …): a transition touches one cluster slot. "as the
+run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTION_S);
+"none": the key stays, its entries come and go.
 
-<p>:{<run>}:run             hash    as the run
+<p>:{<shard>}:<run>:run             hash    as the run
     agent, status, version, created_at, updated_at (ms); messages (the history, JSON); input
     (unless it is the first message's text), metadata (only when given), result, error;
     lease_owner, lease_until ('' / 0 when unclaimed, absent while parked or finished), attempts
@@ -19,24 +23,24 @@ come and go.
     noted ('0' while the run has no notifications; absent once it has: "look"); agent_version
     (the version of the agent it started on; absent: unknown), pinned ('1' when its steps go to
     that version's queue; absent otherwise), sent ("<queue> <n>": the number its step's task
-    message took in that queue (queues); absent: queued by a layby before 0.3.0). And the run's
-    interrupts, "i:<interrupt id>" → Interrupt JSON (immutable once written), and its
-    notifications, "n:<notification id>" → Notification JSON (with its token), both under short
-    names (parking.codecs): keys of their own would cost more than they hold; events (a run
-    parked a while: its events, folded; see events).
-<p>:{<run>}:interrupts      hash    until migration 1
+    message took in that queue (queues); absent: queued by a layby before 0.3.0, or before the
+    run moved to the sharded layout). And the run's interrupts, "i:<interrupt id>" → Interrupt
+    JSON (immutable once written), and its notifications, "n:<notification id>" → Notification
+    JSON (with its token), both under short names (parking.codecs): keys of their own would cost
+    more than they hold; events (a run parked a while: its events, folded; see events).
+<p>:{<run>}:interrupts              hash    until migration 1
     only a run of 0.1.0's predecessors (its hash has an `id` field): interrupt id → Interrupt
     JSON; migration 1 moves them into the run's hash and deletes it.
-<p>:{<run>}:answers         hash    as the run
+<p>:{<shard>}:<run>:answers         hash    as the run
     interrupt id → answer JSON (the first answer only; one given before the park, or by a policy
     rule in the park, too).
-<p>:{<run>}:open            set     until migration 1
+<p>:{<run>}:open                    set     until migration 1
     only a run of 0.1.0's predecessors: the ids of its open interrupts; migration 1 writes them
     as the run's `open` field and deletes it.
-<p>:{<run>}:checkpoints     hash    to the next commit
+<p>:{<shard>}:<run>:checkpoints     hash    to the next commit
     "model", "tool:<ref>" → results within the current version (field "v" holds that version);
     deleted by the commit of the step, and at the end of the run.
-<p>:{<run>}:events          stream  as the run
+<p>:{<shard>}:<run>:events          stream  as the run
     type, version, data (JSON), and a step's messages (JSON), a field of their own beside its
     data; when: the entry id's ms (an entry of 0.1.0's predecessors may also have `at`, which
     nothing reads); capped. Copied to an exact fit when the run parks, its steps' events then
@@ -44,85 +48,126 @@ come and go.
     fills them in). Parked LAYBY_FOLD_EVENTS_AFTER_S, a run's events move into its hash's field
     `events`, one line each, their data rebuilt from the hash where it can be
     (lua/_folding.lua), and the stream is deleted; later events begin a new one.
-<p>:{<run>}:events:compact  stream  one park_run call
+<p>:{<shard>}:<run>:events:compact  stream  one park_run call
     park_run.lua's copy of the run's events, made to an exact fit (its steps' messages dropped),
     copied or renamed over events and gone before the script returns.
-<p>:{<run>}:notifications   hash    until migration 1
+<p>:{<run>}:notifications           hash    until migration 1
     only a run of 0.1.0's predecessors: notification id → Notification JSON; migration 1 moves
     them into the run's hash and deletes it.
-<p>:{<run>}:review          hash    as the run
+<p>:{<shard>}:<run>:review          hash    as the run
     how people review each interrupt (only interrupts asked under a policy, handed on or
     escalated): "approval:<iid>:<by>" → that reviewer's approval (answer JSON),
     "approvals:<iid>" → how many, "delegated:<iid>:<from>" → the hand-over (Delegation JSON),
     "escalated:<iid>:<level>" → when that level was first asked (ms).
-<p>:index:<status>          zset    none
+<p>:{<shard>}:index:<status>        zset    none
     run ids in that state, scored by their last change (ms); finished runs' entries are pruned
     by the sweeper once their keys expired.
-<p>:deadlines               zset    none
+<p>:{<shard>}:deadlines             zset    none
     "<run id> <interrupt id>" scored by expiry (ms).
-<p>:leases                  zset    none
+<p>:{<shard>}:leases                zset    none
     running runs' ids scored by the end of their lease (ms).
-<p>:workers                 zset    none
+{<p>:format}:workers                zset    none
     layby's processes (a worker "<hostname>:<pid>", a gateway "gateway <host>:<pid>", a reply
     listener "listener <host>:<pid>") scored by the end of their beat's lease (ms): the sweeper
     takes out, once, those whose beat lapsed (and, for a worker, requeues what waits); one that
     stops cleanly takes itself out.
-<p>:workers:about           hash    none
+{<p>:format}:workers:about          hash    none
     what each process of workers says it is: "<kind> <newest store format its code knows>
     <release>" (kind: worker, gateway, listener); taken out with it.
-<p>:format                  hash    none
+<p>:format                          hash    none
     the store's format (parking.formats): version (the format every record is in), shards (how
-    many shards a store made on a cluster has, its layout: Keys; absent: one, the legacy
-    layout), writing (the one processes write now, while a deployment rolls) and switched_at
-    (when it switched, ms), migrating (the migration under way) and that migration's m<n>:cursor
-    (where its scan is), m<n>:server (the server that cursor is of), m<n>:seen, m<n>:changed
-    (its counts so far), m<n>:done (when it finished, ms).
-<p>:migrate:lock            string  30 s, renewed
+    many shards its sharded layout has: Keys; absent: the legacy layout of format 1), sharded_at
+    (the layout instant of a store of format 1 moving to the sharded layout, ms), writing (the
+    one processes write now, while a deployment rolls) and switched_at (when it switched, ms),
+    migrating (the migration under way) and that migration's m<n>:cursor (where its scan is),
+    m<n>:server (the server that cursor is of), m<n>:seen, m<n>:changed (its counts so far),
+    m<n>:done (when it finished, ms).
+<p>:migrate:lock                    string  30 s, renewed
     who runs `layby migrate` now ("<host>:<pid>"): one at a time.
-<p>:workers:hosting         hash    none
+{<p>:format}:workers:hosting        hash    none
     worker process name → the agent versions it runs pinned runs of, a JSON list of
     "<agent>@<version>", written at each of its beats (only by workers that take steps); taken
     out with the worker from workers, for layby doctor.
-<p>:outbox                  zset    none
+<p>:{<shard>}:outbox                zset    none
     outbox entry ids scored by when to (re)publish: only what a transition could not push itself
     (the broker elsewhere, or announcement tasks, which ack their entry once done).
-<p>:outbox:entries          hash    none
+<p>:{<shard>}:outbox:entries        hash    none
     outbox entry id → {"id", "task", "queue", "args", "agent"} JSON.
-<p>:idem:<key>              string  24 h
+<p>:{<shard>}:idem:<key>            string  24 h
     the run id of an idempotency key (LAYBY_IDEMPOTENCY_TTL_S).
-<p>:notify:due              zset    none
+<p>:{<shard>}:notify:due            zset    none
     "<run id> <notification id>" scored by when to (re)send: a retry's backoff, a reminder; once
     its delivery is queued, when a lost message would be.
-<p>:grant:<ref>             string  its token's
+<p>:{<shard>}:grant:<ref>           string  its token's
     a reviewer token's grant, its values space-separated (reviewers.tokens).
-<p>:server                  string  none
+<p>:server                          string  none
     the run id of the server (INFO) the sweeper last requeued waiting runs for, or the first a
     process saw: another one there means a restart or a failover since, which may have lost task
     messages.
-<p>:broker:server           string  none
+<p>:broker:server                   string  none
     the same, of the broker's server, when the broker is a Redis server of its own
     (LAYBY_BROKER_URL): its restart or failover may have lost task messages too.
-<p>:fold:cursor             string  none
+<p>:{<shard>}:fold:cursor           string  none
     the park time (ms) the sweeper's next fold of parked runs' events starts from.
-<p>:swept                   string  none
+<p>:swept                           string  none
     when (server time, ms) the sweeper last finished a sweep: its liveness, for /metrics and
     doctor.
-<p>:seen:<what>             string  its caller's
+<p>:seen:<what>                     string  its caller's
     something done once: "mailed-back:<message id>", a reply mail that was mailed back as
     unreadable (a mail provider's retries are not; inbox.replies: 3 days).
-<p>:queues                  hash    none
+<p>:{<shard>}:queues                hash    none
     how far the queues of steps have come: "<queue>:sent" (the number the last task message
     queued to it took; each run's `sent` says its own) and "<queue>:taken" (the highest number a
     claim took). A run whose number was passed by a claim, or whose queue is empty, no longer
     has its message in the queue; one that waits behind others does, however long the queue (the
     sweeper's lost-message check).
-<p>:stats                   hash    none
+<p>:{<shard>}:stats                 hash    none
     counters since the data began, for /metrics: answers:<channel> (answers recorded, by
     channel; expiries count as their answer's channel), <what>_latency_ms_sum,
     <what>_latency_count and <what>_latency_le:<bound> (one bucket, not cumulative) for answer
     (park → answer, parked runs only) and resume (last answer → claimed), notifications_failed
     (sends out of attempts), auto_answers:<rule> (interrupts answered by a policy rule),
     escalations:<level> (levels asked).
+<p>:{<run>}:run                     hash    as the run, until migration 2
+    format 1's (the legacy layout): <p>:{<shard>}:<run>:run of a run not moved yet.
+<p>:{<run>}:answers                 hash    as the run, until migration 2
+    format 1's (the legacy layout): <p>:{<shard>}:<run>:answers of a run not moved yet.
+<p>:{<run>}:checkpoints             hash    to the next commit, until migration 2
+    format 1's (the legacy layout): <p>:{<shard>}:<run>:checkpoints of a run not moved yet.
+<p>:{<run>}:events                  stream  as the run, until migration 2
+    format 1's (the legacy layout): <p>:{<shard>}:<run>:events of a run not moved yet.
+<p>:{<run>}:events:compact          stream  one park_run call, until migration 2
+    format 1's (the legacy layout): <p>:{<shard>}:<run>:events:compact of a run not moved yet.
+<p>:{<run>}:review                  hash    as the run, until migration 2
+    format 1's (the legacy layout): <p>:{<shard>}:<run>:review of a run not moved yet.
+<p>:index:<status>                  zset    until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:index:<status>.
+<p>:deadlines                       zset    until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:deadlines.
+<p>:leases                          zset    until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:leases.
+<p>:outbox                          zset    until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:outbox.
+<p>:outbox:entries                  hash    until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:outbox:entries.
+<p>:idem:<key>                      string  until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:idem:<key>.
+<p>:notify:due                      zset    until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:notify:due.
+<p>:grant:<ref>                     string  until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:grant:<ref>.
+<p>:fold:cursor                     string  until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:fold:cursor.
+<p>:queues                          hash    until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:queues.
+<p>:stats                           hash    until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:stats.
+<p>:workers                         zset    until migration 2
+    format 1's: {<p>:format}:workers.
+<p>:workers:about                   hash    until migration 2
+    format 1's: {<p>:format}:workers:about.
+<p>:workers:hosting                 hash    until migration 2
+    format 1's: {<p>:format}:workers:hosting.
 
 Besides its own keys, the store's scripts push task messages onto the broker's queues
 (`<LAYBY_BROKER_KEY_PREFIX>layby.turns`, `…layby.notify`: kombu's lists), when the broker
@@ -136,11 +181,15 @@ The structures a transition writes beside the run's own keys (the indexes, deadl
 leases, outbox, due notifications, stats, queues, and the idempotency and grant keys it
 names), and the fold cursor of the indexes, are a shard's (`ShardKeys`): a transition
 writes its run's shard's (`Keys.shard_of`), and whatever scans them reads every shard's
-(`Keys.shards`). A store on one server has one shard, the legacy one, whose keys are those
-listed above. A store made on a cluster is in the sharded layout (`Keys`): its format key
-records its shard count (`shards`), its runs' keys are `<p>:{<tag>}:<run>:run`, …, its
-shards' `<p>:{<tag>}:index:<status>`, …, and the process registry's
-`{<p>:format}:workers`, `{<p>:format}:workers:about` and `{<p>:format}:workers:hosting`.
+(`Keys.shards`). The process registry's keys are tagged with the format key's name,
+`{<p>:format}:workers`, …, in its slot (a beat reads the format).
+
+A store of format 1 (layby 0.2.0's, on one server) is in the legacy layout (`Keys(prefix)`):
+one shard, the legacy one, whose keys carry no tag (`<p>:index:<status>`, …), each run's
+keys tagged with its own id (`<p>:{<run>}:run`), the registry `<p>:workers`, …: the keys
+marked "until migration 2". It moves to the sharded layout online (`parking.formats`,
+migration 2): from its layout instant on, a run is moved (lua/move_run.lua) before anything
+is done with it, and `layby migrate` moves the rest and deletes the legacy shard's keys.
 """
 
 from __future__ import annotations
@@ -160,9 +209,12 @@ RUN_PARTS = ("run", "answers", "checkpoints", "events")
 @dataclass(frozen=True)
 class KeySpec:
     """One key, or one family of keys, the store writes. `pattern` names it as `Keys` does:
-    `<p>` is the prefix, `{<run>}` the run's id in its hash tag, `<status>` a `Status`, and
-    any other `<…>` the part the `Keys` method is given. `migrated_by`: a key layby no
-    longer writes, which that migration reads and deletes (nothing else reads it)."""
+    `<p>` is the prefix, `{<shard>}` a shard's hash tag (`parking.shards.tags`), `<run>` a
+    run's id (in the legacy layout, `{<run>}`: its hash tag), `<status>` a `Status`, and any
+    other `<…>` the part the `Keys` method is given. `migrated_by`: a key of a format before
+    that migration's, which it moves or deletes: migration 1's, of 0.1.0's predecessors,
+    nothing writes any more; migration 2's, the legacy layout's, processes write while a
+    store is at format 1 and has not reached its layout instant (`parking.formats`)."""
 
     pattern: str
     type: str
@@ -178,7 +230,9 @@ class KeySpec:
             if part == "<p>":
                 out.append(re.escape(prefix))
             elif part == "<run>":
-                out.append(r"[^{}]+")  # a hash tag ends at its first '}'
+                out.append(r"[^{}:]+")  # a hash tag ends at its first '}'
+            elif part == "<shard>":
+                out.append(r"\d+\.\d+")
             elif part == "<status>":
                 out.append("(?:" + "|".join(re.escape(s.value) for s in Status) + ")")
             elif part.startswith("<"):
@@ -192,7 +246,7 @@ class KeySpec:
 # `table()` prints them (tests/store/test_keys.py checks both).
 KEY_SPECS: tuple[KeySpec, ...] = (
     KeySpec(
-        "<p>:{<run>}:run", "hash", "as the run",
+        "<p>:{<shard>}:<run>:run", "hash", "as the run",
         "agent, status, version, created_at, updated_at (ms); messages (the history, JSON); "
         "input (unless it is the first message's text), metadata (only when given), result, "
         "error; lease_owner, lease_until ('' / 0 when unclaimed, absent while parked or "
@@ -204,7 +258,7 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "of the agent it started on; absent: unknown), pinned ('1' when its steps go to "
         "that version's queue; absent otherwise), sent (\"<queue> <n>\": the number its "
         "step's task message took in that queue (queues); absent: queued by a layby before "
-        "0.3.0). And the run's interrupts, "
+        "0.3.0, or before the run moved to the sharded layout). And the run's interrupts, "
         "\"i:<interrupt id>\" → Interrupt JSON (immutable once written), and its "
         "notifications, \"n:<notification id>\" → Notification JSON (with its token), both "
         "under short names (parking.codecs): keys of their own would cost more than they "
@@ -215,7 +269,7 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "Interrupt JSON; migration 1 moves them into the run's hash and deletes it.",
         migrated_by=1),
     KeySpec(
-        "<p>:{<run>}:answers", "hash", "as the run",
+        "<p>:{<shard>}:<run>:answers", "hash", "as the run",
         "interrupt id → answer JSON (the first answer only; one given before the park, or by "
         "a policy rule in the park, too)."),
     KeySpec(
@@ -223,11 +277,11 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "only a run of 0.1.0's predecessors: the ids of its open interrupts; migration 1 "
         "writes them as the run's `open` field and deletes it.", migrated_by=1),
     KeySpec(
-        "<p>:{<run>}:checkpoints", "hash", "to the next commit",
+        "<p>:{<shard>}:<run>:checkpoints", "hash", "to the next commit",
         "\"model\", \"tool:<ref>\" → results within the current version (field \"v\" holds "
         "that version); deleted by the commit of the step, and at the end of the run."),
     KeySpec(
-        "<p>:{<run>}:events", "stream", "as the run",
+        "<p>:{<shard>}:<run>:events", "stream", "as the run",
         "type, version, data (JSON), and a step's messages (JSON), a field of their own "
         "beside its data; when: the entry id's ms (an entry of 0.1.0's predecessors may "
         "also have `at`, which nothing reads); capped. Copied to an exact fit when the run "
@@ -237,7 +291,7 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "hash where it can be (lua/_folding.lua), and the stream is deleted; later events "
         "begin a new one."),
     KeySpec(
-        "<p>:{<run>}:events:compact", "stream", "one park_run call",
+        "<p>:{<shard>}:<run>:events:compact", "stream", "one park_run call",
         "park_run.lua's copy of the run's events, made to an exact fit (its steps' "
         "messages dropped), copied or renamed over events and gone before the script "
         "returns."),
@@ -246,37 +300,38 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "only a run of 0.1.0's predecessors: notification id → Notification JSON; migration "
         "1 moves them into the run's hash and deletes it.", migrated_by=1),
     KeySpec(
-        "<p>:{<run>}:review", "hash", "as the run",
+        "<p>:{<shard>}:<run>:review", "hash", "as the run",
         "how people review each interrupt (only interrupts asked under a policy, handed on "
         "or escalated): \"approval:<iid>:<by>\" → that reviewer's approval (answer JSON), "
         "\"approvals:<iid>\" → how many, \"delegated:<iid>:<from>\" → the hand-over "
         "(Delegation JSON), \"escalated:<iid>:<level>\" → when that level was first asked "
         "(ms)."),
     KeySpec(
-        "<p>:index:<status>", "zset", "none",
+        "<p>:{<shard>}:index:<status>", "zset", "none",
         "run ids in that state, scored by their last change (ms); finished runs' entries "
         "are pruned by the sweeper once their keys expired."),
     KeySpec(
-        "<p>:deadlines", "zset", "none",
+        "<p>:{<shard>}:deadlines", "zset", "none",
         "\"<run id> <interrupt id>\" scored by expiry (ms)."),
     KeySpec(
-        "<p>:leases", "zset", "none",
+        "<p>:{<shard>}:leases", "zset", "none",
         "running runs' ids scored by the end of their lease (ms)."),
     KeySpec(
-        "<p>:workers", "zset", "none",
+        "{<p>:format}:workers", "zset", "none",
         "layby's processes (a worker \"<hostname>:<pid>\", a gateway \"gateway "
         "<host>:<pid>\", a reply listener \"listener <host>:<pid>\") scored by the end of "
         "their beat's lease (ms): the sweeper takes out, once, those whose beat lapsed (and, "
         "for a worker, requeues what waits); one that stops cleanly takes itself out."),
     KeySpec(
-        "<p>:workers:about", "hash", "none",
+        "{<p>:format}:workers:about", "hash", "none",
         "what each process of workers says it is: \"<kind> <newest store format its code "
         "knows> <release>\" (kind: worker, gateway, listener); taken out with it."),
     KeySpec(
         "<p>:format", "hash", "none",
         "the store's format (parking.formats): version (the format every record is in), "
-        "shards (how many shards a store made on a cluster has, its layout: Keys; absent: "
-        "one, the legacy layout), "
+        "shards (how many shards its sharded layout has: Keys; absent: the legacy layout of "
+        "format 1), sharded_at (the layout instant of a store of format 1 moving to the "
+        "sharded layout, ms), "
         "writing (the one processes write now, while a deployment rolls) and switched_at "
         "(when it switched, ms), migrating (the migration under way) and that migration's "
         "m<n>:cursor (where its scan is), m<n>:server (the server that cursor is of), "
@@ -285,27 +340,27 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "<p>:migrate:lock", "string", "30 s, renewed",
         "who runs `layby migrate` now (\"<host>:<pid>\"): one at a time."),
     KeySpec(
-        "<p>:workers:hosting", "hash", "none",
+        "{<p>:format}:workers:hosting", "hash", "none",
         "worker process name → the agent versions it runs pinned runs of, a JSON list of "
         "\"<agent>@<version>\", written at each of its beats (only by workers that take "
         "steps); taken out with the worker from workers, for layby doctor."),
     KeySpec(
-        "<p>:outbox", "zset", "none",
+        "<p>:{<shard>}:outbox", "zset", "none",
         "outbox entry ids scored by when to (re)publish: only what a transition could not "
         "push itself (the broker elsewhere, or announcement tasks, which ack their entry "
         "once done)."),
     KeySpec(
-        "<p>:outbox:entries", "hash", "none",
+        "<p>:{<shard>}:outbox:entries", "hash", "none",
         "outbox entry id → {\"id\", \"task\", \"queue\", \"args\", \"agent\"} JSON."),
     KeySpec(
-        "<p>:idem:<key>", "string", "24 h",
+        "<p>:{<shard>}:idem:<key>", "string", "24 h",
         "the run id of an idempotency key (LAYBY_IDEMPOTENCY_TTL_S)."),
     KeySpec(
-        "<p>:notify:due", "zset", "none",
+        "<p>:{<shard>}:notify:due", "zset", "none",
         "\"<run id> <notification id>\" scored by when to (re)send: a retry's backoff, a "
         "reminder; once its delivery is queued, when a lost message would be."),
     KeySpec(
-        "<p>:grant:<ref>", "string", "its token's",
+        "<p>:{<shard>}:grant:<ref>", "string", "its token's",
         "a reviewer token's grant, its values space-separated (reviewers.tokens)."),
     KeySpec(
         "<p>:server", "string", "none",
@@ -317,7 +372,7 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "the same, of the broker's server, when the broker is a Redis server of its own "
         "(LAYBY_BROKER_URL): its restart or failover may have lost task messages too."),
     KeySpec(
-        "<p>:fold:cursor", "string", "none",
+        "<p>:{<shard>}:fold:cursor", "string", "none",
         "the park time (ms) the sweeper's next fold of parked runs' events starts from."),
     KeySpec(
         "<p>:swept", "string", "none",
@@ -328,20 +383,80 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "something done once: \"mailed-back:<message id>\", a reply mail that was mailed "
         "back as unreadable (a mail provider's retries are not; inbox.replies: 3 days)."),
     KeySpec(
-        "<p>:queues", "hash", "none",
+        "<p>:{<shard>}:queues", "hash", "none",
         "how far the queues of steps have come: \"<queue>:sent\" (the number the last task "
         "message queued to it took; each run's `sent` says its own) and \"<queue>:taken\" "
         "(the highest number a claim took). A run whose number was passed by a claim, or "
         "whose queue is empty, no longer has its message in the queue; one that waits behind "
         "others does, however long the queue (the sweeper's lost-message check)."),
     KeySpec(
-        "<p>:stats", "hash", "none",
+        "<p>:{<shard>}:stats", "hash", "none",
         "counters since the data began, for /metrics: answers:<channel> (answers recorded, "
         "by channel; expiries count as their answer's channel), <what>_latency_ms_sum, "
         "<what>_latency_count and <what>_latency_le:<bound> (one bucket, not cumulative) for "
         "answer (park → answer, parked runs only) and resume (last answer → claimed), "
         "notifications_failed (sends out of attempts), auto_answers:<rule> (interrupts "
         "answered by a policy rule), escalations:<level> (levels asked)."),
+    KeySpec(
+        "<p>:{<run>}:run", "hash", "as the run, until migration 2",
+        "format 1's (the legacy layout): <p>:{<shard>}:<run>:run of a run not moved yet.", migrated_by=2),
+    KeySpec(
+        "<p>:{<run>}:answers", "hash", "as the run, until migration 2",
+        "format 1's (the legacy layout): <p>:{<shard>}:<run>:answers of a run not moved yet.", migrated_by=2),
+    KeySpec(
+        "<p>:{<run>}:checkpoints", "hash", "to the next commit, until migration 2",
+        "format 1's (the legacy layout): <p>:{<shard>}:<run>:checkpoints of a run not moved yet.", migrated_by=2),
+    KeySpec(
+        "<p>:{<run>}:events", "stream", "as the run, until migration 2",
+        "format 1's (the legacy layout): <p>:{<shard>}:<run>:events of a run not moved yet.", migrated_by=2),
+    KeySpec(
+        "<p>:{<run>}:events:compact", "stream", "one park_run call, until migration 2",
+        "format 1's (the legacy layout): <p>:{<shard>}:<run>:events:compact of a run not moved yet.", migrated_by=2),
+    KeySpec(
+        "<p>:{<run>}:review", "hash", "as the run, until migration 2",
+        "format 1's (the legacy layout): <p>:{<shard>}:<run>:review of a run not moved yet.", migrated_by=2),
+    KeySpec(
+        "<p>:index:<status>", "zset", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:index:<status>.", migrated_by=2),
+    KeySpec(
+        "<p>:deadlines", "zset", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:deadlines.", migrated_by=2),
+    KeySpec(
+        "<p>:leases", "zset", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:leases.", migrated_by=2),
+    KeySpec(
+        "<p>:outbox", "zset", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:outbox.", migrated_by=2),
+    KeySpec(
+        "<p>:outbox:entries", "hash", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:outbox:entries.", migrated_by=2),
+    KeySpec(
+        "<p>:idem:<key>", "string", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:idem:<key>.", migrated_by=2),
+    KeySpec(
+        "<p>:notify:due", "zset", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:notify:due.", migrated_by=2),
+    KeySpec(
+        "<p>:grant:<ref>", "string", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:grant:<ref>.", migrated_by=2),
+    KeySpec(
+        "<p>:fold:cursor", "string", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:fold:cursor.", migrated_by=2),
+    KeySpec(
+        "<p>:queues", "hash", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:queues.", migrated_by=2),
+    KeySpec(
+        "<p>:stats", "hash", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:stats.", migrated_by=2),
+    KeySpec(
+        "<p>:workers", "zset", "until migration 2",
+        "format 1's: {<p>:format}:workers.", migrated_by=2),
+    KeySpec(
+        "<p>:workers:about", "hash", "until migration 2",
+        "format 1's: {<p>:format}:workers:about.", migrated_by=2),
+    KeySpec(
+        "<p>:workers:hosting", "hash", "until migration 2",
+        "format 1's: {<p>:format}:workers:hosting.", migrated_by=2),
 )
 
 
@@ -349,7 +464,7 @@ def table() -> str:
     """`KEY_SPECS` as the module docstring lists them."""
     blocks = []
     for spec in KEY_SPECS:
-        head = f"{spec.pattern:<28}{spec.type:<8}{spec.lifetime}".rstrip()
+        head = f"{spec.pattern:<36}{spec.type:<8}{spec.lifetime}".rstrip()
         body = textwrap.fill(spec.what, width=96, initial_indent="    ",
                              subsequent_indent="    ", break_long_words=False,
                              break_on_hyphens=False)

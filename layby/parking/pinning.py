@@ -33,10 +33,9 @@ def page_of_version(store: Store, status: Status | None, limit: int, cursor: str
     while True:
         scored, after = store.runs.page(status, min(VERSION_SCAN, 500, max(limit, 100)),
                                         cursor)
-        pipe = store.redis.pipeline(transaction=False)
-        for run_id, _ in scored:
-            pipe.hget(store.keys.run(run_id), "agent_version")
-        for item, version in zip(scored, pipe.execute(), strict=True):
+        versions = [version for version, in store.fields_of_runs(
+            [run_id for run_id, _ in scored], "agent_version")]
+        for item, version in zip(scored, versions, strict=True):
             scanned += 1
             if version == agent_version and skip:
                 skip -= 1
@@ -59,11 +58,10 @@ def not_behind_pinned(store: Store, run_ids: list[str]) -> list[str]:
     pushed = (store.config.messages or {}).get("turn")
     if not pushed or not run_ids:
         return run_ids
-    pipe = store.redis.pipeline(transaction=False)
-    for run_id in run_ids:
-        pipe.hmget(store.keys.run(run_id), "pinned", "agent_version")
     queues = {run_id: f"{pushed[0]}@{version}"
-              for run_id, (pinned, version) in zip(run_ids, pipe.execute(), strict=True)
+              for run_id, (pinned, version) in zip(
+                  run_ids, store.fields_of_runs(run_ids, "pinned", "agent_version"),
+                  strict=True)
               if pinned == "1" and version}
     if not queues:
         return run_ids

@@ -44,13 +44,18 @@ RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "adv
                "finish_delivery", "retry_notifications", "delegate_interrupt")
 # Scripts on global keys only, without the prelude; those that queue tasks get `_queue`.
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
-                      "beat_worker", "reap_workers", "switch_format", "count_versions")
+                      "beat_worker", "reap_workers", "switch_format", "count_versions",
+                      "move_run", "move_members", "move_key", "merge_stats")
 QUEUEING_SCRIPTS = ("claim_due_notifications",)
 # Scripts on one run's hash and events alone, with what folds and unfolds its events.
 FOLDING_SCRIPTS = ("fold_events", "read_events")
 # Scripts that write nothing: flagged so (`#!lua flags=no-writes`), they still run on a
 # server full under `noeviction`, as plain reads do.
 READING_SCRIPTS = ("count_versions", "read_events")
+# Scripts that move what a store of format 1 holds in the legacy layout into the sharded
+# one (migration 2): keys of several slots, on one server (a legacy store is never on a
+# cluster).
+CROSS_SLOT_SCRIPTS = ("move_run", "move_members", "move_key", "merge_stats")
 
 # Upper bounds (seconds) of the latency histograms the scripts count in `stats`: park →
 # answer (people: seconds to days), last answer → a worker taking the run up (queues).
@@ -159,7 +164,10 @@ def _args(name: str) -> str:
 def _shebang(name: str) -> str:
     """Every script's first line: with it, a Redis or Valkey Cluster refuses a script that
     touches keys of another slot than those it was given (Redis 7, Valkey 7.2 on); without
-    it, a script may touch any key."""
+    it, a script may touch any key. Those that move a store to the sharded layout say
+    they touch several slots (`allow-cross-slot-keys`)."""
+    if name in CROSS_SLOT_SCRIPTS:
+        return "#!lua flags=allow-cross-slot-keys"
     return "#!lua flags=no-writes" if name in READING_SCRIPTS else "#!lua"
 
 

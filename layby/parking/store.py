@@ -12,6 +12,13 @@ followed by WAIT on the same connection, so what was acknowledged survives a fai
 A transition writes its run's shard (`shard_of`); the reads that scan the indexes, the
 deadlines, the leases, the outbox or the due notifications read every shard (`shards`) and
 merge them by score.
+
+Where the runs are is the store's layout (`layout`, `parking.formats.Layout`), read again
+from its format key at least every `formats.FRESH_S`. While a store of format 1 moves to
+the sharded layout, a run still in the legacy one is moved (lua/move_run.lua) before
+anything is done with it (`keys_of`), the legacy shard is scanned as one more, and reads
+of many runs at once read each where it is (`_located`); before its layout instant, a
+transition that does not find its run looks in the sharded layout too (`Layout.next`).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from layby.generation.messages import Message, dump_messages, load_messages
 from layby.parking import codecs, events, formats, pinning, results, scripts
 from layby.parking import shards as sharding
 from layby.parking.clock import iso
+from layby.parking.formats import Layout
 from layby.parking.keys import Keys, ShardKeys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
 from layby.parking.registries import RunIndex, Shard, cursor_of, due_in, now_ms
@@ -149,6 +157,15 @@ ACKNOWLEDGED = frozenset({"create_run", "park_run", "answer_interrupts", "expire
                           "complete_run", "fail_run", "cancel_run"})
 # First elements of the replies of scripts that wrote something.
 WROTE = frozenset({"created", "ok", "failed", "early"})
+# The replies of run scripts that found no run to act on (or nothing of it): before a
+# store's layout instant, the run may have been moved by a process whose idea of the
+# instant is a round trip ahead (`Store._run`).
+NOT_FOUND = frozenset({"missing", "gone", "stale"})
+# Runs this process knows are out of the legacy layout (moved, or made in the sharded one),
+# at most (a run never moves back; forgetting costs one more `move_run` call).
+MOVED_KEPT = 50_000
+
+ExtraKeys = tuple[str, ...] | Callable[[Keys], Sequence[str]]
 
 
 class NotReplicated(RedisError):
@@ -167,57 +184,199 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def _found_nothing(reply: list[Any]) -> bool:
+    """Whether a run script's reply says it found no run, or nothing of it, to act on."""
+    if not reply:
+        return False
+    return (reply[0] in NOT_FOUND or reply[:2] == ["done", "gone"]
+            or reply == [[], []])
+
+
 class Store:
     def __init__(self, client: Redis, config: StoreConfig) -> None:
         self.redis = client
         self.config = config
         self.tasks = config.tasks
-        self.keys = Keys(self.config.prefix, self.config.shards)
-        self.shards = tuple(Shard.of(client, keys) for keys in self.keys.shards)
-        # Every shard's index at once: list pages, merged by score.
-        self.runs = RunIndex(client, *(shard.keys for shard in self.shards))
+        # The layout the config names (as the store's format key said when the process
+        # started), kept while the store has no format key (a store's own tests).
+        self._configured = Layout(Keys(self.config.prefix, self.config.shards))
+        self._layout = self._configured
+        # When (monotonic) the format key behind `_layout` was read, and when its layout
+        # instant comes (read it again then).
+        self._layout_at, self._layout_until = float("-inf"), float("inf")
+        self._of_layout: dict[Layout, tuple[tuple[Shard, ...], RunIndex]] = {}
+        self._moved: set[str] = set()
         # How many messages wait in a queue on the broker (the runtime asks it): None, only a
         # broker that is this server is asked (`queue_length`).
         self.length_of_queue: Callable[[str], int | None] | None = None
-        self._writing, self._writing_at = formats.FIRST, float("-inf")
+        self._writing = formats.FIRST
         self._scripts = scripts.register(client, ScriptSettings(
             events_max=config.events_max, outbox_grace_ms=config.outbox_grace_ms,
             lost_message_ms=config.lost_message_ms,
             tasks=config.tasks.queued(config.messages)))
 
+    # -- where the runs are ----------------------------------------------------------------
+
+    @property
+    def layout(self) -> Layout:
+        """The store's layout (`parking.formats.Layout`), its format key read again when
+        this process's view of it is older than `formats.FRESH_S`, or its layout instant
+        came: a switch reaches every process within that, pool children too (a beat brings
+        it sooner)."""
+        now = time.monotonic()
+        if now - self._layout_at > formats.FRESH_S or now >= self._layout_until:
+            self._read_format()
+        return self._layout
+
+    def _read_format(self) -> None:
+        began = self._layout_at = time.monotonic()
+        try:
+            if on_cluster(self.redis):  # (TIME has no key; a store on a cluster never moves)
+                raw, now = self.redis.hmget(self.keys_format, *formats.FIELDS), 0
+            else:
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.hmget(self.keys_format, *formats.FIELDS)
+                pipe.time()
+                raw, clock = pipe.execute()
+                now = formats.server_ms(clock)
+        except RedisError:
+            return  # away: the last one known, asked again later
+        self._learn(formats.parsed(cast("list[str | None]", raw)), now, began)
+
+    def _learn(self, state: formats.FormatState, now_ms: int, began: float) -> None:
+        """Take the store's format as read at `began` (monotonic), when the server's clock
+        said `now_ms`."""
+        self._layout_at = began
+        if state.written is not None:
+            self._writing = state.written
+        if state.version is None and state.shards is None:
+            return  # no format key: the layout configured
+        layout = formats.layout(state, self.config.prefix, now_ms)
+        self._layout_until = float("inf")
+        if layout.next is not None and state.sharded_at is not None:
+            # The instant by this process's clock, as the server's said it when asked.
+            self._layout_until = began + (state.sharded_at - now_ms) / 1000
+        self._layout = layout
+
+    @property
+    def keys_format(self) -> str:
+        """The format key: named the same in every layout."""
+        return self._configured.keys.format
+
+    @property
+    def keys(self) -> Keys:
+        """The keys of the layout transitions write, and new runs are made in."""
+        return self.layout.keys
+
+    def _of(self, layout: Layout) -> tuple[tuple[Shard, ...], RunIndex]:
+        found = self._of_layout.get(layout)
+        if found is None:
+            found = self._of_layout[layout] = (
+                tuple(Shard.of(self.redis, keys) for keys in layout.shards),
+                RunIndex(self.redis, *layout.shards))
+        return found
+
+    @property
+    def shards(self) -> tuple[Shard, ...]:
+        """Every shard a scan reads: the layout's, and the legacy one (last) while the store
+        moves to the sharded layout."""
+        return self._of(self.layout)[0]
+
+    @property
+    def runs(self) -> RunIndex:
+        """Every scanned shard's index at once: list pages, merged by score."""
+        return self._of(self.layout)[1]
+
     def shard_of(self, run_id: str) -> Shard:
         """The shard of the run's transitions."""
         return self.shards[self.keys.shard_number(run_id)]
 
+    def fits_with(self, run_id: str) -> Callable[[str], bool] | None:
+        """Which refs of grants a transition of the run may write (`Keys.fits_with`)."""
+        return self.keys.fits_with(run_id)
+
+    def keys_of(self, run_id: str) -> Keys:
+        """The keys the run is under: those of the layout, once it is moved there when it
+        is still in the legacy one (while the store moves to the sharded layout). Between
+        the switch and the layout instant (seconds), one not in the legacy layout is looked
+        for in the sharded one: a process a round trip ahead may have moved it."""
+        layout = self.layout
+        if layout.legacy is not None and run_id not in self._moved:
+            self._move(layout, [run_id])
+        elif layout.next is not None and not self.redis.exists(layout.keys.run(run_id)):
+            return layout.next
+        return layout.keys
+
+    def _move(self, layout: Layout, run_ids: Sequence[str]) -> None:
+        """Move the runs still in the legacy layout to `layout.keys` (one round trip)."""
+        legacy = layout.legacy
+        assert legacy is not None
+        todo = [run_id for run_id in dict.fromkeys(run_ids) if run_id not in self._moved]
+        if not todo:
+            return
+
+        def fill(pipe: Any) -> None:
+            for run_id in todo:
+                self._queue(pipe, "move_run", [*legacy.for_scripts(run_id),
+                                               *layout.keys.for_scripts(run_id)], [])
+
+        for run_id, reply in zip(todo, self._pipelined(fill, "move_run"), strict=True):
+            if reply[0] != "missing":  # (one made later by a late process may be legacy)
+                if len(self._moved) >= MOVED_KEPT:
+                    self._moved.clear()
+                self._moved.add(run_id)
+
+    def _located(self, run_ids: Sequence[str]) -> list[Keys]:
+        """The layout each run is in now, without moving any (a read of many runs reads
+        each where it is): while the store moves, one round trip asks which are still in
+        the legacy layout. (One moved meanwhile reads as gone.)"""
+        layout = self.layout
+        legacy = layout.legacy
+        unknown = [r for r in run_ids if r not in self._moved] if legacy is not None else []
+        if legacy is None or not unknown:
+            return [layout.keys] * len(run_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in unknown:
+            pipe.exists(legacy.run(run_id))
+        there = {run_id for run_id, found in zip(unknown, pipe.execute(), strict=True)
+                 if found}
+        return [legacy if run_id in there else layout.keys for run_id in run_ids]
+
     @property
     def writing(self) -> int:
         """The format records are written in: the store's (`parking.formats`), read again
-        when older than `formats.FRESH_S`, so that a rolling deployment's switch reaches
-        every process within that, pool children too (a beat brings it sooner)."""
-        if time.monotonic() - self._writing_at > formats.FRESH_S:
-            self._writing_at = time.monotonic()
-            try:
-                version, writing = cast("list[str | None]", self.redis.hmget(
-                    self.keys.format, "version", "writing"))
-            except RedisError:
-                return self._writing  # away: the last one known, asked again later
-            if writing or version:
-                self._writing = int(writing or version or formats.FIRST)
+        with its layout (`layout`)."""
+        self.layout  # noqa: B018  (read again when it is time)
         return self._writing
 
     @writing.setter
     def writing(self, format: int) -> None:
-        self._writing, self._writing_at = format, time.monotonic()
+        self._writing = format
 
     def script_names(self) -> dict[str, str]:
         """Each script's SHA1 (as EVALSHA names it) and its name: for MONITOR's readers."""
         return {script.sha: name for name, script in self._scripts.items()}
 
-    def _run(self, name: str, run_id: str, /, *, extra_keys: tuple[str, ...] = (),
-             **named: Any) -> list[Any]:
-        """Run script `name` on the run's keys (and `extra_keys` after them), given `named`
-        (`scripts.argv`)."""
-        keys = [*self.keys.for_scripts(run_id), *extra_keys]
+    def _run(self, name: str, run_id: str, /, *, extra_keys: ExtraKeys = (),
+             under: Keys | None = None, **named: Any) -> list[Any]:
+        """Run script `name` on the run's keys (`keys_of`: moved first while the store moves
+        to the sharded layout) and `extra_keys` after them (or those it names in a layout),
+        given `named` (`scripts.argv`). Before the store's layout instant, a run the script
+        does not find in the legacy layout is looked for in the sharded one: a process a
+        round trip ahead may have moved it. `under`: the layout to run it in, as it is (a
+        new run's)."""
+        keys = under or self.keys_of(run_id)
+        reply = self._run_on(name, run_id, keys, extra_keys, named)
+        later = self._layout.next
+        if later is not None and later != keys and _found_nothing(reply) \
+                and not self.redis.exists(keys.run(run_id)):
+            reply = self._run_on(name, run_id, later, extra_keys, named)
+        return reply
+
+    def _run_on(self, name: str, run_id: str, layout: Keys, extra_keys: ExtraKeys,
+                named: Mapping[str, Any]) -> list[Any]:
+        extra = extra_keys(layout) if callable(extra_keys) else extra_keys
+        keys = [*layout.for_scripts(run_id), *extra]
         args = scripts.argv(named)
         wanted = self.config.min_replicas_ack
         if not wanted or name not in ACKNOWLEDGED:
@@ -310,21 +469,35 @@ class Store:
         """A fresh run id; with `idempotency_key`, one in the shard that key names (in the
         sharded layout the key is written by the run's creation, in the run's shard: a
         retry with the key, under another fresh id, must look in the same one)."""
+        keys = self.keys
         while True:
             run_id = f"run_{uuid.uuid4().hex}"
-            if idempotency_key is None or len(self.keys.shards) == 1 or (
-                    self.keys.shard_number(run_id)
-                    == sharding.shard_of(idempotency_key, len(self.keys.shards))):
+            if idempotency_key is None or len(keys.shards) == 1 or (
+                    keys.shard_number(run_id)
+                    == sharding.shard_of(idempotency_key, len(keys.shards))):
                 return run_id
 
     def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
                    metadata: dict[str, Any], idempotency_key: str | None,
                    agent_version: str | None = None, pinned: bool = False) -> Transition:
         """`agent_version`: the version the run starts on; `pinned`: its steps go to that
-        version's queue, for the workers that host it."""
-        # Without one, no key: an empty name would be a key of another cluster slot.
-        idem = (self.keys.shard_of(run_id).idempotency(idempotency_key),) \
-            if idempotency_key else ()
+        version's queue, for the workers that host it. While the store is between layouts,
+        the run's id and its idempotency key are looked for in the other one too."""
+        layout = self.layout
+        other = layout.legacy or layout.next
+
+        def extra(keys: Keys) -> tuple[str, ...]:
+            # Without one, no key: an empty name would be a key of another cluster slot.
+            found = [keys.shard_of(run_id).idempotency(idempotency_key)] \
+                if idempotency_key else []
+            elsewhere = layout.keys if keys != layout.keys else other
+            if elsewhere is not None:  # (in the sharded layout, in the key's own shard)
+                found.append(elsewhere.run(run_id))
+                if idempotency_key:
+                    found.append(elsewhere.shard_of(idempotency_key)
+                                 .idempotency(idempotency_key))
+            return tuple(found)
+
         # An input that is the first message's text is read back from there: a prompt is
         # not kept twice for as long as the run lives.
         stored_input = "" if len(messages) == 1 and _first_text(messages) == input \
@@ -336,7 +509,9 @@ class Store:
                           messages=_dumps(dump_messages(messages)), metadata=stored_metadata,
                           idempotency_ttl_s=self.config.idempotency_ttl_s,
                           agent_version=agent_version or "",
-                          pinned=bool(pinned and agent_version), extra_keys=idem)
+                          pinned=bool(pinned and agent_version),
+                          keyed=bool(idempotency_key), elsewhere=other is not None,
+                          extra_keys=extra, under=layout.keys)
         return results.created(reply, run_id)
 
     def claim(self, run_id: str, version: int, owner: str,
@@ -364,7 +539,7 @@ class Store:
         return bool(reply[0] == "ok")
 
     def checkpoints(self, run_id: str, version: int) -> dict[str, Any]:
-        raw = cast("dict[str, str]", self.redis.hgetall(self.keys.checkpoints(run_id)))
+        raw = cast("dict[str, str]", self.redis.hgetall(self.keys_of(run_id).checkpoints(run_id)))
         if raw.get("v") != str(version):
             return {}
         return {k: json.loads(v) for k, v in raw.items() if k != "v"}
@@ -395,7 +570,7 @@ class Store:
             parked.append({"id": intr.id, "record": codecs.stored_interrupt(intr),
                            "expires": expires, "auto": _dumps(auto.wire()) if auto else None,
                            "rule": intr.rule})
-        given, grant_keys = self._plan(run_id, plan or Announcements())
+        given, grant_keys = self._plan(plan or Announcements())
         # A park's event is stored without messages, as the earlier steps' events of a
         # parked run are: the history holds them (parking.events fills them in).
         data, _ = _event(event)
@@ -452,11 +627,12 @@ class Store:
                        read: Any) -> tuple[list[Any], list[Any]]:
         """A transition and reads after it, in one round trip and one moment (MULTI): the
         reads see what it wrote. (Not with `min_replicas_ack`: its WAIT is not for MULTI.)"""
-        keys = self.keys.for_scripts(run_id)
+        layout = self.keys_of(run_id)
+        keys = layout.for_scripts(run_id)
 
         def fill(pipe: Any) -> None:
             self._queue(pipe, name, keys, scripts.argv(named))
-            read(pipe, run_id)
+            read(pipe, layout, run_id)
 
         reply, *found = self._pipelined(fill, name, transaction=True)
         return reply, found
@@ -466,7 +642,7 @@ class Store:
         """Hand an open interrupt from `handover.reviewer` to `handover.to`, recording
         `plan`, the new reviewer's announcements (None: queue the announcement task to plan
         them). AGAIN: handed on before."""
-        given, grant_keys = self._plan(run_id, plan or Announcements())
+        given, grant_keys = self._plan(plan or Announcements())
         reply = self._run("delegate_interrupt", run_id, interrupt_id=interrupt_id,
                           reviewer=handover.reviewer, handover=_dumps(handover.wire()),
                           announce=plan is None, plan=given, extra_keys=grant_keys)
@@ -488,11 +664,12 @@ class Store:
 
     # -- notifications -------------------------------------------------------------------
 
-    def _plan(self, run_id: str, plan: Announcements
-              ) -> tuple[dict[str, Any], tuple[str, ...]]:
+    def _plan(self, plan: Announcements
+              ) -> tuple[dict[str, Any], Callable[[Keys], tuple[str, ...]]]:
         """`plan` as the scripts read it (`record_plan` in lua/_prelude.lua), and the keys
-        of its grants (in the run's shard), in the same order."""
-        shard = self.keys.shard_of(run_id)
+        of its grants in a layout, in the same order: each in the shard of its ref (refs are
+        drawn in the run's: `fits_with`), where `grant` looks."""
+        refs = [ref for ref, _, _ in plan.grants]
         return ({"notes": [{"id": note.id, "record": _dumps(_stored(note)), "at": at}
                            for note, at in plan.notes],
                  "grants": [{"grant": grant, "ttl_ms": max(1000, ttl_ms)}
@@ -500,13 +677,13 @@ class Store:
                  "handovers": [{"interrupt_id": interrupt_id, "reviewer": handover.reviewer,
                                 "record": _dumps(handover.wire())}
                                for interrupt_id, handover in plan.handovers]},
-                tuple(shard.grant(ref) for ref, _, _ in plan.grants))
+                lambda keys: tuple(keys.shard_of(ref).grant(ref) for ref in refs))
 
     def plan_notifications(self, run_id: str, plan: Announcements) -> tuple[list[str],
                                                                                list[str]]:
         """Record `plan` for a parked run. Returns the ids that were not planned before, and
         those of them whose delivery the caller must queue (the broker elsewhere)."""
-        given, grant_keys = self._plan(run_id, plan)
+        given, grant_keys = self._plan(plan)
         planned, dispatch = self._run("plan_notifications", run_id, plan=given,
                                       extra_keys=grant_keys)
         return [str(x) for x in planned], [str(x) for x in dispatch]
@@ -565,7 +742,9 @@ class Store:
         return [str(x) for x in retried], [str(x) for x in dispatch]
 
     def notifications(self, run_id: str) -> list[Notification]:
-        return _notifications(self._fields(run_id, NOTE, self._scan(self.redis, run_id, NOTE)))
+        keys = self.keys_of(run_id)
+        return _notifications(self._fields(keys, run_id, NOTE,
+                                           self._scan(self.redis, keys, run_id, NOTE)))
 
     def notifications_of_parked(self, page: int = 500) -> Iterator[tuple[str, list[Notification]]]:
         """(run id, its notifications) of every parked run that has some, a page of the
@@ -573,25 +752,32 @@ class Store:
         cursor: str | None = None
         while True:
             scored, cursor = self.runs.page(Status.INTERRUPTED, page, cursor)
+            located = self._located([run_id for run_id, _ in scored])
             pipe = self.redis.pipeline(transaction=False)
-            for run_id, _ in scored:
-                self._scan(pipe, run_id, NOTE)
+            for (run_id, _), keys in zip(scored, located, strict=True):
+                self._scan(pipe, keys, run_id, NOTE)
             found = pipe.execute()
-            for (run_id, _), scanned in zip(scored, found, strict=True):
-                notes = self._fields(run_id, NOTE, scanned)
+            for (run_id, _), keys, scanned in zip(scored, located, found, strict=True):
+                notes = self._fields(keys, run_id, NOTE, scanned)
                 if notes:
                     yield run_id, _notifications(notes)
             if cursor is None:
                 return
 
     def notification(self, run_id: str, notification_id: str) -> Notification | None:
-        raw = self._field(run_id, NOTE, notification_id)
+        raw = self._field(self.keys_of(run_id), run_id, NOTE, notification_id)
         return _notification(notification_id, raw) if raw else None
 
     def grant(self, ref: str) -> str | None:
         """The grant `ref` names, in the shard of `ref` itself: one read (refs are drawn
-        to land in their run's shard, `Keys.fits_with`; a token names no run)."""
-        return cast("str | None", self.redis.get(self.keys.shard_of(ref).grant(ref)))
+        to land in their run's shard, `Keys.fits_with`; a token names no run). While the
+        store is between layouts, in the other one's too."""
+        layout = self.layout
+        found = cast("str | None", self.redis.get(layout.keys.shard_of(ref).grant(ref)))
+        other = layout.legacy or layout.next
+        if found is None and other is not None:
+            found = cast("str | None", self.redis.get(other.shard_of(ref).grant(ref)))
+        return found
 
     def first_sight(self, what: str, ttl_s: int) -> bool:
         """True the first time `what` is seen within `ttl_s` (a webhook-id, a mail)."""
@@ -612,13 +798,17 @@ class Store:
             found.extend(results.entries_of(raw))
         return found
 
-    def _by_shard(self, entries: Sequence[tuple[str, str]]) -> dict[int, list[str]]:
+    def _by_shard(self, entries: Sequence[tuple[str, str]]) -> dict[ShardKeys, list[str]]:
         """Outbox entry ids, given as (run id, entry id), by the shard that holds them (the
         run's: an entry's id does not always name its run, a delivery's is the
-        notification's)."""
-        found: dict[int, list[str]] = {}
+        notification's); while the store moves to the sharded layout, every one may still
+        be in the legacy shard too (its run not moved yet)."""
+        layout = self.layout
+        found: dict[ShardKeys, list[str]] = {}
         for run_id, entry_id in entries:
-            found.setdefault(self.keys.shard_number(run_id), []).append(entry_id)
+            found.setdefault(layout.keys.shard_of(run_id), []).append(entry_id)
+        if layout.legacy is not None and entries:
+            found[layout.legacy.legacy] = [entry_id for _, entry_id in entries]
         return found
 
     def hold_outbox(self, entries: Sequence[tuple[str, str]]) -> None:
@@ -627,15 +817,13 @@ class Store:
         grace time, so that one still queued is not published again."""
         if entries:
             due = self.now_ms() + self.config.lost_message_ms
-            for number, ids in self._by_shard(entries).items():
-                self.redis.zadd(self.shards[number].keys.outbox, dict.fromkeys(ids, due),
-                                xx=True)
+            for shard, ids in self._by_shard(entries).items():
+                self.redis.zadd(shard.outbox, dict.fromkeys(ids, due), xx=True)
 
     def ack_outbox(self, entries: Sequence[tuple[str, str]]) -> None:
         """Forget published entries, given as (run id, entry id)."""
-        for number, ids in self._by_shard(entries).items():
-            keys = self.shards[number].keys
-            self._call("ack_outbox", [keys.outbox, keys.outbox_entries], ids=ids)
+        for shard, ids in self._by_shard(entries).items():
+            self._call("ack_outbox", [shard.outbox, shard.outbox_entries], ids=ids)
 
     def overdue_outbox(self, older_than_ms: int = 0, limit: int = 200
                        ) -> list[tuple[str, int]]:
@@ -655,34 +843,38 @@ class Store:
         """What an answer is checked against, in one round trip: the run, its interrupts,
         their answers and which are open. (The answer's script checks again what can have
         changed since: no transaction needed here.)"""
+        keys = self.keys_of(run_id)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(self.keys.run(run_id), "agent", "status", "version", "metadata", "open")
-        self._scan(pipe, run_id, INTERRUPT)
-        pipe.hgetall(self.keys.answers(run_id))
+        pipe.hmget(keys.run(run_id), "agent", "status", "version", "metadata", "open")
+        self._scan(pipe, keys, run_id, INTERRUPT)
+        pipe.hgetall(keys.answers(run_id))
         raw, specs, answers = pipe.execute()
         record = None if raw[0] is None else RunRecord(
             run_id, raw[0], Status(raw[1]), int(raw[2]), [], codecs.metadata(raw[3]))
-        return (record, *_interrupts(self._fields(run_id, INTERRUPT, specs), answers,
+        return (record, *_interrupts(self._fields(keys, run_id, INTERRUPT, specs), answers,
                                      _open(raw[4])))
 
     def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
+        keys = self.keys_of(run_id)
+
         def fill(pipe: Any) -> None:
-            pipe.hget(self.keys.run(run_id), "open")
-            self._scan(pipe, run_id, INTERRUPT)
-            pipe.hgetall(self.keys.answers(run_id))
+            pipe.hget(keys.run(run_id), "open")
+            self._scan(pipe, keys, run_id, INTERRUPT)
+            pipe.hgetall(keys.answers(run_id))
 
         open_field, specs, answers = self._pipelined(fill, transaction=True)
-        return _interrupts(self._fields(run_id, INTERRUPT, specs), answers, _open(open_field))
+        return _interrupts(self._fields(keys, run_id, INTERRUPT, specs), answers,
+                           _open(open_field))
 
     # The run's interrupts and notifications are fields of its hash (`INTERRUPT`, `NOTE`),
     # beside its history: they are scanned for, not read with all of it.
 
-    def _scan(self, client: Any, run_id: str, prefix: str) -> Any:
+    def _scan(self, client: Any, keys: Keys, run_id: str, prefix: str) -> Any:
         """The first HSCAN of the run's `prefix` fields (queued, on a pipeline)."""
-        return client.hscan(self.keys.run(run_id), 0, match=prefix + "*", count=SCAN_COUNT)
+        return client.hscan(keys.run(run_id), 0, match=prefix + "*", count=SCAN_COUNT)
 
-    def _fields(self, run_id: str, prefix: str, scanned: tuple[int, dict[str, str]]
-                ) -> dict[str, str]:
+    def _fields(self, keys: Keys, run_id: str, prefix: str,
+                scanned: tuple[int, dict[str, str]]) -> dict[str, str]:
         """Id → JSON of the run's `prefix` fields, from a first HSCAN reply on (a large hash
         can take more than one)."""
         cursor, found = int(scanned[0]), scanned[1]
@@ -691,32 +883,34 @@ class Store:
                                                                strict=True))
         while cursor:
             cursor, more = cast("tuple[int, dict[str, str]]", self.redis.hscan(
-                self.keys.run(run_id), cursor, match=prefix + "*", count=SCAN_COUNT))
+                keys.run(run_id), cursor, match=prefix + "*", count=SCAN_COUNT))
             fields.update(more)
         return {name[len(prefix):]: value for name, value in fields.items()}
 
-    def _field(self, run_id: str, prefix: str, item_id: str) -> str | None:
+    def _field(self, keys: Keys, run_id: str, prefix: str, item_id: str) -> str | None:
         """One interrupt's or notification's JSON (None when the run has no such one)."""
-        return cast("str | None", self.redis.hget(self.keys.run(run_id), prefix + item_id))
+        return cast("str | None", self.redis.hget(keys.run(run_id), prefix + item_id))
 
     def reviews(self, run_id: str) -> dict[str, Review]:
         """How people review each of the run's interrupts (only those under a policy, or
         handed on, have anything)."""
-        return _reviews(cast("dict[str, str]", self.redis.hgetall(self.keys.review(run_id))))
+        return _reviews(cast("dict[str, str]", self.redis.hgetall(
+            self.keys_of(run_id).review(run_id))))
 
     def interrupt(self, run_id: str, interrupt_id: str) -> Interrupt | None:
-        raw = self._field(run_id, INTERRUPT, interrupt_id)
+        raw = self._field(self.keys_of(run_id), run_id, INTERRUPT, interrupt_id)
         return codecs.interrupt(interrupt_id, raw) if raw else None
 
     def view(self, run_id: str) -> RunView | None:
         # One round trip, and one moment: the run, its interrupts and its notifications.
+        keys = self.keys_of(run_id)
         return self._view_of(run_id, *self._pipelined(
-            lambda pipe: self._read_view(pipe, run_id), transaction=True))
+            lambda pipe: self._read_view(pipe, keys, run_id), transaction=True))
 
-    def _read_view(self, pipe: Any, run_id: str) -> None:
-        pipe.hgetall(self.keys.run(run_id))
-        pipe.hgetall(self.keys.answers(run_id))
-        pipe.hgetall(self.keys.review(run_id))
+    def _read_view(self, pipe: Any, keys: Keys, run_id: str) -> None:
+        pipe.hgetall(keys.run(run_id))
+        pipe.hgetall(keys.answers(run_id))
+        pipe.hgetall(keys.review(run_id))
 
     def _view_of(self, run_id: str, raw: dict[str, str], given: dict[str, str],
                  review: dict[str, str]) -> RunView | None:
@@ -763,13 +957,21 @@ class Store:
             after = cursor_of(*scored[-1])
         return self._summaries(scored), after
 
-    def _summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
+    def fields_of_runs(self, run_ids: Sequence[str], *fields: str) -> list[list[str | None]]:
+        """The `fields` of each run's hash (Nones for a run that is gone), each read where
+        the run is: one round trip (two while the store moves to the sharded layout)."""
         pipe = self.redis.pipeline(transaction=False)
-        for run_id, _ in scored:
-            pipe.hmget(self.keys.run(run_id), "agent", "status", "version", "created_at",
-                       "updated_at", "open", "agent_version")
+        for run_id, keys in zip(run_ids, self._located(run_ids), strict=True):
+            pipe.hmget(keys.run(run_id), *fields)
+        return cast("list[list[str | None]]", pipe.execute()) if run_ids else []
+
+    def _summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
+        found = self.fields_of_runs([run_id for run_id, _ in scored], "agent", "status",
+                                    "version", "created_at", "updated_at", "open",
+                                    "agent_version")
         out = []
-        for (run_id, _), raw in zip(scored, pipe.execute(), strict=True):
+        for (run_id, _), fields in zip(scored, found, strict=True):
+            raw = cast("list[str]", fields)
             if raw[0] is not None:  # expired after retention; the sweeper prunes the index
                 out.append(RunSummary(id=run_id, agent=raw[0], status=Status(raw[1]),
                                       version=int(raw[2]),
@@ -780,17 +982,18 @@ class Store:
 
     def events(self, run_id: str, after: str = "0-0", *, block_ms: int | None = None,
                count: int = 500) -> list[Event]:
-        return events.read(self.redis, self.keys.events(run_id), after, block_ms=block_ms,
-                           count=count)
+        return events.read(self.redis, self.keys_of(run_id).events(run_id), after,
+                           block_ms=block_ms, count=count)
 
     def last_park(self, run_id: str, interrupt_ids: set[str] | None = None) -> Event | None:
         """The run's newest `run.interrupted` event (that parked on one of `interrupt_ids`)."""
-        return events.last_park(self.redis, self.keys.events(run_id), interrupt_ids)
+        return events.last_park(self.redis, self.keys_of(run_id).events(run_id),
+                                interrupt_ids)
 
     def lease_of(self, run_id: str) -> tuple[str | None, int | None]:
         """Who holds the run's claim, and until when (ms)."""
         owner, until = cast("list[str | None]", self.redis.hmget(
-            self.keys.run(run_id), "lease_owner", "lease_until"))
+            self.keys_of(run_id).run(run_id), "lease_owner", "lease_until"))
         # Most commits leave them empty ('' and 0: one call fewer); a park and the end of a
         # run delete them.
         return owner or None, int(until) if until and until != "0" else None
@@ -798,7 +1001,7 @@ class Store:
     def status_of(self, run_id: str) -> tuple[Status | None, int | None]:
         """The run's status and when it last changed (ms)."""
         status, updated = cast("list[str | None]", self.redis.hmget(
-            self.keys.run(run_id), "status", "updated_at"))
+            self.keys_of(run_id).run(run_id), "status", "updated_at"))
         return Status(status) if status else None, int(updated) if updated else None
 
     # -- the registries, as the sweeper and on-call read them -------------------------------
@@ -862,14 +1065,17 @@ class Store:
         message of the turns queue (or when that is not known), as that layby did."""
         if not run_ids:
             return []
-        # A queue's numbers are counted in each shard (`queues`): a run's against its own.
-        shard_queues = [self.keys.shard_of(run_id).queues for run_id in run_ids]
+        # A queue's numbers are counted in each shard (`queues`): a run's against its own
+        # (while the store moves, one still in the legacy layout against the legacy's).
+        located = self._located(run_ids)
+        shard_queues = [keys.shard_of(run_id).queues
+                        for run_id, keys in zip(run_ids, located, strict=True)]
         wanted = list(dict.fromkeys(shard_queues))
         pipe = self.redis.pipeline(transaction=False)
         for key in wanted:
             pipe.hgetall(key)
-        for run_id in run_ids:
-            pipe.hmget(self.keys.run(run_id), "sent", "updated_at")
+        for run_id, keys in zip(run_ids, located, strict=True):
+            pipe.hmget(keys.run(run_id), "sent", "updated_at")
         replies = pipe.execute()
         of_shard = dict(zip(wanted, replies[:len(wanted)], strict=True))
         fields = replies[len(wanted):]
@@ -933,53 +1139,83 @@ class Store:
         and says what it is (`about`: "<kind> <newest format> <release>"); the format the
         store writes now comes back, and is the one this store writes from now on.
         `hosting`: the agent versions a worker runs pinned runs of (`<agent>@<version>`),
-        told again at each beat, for `layby doctor`."""
+        told again at each beat, for `layby doctor`. The layout comes back too. While the
+        store moves to the sharded layout, whose registry is named otherwise, the process
+        takes itself out of the legacy one's."""
+        layout = self.layout
+        keys, legacy = layout.keys, layout.legacy
+
         def fill(pipe: Any) -> None:
-            self._call("beat_worker", [self.keys.workers, self.keys.workers_about,
-                                       self.keys.format],
+            self._call("beat_worker", [keys.workers, keys.workers_about, keys.format],
                        client=pipe, worker=name, lease_ms=self.config.lease_ms, about=about)
             if hosting is not None:
-                pipe.hset(self.keys.hosting, name, _dumps(sorted(hosting)))
+                pipe.hset(keys.hosting, name, _dumps(sorted(hosting)))
+            if legacy is not None:
+                pipe.zrem(legacy.workers, name)
+                pipe.hdel(legacy.workers_about, name)
+                pipe.hdel(legacy.hosting, name)
 
+        began = time.monotonic()
         reply = self._pipelined(fill, "beat_worker")[0]
-        if reply[2]:
-            self.writing = int(reply[2])
+        self._learn(formats.parsed([r or None for r in reply[4:9]]), int(reply[3]), began)
 
     def reap_workers(self) -> list[tuple[str, int, str]]:
         """Processes whose beat lapsed, once each, with their last beat (epoch ms) and what
         they said they were."""
-        raw = self._call("reap_workers", [self.keys.workers, self.keys.workers_about],
-                         lease_ms=self.config.lease_ms)
-        reaped = [(_text(raw[i]), int(_text(raw[i + 1])), _text(raw[i + 2]))
-                  for i in range(0, len(raw), 3)]
-        if reaped:
-            self.redis.hdel(self.keys.hosting, *(name for name, _, _ in reaped))
+        reaped = []
+        for keys in self._registries():
+            raw = self._call("reap_workers", [keys.workers, keys.workers_about],
+                             lease_ms=self.config.lease_ms)
+            found = [(_text(raw[i]), int(_text(raw[i + 1])), _text(raw[i + 2]))
+                     for i in range(0, len(raw), 3)]
+            if found:
+                self.redis.hdel(keys.hosting, *(name for name, _, _ in found))
+            reaped += found
         return reaped
+
+    def _registries(self) -> list[Keys]:
+        """The layouts whose registry of processes is read: the store's, and the legacy
+        one's while the store moves to the sharded layout (those that died before)."""
+        layout = self.layout
+        return [layout.keys] + ([layout.legacy] if layout.legacy is not None else [])
 
     def forget_worker(self, name: str) -> None:
         """A process that stopped cleanly (a worker's reserved messages went back to the
         queue)."""
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.zrem(self.keys.workers, name)
-        pipe.hdel(self.keys.workers_about, name)
-        pipe.hdel(self.keys.hosting, name)
-        pipe.execute()
+        for keys in self._registries():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.zrem(keys.workers, name)
+            pipe.hdel(keys.workers_about, name)
+            pipe.hdel(keys.hosting, name)
+            pipe.execute()
 
     def live_processes(self) -> dict[str, str]:
         """Every process whose beat has not lapsed, and what it said it is."""
-        names = cast("list[str]", self.redis.zrangebyscore(self.keys.workers,
-                                                           f"({self.now_ms()}", "+inf"))
-        about = cast("list[str | None]", self.redis.hmget(self.keys.workers_about, names)) \
-            if names else []
-        return {name: told or "" for name, told in zip(names, about, strict=True)}
+        found: dict[str, str] = {}
+        now = self.now_ms()
+        for keys in self._registries():
+            names = cast("list[str]", self.redis.zrangebyscore(keys.workers, f"({now}",
+                                                               "+inf"))
+            about = cast("list[str | None]", self.redis.hmget(keys.workers_about, names)) \
+                if names else []
+            found.update({name: told or "" for name, told in zip(names, about, strict=True)
+                          if name not in found})
+        return found
 
-    def switch_format(self, to: int, *, force: bool = False) -> list[str]:
+    def switch_format(self, to: int, *, force: bool = False,
+                      shards: int | None = None) -> list[str]:
         """Start writing format `to` (`switch_format.lua`); the reply's verdict, then the
-        older processes still alive (name, about, …) when that is why it did not."""
-        reply = self._call("switch_format", [self.keys.workers, self.keys.workers_about,
-                                             self.keys.format], to=to, force=force)
+        older processes still alive (name, about, …) when that is why it did not. A store
+        in the legacy layout is given `shards` (the sharded layout's count, for format 2 on),
+        and its layout instant."""
+        keys = self.keys
+        delay_ms = int((formats.FRESH_S + formats.LAYOUT_MARGIN_S) * 1000)
+        reply = self._call("switch_format", [keys.workers, keys.workers_about, keys.format],
+                           to=to, force=force,
+                           shards=shards if shards is not None and to >= formats.SHARDED
+                           else "", layout_after_ms=delay_ms)
         if reply[0] == "switched":
-            self.writing = to
+            self._read_format()
         return [_text(r) for r in reply]
 
     def server_id(self) -> str:
@@ -1032,9 +1268,13 @@ class Store:
         folded. A run parked again later comes round again: its place in the index is its
         last park."""
         cutoff = self.now_ms() - self.config.fold_after_ms
-        return sum(self._fold_shard(shard.keys, cutoff, limit) for shard in self.shards)
+        return sum(self._fold_shard(shard, runs, cutoff, limit)
+                   for shard, runs in self.layout.scanned)
 
-    def _fold_shard(self, shard: ShardKeys, cutoff: int, limit: int) -> int:
+    def _fold_shard(self, shard: ShardKeys, runs: Keys, cutoff: int, limit: int) -> int:
+        """Fold the runs `shard` indexes, their keys those of layout `runs` (the legacy
+        shard's, while the store moves, folded where they are: one moved meanwhile is
+        found not parked there, and comes round at its next park)."""
         start = cast("str | None", self.redis.get(shard.fold_cursor)) or "-inf"
         found = cast("list[tuple[str, float]]", self.redis.zrangebyscore(
             shard.index(Status.INTERRUPTED), start, cutoff, start=0, num=limit,
@@ -1045,8 +1285,7 @@ class Store:
         for at in range(0, len(found), 200):
             def fill(pipe: Any, page: list[tuple[str, float]] = found[at:at + 200]) -> None:
                 for run_id, _ in page:
-                    self._call("fold_events", [self.keys.run(run_id),
-                                               self.keys.events(run_id)],
+                    self._call("fold_events", [runs.run(run_id), runs.events(run_id)],
                                client=pipe, keep=self.config.events_max)
 
             folded += sum(reply == "folded"

@@ -219,10 +219,12 @@ class World:
         return json.loads(self.client.hget(self.keys.run(run_id), f"n:{nid}"))
 
     def snapshot(self) -> dict[str, Any]:
-        """Every key of this test (the broker's queues too): its type, what it holds and
-        whether it expires. Equal before and after: the call changed nothing."""
+        """Every key of this test (the broker's queues too, and the sharded layout's
+        registry, tagged `{<p>:format}`): its type, what it holds and whether it expires.
+        Equal before and after: the call changed nothing."""
         out: dict[str, Any] = {}
-        for key in sorted(self.client.scan_iter(match=f"{self.prefix}:*", count=1000)):
+        for key in sorted([*self.client.scan_iter(match=f"{self.prefix}:*", count=1000),
+                           *self.client.scan_iter(match=f"{{{self.prefix}:format}}:*")]):
             kind = self.client.type(key)
             value: Any
             if kind == "string":

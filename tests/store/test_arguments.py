@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from layby.parking import Announcements, Verdict, scripts
+from layby.parking import Announcements, Keys, Verdict, scripts
 from layby.parking.codecs import stored_interrupt
 from layby.parking.scripts import argv
 from layby.parking.store import _dumps
@@ -91,7 +91,12 @@ def _keys(world: World, name: str) -> list[str]:
             "reap_workers": [world.keys.workers, world.keys.workers_about],
             "switch_format": [world.keys.workers, world.keys.workers_about,
                               world.keys.format],
-            "count_versions": [world.keys.run("run_1")]}[name]
+            "count_versions": [world.keys.run("run_1")],
+            "move_run": [*world.keys.for_scripts("run_1"),
+                         *Keys(world.prefix, 3).for_scripts("run_1")],
+            "move_members": [world.keys.outbox, Keys(world.prefix, 3).shards[0].outbox],
+            "move_key": [world.keys.grant("g"), Keys(world.prefix, 3).shards[0].grant("g")],
+            "merge_stats": [world.keys.stats, Keys(world.prefix, 3).shards[0].stats]}[name]
 
 
 @pytest.mark.parametrize("name", [s for s in SCRIPTS if _declared(s)])

@@ -140,7 +140,7 @@ def test_a_long_name_note_is_migrated_to_what_lua_writes(world: World, rec: dict
     field = f"n:{rec['id']}"
     world.client.hset(world.keys.run("run_1"), field,
                       json.dumps({k: v for k, v in rec.items() if k != "id"}))
-    migrations.migrate(world.client, world.keys)
+    migrations.migrate(world.client, world.keys, until=1)
     stored = world.run_hash("run_1")[field]
     assert json.loads(stored) == _notes_eval(
         world.client, "return encode_note(cjson.decode(ARGV[1]))", json.dumps(rec))
@@ -230,7 +230,7 @@ def test_lua_reads_an_interrupts_reason_as_compact_does(world: World, reason: st
     if migrated:
         world.client.hset(run_key, mapping={"status": "interrupted", "version": 2})
         world.client.zadd(world.keys.index(Status.INTERRUPTED), {"run_r": 1})
-        migrations.migrate(world.client, world.keys)
+        migrations.migrate(world.client, world.keys, until=1)
         raws = {iid: world.client.hget(run_key, f"i:{iid}") for iid in raws}
         assert raws == {intr.id: codecs.stored_interrupt(intr) for intr in intrs}
     source = (shared_source("_notes") + "\n" + shared_source("_folding") + "\n"

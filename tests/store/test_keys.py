@@ -1,9 +1,12 @@
 """parking.keys is the exact list of the keys the store writes: a whole cycle of the store
 on one prefix (every transition script, and every write the store makes itself), watched
-with MONITOR, writes only keys of `KEY_SPECS`, each matched by exactly one spec, and writes
-every one of them but those of 0.1.0's predecessors, which only migration 1 reads (and
-deletes); the module docstring lists them as `table()` prints them; every key a `Keys`
-method names is one of them.
+with MONITOR, writes only keys of `KEY_SPECS`, each matched by exactly one spec. In the
+sharded layout (format 2) it writes every one of them but those of earlier formats (0.1.0's
+predecessors', which only migration 1 reads, and the legacy layout's); in the legacy layout
+(a store of format 1, as layby 0.2.0 made it, until its switch) only those of the legacy
+layout and those named alike in both, and every one of the legacy layout's. The module
+docstring lists them as `table()` prints them; every key a `Keys` method names is one of
+them.
 
 A key is written when the server ran a command that changes it (its flags in COMMAND
 GETKEYSANDFLAGS: RW, OW or RM): the commands of the scripts included, which MONITOR shows
@@ -86,7 +89,8 @@ def watching(client: redis.Redis) -> Iterator[list[list[str]]]:
 
 
 def written_keys(client: redis.Redis, commands: list[list[str]], prefix: str) -> set[str]:
-    """The keys under `prefix` that `commands` changed."""
+    """The keys under `prefix` that `commands` changed (and those tagged with the format
+    key's name: the sharded layout's registry, `{<p>:format}:…`)."""
     found: set[str] = set()
     for args in commands:
         if args[0].upper() in SCRIPT_CALLS:
@@ -95,8 +99,8 @@ def written_keys(client: redis.Redis, commands: list[list[str]], prefix: str) ->
             named = client.execute_command("COMMAND GETKEYSANDFLAGS", *args)
         except redis.ResponseError:  # a command without keys (TIME, ECHO, MULTI, …)
             continue
-        found |= {key for key, flags in named
-                  if WRITES & set(flags) and key.startswith(f"{prefix}:")}
+        found |= {key for key, flags in named if WRITES & set(flags)
+                  and key.startswith((f"{prefix}:", f"{{{prefix}:format}}:"))}
     return found
 
 
@@ -108,7 +112,8 @@ def _cycle(world: World) -> None:
     """Every write of the store, on `world`'s prefix: run_1 through a whole life with people
     (checkpoint, park with a plan, deliveries, hand-over, fold, expiry, approvals, the
     end), run_2 requeued and cancelled, run_3 failed, then the outbox, the workers, the
-    sweeper's notes and a reply mail seen once."""
+    sweeper's notes and a reply mail seen once; then what the store's format goes through
+    (`_legacy_end`, `_sharded_end`)."""
     store = world.store
     lapsing = world.store_with(lease_ms=-1_000)  # its leases and beats lapse at once
     now = world.now()
@@ -216,19 +221,28 @@ def _cycle(world: World) -> None:
     assert store.first_sight("mailed-back:<m1@example.com>", 60)
     store.forget_sight("mailed-back:<m1@example.com>")
 
-    assert {s for s in Status if world.client.zcard(world.keys.index(s))} == {
+    assert {s for s in Status if store.runs.count(s)} == {
         Status.COMPLETED, Status.CANCELLED, Status.FAILED}
 
-    # Until now the store had no format (as 0.1.0 left it): `layby migrate` versions it.
-    assert [r.number for r in migrations.migrate(world.client, world.keys)] == [1]
-    assert formats.read(world.client, world.keys).version == migrations.newest()
-    # A rolling deployment's switch to the next format.
-    assert store.switch_format(migrations.newest() + 1) == ["switched"]
+
+def _legacy_end(world: World) -> None:
+    """Until now the store had no format (as 0.1.0 left it): `layby migrate` versions it
+    (migration 1 alone); then a rolling deployment's switch to format 2, which gives it the
+    shard count it will move to."""
+    assert [r.number for r in migrations.migrate(world.client, world.keys, until=1)] == [1]
+    assert formats.read(world.client, world.keys).version == 1
+    assert world.store.switch_format(2, shards=3) == ["switched"]
 
 
-def test_a_whole_cycle_writes_every_key_of_the_list_and_no_other(world: World) -> None:
-    with watching(world.client) as commands:
-        _cycle(world)
+def _sharded_end(world: World) -> None:
+    """`layby migrate` on a store of the newest format (its lock, and nothing to do), then
+    a rolling deployment's switch to the next format."""
+    assert migrations.migrate(world.client, world.keys) == []
+    assert world.store.switch_format(migrations.newest() + 1) == ["switched"]
+
+
+def _matched(world: World, commands: list[list[str]]) -> dict[KeySpec, set[str]]:
+    """The keys the commands wrote, by the one spec each matches."""
     written = written_keys(world.client, commands, world.prefix)
     assert written, "MONITOR saw no write"
     matched: dict[KeySpec, set[str]] = {}
@@ -236,25 +250,66 @@ def test_a_whole_cycle_writes_every_key_of_the_list_and_no_other(world: World) -
         specs = specs_of(key, world.prefix)
         assert len(specs) == 1, f"{key} matches {[s.pattern for s in specs]}"
         matched.setdefault(specs[0], set()).add(key)
-    migrated = {spec.pattern for spec in KEY_SPECS if spec.migrated_by}
-    assert not migrated & {spec.pattern for spec in matched}, "a key layby no longer writes"
+    return matched
+
+
+def _of_the_sharded_layout(spec: KeySpec) -> bool:
+    return "{<shard>}" in spec.pattern or "{<p>:format}" in spec.pattern
+
+
+def test_a_whole_cycle_writes_every_key_of_the_list_and_no_other(sharded: World) -> None:
+    formats.stamp(sharded.client, sharded.keys, migrations.newest(), 3)
+    with watching(sharded.client) as commands:
+        _cycle(sharded)
+        _sharded_end(sharded)
+    matched = _matched(sharded, commands)
+    older = {spec.pattern for spec in KEY_SPECS if spec.migrated_by}
+    assert not older & {spec.pattern for spec in matched}, "a key of an older format"
     assert [spec.pattern for spec in KEY_SPECS
             if not spec.migrated_by and spec not in matched] == []
     # Every state's index, and the transient copy of the events a park makes.
+    written = set().union(*matched.values())
+    assert {s for s in Status if any(shard.index(s) in written
+                                     for shard in sharded.keys.shards)} == set(Status)
+    assert f"{sharded.keys.events('run_1')}:compact" in written
+
+
+def test_a_whole_cycle_of_a_store_of_format_1_writes_the_legacy_layouts_keys(
+        world: World) -> None:
+    with watching(world.client) as commands:
+        _cycle(world)
+        _legacy_end(world)
+    matched = _matched(world, commands)
+    assert not [spec.pattern for spec in matched
+                if spec.migrated_by == 1 or _of_the_sharded_layout(spec)]
+    assert [spec.pattern for spec in KEY_SPECS
+            if spec.migrated_by == 2 and spec not in matched] == []
+    written = set().union(*matched.values())
     assert {world.keys.index(s) for s in Status} <= written
     assert f"{world.keys.events('run_1')}:compact" in written
 
 
-def test_every_key_the_keys_methods_name_is_one_of_the_list() -> None:
-    keys = Keys("p")
+@pytest.mark.parametrize("shards", [None, 48])
+def test_every_key_the_keys_methods_name_is_one_of_the_list(shards: int | None) -> None:
+    keys = Keys("p", shards)
     named = [*keys.of_run("r"), *keys.for_scripts("r"), keys.interrupts("r"), keys.open("r"),
              keys.notifications("r"), keys.review("r"), *(keys.index(s) for s in Status),
-             keys.deadlines, keys.leases, keys.workers, keys.hosting, keys.outbox,
-             keys.outbox_entries, keys.idempotency("k:1"), keys.server, keys.broker_server,
-             keys.notify_due, keys.grant("g"),
-             keys.swept, keys.fold_cursor, keys.seen("mailed-back:x"), keys.stats]
+             keys.deadlines, keys.leases, keys.workers, keys.workers_about, keys.hosting,
+             keys.outbox, keys.outbox_entries, keys.idempotency("k:1"), keys.server,
+             keys.broker_server, keys.notify_due, keys.grant("g"),
+             keys.swept, keys.fold_cursor, keys.seen("mailed-back:x"), keys.stats,
+             keys.format, keys.migrate_lock]
+    for shard in keys.shards:
+        named += [*(shard.index(s) for s in Status), shard.deadlines, shard.leases,
+                  shard.outbox, shard.outbox_entries, shard.notify_due, shard.stats,
+                  shard.queues, shard.fold_cursor, shard.idempotency("k:1"), shard.grant("g")]
     for key in named:
         assert len(specs_of(key, "p")) == 1, key
+    # Of the layout they name: the sharded one's, or, in the legacy one, its own or those
+    # named alike in both.
+    for key in (*keys.for_scripts("r"), keys.workers):
+        [spec] = specs_of(key, "p")
+        assert _of_the_sharded_layout(spec) == (shards is not None), key
     # The lookalikes of other keys match none.
     for key in ("p:{r}:other", "p:index:unknown", "p:outbox:other", "q:stats", "p:{r}x:run"):
         assert specs_of(key, "p") == [], key

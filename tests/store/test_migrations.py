@@ -1,7 +1,9 @@
 """The store's format version and migration 1, straight on a real Valkey: a store of layby
 0.1.0 (no version) is refused until `migrate` has run; the records 0.1.0 still read from its
 unreleased predecessors come out of migration 1 as format 1 writes them; a dry run counts
-and writes nothing; a second run changes nothing; a run stopped mid-way goes on."""
+and writes nothing; a second run changes nothing; a run stopped mid-way goes on. (Each test
+here runs migration 1 alone, `until=1`: migration 2, the sharded layout, has its own,
+tests/store/test_migration_2.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 
 from layby.generation.messages import Message, Part, ToolRequest, dump_messages
-from layby.parking import Announcements, codecs, formats, migrations
+from layby.parking import Announcements, Keys, codecs, formats, migrations
 from layby.parking.formats import FormatError
 from layby.reviewers.tokens import Grant
 from layby.wire import Status
@@ -58,9 +60,12 @@ def _parked_with_a_note(world: World, run_id: str) -> None:
 
 def test_an_empty_store_is_stamped_with_the_newest_format(world: World) -> None:
     assert formats.read(world.client, world.keys).version is None
-    state = formats.check(world.client, world.keys, migrations.newest())
-    assert state.version == migrations.newest() == 1
+    state = formats.check(world.client, world.keys, migrations.newest(), stamp_shards=16)
+    assert (state.version, state.shards) == (migrations.newest(), 16) == (2, 16)
     assert migrations.pending(state) == []
+    # The sharded layout from the start: nothing to move, ever.
+    assert formats.layout(state, world.prefix, world.now()) == formats.Layout(
+        Keys(world.prefix, 16))
 
 
 def test_a_store_of_0_1_0_is_refused_until_it_is_migrated(world: World) -> None:
@@ -68,12 +73,17 @@ def test_a_store_of_0_1_0_is_refused_until_it_is_migrated(world: World) -> None:
     with pytest.raises(FormatError) as refused:
         formats.check(world.client, world.keys, migrations.newest())
     assert "no format version" in refused.value.message
-    assert "reads format 1" in refused.value.message
+    assert "reads formats 1–2" in refused.value.message
     assert "`layby migrate`" in refused.value.message
     assert formats.read(world.client, world.keys).version is None  # nothing stamped
-    [report] = migrations.migrate(world.client, world.keys)
+    [report] = migrations.migrate(world.client, world.keys, until=1)
     assert (report.number, report.finished) == (1, True)
     assert formats.check(world.client, world.keys, migrations.newest()).version == 1
+    # Migrated on (migration 2): the store moves to the sharded layout it is given.
+    [report] = migrations.migrate(world.client, world.keys, shards=4)
+    assert (report.number, report.finished) == (2, True)
+    state = formats.check(world.client, world.keys, migrations.newest())
+    assert (state.version, state.shards) == (2, 4)
 
 
 def test_a_store_of_a_newer_format_is_refused(world: World) -> None:
@@ -92,10 +102,10 @@ def test_migration_1_gives_back_the_runs_format_1_writes(world: World) -> None:
                                         "reviewer": "Alice Smith", "version": 2,
                                         "expires": 1900000000}), ex=3600)
 
-    counted = migrations.dry_run(world.client, world.keys)
+    counted = migrations.dry_run(world.client, world.keys, until=1)
     assert [(r.number, r.changed) for r in counted] == [(1, 2)]  # run_1 and the grant
 
-    [report] = migrations.migrate(world.client, world.keys)
+    [report] = migrations.migrate(world.client, world.keys, until=1)
     assert report.changed == 2 and report.seen == 5  # two runs, their streams, one grant
     assert _decoded(world.run_hash("run_1")) == _decoded(expected)
     for gone in (world.keys.interrupts, world.keys.notifications, world.keys.open):
@@ -113,7 +123,7 @@ def test_a_dry_run_changes_nothing(world: World) -> None:
     _parked_with_a_note(world, "run_1")
     _aged(world, "run_1")
     before = world.snapshot()
-    [report] = migrations.dry_run(world.client, world.keys)
+    [report] = migrations.dry_run(world.client, world.keys, until=1)
     assert report.changed == 1 and not report.finished
     assert world.snapshot() == before
 
@@ -121,9 +131,9 @@ def test_a_dry_run_changes_nothing(world: World) -> None:
 def test_migrating_twice_changes_nothing_the_second_time(world: World) -> None:
     _parked_with_a_note(world, "run_1")
     _aged(world, "run_1")
-    migrations.migrate(world.client, world.keys)
+    migrations.migrate(world.client, world.keys, until=1)
     after = world.snapshot()
-    assert migrations.migrate(world.client, world.keys) == []  # nothing pending
+    assert migrations.migrate(world.client, world.keys, until=1) == []  # nothing pending
     # And the migration's own rewrite, asked again of every key, finds nothing to do.
     first = migrations.registered()[0]
     visited = [key for key in world.client.scan_iter(match=f"{world.prefix}:*")
@@ -150,12 +160,12 @@ def test_a_migration_stopped_mid_way_goes_on_where_it_stopped(world: World) -> N
 
     with pytest.raises(Killed):
         migrations.migrate(world.client, world.keys, batch=5,
-                           progress=die_after_three_batches)
+                           progress=die_after_three_batches, until=1)
     state = formats.read(world.client, world.keys)
     assert state.version is None and state.migrating == 1
     cursor = world.client.hget(world.keys.format, "m1:cursor")
     assert cursor not in (None, "0", "done")
-    [report] = migrations.migrate(world.client, world.keys, batch=5)
+    [report] = migrations.migrate(world.client, world.keys, batch=5, until=1)
     assert report.finished and formats.read(world.client, world.keys).version == 1
     for n in range(30):
         assert not world.client.exists(world.keys.interrupts(f"run_{n:02}"))
@@ -167,7 +177,7 @@ def test_one_migration_at_a_time(world: World) -> None:
     world.make("queued")
     world.client.set(world.keys.migrate_lock, "elsewhere:1", px=10_000)
     with pytest.raises(migrations.MigrationBusy, match="elsewhere:1"):
-        migrations.migrate(world.client, world.keys)
+        migrations.migrate(world.client, world.keys, until=1)
     assert formats.read(world.client, world.keys).version is None
 
 
@@ -181,7 +191,7 @@ def test_a_resumed_run_without_waiting_gets_it_from_its_history(world: World) ->
     world.client.hset(world.keys.run("run_1"), "messages",
                       json.dumps(dump_messages([*world.history(1), parked])))
     world.client.hdel(world.keys.run("run_1"), "waiting")
-    migrations.migrate(world.client, world.keys)
+    migrations.migrate(world.client, world.keys, until=1)
     assert world.run_hash("run_1")["waiting"] == "int_a"
     assert world.client.zscore(world.keys.index(Status.RESUMING), "run_1") is not None
 
@@ -198,7 +208,7 @@ def test_a_grant_stored_as_json_reads_back_the_same_once_migrated(world: World,
         [given.run_id, given.interrupt_id, given.reviewer, given.version, given.expires])
     key = world.keys.grant("ref_1")
     world.client.set(key, stored, ex=3600)
-    migrations.migrate(world.client, world.keys)
+    migrations.migrate(world.client, world.keys, until=1)
     assert world.client.get(key) == given.stored()
     assert Grant.loads(world.client.get(key)) == given
     assert 0 < world.client.ttl(key) <= 3600
@@ -226,7 +236,7 @@ def test_a_parked_run_without_waiting_gets_it_when_its_open_interrupts_say_less(
     world.client.hset(world.keys.run("run_1"), "open", "int_a")
     world.client.hset(world.keys.answers("run_1"), "int_b",
                       json.dumps(answer("int_b", by="job").wire()))
-    migrations.migrate(world.client, world.keys)
+    migrations.migrate(world.client, world.keys, until=1)
     assert world.run_hash("run_1")["waiting"] == "int_a int_b"
     assert "waiting" not in world.run_hash("run_2")
     done = world.store.answer("run_1", [answer("int_a")])
@@ -277,7 +287,7 @@ def test_a_stream_of_0_1_0_holds_its_steps_messages_apart_once_migrated(
     _as_0_1_0_wrote_it(world, "run_1")
     assert not [f for _, f in world.client.xrange(key) if "messages" in f]
 
-    [report] = migrations.migrate(world.client, world.keys)
+    [report] = migrations.migrate(world.client, world.keys, until=1)
     assert report.changed == 1  # the stream (the run's hash has nothing to change)
     assert world.client.xrange(key) == stream
     assert world.store.events("run_1") == events
@@ -298,7 +308,7 @@ def test_a_parked_runs_folded_steps_of_0_1_0_lose_the_messages_the_history_holds
     events = world.store.events("run_1")
     assert [e.data["messages"] for e in events if e.type == "turn.committed"] == [added]
 
-    migrations.migrate(world.client, world.keys)
+    migrations.migrate(world.client, world.keys, until=1)
     now = world.run_hash("run_1")["events"]
     assert '"messages"' not in now and now.count("\n") == folded.count("\n")
     assert now == folded.replace(',"messages":' + json.dumps(added, separators=(",", ":")),
@@ -314,7 +324,7 @@ def test_a_cursor_saved_on_another_server_starts_the_scan_again(world: World) ->
         _aged(world, f"run_{n:02}")
     world.client.hset(world.keys.format, mapping={
         "migrating": 1, "m1:cursor": "done", "m1:server": "a-server-gone-since"})
-    [report] = migrations.migrate(world.client, world.keys, batch=5)
+    [report] = migrations.migrate(world.client, world.keys, batch=5, until=1)
     assert report.finished and report.changed == 12
     assert not any(world.client.exists(world.keys.interrupts(f"run_{n:02}")) for n in range(12))
     assert set(world.client.hgetall(world.keys.format)) == {"version", "m1:done", "m1:seen",

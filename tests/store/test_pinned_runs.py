@@ -140,17 +140,17 @@ def test_runs_are_counted_by_agent_version_and_the_live_workers_hosting_read(
         intrs = [interrupt(f"int_{run_id}")]
         assert store.park(run_id, 1, OWNER, world.history(2), intrs, park_event(intrs)).ok
     pinned_run(world, "run_5")  # queued
-    counted = runs_by_version(world.client, world.keys, [Status.INTERRUPTED])
+    counted = runs_by_version(world.client, world.store.layout, [Status.INTERRUPTED])
     assert counted == {VersionCount("demo.agent", "v1", True): 2,
                        VersionCount("demo.agent", "v2", False): 1,
                        VersionCount("demo.agent", None, False): 1}
-    assert runs_by_version(world.client, world.keys, [Status.QUEUED]) == {
+    assert runs_by_version(world.client, world.store.layout, [Status.QUEUED]) == {
         VersionCount("demo.agent", "v1", True): 1}
 
     world.store.beat_worker("w1", "worker 1 0.2.0", hosting=["demo.agent@v1"])
     world.store.beat_worker("w2", "worker 1 0.2.0", hosting=[])
     world.store_with(lease_ms=-1_000).beat_worker("w3", "worker 1 0.2.0", hosting=["demo.agent@v2"])
-    assert live_hosting(world.client, world.keys) == {"w1": ["demo.agent@v1"], "w2": []}
+    assert live_hosting(world.client, world.store.layout) == {"w1": ["demo.agent@v1"], "w2": []}
 
 
 def test_runs_are_listed_by_the_version_they_started_on_a_bounded_stretch_a_page(

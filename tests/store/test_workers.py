@@ -22,16 +22,21 @@ def test_a_beat_pushes_the_workers_lease_on(world: World) -> None:
             worker=worker, lease_ms=lease_ms, about=WORKER)]
 
     before = world.now()
-    until, version, written = beat("celery@a", 6_000)
+    until, version, written, now, *format = beat("celery@a", 6_000)
     assert before + 6_000 <= int(until) <= world.now() + 6_000
+    assert int(now) == int(until) - 6_000
     assert (version, written) == ("", "")  # a store without a format yet
+    assert format == ["", "", "", "", ""]
     assert world.zset(world.keys.workers) == {"celery@a": int(until)}
     assert world.client.hgetall(world.keys.workers_about) == {"celery@a": WORKER}
-    world.client.hset(world.keys.format, mapping={"version": 1, "writing": 2})
-    later, version, written = beat("celery@a", 60_000)
+    world.client.hset(world.keys.format, mapping={"version": 1, "writing": 2, "shards": 3,
+                                                  "sharded_at": 7})
+    later, version, written, _, *format = beat("celery@a", 60_000)
     assert int(later) > int(until) and world.zset(world.keys.workers) == {"celery@a":
                                                                            int(later)}
     assert (version, written) == ("1", "2")
+    # The format key's fields as parking.formats.FIELDS names them: the layout comes too.
+    assert format == ["1", "2", "", "3", "7"]
 
 
 def test_a_beat_brings_the_format_the_store_writes(world: World) -> None:

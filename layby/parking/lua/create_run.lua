@@ -1,24 +1,34 @@
 -- create_run: (nothing) → queued, version 1, its first turn queued.
 -- Reads the idempotency key, run. Writes run, idempotency key, index, events; queues the
 -- first turn.
--- KEYS[EXTRA] the idempotency key (string), when the run has one.
+-- KEYS from EXTRA: the idempotency key (string), when the run has one (`keyed`); then,
+-- with `elsewhere` (a store moving to the sharded layout, parking.formats), the run's hash
+-- and its idempotency key (when keyed) in the other layout: read only, so that neither a
+-- run id given twice nor a start retried across the move makes a second run.
 -- Arguments: run_id, agent, input (JSON; '' when it is the first message's text: read
 --   from there), messages (JSON), metadata (JSON), idempotency_ttl_s, agent_version
 --   ('' unknown), pinned ('1' when the run is pinned to it: its steps then go to
---   `<turns queue>@<version>`)
+--   `<turns queue>@<version>`), keyed ('1' or '0'), elsewhere ('1' or '0')
 -- Returns {'created', outbox entry or '', created at (ms), its event's id} or
 -- {'exists', run id} (same idempotency key or run id).
-local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s', 'agent_version', 'pinned'})
-local IDEMPOTENCY = KEYS[EXTRA] or ''  -- '' without an idempotency key
+local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s', 'agent_version', 'pinned', 'keyed', 'elsewhere'})
+local keyed = A.keyed == '1'
+local IDEMPOTENCY = keyed and KEYS[EXTRA] or ''  -- '' without an idempotency key
+local at = keyed and EXTRA + 1 or EXTRA
+local OTHER_RUN = A.elsewhere == '1' and KEYS[at] or nil
+local OTHER_IDEMPOTENCY = (OTHER_RUN and keyed) and KEYS[at + 1] or nil
 local new_id, agent, input, messages = A.run_id, A.agent, A.input, A.messages
 local metadata, idem_ttl_s = A.metadata, A.idempotency_ttl_s
 local agent_version, pinned = A.agent_version, A.pinned
 local now = now_ms()
 if IDEMPOTENCY ~= '' then
   local existing = redis.call('GET', IDEMPOTENCY)
+    or (OTHER_IDEMPOTENCY and redis.call('GET', OTHER_IDEMPOTENCY))
   if existing then return {'exists', existing} end
 end
-if redis.call('EXISTS', RUN) == 1 then return {'exists', new_id} end
+if redis.call('EXISTS', RUN) == 1 or (OTHER_RUN and redis.call('EXISTS', OTHER_RUN) == 1) then
+  return {'exists', new_id}
+end
 -- The run's id is its key's; metadata is written only when there is some (readers take
 -- an absent field for `{}`), the input only when it is not the history's first text:
 -- bytes every run would hold, however long it is parked.

@@ -6,7 +6,9 @@ batches) and rewrites one key at a time, atomically and idempotently: a key alre
 format `n` is left as it is, so a run that is killed and started again, or two passes over
 one key, change nothing twice. Where the scan is is kept in `<p>:format` after every
 batch, so a killed run goes on from its last batch; the store's `version` moves to `n`
-once the scan is through.
+once the scan is through. A migration may also prepare the store before its scan
+(`prepare`), skip the scan when the store has nothing it rewrites (`scans`), and finish
+after it (`finish`: what no scanned key carries), idempotently too.
 
 Migrations live in this package as `m<number>_<what>.py` and register themselves here;
 code reads the newest format registered and the one before it.
@@ -27,9 +29,14 @@ from redis import Redis, WatchError
 from layby.errors import ConfigError
 from layby.parking import formats
 from layby.parking.keys import Keys
+from layby.parking.shards import DEFAULT_COUNT
 
 # One key rewritten: (client, keys, the key, dry run) → whether it changed (or would).
 Rewrite = Callable[[Redis, Keys, str, bool], bool]
+# Before the scan: (client, keys, the shard count the store gets if it has none).
+Prepare = Callable[[Redis, Keys, int], None]
+# After the scan: (client, keys, dry run) → (what it looked at, what it changed or would).
+Finish = Callable[[Redis, Keys, bool], tuple[int, int]]
 
 LOCK_MS = 30_000
 DEFAULT_BATCH = 500
@@ -41,6 +48,14 @@ class Migration:
     title: str
     patterns: tuple[str, ...]  # the keys it rewrites, after "<prefix>:" (globs)
     rewrite: Rewrite
+    prepare: Prepare | None = None
+    # Whether the store has keys it rewrites (False: the scan is skipped); asked after
+    # `prepare`.
+    scans: Callable[[Redis, Keys], bool] | None = None
+    finish: Finish | None = None
+
+    def needs_scan(self, client: Redis, keys: Keys) -> bool:
+        return self.scans is None or self.scans(client, keys)
 
     def rewrites(self, keys: Keys, key: str) -> bool:
         """Whether `key` is one of those it rewrites."""
@@ -72,9 +87,9 @@ def register(migration: Migration) -> Migration:
     known = _REGISTRY.get(migration.number)
     if known is not None and known is not migration:
         raise ConfigError(f"two migrations are numbered {migration.number}")
-    if known is None and migration.number != newest() + 1:
-        raise ConfigError(f"migration {migration.number} is not the next one after "
-                          f"{newest()}")
+    last = max(_REGISTRY, default=0)  # (not `newest`: the built-in ones register so)
+    if known is None and migration.number != last + 1:
+        raise ConfigError(f"migration {migration.number} is not the next one after {last}")
     _REGISTRY[migration.number] = migration
     return migration
 
@@ -90,13 +105,18 @@ def newest() -> int:
     return max(_REGISTRY, default=0)
 
 
-def pending(state: formats.FormatState) -> list[Migration]:
-    return [m for m in registered() if m.number > (state.version or 0)]
+def pending(state: formats.FormatState, until: int | None = None) -> list[Migration]:
+    """The migrations a store in `state` has not had, up to `until` (None: all)."""
+    return [m for m in registered()
+            if m.number > (state.version or 0) and (until is None or m.number <= until)]
 
 
 def _load_builtin() -> None:
+    """Import the migrations of this package, in order (each registers itself)."""
     if not _REGISTRY:
         from layby.parking.migrations import m0001_versioned  # noqa: F401
+    if max(_REGISTRY) < 2:
+        from layby.parking.migrations import m0002_sharded  # noqa: F401
 
 
 def _batches(client: Redis, keys: Keys, cursor: int, batch: int
@@ -117,27 +137,39 @@ def _visited(migration: Migration, keys: Keys, found: list[str]) -> list[str]:
 
 
 def dry_run(client: Redis, keys: Keys, *, batch: int = DEFAULT_BATCH,
-            progress: Callable[[int], None] | None = None) -> list[Report]:
+            progress: Callable[[int], None] | None = None,
+            until: int | None = None) -> list[Report]:
     """What `migrate` would change, counted; nothing is written."""
+    keys = Keys(keys.prefix)
     state = formats.read(client, keys)
     reports = []
-    for migration in pending(state):
+    for migration in pending(state, until):
         report = Report(migration.number, migration.title)
-        for _, found in _batches(client, keys, 0, batch):
-            visited = _visited(migration, keys, found)
-            report.seen += len(visited)
-            report.changed += sum(migration.rewrite(client, keys, key, True)
-                                  for key in visited)
-            if progress:
-                progress(len(found))
+        if migration.needs_scan(client, keys):
+            for _, found in _batches(client, keys, 0, batch):
+                visited = _visited(migration, keys, found)
+                report.seen += len(visited)
+                report.changed += sum(migration.rewrite(client, keys, key, True)
+                                      for key in visited)
+                if progress:
+                    progress(len(found))
+        if migration.finish is not None:
+            seen, changed = migration.finish(client, keys, True)
+            report.seen += seen
+            report.changed += changed
         reports.append(report)
     return reports
 
 
 def migrate(client: Redis, keys: Keys, *, batch: int = DEFAULT_BATCH,
-            progress: Callable[[int], None] | None = None) -> list[Report]:
-    """Run every pending migration in order, online, in batches; resumes where a killed
-    run stopped. One at a time per store (a lock, renewed each batch)."""
+            progress: Callable[[int], None] | None = None,
+            shards: int = DEFAULT_COUNT, until: int | None = None) -> list[Report]:
+    """Run every pending migration in order (up to `until`: None, all), online, in
+    batches; resumes where a killed run stopped. One at a time per store (a lock, renewed
+    each batch). `shards`: the shard count a store gets that has none (an empty one, or
+    one in the legacy layout no switch gave one: `layby migrate` switches before it
+    migrates, and the switch does)."""
+    keys = Keys(keys.prefix)  # (the format and the lock are named alike in every layout)
     owner = f"{socket.gethostname()}:{os.getpid()}"
     if not client.set(keys.migrate_lock, owner, nx=True, px=LOCK_MS):
         holder = cast("str | None", client.get(keys.migrate_lock))
@@ -149,9 +181,11 @@ def migrate(client: Redis, keys: Keys, *, batch: int = DEFAULT_BATCH,
     try:
         state = formats.read(client, keys)
         if state.version is None and not formats.has_data(client, keys):
-            client.hsetnx(keys.format, "version", newest())
+            formats.stamp(client, keys, newest(),
+                          shards if newest() >= formats.SHARDED else None)
             return []
-        return [_migrate_one(client, keys, m, owner, batch, progress) for m in pending(state)]
+        return [_migrate_one(client, keys, m, owner, batch, progress, shards)
+                for m in pending(state, until)]
     finally:
         # Only our own lock (it may have lapsed and been taken).
         if client.get(keys.migrate_lock) == owner:
@@ -187,9 +221,34 @@ def _take_over(client: Redis, keys: Keys, holder: str, owner: str) -> bool:
 
 
 def _migrate_one(client: Redis, keys: Keys, migration: Migration, owner: str, batch: int,
-                 progress: Callable[[int], None] | None) -> Report:
+                 progress: Callable[[int], None] | None, shards: int) -> Report:
     n = migration.number
     client.hset(keys.format, "migrating", n)
+    if migration.prepare is not None:
+        migration.prepare(client, keys, shards)
+    if migration.needs_scan(client, keys):
+        _scan(client, keys, migration, owner, batch, progress)
+    if migration.finish is not None:
+        seen, changed = migration.finish(client, keys, False)
+        pipe = client.pipeline(transaction=True)
+        pipe.hincrby(keys.format, f"m{n}:seen", seen)
+        pipe.hincrby(keys.format, f"m{n}:changed", changed)
+        pipe.execute()
+    seen, changed = (int(v or 0) for v in cast("list[str | None]", client.hmget(
+        keys.format, f"m{n}:seen", f"m{n}:changed")))
+    pipe = client.pipeline(transaction=True)
+    pipe.hset(keys.format, mapping={"version": n, f"m{n}:done": int(time.time() * 1000)})
+    pipe.hdel(keys.format, "migrating", "writing", "switched_at", "sharded_at",
+              f"m{n}:cursor", f"m{n}:server")
+    pipe.execute()
+    return Report(n, migration.title, seen, changed, finished=True)
+
+
+def _scan(client: Redis, keys: Keys, migration: Migration, owner: str, batch: int,
+          progress: Callable[[int], None] | None) -> None:
+    """The migration's rewrites of every key of the store, a batch at a time, where the
+    scan is saved after each batch."""
+    n = migration.number
     # A SCAN cursor means something only to the server that made it (a restarted or
     # failed-over one orders its keys anew): one saved by another starts the scan again
     # (what was rewritten is found done).
@@ -221,14 +280,6 @@ def _migrate_one(client: Redis, keys: Keys, migration: Migration, owner: str, ba
                                     f"than {LOCK_MS // 1000} s); run it again")
             if progress:
                 progress(len(found))
-    seen, changed = (int(v or 0) for v in cast("list[str | None]", client.hmget(
-        keys.format, f"m{n}:seen", f"m{n}:changed")))
-    pipe = client.pipeline(transaction=True)
-    pipe.hset(keys.format, mapping={"version": n, f"m{n}:done": int(time.time() * 1000)})
-    pipe.hdel(keys.format, "migrating", "writing", "switched_at", f"m{n}:cursor",
-              f"m{n}:server")
-    pipe.execute()
-    return Report(n, migration.title, seen, changed, finished=True)
 
 
 def finished(client: Redis, keys: Keys) -> list[Report]:

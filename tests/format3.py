@@ -1,13 +1,13 @@
-"""Format 2, which exists only in the tests (tests/test_rolling.py): a run's metadata is
-stored compressed, "z:" and the base64 of its zlib'd JSON. A process that imports this
-module is "the newer release": its code knows format 2 (migration 2, registered here) and
-reads both encodings; one that does not is "the older release", whose code reads format 1
-only, and would fail on a compressed value: so the newer one writes format 1 while an
-older one lives.
+"""Format 3, which exists only in the tests (tests/test_rolling.py), on top of the real
+format 2 (the sharded layout, migration 2): a run's metadata is stored compressed, "z:" and
+the base64 of its zlib'd JSON. A process that imports this module is "the newer release":
+its code knows format 3 (migration 3, registered here) and reads both encodings; one that
+does not is "the older release", whose code reads formats 1–2 only, and would fail on a
+compressed value: so the newer one writes format 2 while an older one lives.
 
-Processes of the newer release are started with `LAYBY_TASK_MODULES=tests.format2` (every
+Processes of the newer release are started with `LAYBY_TASK_MODULES=tests.format3` (every
 part imports its task modules before it looks at the store), and its CLI as
-`python -m tests.format2 …`."""
+`python -m tests.format3 …`."""
 
 from __future__ import annotations
 
@@ -50,15 +50,16 @@ def _rewrite(client: Redis, keys: Keys, key: str, dry: bool) -> bool:
                 continue
 
 
-if migrations.newest() < 2:
-    codecs.RUN_METADATA.add(codecs.Encoding(2, _encode, _decode, lambda raw: raw.startswith(TAG)))
-    migrations.register(migrations.Migration(2, "tests: a run's metadata compressed",
-                                             ("{*}:run",), _rewrite))
+if migrations.newest() < 3:
+    codecs.RUN_METADATA.add(codecs.Encoding(3, _encode, _decode, lambda raw: raw.startswith(TAG)))
+    # The run hashes of the sharded layout (format 2's): `<p>:{<shard>}:<run>:run`.
+    migrations.register(migrations.Migration(3, "tests: a run's metadata compressed",
+                                             ("{*}:*:run",), _rewrite))
 
 
 def stored_format(raw: str) -> int:
-    """The format a stored metadata value was written in."""
-    return 2 if raw.startswith(TAG) else 1
+    """The format a stored metadata value was written in (2: not compressed)."""
+    return 3 if raw.startswith(TAG) else 2
 
 
 if __name__ == "__main__":
