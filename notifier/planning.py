@@ -20,7 +20,7 @@ from typing import Literal
 
 from layby.broker_config import Settings
 from layby.generation.interrupts import BACKGROUND_JOB, Interrupt
-from layby.parking import Announcements, Store
+from layby.parking import Announcements, Store, formats
 from layby.parking.clock import iso
 from layby.reviewers import routing, tokens
 from layby.reviewers.config import Reviewers
@@ -178,14 +178,23 @@ class _Plan(Announcements):
                 self.notes.append((note, None if at is None else int(at * 1000)))
 
 
+def slack_stored(store: Store) -> bool:
+    """Whether the store may hold a notification on Slack: once it writes format 2, when no
+    process of layby 0.2.0 (which cannot read one) is left, nor can join."""
+    return store.writing >= formats.SHARDED
+
+
 def announcements(settings: Settings, reviewers: Reviewers, run_id: str, version: int,
                   interrupts: list[InterruptView], sent: Sequence[Notification] = (), *,
-                  fits: Callable[[str], bool] | None = None) -> Announcements:
+                  fits: Callable[[str], bool] | None = None, slack: bool = True
+                  ) -> Announcements:
     """The announcements of `interrupts` (those open and waiting on people) of run `run_id`
     at `version`, which has sent `sent` before. `fits`: the grant refs the store takes
-    with the run (`Keys.fits_with`)."""
+    with the run (`Keys.fits_with`); `slack`: whether the store may hold Slack's
+    (`slack_stored`; and Slack is configured)."""
     planning = _Plan(run_id=run_id, version=version, sent=list(sent), settings=settings,
                      reviewers=reviewers, fits=fits)
+    slack = slack and settings.slack
     directory = reviewers.directory()
     if not directory.reviewers:  # no directory: runs are answered through the API only
         return Announcements()
@@ -194,8 +203,8 @@ def announcements(settings: Settings, reviewers: Reviewers, run_id: str, version
             continue
         intr = planning.away_handovers(intr)
         asked = routing.everyone(directory, intr)
-        in_channels = in_slack_channels(directory, intr) if settings.slack else set()
-        reach = {a.reviewer.id: [c for c in channels_of(a.reviewer, settings.slack)
+        in_channels = in_slack_channels(directory, intr) if slack else set()
+        reach = {a.reviewer.id: [c for c in channels_of(a.reviewer, slack)
                                  if c != "slack" or a.reviewer.id not in in_channels]
                  for a in asked}
         people = [a for a in asked if reach[a.reviewer.id]]
@@ -208,20 +217,21 @@ def announcements(settings: Settings, reviewers: Reviewers, run_id: str, version
         start = epoch(intr.created_at) or planning.now
         for one in people:
             planning.announce(intr, one, epoch(intr.expires_at), start, reach[one.reviewer.id])
-        if settings.slack:
+        if slack:
             planning.post_to_groups(intr, directory, epoch(intr.expires_at), start)
     return Announcements(planning.notes, planning.grants, planning.handovers)
 
 
 def for_park(settings: Settings, reviewers: Reviewers, run_id: str, version: int,
-             interrupts: list[Interrupt], *, fits: Callable[[str], bool] | None = None
-             ) -> Announcements | None:
+             interrupts: list[Interrupt], *, fits: Callable[[str], bool] | None = None,
+             slack: bool = True) -> Announcements | None:
     """The announcements of the interrupts a run is about to park on (at `version`, the
     park's); None when they cannot be planned now (the reviewer directory does not load):
     the park then queues the announcement task, which tries until it can."""
     try:
         return announcements(settings, reviewers, run_id, version,
-                             [InterruptView.of(i, None, True) for i in interrupts], fits=fits)
+                             [InterruptView.of(i, None, True) for i in interrupts], fits=fits,
+                             slack=slack)
     except Exception:  # never lose the park over its announcements
         log.exception("run %s: could not plan the announcements as it parks; the "
                       "announcement task will", run_id)
@@ -236,7 +246,8 @@ def plan(store: Store, settings: Settings, reviewers: Reviewers, run_id: str) ->
     if view is None or view.status is not Status.INTERRUPTED:
         return []
     plan = announcements(settings, reviewers, run_id, view.version, view.interrupts,
-                         view.notifications, fits=store.fits_with(run_id))
+                         view.notifications, fits=store.fits_with(run_id),
+                         slack=slack_stored(store))
     if not plan:
         return []
     _, dispatch = store.plan_notifications(run_id, plan)

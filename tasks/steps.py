@@ -282,7 +282,8 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
             # waits on people, told in the park itself.
             asking = [i for i in interrupts if i.reason != BACKGROUND_JOB and i.id not in by_rule]
             plan = planning.for_park(rt.settings, rt.reviewers, step.run_id, step.version + 1,
-                                     asking, fits=store.fits_with(step.run_id)
+                                     asking, fits=store.fits_with(step.run_id),
+                                     slack=planning.slack_stored(store)
                                      ) if asking else Announcements()
             result = store.park(step.run_id, step.version, owner, messages, interrupts, event,
                                 plan=plan, by_rule=by_rule)

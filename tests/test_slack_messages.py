@@ -83,12 +83,12 @@ def test_a_slack_id_or_channel_of_the_wrong_shape_is_refused(tmp_path: Path, tex
 # -- who is sent what ----------------------------------------------------------------------
 
 
-def plan(tmp_path: Path, names: list[str] | None, **settings: Any
+def plan(tmp_path: Path, names: list[str] | None, *, stored: bool = True, **settings: Any
          ) -> list[tuple[str, str, str]]:
     path = directory_file(tmp_path, directory_toml("https://hooks.test/x"))
     config = Settings(reviewers_file=path, token_keys=TOKEN_KEYS, **settings)  # type: ignore[arg-type]
     intr = view(reviewers=names, created_at="2099-01-01T00:00:00Z", expires_at=None)
-    made = planning.announcements(config, Reviewers(config), "run_1", 3, [intr])
+    made = planning.announcements(config, Reviewers(config), "run_1", 3, [intr], slack=stored)
     return sorted((n.reviewer, n.channel, n.kind) for n, _ in made.notes)
 
 
@@ -97,6 +97,13 @@ def test_reviewers_with_slack_ids_get_a_direct_message_when_slack_is_configured(
     assert ("alice", "slack", "request") not in plan(tmp_path, ["alice"])
     assert plan(tmp_path, ["alice"], slack_bot_token="xoxb-1") == [
         ("alice", "email", "request"), ("alice", "slack", "request")]
+
+
+def test_nothing_goes_to_slack_while_the_store_may_not_hold_it(tmp_path: Path) -> None:
+    # A store still written in format 1 (processes of 0.2.0, which cannot read a
+    # notification on Slack, may share it): the other channels only.
+    assert plan(tmp_path, ["alice", "ops"], stored=False, slack_bot_token="xoxb-1") == [
+        ("alice", "email", "request"), ("bob", "email", "request")]
 
 
 def test_a_group_with_a_channel_gets_one_post_and_its_members_no_direct_message(
