@@ -57,6 +57,18 @@ everyone = ["alice", "bob", "hookbot"]
 '''
 
 
+def serve_on_loopback(port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """An HTTP server of `handler` on 127.0.0.1:`port`, serving from a thread of its own."""
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def stop_serving(server: ThreadingHTTPServer) -> None:
+    server.shutdown()
+    server.server_close()
+
+
 class _Inbox:
     def __init__(self) -> None:
         self.messages: list[EmailMessage] = []
@@ -170,14 +182,12 @@ class WebhookReceiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_on_loopback(self.port, Handler)
         return self
 
     def stop(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            stop_serving(self.server)
             self.server = None
 
     def for_run(self, run_id: str) -> list[Delivery]:

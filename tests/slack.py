@@ -30,6 +30,8 @@ from tests.reviewers import (
     SmtpServer,
     WebhookReceiver,
     reviewed_system,
+    serve_on_loopback,
+    stop_serving,
 )
 
 BOT_TOKEN = "xoxb-test-bot-token-never-logged"
@@ -129,14 +131,12 @@ class SlackApi:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_on_loopback(self.port, Handler)
         return self
 
     def stop(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            stop_serving(self.server)
             self.server = None
 
     def reply(self, method: str, params: dict[str, Any], token: str) -> dict[str, Any]:
