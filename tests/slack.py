@@ -25,7 +25,6 @@ from slack_sdk.signature import SignatureVerifier
 from layby.ops.embedded import EmbeddedRedis, free_port
 from tests.harness import LaybySystem, wait_until
 from tests.reviewers import (
-    HOOK_SECRET,
     ReviewedSystem,
     SmtpServer,
     WebhookReceiver,
@@ -33,6 +32,7 @@ from tests.reviewers import (
     serve_on_loopback,
     stop_serving,
 )
+from tests.reviewers import directory_toml as reviewers_directory
 
 BOT_TOKEN = "xoxb-test-bot-token-never-logged"
 SIGNING_SECRET = "slack-signing-secret-never-logged-0123"
@@ -41,35 +41,14 @@ OPS_CHANNEL = "C0OPS00001"
 
 
 def directory_toml(hook_url: str) -> str:
-    """The reviewer tests' directory, with Slack ids; `ops` posts to a channel."""
-    return f'''\
-default_group = "approvers"
-
-[reviewers.alice]
-name = "Alice Martin"
-email = "alice@example.com"
-slack_id = "{ALICE}"
-
-[reviewers.bob]
-name = "Bob Stone"
-email = "bob@example.com"
-slack_id = "{BOB}"
-
-[reviewers.hookbot]
-webhook = {{ url = "{hook_url}", secret = "{HOOK_SECRET}" }}
-
-[reviewers.mallory]
-email = "mallory@example.com"
-slack_id = "{MALLORY}"
-
-[groups]
-approvers = ["alice", "hookbot"]
-everyone = ["alice", "bob", "hookbot"]
-
-[groups.ops]
-members = ["bob"]
-slack_channel = "{OPS_CHANNEL}"
-'''
+    """The reviewer tests' directory (`tests.reviewers.directory_toml`), with Slack ids;
+    `ops` posts to a channel."""
+    text = reviewers_directory(hook_url)
+    for who, slack_id in (("alice", ALICE), ("bob", BOB), ("mallory", MALLORY)):
+        head = f"[reviewers.{who}]\n"
+        at = text.index("\n\n", text.index(head))  # the end of that reviewer's table
+        text = f'{text[:at]}\nslack_id = "{slack_id}"{text[at:]}'
+    return f'{text}\n[groups.ops]\nmembers = ["bob"]\nslack_channel = "{OPS_CHANNEL}"\n'
 
 
 @dataclass
