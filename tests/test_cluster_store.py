@@ -20,7 +20,16 @@ from layby.parking import Announcements, Keys, Store, StoreConfig, formats, migr
 from layby.parking.scripts import standalone
 from layby.parking.shards import slot_of, tags
 from layby.wire import Status
-from tests.store.conftest import MESSAGES, OWNER, World, answer, interrupt, pages, park_event
+from tests.store.conftest import (
+    MESSAGES,
+    OWNER,
+    World,
+    answer,
+    answered_to_the_end,
+    interrupt,
+    pages,
+    park_event,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -52,11 +61,7 @@ def test_runs_live_their_whole_life_on_the_cluster(store: Store) -> None:
             for run_id, _ in page]
     assert sorted(seen) == sorted(runs) and len(seen) == len(runs)
     for run_id in runs[:10]:
-        done = store.answer(run_id, [answer("int_a")])
-        assert done.resumed, done
-        assert store.claim(run_id, 3, OWNER).ok
-        assert store.complete(run_id, 3, OWNER, World.history(4), "done",
-                              {"from": 3, "historyTo": 4}).ok
+        answered_to_the_end(store, run_id)
     completed = {run_id for run_id, _ in store.runs.page(Status.COMPLETED, 50)[0]}
     assert completed == set(runs[:10])
     assert store.status_of(runs[0])[0] is Status.COMPLETED

@@ -105,6 +105,16 @@ def handover(reviewer: str, to: str) -> Delegation:
 # -- a test's own corner of the server --------------------------------------------------
 
 
+def answered_to_the_end(store: Store, run_id: str) -> None:
+    """A run parked at version 2 on `int_a`: answered (it resumes), claimed at 3 and
+    completed, each transition checked."""
+    done = store.answer(run_id, [answer("int_a")])
+    assert done.resumed, done
+    assert store.claim(run_id, 3, OWNER).ok
+    assert store.complete(run_id, 3, OWNER, World.history(4), "done",
+                          {"from": 3, "historyTo": 4}).ok
+
+
 def pages(runs: RunIndex, status: Status | None, size: int) -> list[list[tuple[str, int]]]:
     """Every page of `runs` in `status` (None: all), `size` a page, cursor to cursor."""
     found, cursor = [], None

@@ -14,9 +14,8 @@ from layby.reviewers import tokens
 from layby.wire import Status
 from tests.store.conftest import (
     MESSAGES,
-    OWNER,
     World,
-    answer,
+    answered_to_the_end,
     interrupt,
     note,
     pages,
@@ -61,11 +60,7 @@ def test_runs_over_three_shards_live_their_whole_life(sharded: World) -> None:
     assert seen == RUNS[::-1]
     # Answered, resumed, claimed and completed, each in its own shard.
     for run_id in RUNS[:4]:
-        done = store.answer(run_id, [answer("int_a")])
-        assert done.resumed, done
-        assert store.claim(run_id, 3, OWNER).ok
-        assert store.complete(run_id, 3, OWNER, sharded.history(4), "done",
-                              {"from": 3, "historyTo": 4}).ok
+        answered_to_the_end(store, run_id)
         assert store.status_of(run_id)[0] is Status.COMPLETED
     assert {run_id for run_id, _ in store.runs.page(Status.COMPLETED, 10)[0]} == set(RUNS[:4])
 
