@@ -468,3 +468,20 @@ def test_a_body_past_the_limit_is_refused_before_its_signature_is_read(
     got = httpx.post(f"{slacked.system.base_url}/slack/interactions", content=body,
                      headers=signed(body), timeout=30)
     assert got.status_code == 413 and "LAYBY_MAX_ANSWER_BYTES" in got.text
+
+
+@pytest.mark.parametrize("payload", [
+    {"type": "block_actions", "actions": {"action_id": "layby_approve"}},
+    {"type": "block_actions", "actions": [], "user": "U0ALICE001"},
+    {"type": "block_actions", "user": "U0ALICE001", "channel": ["x"],
+     "actions": [{"action_id": "layby_approve", "value": "run_x int_y"}]},
+    {"type": "view_submission", "view": ["not", "a", "view"]},
+    {"type": "view_submission", "user": 7,
+     "view": {"private_metadata": "{\"run\": \"run_x\", \"interrupt\": \"int_y\"}",
+              "blocks": ["x", None], "state": "nope"}},
+])
+def test_a_signed_interaction_of_an_odd_shape_gets_a_clear_answer_not_a_500(
+        slacked: ReviewedSystem, payload: dict[str, Any]) -> None:
+    got = interaction(slacked.system.base_url, payload)
+    assert got.status_code in (200, 400, 404), got.text
+    assert got.headers["content-type"].startswith("application/json")

@@ -104,6 +104,16 @@ def _payload(raw: bytes) -> dict[str, Any]:
     return payload
 
 
+# A payload's parts as Slack sends them, or empty when not: a signed payload of another
+# shape is answered as one that asks nothing, never with a 500.
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _seq(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _ids(value: Any) -> tuple[str, str]:
     run_id, _, interrupt_id = str(value or "").partition(" ")
     if not run_id or not interrupt_id:
@@ -115,15 +125,15 @@ def _ids(value: Any) -> tuple[str, str]:
 
 
 def _clicked(rt: Runtime, payload: dict[str, Any]) -> Reply:
-    actions = payload.get("actions") or [{}]
-    action = actions[0] if isinstance(actions[0], dict) else {}
+    actions = _seq(payload.get("actions"))
+    action = _obj(actions[0] if actions else None)
     action_id = action.get("action_id")
     if action_id not in (slack.APPROVE, slack.DECLINE, slack.ANSWER):
         return Reply()
     run_id, interrupt_id = _ids(action.get("value"))
-    user = str((payload.get("user") or {}).get("id") or "")
-    channel = str((payload.get("channel") or {}).get("id")
-                  or (payload.get("container") or {}).get("channel_id") or "")
+    user = str(_obj(payload.get("user")).get("id") or "")
+    channel = str(_obj(payload.get("channel")).get("id")
+                  or _obj(payload.get("container")).get("channel_id") or "")
     reply = Reply()
 
     def tell(text: str) -> None:
@@ -265,12 +275,12 @@ def _open_modal(rt: Runtime, opened: answers.Opened, trigger_id: str, channel: s
 def form_values(state: dict[str, Any]) -> dict[str, str]:
     """A submitted modal's values, as the answer page's form would post them."""
     found: dict[str, str] = {}
-    for block_id, actions in (state.get("values") or {}).items():
-        value = (actions or {}).get("value") or {}
+    for block_id, actions in _obj(state.get("values")).items():
+        value = _obj(_obj(actions).get("value"))
         if "selected_option" in value:
-            found[block_id] = str((value["selected_option"] or {}).get("value") or "")
+            found[block_id] = str(_obj(value["selected_option"]).get("value") or "")
         elif "selected_options" in value:
-            if any(o.get("value") == _CHECKED for o in value["selected_options"] or []):
+            if any(_obj(o).get("value") == _CHECKED for o in _seq(value["selected_options"])):
                 found[block_id] = _CHECKED
         elif value.get("value") is not None:
             found[block_id] = str(value["value"])
@@ -278,19 +288,20 @@ def form_values(state: dict[str, Any]) -> dict[str, str]:
 
 
 def _submitted(rt: Runtime, payload: dict[str, Any]) -> Reply:
-    view = payload.get("view") or {}
+    view = _obj(payload.get("view"))
     try:
         meta = json.loads(view.get("private_metadata") or "{}")
         run_id, interrupt_id = str(meta["run"]), str(meta["interrupt"])
     except (ValueError, KeyError, TypeError):
         return Reply()  # not our modal
-    blocks = [b.get("block_id") for b in view.get("blocks") or [] if b.get("type") == "input"]
+    blocks = [b.get("block_id") for b in map(_obj, _seq(view.get("blocks")))
+              if b.get("type") == "input"]
     first = next((b for b in blocks if b), DECISION)
 
     def errors(problems: dict[str, str]) -> Reply:
         return Reply({"response_action": "errors", "errors": problems})
 
-    user = str((payload.get("user") or {}).get("id") or "")
+    user = str(_obj(payload.get("user")).get("id") or "")
     reviewer = rt.reviewers.directory().by_slack_id(user)
     if reviewer is None:
         return errors({first: "You are not a reviewer in layby's reviewer directory: this "
@@ -305,7 +316,7 @@ def _submitted(rt: Runtime, payload: dict[str, Any]) -> Reply:
                 if done else "This request is no longer open")
         return Reply({"response_action": "errors", "errors": {first: said}},
                      [lambda: refresh(rt, run_id, interrupt_id)])
-    values = form_values(view.get("state") or {})
+    values = form_values(_obj(view.get("state")))
     # The same modal sent again with the same values is the same answer (a retry); with
     # other values, another one.
     digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
