@@ -8,7 +8,8 @@ with `time`, `level`, `logger`, `message` and the ids as their own fields, which
 pipelines index without parsing messages; in text the ids follow the message in brackets.
 
 Every line is scrubbed before it is written, whichever library wrote it: reviewer tokens
-(in `/review/<token>` paths, `reply+<token>@` addresses, URL-encoded or not) and the values
+(in `/review/<token>` and `/inbox/sign-in/<link>` paths, `reply+<token>@` addresses,
+URL-encoded or not) and the values
 of the secret settings (API keys, token keys, passwords) come out as `<token>` and
 `<secret>`, tracebacks included. Other secrets (reviewers' webhook secrets) are added with
 `keep_out`.
@@ -41,7 +42,8 @@ _OWN_HANDLERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "celery", "flower
 
 
 # What follows these is a reviewer token, up to the next character no token holds.
-_TOKENS = re.compile(r"(/review/|reply\+|reply%2B)[A-Za-z0-9_-]+", re.IGNORECASE)
+_TOKENS = re.compile(
+    r"(/review/|reply\+|reply%2B)[A-Za-z0-9_-]+|(/inbox/sign-in/)[A-Za-z0-9_.-]+", re.IGNORECASE)
 # Shorter values would blank out ordinary words.
 _MIN_SECRET_CHARS = 8
 _secrets: set[str] = set()
@@ -54,7 +56,7 @@ def keep_out(*secrets: str | None) -> None:
 
 def scrub(text: str) -> str:
     """`text` without reviewer tokens or the secrets this process knows."""
-    text = _TOKENS.sub(r"\1<token>", text)
+    text = _TOKENS.sub(lambda m: f"{m.group(1) or m.group(2)}<token>", text)
     for secret in _secrets:
         if secret in text:
             text = text.replace(secret, "<secret>")

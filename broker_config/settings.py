@@ -267,6 +267,14 @@ class Settings(BaseSettings):
     # Slack's Web API; tests point it at a local server that answers as Slack does.
     slack_api_url: str = Field("https://slack.com/api/", pattern=r"^https?://")
     slack_timeout_s: float = 10.0
+    # The reviewers' inbox (`/inbox`, layby.inbox.signin): a mailed sign-in link works once,
+    # for this long; the session it opens lasts this long.
+    inbox_link_ttl_s: int = Field(15 * 60, gt=0, le=24 * 3600)
+    inbox_session_ttl_s: int = Field(12 * 3600, gt=0, le=30 * 24 * 3600)
+    # A request header set by a trusted sign-in proxy (oauth2-proxy's X-Forwarded-Email,
+    # Pomerium's X-Pomerium-Claim-Email, …) naming the reviewer by email or id. Off unless
+    # set: only set it when every request reaches the gateway through that proxy.
+    inbox_trusted_header: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,100}$")
 
     # -- Flower (`layby flower`, started by `layby up`) ---------------------------------------
     flower_host: str = "127.0.0.1"

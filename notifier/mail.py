@@ -86,6 +86,30 @@ def notification_mail(settings: Settings, run: RunView, interrupt: Interrupt,
     return mail
 
 
+def inbox_url(settings: Settings, path: str = "") -> str:
+    return f"{settings.public_url.rstrip('/')}/inbox{path}"
+
+
+def sign_in_mail(settings: Settings, reviewer: Reviewer, link: str) -> EmailMessage:
+    """The inbox's sign-in link, to the reviewer's address in the directory."""
+    minutes = max(1, settings.inbox_link_ttl_s // 60)
+    mail = EmailMessage()
+    mail["Subject"] = "[layby] Your sign-in link for the reviewers' inbox"
+    mail["From"] = settings.mail_from
+    mail["To"] = formataddr((reviewer.name or "", reviewer.email or ""))
+    mail["Date"] = formatdate(localtime=False)
+    mail["Message-ID"] = make_msgid(domain=settings.inbound_domain)
+    mail["Auto-Submitted"] = "auto-generated"
+    mail["X-Auto-Response-Suppress"] = "All"
+    url = inbox_url(settings, f"/sign-in/{link}")
+    mail.set_content(
+        f"Hello {reviewer.label},\n\n"
+        f"Open this link to sign in to the reviewers' inbox:\n\n{url}\n\n"
+        f"It works once, within {minutes} minutes. If you did not ask to sign in, ignore "
+        "this mail: nobody can sign in without the link.\n")
+    return mail
+
+
 def unreadable_reply(settings: Settings, to: str, subject: str, in_reply_to: str | None,
                      reason: str) -> EmailMessage:
     mail = EmailMessage()

@@ -27,7 +27,7 @@ from tests.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewe
 # seconds to form: not for the quick tier, though they are only Valkey.
 PROCESS_FIXTURES = frozenset({
     "system", "isolated", "reviewed", "policed", "fuzzed", "flower", "durable", "reminding",
-    "kit", "sentinels", "chatty", "browser", "quick_expiry", "valkey_cluster",
+    "kit", "sentinels", "chatty", "browser", "quick_expiry", "valkey_cluster", "inboxed",
 })
 
 

@@ -36,7 +36,7 @@ from layby.control import Runtime, build
 from layby.control.announce import about, announce, process_name, withdraw
 from layby.control.runtime import check_config
 from layby.errors import ConfigError, LaybyError, Unauthorized
-from layby.http import agui, api, mailbox, reviewers
+from layby.http import agui, api, inbox, mailbox, reviewers
 from layby.http.deps import Caller, Rt, bearer, check_key
 from layby.http.drain import Drain
 from layby.http.errors import body_problem, error_response, refusal, why_redis_is_away
@@ -99,7 +99,7 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     app.state.drain = drain
     _handle_errors(app)
     _middleware(app, rt)
-    for router in (api.router, agui.router, reviewers.router, mailbox.router):
+    for router in (api.router, agui.router, reviewers.router, inbox.router, mailbox.router):
         app.include_router(router)
     _plain_routes(app)
     _document(app, rt)
@@ -287,7 +287,7 @@ def _middleware(app: FastAPI, rt: Runtime) -> None:
 
 def _carries_tokens(scope: Any) -> bool:
     return str(scope.get("path", "")).startswith(("/review/", "/inbound/", "/callbacks/",
-                                                  "/slack/"))
+                                                  "/slack/", "/inbox"))
 
 
 class _KeyFirst:

@@ -34,7 +34,7 @@ from layby.wire import InterruptView
 STATES = frozenset({"open", "answered", "expired", "cancelled", "done", "approved", "handed",
                     "refused"})
 
-_env = jinja2.Environment(
+templates = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
     autoescape=True,
     undefined=jinja2.StrictUndefined,  # a misspelt name fails loudly instead of showing nothing
@@ -60,26 +60,26 @@ def render_review(*, agent: str, interrupt: InterruptView | None, reviewer_label
         raise ValueError(f"unknown review page state {state!r}; expected one of {sorted(STATES)}")
     errors = list(errors or [])
     chosen = decision if decision in DECISIONS else (form.decision if form else None)
-    return _env.get_template("review.html").render(
+    return templates.get_template("review.html").render(
         agent=agent,
         interrupt=interrupt,
         reviewer_label=reviewer_label,
         state=state,
         form=form if state == "open" else None,
-        controls=_controls(form, errors, values) if form and state == "open" else [],
+        controls=field_controls(form, errors, values) if form and state == "open" else [],
         errors=errors,
         message=message,
         decision=chosen,
         confirmation=interrupt is not None and is_confirmation(interrupt),
         tool_input=interrupt.tool_input if interrupt is not None else None,
-        outcome=_outcome(interrupt) if interrupt is not None else None,
+        outcome=outcome(interrupt) if interrupt is not None else None,
         answer=getattr(interrupt, "answer", None),
         recorded=_recorded(interrupt),
         handover_to=handover_to or [],
     )
 
 
-def _controls(form: Form, errors: list[dict[str, Any]], values: Mapping[str, str] | None
+def field_controls(form: Form, errors: list[dict[str, Any]], values: Mapping[str, str] | None
               ) -> list[dict[str, Any]]:
     """Each field with what it shows now and the errors about it."""
     controls = []
@@ -99,7 +99,7 @@ def _field_of(path: str) -> str:
     return parts[1]
 
 
-def _outcome(interrupt: Interrupt) -> str:
+def outcome(interrupt: Interrupt) -> str:
     """One word for how the interrupt was settled: approved, declined, answered, …"""
     state = str(getattr(interrupt, "state", "open"))
     answer = getattr(interrupt, "answer", None)
@@ -154,9 +154,9 @@ def _label(key: object) -> str:
     return words[:1].upper() + words[1:].lower() if words else str(key)
 
 
-_env.filters["when"] = _when
-_env.filters["label"] = _label
-_env.filters["json"] = _pretty
+templates.filters["when"] = _when
+templates.filters["label"] = _label
+templates.filters["json"] = _pretty
 
 
 def render_mailbox(messages: list[Any], current: Any | None,
@@ -164,7 +164,7 @@ def render_mailbox(messages: list[Any], current: Any | None,
     """The mail catcher's page (`layby up` only): the caught mails, one of them open with a
     reply box."""
     html = getattr(current, "html", None)
-    return _env.get_template("mailbox.html").render(
+    return templates.get_template("mailbox.html").render(
         messages=messages, current=current, reply_outcome=reply_outcome,
         mail_html=_links_in_new_tabs(html) if html else None)
 

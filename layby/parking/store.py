@@ -786,6 +786,10 @@ class Store:
     def forget_sight(self, what: str) -> None:
         self.redis.delete(self.keys.seen(what))
 
+    def has_seen(self, what: str) -> bool:
+        """Whether `what` was seen (by `first_sight`) and not yet forgotten."""
+        return bool(self.redis.exists(self.keys.seen(what)))
+
     # -- outbox --------------------------------------------------------------------------
 
     def claim_outbox(self, limit: int = 100, retry_ms: int = 10_000) -> list[OutboxEntry]:
@@ -906,6 +910,20 @@ class Store:
         keys = self.keys_of(run_id)
         return self._view_of(run_id, *self._pipelined(
             lambda pipe: self._read_view(pipe, keys, run_id), transaction=True))
+
+    def views(self, run_ids: Sequence[str]) -> list[RunView]:
+        """The runs of `run_ids` that still exist, in that order: one round trip (two while
+        the store moves to the sharded layout), each run read at one moment."""
+        if not run_ids:
+            return []
+
+        def fill(pipe: Any) -> None:
+            for run_id, keys in zip(run_ids, self._located(run_ids), strict=True):
+                self._read_view(pipe, keys, run_id)
+        replies = self._pipelined(fill)
+        found = (self._view_of(run_id, *replies[3 * at:3 * at + 3])
+                 for at, run_id in enumerate(run_ids))
+        return [view for view in found if view is not None]
 
     def _read_view(self, pipe: Any, keys: Keys, run_id: str) -> None:
         pipe.hgetall(keys.run(run_id))

@@ -1,0 +1,496 @@
+"""The reviewers' inbox over HTTP: `/inbox` and its pages.
+
+A reviewer signs in with a link mailed to their directory address (`/inbox/sign-in`), or is
+named by a trusted sign-in proxy's header (`LAYBY_INBOX_TRUSTED_HEADER`). The session is a
+signed cookie (`HttpOnly`, `SameSite=Strict`, `Secure` behind TLS); every form carries the
+session's CSRF token, and a POST without it records nothing. Answers go through the same
+`layby.inbox.answers` as the answer page, recorded with `channel: "inbox"`: the allow-list,
+the quorum and exactly-once hold as on every channel.
+
+Routes only: sessions are `layby.inbox.signin`'s, the lists `layby.inbox.waiting`'s, the
+HTML `layby.inbox.inbox_pages`'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, BackgroundTasks, Path, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from layby.control import Runtime
+from layby.errors import ConfigError, Invalid, LaybyError
+from layby.http.deps import Rt
+from layby.http.errors import status_of
+from layby.http.events import STREAM_HEADERS, EventStreamResponse
+from layby.inbox import answers, signin, waiting
+from layby.inbox.forms import entry_from_form
+from layby.inbox.inbox_pages import SCRIPT as _SCRIPT
+from layby.inbox.inbox_pages import (
+    Notice,
+    Signed,
+    render_bulk_confirm,
+    render_bulk_done,
+    render_history,
+    render_inbox,
+    render_sign_in,
+)
+from layby.inbox.pages import outcome
+from layby.notifier import mail
+from layby.reviewers.directory import Reviewer
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(include_in_schema=False)
+
+COOKIE = "layby_inbox"
+MAX_PICKS = 100  # requests approved at once
+POLL_S = 2.0  # how often a live inbox looks for new requests
+Link = Annotated[str, Path(max_length=600)]
+Filter = Annotated[str | None, Query(max_length=200)]
+# Sign-in links mailed to one reviewer: at most this many per this long, so nobody can make
+# layby flood a reviewer's mailbox.
+_MAILS, _MAILS_PER_S = 5, 600
+
+
+@dataclass(frozen=True)
+class Who:
+    reviewer: Reviewer
+    session_id: str  # the CSRF token is made from it
+    by_header: bool
+
+
+class _Refused(Exception):
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+def _page(html: str, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(html, status_code=status, headers=_HEADERS)
+
+
+_HEADERS = {
+    # Sign-in links are in URLs: keep them out of caches and other sites' Referer headers.
+    "Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+    "script-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'"}
+
+
+def _keys(rt: Runtime) -> dict[str, bytes]:
+    return rt.reviewers.token_keys()
+
+
+def _signed(rt: Runtime, who: Who) -> Signed:
+    return Signed(who.reviewer.label, signin.csrf_token(_keys(rt), who.session_id),
+                  can_sign_out=not who.by_header)
+
+
+def _who(rt: Runtime, request: Request) -> Who | None:
+    """The reviewer this request is from, or None when nobody is signed in."""
+    header = rt.settings.inbox_trusted_header
+    named = request.headers.get(header) if header else None
+    directory = rt.reviewers.directory()
+    if named:
+        # Google's IAP writes "accounts.google.com:<email>".
+        value = named.strip().rpartition(":")[2] if "@" in named else named.strip()
+        reviewer = directory.by_email(value) or directory.reviewers.get(value)
+        if reviewer is None:
+            raise _Refused(_page(render_sign_in(
+                "refused", message=f"your sign-in proxy names you as {value!r}, who is not "
+                "in layby's reviewer directory: ask whoever runs layby to add you"), 403))
+        return Who(reviewer, f"header:{reviewer.id}", by_header=True)
+    cookie = request.cookies.get(COOKIE)
+    if not cookie:
+        return None
+    try:
+        session = signin.read(_keys(rt), "session", cookie)
+    except signin.BadSignIn:
+        return None
+    if rt.store.has_seen(f"inbox-out:{session.nonce}"):
+        return None  # signed out
+    reviewer = directory.reviewers.get(session.reviewer)
+    return Who(reviewer, session.nonce, by_header=False) if reviewer else None
+
+
+async def _signed_in(rt: Runtime, request: Request, form: dict[str, str] | None = None) -> Who:
+    """The reviewer a POST is from, its CSRF token checked; refuses (as a page) otherwise."""
+    who = await run_in_threadpool(_who, rt, request)
+    if who is None:
+        raise _Refused(_page(render_sign_in(
+            "refused", message="you are not signed in (or your session ended): sign in "
+            "again; nothing was recorded"), 401))
+    if form is not None and not signin.csrf_ok(_keys(rt), who.session_id,
+                                               form.get("_csrf", "")):
+        raise _Refused(_page(render_sign_in(
+            "refused", message="this form did not come from your inbox (its CSRF token is "
+            "missing or wrong), so nothing was recorded: reload the inbox and try again"),
+            403))
+    return who
+
+
+async def _form(request: Request) -> dict[str, str]:
+    form = await request.form(max_fields=MAX_PICKS + 50, max_files=0)
+    return {k: v for k, v in form.items() if isinstance(v, str)}
+
+
+async def _picks(request: Request) -> tuple[dict[str, str], list[str]]:
+    form = await request.form(max_fields=MAX_PICKS + 50, max_files=0)
+    values = {k: v for k, v in form.items() if isinstance(v, str)}
+    picks = [v for v in form.getlist("_pick") if isinstance(v, str)]
+    return values, list(dict.fromkeys(picks))
+
+
+def _guarded(handler: Any) -> Any:
+    """A refusal raised anywhere in `handler` becomes its page."""
+    @functools.wraps(handler)
+    async def run(*args: Any, **kwargs: Any) -> Response:
+        try:
+            response: Response = await handler(*args, **kwargs)
+        except _Refused as refused:
+            return refused.response
+        except ConfigError as exc:
+            log.error("the inbox cannot serve: %s", exc.message)
+            return _page(render_sign_in("refused", message="the inbox is not available "
+                                        "right now (a configuration problem on layby's "
+                                        "side); try again later"), 503)
+        return response
+    return run
+
+
+# -- signing in ---------------------------------------------------------------------------
+
+
+@router.post("/inbox/sign-in")
+@_guarded
+async def ask_for_link(request: Request, rt: Rt, background: BackgroundTasks) -> Response:
+    form = await _form(request)
+    address = form.get("email", "").strip()[:254]
+    if "@" not in address:
+        return _page(render_sign_in("ask", message="enter your email address, as the "
+                                    "reviewer directory has it"), 422)
+    background.add_task(_mail_link, rt, address)
+    # The same answer whether the address is known or not: the page tells nobody who the
+    # reviewers are.
+    return _page(render_sign_in("sent", message=f"If {address} is a reviewer's address, a "
+                                "sign-in link is on its way to it."))
+
+
+def _mail_link(rt: Runtime, address: str) -> None:
+    reviewer = rt.reviewers.directory().by_email(address)
+    if reviewer is None or not reviewer.email:
+        log.info("inbox sign-in asked for an address that is not a reviewer's")
+        return
+    slot = next((f"inbox-mail:{reviewer.id}:{n}" for n in range(_MAILS)
+                 if rt.store.first_sight(f"inbox-mail:{reviewer.id}:{n}", _MAILS_PER_S)), None)
+    if slot is None:
+        log.warning("inbox sign-in link for %s not sent: %d went out in the last %d s",
+                    reviewer.id, _MAILS, _MAILS_PER_S)
+        return
+    settings = rt.settings
+    link = signin.make(_keys(rt), "link", reviewer.id, settings.inbox_link_ttl_s)
+    try:
+        mail.send(settings, mail.sign_in_mail(settings, reviewer, link))
+    except Exception as exc:  # noqa: BLE001  (the reviewer asks again; the reason is logged)
+        rt.store.forget_sight(slot)
+        log.error("inbox sign-in link for %s not sent: %s", reviewer.id, exc)
+        return
+    log.info("inbox sign-in link sent to %s", reviewer.id)
+
+
+def _link(rt: Runtime, link: str) -> signin.Signed:
+    try:
+        signed = signin.read(_keys(rt), "link", link)
+    except signin.BadSignIn as exc:
+        raise _Refused(_page(render_sign_in("refused", message=exc.message),
+                             status_of(exc))) from None
+    if rt.store.has_seen(f"inbox-link:{signed.nonce}"):
+        raise _Refused(_page(render_sign_in(
+            "refused", message="this sign-in link was used already: each link signs in "
+            "once; ask for a new one"), 403))
+    if rt.reviewers.get(signed.reviewer) is None:
+        raise _Refused(_page(render_sign_in(
+            "refused", message="this link is for a reviewer no longer in the reviewer "
+            "directory"), 403))
+    return signed
+
+
+@router.get("/inbox/sign-in/{link}")
+@_guarded
+async def sign_in_page(link: Link, rt: Rt) -> Response:
+    """Says whose link it is and asks to sign in: opening it signs nobody in (mail scanners
+    open links), pressing the button does."""
+    signed = await run_in_threadpool(_link, rt, link)
+    reviewer = rt.reviewers.get(signed.reviewer)
+    return _page(render_sign_in("confirm", signing_in_as=reviewer.label if reviewer
+                                else signed.reviewer))
+
+
+@router.post("/inbox/sign-in/{link}")
+@_guarded
+async def sign_in(link: Link, request: Request, rt: Rt) -> Response:
+    def use() -> signin.Signed:
+        signed = _link(rt, link)
+        left = max(1, int(signed.expires - rt.store.now_ms() / 1000) + 60)
+        if not rt.store.first_sight(f"inbox-link:{signed.nonce}", left):
+            raise _Refused(_page(render_sign_in(
+                "refused", message="this sign-in link was used already: each link signs "
+                "in once; ask for a new one"), 403))
+        return signed
+    signed = await run_in_threadpool(use)
+    ttl = rt.settings.inbox_session_ttl_s
+    session = signin.make(_keys(rt), "session", signed.reviewer, ttl)
+    log.info("reviewer %s signed in to the inbox", signed.reviewer)
+    response = RedirectResponse("/inbox", status_code=303, headers=_HEADERS)
+    response.set_cookie(COOKIE, session, max_age=ttl, path="/inbox", httponly=True,
+                        samesite="strict", secure=_secure(rt, request))
+    return response
+
+
+def _secure(rt: Runtime, request: Request) -> bool:
+    return rt.settings.public_url.startswith("https:") or request.url.scheme == "https"
+
+
+@router.post("/inbox/sign-out")
+@_guarded
+async def sign_out(request: Request, rt: Rt) -> Response:
+    form = await _form(request)
+    who = await _signed_in(rt, request, form)
+    if not who.by_header:
+        ttl = rt.settings.inbox_session_ttl_s
+        await run_in_threadpool(rt.store.first_sight, f"inbox-out:{who.session_id}", ttl)
+    response = RedirectResponse("/inbox", status_code=303, headers=_HEADERS)
+    response.delete_cookie(COOKIE, path="/inbox", httponly=True, samesite="strict",
+                           secure=_secure(rt, request))
+    return response
+
+
+# -- the requests -------------------------------------------------------------------------
+
+
+def _filters(agent: str | None, tool: str | None, reason: str | None) -> dict[str, str | None]:
+    return {"agent": agent or None, "tool": tool or None, "reason": reason or None}
+
+
+def _handover_to(rt: Runtime, listing: waiting.Listing) -> dict[str, list[tuple[str, str]]]:
+    """For each request, whom the reviewer may hand it to: reviewers who can be told (an
+    email, a webhook or Slack), not asked already, who have not handed it on themselves."""
+    everyone = rt.reviewers.directory().reviewers.values()
+    found = {}
+    for w in listing.items:
+        asked = {r.id for r in rt.reviewers.asked_for(w.interrupt)}
+        gave_up = {d.reviewer for d in w.interrupt.delegations}
+        found[w.ref] = [(r.id, f"{r.name} ({r.id})" if r.name else r.id) for r in everyone
+                        if (r.email or r.webhook or r.slack_id) and r.id not in asked | gave_up]
+    return found
+
+
+def _inbox(rt: Runtime, who: Who, filters: dict[str, str | None], *, status: int = 200,
+           notice: Notice | None = None, errors: dict[str, list[dict[str, Any]]] | None = None,
+           values: dict[str, dict[str, str]] | None = None, partial: bool = False
+           ) -> HTMLResponse:
+    listing = waiting.waiting_for(rt, who.reviewer, agent=filters["agent"],
+                                  tool=filters["tool"], reason=filters["reason"])
+    query = urlencode({"partial": 1, **{k: v for k, v in filters.items() if v}})
+    return _page(render_inbox(_signed(rt, who), listing, filters=filters,
+                              handover_to=_handover_to(rt, listing), notice=notice,
+                              errors=errors, values=values, refresh_url=f"/inbox?{query}",
+                              partial=partial), status)
+
+
+@router.get("/inbox")
+@_guarded
+async def inbox(request: Request, rt: Rt, agent: Filter = None, tool: Filter = None,
+                reason: Filter = None, partial: Annotated[int, Query(ge=0, le=1)] = 0
+                ) -> Response:
+    """The requests waiting for the signed-in reviewer, most urgent first; the sign-in
+    form for anyone else."""
+    who = await run_in_threadpool(_who, rt, request)
+    if who is None:
+        return _page(render_sign_in("ask"), 401 if partial else 200)
+    return await run_in_threadpool(lambda: _inbox(rt, who, _filters(agent, tool, reason),
+                                                  partial=bool(partial)))
+
+
+@router.post("/inbox/answer")
+@_guarded
+async def answer(request: Request, rt: Rt) -> Response:
+    """Approve, decline, answer or hand on one request, then the list again."""
+    form = await _form(request)
+    who = await _signed_in(rt, request, form)
+    return await run_in_threadpool(_answer, rt, who, form)
+
+
+def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> HTMLResponse:
+    no_filters = _filters(None, None, None)
+    ref = form.get("_ref", "")
+    found = waiting.find(rt, who.reviewer, ref)
+    if found is None:
+        return _inbox(rt, who, no_filters, status=409, notice=Notice(
+            _gone(rt, ref), "errors"))
+    opened = answers.open_for(rt, who.reviewer, found.run.id, found.interrupt.id)
+    handing_on = form.get("_action") == "delegate"
+    try:
+        if handing_on:
+            to = form.get("delegate_to", "").strip()
+            answers.delegate(rt, opened, to, channel="inbox",
+                             note=form.get("delegate_note", "").strip() or None)
+            target = rt.reviewers.get(to)
+            return _inbox(rt, who, no_filters, notice=Notice(
+                f"You handed “{_title(found)}” to {target.label if target else to}."))
+        entry = entry_from_form(found.interrupt, form)
+        answers.answer(rt, opened, entry, channel="inbox")
+    except Invalid as exc:
+        errors = (exc.detail or {}).get("errors") if isinstance(exc.detail, dict) else None
+        return _inbox(rt, who, no_filters, status=422,
+                      errors={ref: errors or [{"path": "", "message": exc.message}]},
+                      values={} if handing_on else {ref: form})
+    except LaybyError as exc:  # a rival answered first, the run was cancelled, …
+        return _inbox(rt, who, no_filters, status=status_of(exc),
+                      notice=Notice(f"Nothing was recorded: {exc.message}", "errors"))
+    fresh = answers.reopen(rt, opened)
+    done = outcome(fresh.interrupt) if not fresh.is_open else "approved"
+    more = (f" It waits for {fresh.interrupt.required_approvals - len(fresh.interrupt.approvals)}"
+            " more approval(s) from other reviewers." if fresh.is_open else "")
+    return _inbox(rt, who, no_filters, notice=Notice(
+        f"You {done} “{_title(found)}”.{more}" if done in ("approved", "declined")
+        else f"Your answer to “{_title(found)}” was recorded.{more}"))
+
+
+def _title(w: waiting.Waiting) -> str:
+    return w.interrupt.message or w.interrupt.tool_name
+
+
+def _gone(rt: Runtime, ref: str) -> str:
+    """Why a request a form named is not there to answer: someone answered it (who, how
+    and when), it closed, or it is not this reviewer's."""
+    run_id, _, interrupt_id = ref.partition("/")
+    views = rt.store.views([run_id]) if run_id else []
+    intr = next((i for run in views for i in run.interrupts if i.id == interrupt_id), None)
+    if intr is not None and intr.answer is not None:
+        a = intr.answer
+        return (f"Nothing was recorded: this request was already {outcome(intr)} by "
+                f"{a.answered_by} via {a.channel} at {a.answered_at}.")
+    if intr is not None and intr.state.value != "open":
+        return "Nothing was recorded: this request is closed (expired, or its run ended)."
+    return ("Nothing was recorded: that request is not one of yours to answer (it may have "
+            "been handed on, or is not in your inbox).")
+
+
+# -- approving a selection ----------------------------------------------------------------
+
+
+@router.post("/inbox/bulk")
+@_guarded
+async def bulk(request: Request, rt: Rt) -> Response:
+    """The selection, listed for a confirmation: nothing is recorded yet."""
+    form, picks = await _picks(request)
+    who = await _signed_in(rt, request, form)
+
+    def confirm() -> HTMLResponse:
+        chosen, skipped = _chosen(rt, who, picks)
+        if not chosen:
+            return _inbox(rt, who, _filters(None, None, None), status=422, notice=Notice(
+                "Select the requests to approve first (tick “Select for approving at "
+                "once”): nothing was recorded." if not picks else
+                "None of the selected requests can be approved at once any more: nothing "
+                "was recorded.", "errors"))
+        return _page(render_bulk_confirm(_signed(rt, who), chosen, skipped))
+    return await run_in_threadpool(confirm)
+
+
+def _chosen(rt: Runtime, who: Who, picks: list[str]) -> tuple[list[waiting.Waiting], str | None]:
+    if len(picks) > MAX_PICKS:
+        raise _Refused(_inbox(rt, who, _filters(None, None, None), status=422, notice=Notice(
+            f"{len(picks)} requests were selected; at most {MAX_PICKS} are approved at "
+            "once: nothing was recorded", "errors")))
+    found = [waiting.find(rt, who.reviewer, ref) for ref in picks]
+    chosen = [w for w in found if w is not None and w.bulk_approvable]
+    gone = len(picks) - len(chosen)
+    return chosen, (f"{gone} of the selected requests cannot be approved at once any more "
+                    "(answered meanwhile, or asking for more than an approval) and are left "
+                    "out." if gone else None)
+
+
+@router.post("/inbox/bulk/approve")
+@_guarded
+async def bulk_approve(request: Request, rt: Rt) -> Response:
+    """Each request of the confirmed selection approved on its own."""
+    form, picks = await _picks(request)
+    who = await _signed_in(rt, request, form)
+
+    def approve() -> HTMLResponse:
+        if len(picks) > MAX_PICKS:
+            return _inbox(rt, who, _filters(None, None, None), status=422, notice=Notice(
+                f"at most {MAX_PICKS} requests are approved at once: nothing was recorded",
+                "errors"))
+        results, approved = [], 0
+        for ref in picks:
+            w = waiting.find(rt, who.reviewer, ref)
+            if w is None or not w.bulk_approvable:
+                results.append((ref, ref, _gone(rt, ref).removeprefix("Nothing was "
+                                                                      "recorded: ")))
+                continue
+            try:
+                opened = answers.open_for(rt, who.reviewer, w.run.id, w.interrupt.id)
+                answers.answer(rt, opened, entry_from_form(w.interrupt,
+                                                           {"decision": "approve"}),
+                               channel="inbox")
+            except LaybyError as exc:
+                results.append((ref, _title(w), f"not approved: {exc.message}"))
+                continue
+            approved += 1
+            results.append((ref, _title(w), "approved"))
+        return _page(render_bulk_done(_signed(rt, who), results, approved))
+    return await run_in_threadpool(approve)
+
+
+# -- history, live arrival ----------------------------------------------------------------
+
+
+@router.get("/inbox/history")
+@_guarded
+async def history(request: Request, rt: Rt) -> Response:
+    who = await run_in_threadpool(_who, rt, request)
+    if who is None:
+        return RedirectResponse("/inbox", status_code=303, headers=_HEADERS)
+    found = await run_in_threadpool(waiting.history_of, rt, who.reviewer)
+    return _page(render_history(_signed(rt, who), found))
+
+
+@router.get("/inbox/events")
+@_guarded
+async def events(request: Request, rt: Rt) -> Response:
+    """`changed` whenever the requests waiting for the reviewer change: a new one, or one
+    answered elsewhere. The page reads the list again then."""
+    who = await run_in_threadpool(_who, rt, request)
+    if who is None:
+        return _page(render_sign_in("ask"), 401)
+
+    def refs() -> frozenset[str]:
+        return frozenset(w.ref for w in waiting.waiting_for(rt, who.reviewer).items)
+
+    async def changes() -> AsyncIterator[str]:
+        seen = await run_in_threadpool(refs)
+        yield "retry: 5000\n\n"
+        while True:
+            await asyncio.sleep(POLL_S)
+            now = await run_in_threadpool(refs)
+            if now != seen:
+                seen = now
+                yield f"event: changed\ndata: {len(now)}\n\n"
+    return EventStreamResponse(changes(), media_type="text/event-stream",
+                               headers={**STREAM_HEADERS, "Cache-Control": "no-store"})
+
+
+@router.get("/inbox/inbox.js")
+async def script() -> Response:
+    return Response(_SCRIPT, media_type="text/javascript",
+                    headers={"Cache-Control": "max-age=300"})

@@ -1,0 +1,482 @@
+"""The reviewers' inbox (`/inbox`) in a real browser: reviewers sign in with the link mailed
+to them, see every request waiting for them (their own, their groups', those handed to
+them), answer in place, approve a selection at once, and see new requests arrive.
+
+Debian's Chromium, driven by Playwright, against a layby system of this module's own (its
+own database of the reviewer tests' Valkey server, an SMTP server, a reply listener).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from layby.inbox import signin
+from layby.ops.embedded import EmbeddedRedis
+from layby.reviewers.tokens import parse_keys
+from tests.browser import launch
+from tests.harness import wait_until
+from tests.reviewers import (
+    TOKEN_KEYS,
+    ReviewedSystem,
+    SmtpServer,
+    WebhookReceiver,
+    link_in,
+    own_reviewed,
+    wait_gone,
+)
+
+DB = 6  # the reviewer tests' Valkey server, a database of this module's own
+TIMEOUT_MS = 30_000
+ALICE, BOB, MALLORY = "alice@example.com", "bob@example.com", "mallory@example.com"
+TRUSTED_HEADER = "X-Forwarded-Email"
+
+
+@pytest.fixture(scope="module")
+def inboxed(reviewer_redis: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[ReviewedSystem]:
+    with own_reviewed(reviewer_redis, tmp_path_factory.mktemp("inbox"), DB,
+                      SmtpServer().start(), WebhookReceiver().start(),
+                      LAYBY_DEMO_EXPIRY_S="3600",
+                      LAYBY_INBOX_TRUSTED_HEADER=TRUSTED_HEADER) as system:
+        yield system
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = launch(playwright)
+        yield launched
+        launched.close()
+
+
+def _context(browser: Browser, **options: Any) -> Any:
+    context = browser.new_context(**options)
+    context.set_default_timeout(TIMEOUT_MS)
+    context.set_default_navigation_timeout(2 * TIMEOUT_MS)
+    return context
+
+
+# -- signing in -----------------------------------------------------------------------------
+
+
+def sign_in_mails(system: ReviewedSystem, address: str) -> list[EmailMessage]:
+    return [m for m in system.smtp.mails_to(address) if "sign-in" in m["Subject"]]
+
+
+def ask_for_link(system: ReviewedSystem, page: Page, address: str) -> str:
+    """Ask the inbox for a sign-in link to `address`; the link mailed."""
+    before = len(sign_in_mails(system, address))
+    page.goto(f"{system.system.base_url}/inbox")
+    assert page.inner_text("h1") == "Sign in to your inbox"
+    page.fill("#f-email", address)
+    with page.expect_navigation():
+        page.click("text=Mail me a sign-in link")
+    assert page.inner_text("h1") == "Check your mail"
+    assert f"If {address} is a reviewer's address" in page.inner_text("main")
+    mail = wait_until(lambda: len(found := sign_in_mails(system, address)) > before
+                      and found[-1], 30, what=f"a sign-in mail to {address}")
+    return link_in(mail, "/inbox/sign-in/")
+
+
+def use_link(page: Page, link: str) -> None:
+    """Open a sign-in link and press Sign in; lands on the inbox."""
+    reply = page.goto(link)
+    assert reply is not None and reply.status == 200, page.inner_text("body")
+    with page.expect_navigation():
+        page.click("button:has-text('Sign in')")
+    assert page.url.endswith("/inbox"), page.url
+
+
+@pytest.fixture(scope="module")
+def sessions(inboxed: ReviewedSystem, browser: Browser) -> Callable[[str], Any]:
+    """A signed-in browser state per address, signed in once by the mailed link."""
+    states: dict[str, Any] = {}
+
+    def of(address: str) -> Any:
+        if address not in states:
+            context = _context(browser)
+            page = context.new_page()
+            use_link(page, ask_for_link(inboxed, page, address))
+            states[address] = context.storage_state()
+            context.close()
+        return states[address]
+    return of
+
+
+@pytest.fixture
+def open_as(browser: Browser, sessions: Callable[[str], Any],
+            inboxed: ReviewedSystem) -> Iterator[Callable[..., Page]]:
+    """A page on the inbox, signed in as `address`, in a context of its own."""
+    contexts: list[Any] = []
+
+    def make(address: str, js: bool = False, width: int = 1000) -> Page:
+        context = _context(browser, storage_state=sessions(address), java_script_enabled=js,
+                           viewport={"width": width, "height": 900})
+        contexts.append(context)
+        page = context.new_page()
+        reply = page.goto(f"{inboxed.system.base_url}/inbox")
+        assert reply is not None and reply.status == 200, page.inner_text("body")
+        assert "Signed in as" in page.inner_text("nav"), page.inner_text("body")
+        return page
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+# -- runs ---------------------------------------------------------------------------------
+
+
+def parked(system: ReviewedSystem, agent: str, text: str) -> tuple[str, str]:
+    """Start a run; (run id, interrupt id) once it waits."""
+    run_id = system.start_run(agent, text)["id"]
+    run = wait_until(lambda: (r := system.system.run(run_id))["status"] == "interrupted"
+                     and system.system.open_interrupts(r) and r, 30,
+                     what=f"{agent} to park")
+    return run_id, system.system.open_interrupts(run)[0]["id"]
+
+
+def answer_of(system: ReviewedSystem, run_id: str, interrupt_id: str) -> dict[str, Any] | None:
+    run = system.system.run(run_id)
+    return next(i for i in run["interrupts"] if i["id"] == interrupt_id).get("answer")
+
+
+def finished(system: ReviewedSystem, run_id: str) -> dict[str, Any]:
+    run = system.system.wait_status(run_id, "completed", "failed", "cancelled", timeout=60)
+    assert run["status"] == "completed", run.get("error")
+    return run
+
+
+def request_on(page: Page, interrupt_id: str) -> Any:
+    return page.locator(f"#r-{interrupt_id}")
+
+
+def reload(page: Page) -> None:
+    reply = page.reload()
+    assert reply is not None and reply.status == 200
+
+
+def submit(page: Page, selector: str, status: int = 200) -> None:
+    with page.expect_navigation() as navigation:
+        page.click(selector)
+    reply = navigation.value
+    assert reply is not None and reply.status == status, page.inner_text("body")
+
+
+def words(page: Page, selector: str = "main") -> str:
+    return re.sub(r"\s+", " ", page.inner_text(selector))
+
+
+# -- the tests ------------------------------------------------------------------------------
+
+
+def test_a_reviewer_signs_in_with_the_mailed_link_once(inboxed: ReviewedSystem,
+                                                        browser: Browser) -> None:
+    """The mailed link signs Alice in once: opening it signs nobody in (mail scanners open
+    links), pressing Sign in does; the link then, an expired one or an altered one are
+    refused; an unknown address gets the same answer and no mail."""
+    context = _context(browser)
+    page = context.new_page()
+    base = inboxed.system.base_url
+    link = ask_for_link(inboxed, page, ALICE)
+    assert "/inbox/sign-in/" in link
+
+    reply = page.goto(link)
+    assert reply is not None and reply.status == 200
+    assert "as Alice Martin" in words(page)
+    assert reply.headers["cache-control"] == "no-store"
+    assert reply.headers["referrer-policy"] == "no-referrer"
+    # Opened, not used: the inbox still asks who you are.
+    page.goto(f"{base}/inbox")
+    assert page.inner_text("h1") == "Sign in to your inbox"
+
+    use_link(page, link)
+    assert "Signed in as Alice Martin" in words(page, "nav")
+    cookie = next(c for c in context.cookies() if c["name"] == "layby_inbox")
+    assert cookie["httpOnly"] is True
+    assert cookie["sameSite"] == "Strict"
+    assert cookie["path"] == "/inbox"
+    signed_in = context.storage_state()
+
+    # The same link again, in another browser: used up.
+    other = _context(browser)
+    again = other.new_page()
+    reply = again.goto(link)
+    assert reply is not None and reply.status == 403
+    assert "used already" in words(again)
+    # A link past its time, made with the same keys an hour ago.
+    stale = signin.make(parse_keys(TOKEN_KEYS), "link", "alice", 900, now=time.time() - 3600)
+    reply = again.goto(f"{base}/inbox/sign-in/{stale}")
+    assert reply is not None and reply.status == 403
+    assert "has expired" in words(again)
+    # One altered character of a fresh link's signature.
+    fresh = signin.make(parse_keys(TOKEN_KEYS), "link", "alice", 900)
+    forged = fresh[:-1] + ("A" if fresh[-1] != "A" else "B")
+    reply = again.goto(f"{base}/inbox/sign-in/{forged}")
+    assert reply is not None and reply.status == 403
+    assert "signature does not match" in words(again)
+
+    # An address that is nobody's: the same answer, and no mail.
+    again.goto(f"{base}/inbox")
+    again.fill("#f-email", "nobody@example.com")
+    with again.expect_navigation():
+        again.click("text=Mail me a sign-in link")
+    assert again.inner_text("h1") == "Check your mail"
+    wait_gone(lambda: bool(inboxed.smtp.mails_to("nobody@example.com")), 2)
+    other.close()
+
+    # Signing out ends the session: its cookie no longer opens the inbox.
+    with page.expect_navigation():
+        page.click("text=Sign out")
+    assert page.inner_text("h1") == "Sign in to your inbox"
+    replay = _context(browser, storage_state=signed_in)
+    replayed = replay.new_page()
+    replayed.goto(f"{base}/inbox")
+    assert replayed.inner_text("h1") == "Sign in to your inbox"
+    replay.close()
+    context.close()
+
+
+def test_the_list_for_a_reviewer_a_group_member_and_a_delegate(
+        inboxed: ReviewedSystem, open_as: Callable[..., Page]) -> None:
+    """Alice sees the transfer her group must approve, with its input, the conversation
+    and why it is hers; Bob sees the sign-off asked of him and not the transfer, until
+    Alice hands it to him; then he approves it in place."""
+    transfer, transfer_asks = parked(inboxed, "demo.transfer", "Send 250 to Bob")
+    sign_off, sign_off_asks = parked(inboxed, "test.named", "bob")
+
+    alice = open_as(ALICE)
+    shown = request_on(alice, transfer_asks)
+    assert shown.locator("h2").inner_text() == "Send 250 to Bob?"
+    said = re.sub(r"\s+", " ", shown.inner_text())
+    assert "demo.transfer" in said and "transfer_funds" in said
+    assert "Asked of group approvers" in said
+    assert [t.strip() for t in shown.locator("dl.input dd").all_inner_texts()] == ["Bob", "250"]
+    shown.locator("summary", has_text="The conversation").click()
+    assert "User: Send 250 to Bob" in re.sub(r"\s+", " ",
+                                             shown.locator("ol.conversation").inner_text())
+    assert request_on(alice, sign_off_asks).count() == 0
+
+    bob = open_as(BOB)
+    assert "Asked of you" in request_on(bob, sign_off_asks).inner_text()
+    assert request_on(bob, transfer_asks).count() == 0
+
+    # Filters: an agent that asked nothing of Alice hides everything.
+    alice.select_option("#filter-agent", "demo.transfer")
+    submit(alice, "button:has-text('Filter')")
+    assert request_on(alice, transfer_asks).count() == 1
+
+    # Alice hands the transfer on to Bob.
+    shown = request_on(alice, transfer_asks)
+    shown.locator("summary", has_text="Hand this request on").click()
+    shown.locator("select[name=delegate_to]").select_option("bob")
+    submit(alice, f"#r-{transfer_asks} button:has-text('Hand on')")
+    assert "You handed “Send 250 to Bob?” to Bob Stone" in words(alice)
+    assert request_on(alice, transfer_asks).count() == 0
+
+    reload(bob)
+    handed = request_on(bob, transfer_asks)
+    assert "Handed to you by Alice Martin" in handed.inner_text()
+    submit(bob, f"#r-{transfer_asks} button.approve")
+    assert "You approved “Send 250 to Bob?”" in words(bob)
+    run = finished(inboxed, transfer)
+    assert run["result"] == "Sent 250 to Bob."
+    answer = answer_of(inboxed, transfer, transfer_asks)
+    assert answer is not None
+    assert (answer["answeredBy"], answer["channel"]) == ("reviewer:bob", "inbox")
+    assert inboxed.system.run(sign_off)["status"] == "interrupted"
+
+
+def test_approving_declining_and_answering_a_question_in_place(
+        inboxed: ReviewedSystem, open_as: Callable[..., Page]) -> None:
+    """Approve, Decline and a schema question's form, each on its request in the list;
+    every answer is recorded as Alice's, through the inbox, and the runs go on."""
+    approve, approve_asks = parked(inboxed, "demo.transfer", "Send 30 to Carol")
+    decline, decline_asks = parked(inboxed, "demo.transfer", "Send 900 to Mallory")
+    trivia, trivia_asks = parked(inboxed, "demo.trivia", "play")
+
+    page = open_as(ALICE)
+    submit(page, f"#r-{approve_asks} button.approve")
+    assert "You approved “Send 30 to Carol?”" in words(page)
+    assert request_on(page, approve_asks).count() == 0
+
+    request_on(page, decline_asks).locator("textarea, input[type=text]").first.fill(
+        "Not to Mallory")
+    submit(page, f"#r-{decline_asks} button.decline")
+    assert "You declined “Send 900 to Mallory?”" in words(page)
+
+    trivia_form = request_on(page, trivia_asks)
+    assert trivia_form.locator("legend").inner_text().startswith("Your answer")
+    trivia_form.locator('input[type=radio][value="Jaws"]').check()
+    submit(page, f"#r-{trivia_asks} button:has-text('Send answer')")
+    assert "Your answer to" in words(page)
+
+    assert finished(inboxed, approve)["result"] == "Sent 30 to Carol."
+    assert "no money was sent" in (finished(inboxed, decline)["result"] or "")
+    assert finished(inboxed, trivia)["result"] == "Right! It was Jaws (1975)."
+    for run_id, asks in ((approve, approve_asks), (decline, decline_asks),
+                         (trivia, trivia_asks)):
+        answer = answer_of(inboxed, run_id, asks)
+        assert answer is not None
+        assert (answer["answeredBy"], answer["channel"]) == ("reviewer:alice", "inbox")
+    assert [t["to"] for t in inboxed.system.ledger()["transfers"]
+            if t["run"] in (approve, decline)] == ["Carol"]
+
+    # The history lists all three.
+    page.click("text=History")
+    history = words(page)
+    assert "Approved Send 30 to Carol?" in history
+    assert "Declined Send 900 to Mallory?" in history
+    assert "via inbox" in history
+
+
+def test_a_selection_approved_at_once(inboxed: ReviewedSystem,
+                                      open_as: Callable[..., Page]) -> None:
+    """Two routine transfers ticked, listed for confirmation (nothing recorded yet), then
+    approved: each approval recorded on its own; what was not ticked still waits."""
+    first = parked(inboxed, "demo.transfer", "Send 11 to Dan")
+    second = parked(inboxed, "demo.transfer", "Send 12 to Eve")
+    third = parked(inboxed, "demo.transfer", "Send 13 to Fay")
+    question = parked(inboxed, "demo.trivia", "play")
+
+    page = open_as(ALICE)
+    # A question asks for more than an approval: it has nothing to tick.
+    assert request_on(page, question[1]).locator("input[name=_pick]").count() == 0
+    submit(page, "button:has-text('Approve selected')", status=422)
+    assert "Select the requests to approve first" in words(page)
+
+    for _, asks in (first, second):
+        request_on(page, asks).locator("input[name=_pick]").check()
+    submit(page, "button:has-text('Approve selected')")
+    assert page.inner_text("h1") == "Approve these 2 requests?"
+    listed = words(page, "ol.bulk-list")
+    assert "Send 11 to Dan?" in listed and "Send 12 to Eve?" in listed
+    assert "Send 13 to Fay?" not in listed
+    assert answer_of(inboxed, *first) is None and answer_of(inboxed, *second) is None
+
+    submit(page, "button:has-text('Approve all 2')")
+    assert page.inner_text("h1") == "Approved 2 of 2"
+    ids = set()
+    for run_id, asks in (first, second):
+        finished(inboxed, run_id)
+        answer = answer_of(inboxed, run_id, asks)
+        assert answer is not None
+        assert (answer["answeredBy"], answer["channel"]) == ("reviewer:alice", "inbox")
+        ids.add(answer["answerId"])
+    assert len(ids) == 2  # two answers, each its own
+    assert inboxed.system.run(third[0])["status"] == "interrupted"
+    assert inboxed.system.run(question[0])["status"] == "interrupted"
+
+
+def test_a_new_request_appears_without_a_reload(inboxed: ReviewedSystem,
+                                                open_as: Callable[..., Page]) -> None:
+    page = open_as(ALICE, js=True)
+    loads: list[str] = []
+    page.on("load", lambda: loads.append(page.url))
+    run_id, asks = parked(inboxed, "demo.transfer", "Send 77 to Gus")
+    page.wait_for_selector(f"#r-{asks}", timeout=30_000)
+    assert "Send 77 to Gus?" in request_on(page, asks).inner_text()
+    assert loads == []  # it came in place, not by loading the page again
+    wait_until(lambda: "new request" in page.inner_text("#arrivals"), 10,
+               what="the arrival announced to screen readers")
+    # It answers like any other.
+    submit(page, f"#r-{asks} button.approve")
+    assert finished(inboxed, run_id)["result"] == "Sent 77 to Gus."
+
+
+def test_the_inbox_on_a_375_px_phone(inboxed: ReviewedSystem, open_as: Callable[..., Page],
+                                     tmp_path: Path) -> None:
+    """At a phone's width nothing runs off the side, every control has a label, and the
+    keyboard reaches Approve."""
+    parked(inboxed, "demo.transfer", "Send 5 to Hal")
+    page = open_as(ALICE, width=375)
+    shot = tmp_path / "inbox-375.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 0
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+    unlabelled = page.evaluate("""() => [...document.querySelectorAll(
+        'input:not([type=hidden]), select, textarea')].filter(
+        e => !e.hidden && e.labels.length === 0 && !e.getAttribute('aria-label')
+    ).map(e => e.name)""")
+    assert unlabelled == []
+    for _ in range(60):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.className") == "approve":
+            break
+    else:
+        raise AssertionError("Tab never reached an Approve button")
+
+
+def test_a_form_without_its_csrf_token_records_nothing(
+        inboxed: ReviewedSystem, open_as: Callable[..., Page]) -> None:
+    run_id, asks = parked(inboxed, "demo.transfer", "Send 66 to Ivy")
+    page = open_as(ALICE)
+    token = page.get_attribute(f"#r-{asks} input[name=_csrf]", "value")
+    assert token
+    base = inboxed.system.base_url
+    for form in ({"_ref": f"{run_id}/{asks}", "decision": "approve"},
+                 {"_ref": f"{run_id}/{asks}", "decision": "approve", "_csrf": "x" + token}):
+        reply = page.request.post(f"{base}/inbox/answer", form=form)
+        assert reply.status == 403
+        assert "CSRF" in reply.text()
+    reply = page.request.post(f"{base}/inbox/bulk/approve",
+                              form={"_pick": f"{run_id}/{asks}"})
+    assert reply.status == 403
+    assert answer_of(inboxed, run_id, asks) is None
+    # With it, the same post is an approval.
+    reply = page.request.post(f"{base}/inbox/answer", form={
+        "_ref": f"{run_id}/{asks}", "decision": "approve", "_csrf": token})
+    assert reply.status == 200
+    finished(inboxed, run_id)
+
+
+def test_one_reviewer_cannot_see_or_answer_anothers_request(
+        inboxed: ReviewedSystem, open_as: Callable[..., Page]) -> None:
+    run_id, asks = parked(inboxed, "test.named", "bob")
+    mallory = open_as(MALLORY)
+    assert request_on(mallory, asks).count() == 0
+    token = mallory.get_attribute("#bulk input[name=_csrf]", "value")
+    base = inboxed.system.base_url
+    reply = mallory.request.post(f"{base}/inbox/answer", form={
+        "_ref": f"{run_id}/{asks}", "decision": "approve", "_csrf": token or ""})
+    assert reply.status == 409
+    assert "not one of yours to answer" in reply.text()
+    reply = mallory.request.post(f"{base}/inbox/bulk/approve", form={
+        "_pick": f"{run_id}/{asks}", "_csrf": token or ""})
+    assert reply.status == 200
+    assert "Approved 0 of 1" in reply.text()
+    assert answer_of(inboxed, run_id, asks) is None
+    assert inboxed.system.run(run_id)["status"] == "interrupted"
+
+
+def test_a_trusted_proxy_names_the_reviewer(inboxed: ReviewedSystem) -> None:
+    """With LAYBY_INBOX_TRUSTED_HEADER set, the proxy's header signs the reviewer in (by
+    email or id); a name the directory does not know is refused."""
+    run_id, asks = parked(inboxed, "test.named", "bob")
+    base = inboxed.system.base_url
+    with httpx.Client(base_url=base, timeout=30) as http:
+        page = http.get("/inbox", headers={TRUSTED_HEADER: BOB})
+        assert page.status_code == 200
+        assert "Signed in as <strong>Bob Stone</strong>" in page.text
+        assert f'id="r-{asks}"' in page.text
+        assert "Sign out" not in page.text  # the proxy's session is the proxy's to end
+        refused = http.get("/inbox", headers={TRUSTED_HEADER: "eve@example.com"})
+        assert refused.status_code == 403
+        assert "is not in layby" in refused.text and "reviewer directory" in refused.text
+        token = re.search(r'name="_csrf" value="([^"]+)"', page.text)
+        assert token is not None
+        done = http.post("/inbox/answer", headers={TRUSTED_HEADER: "bob"}, data={
+            "_ref": f"{run_id}/{asks}", "_csrf": token.group(1), "decision": "approve"})
+        assert done.status_code == 200, done.text
+    answer = answer_of(inboxed, run_id, asks)
+    assert answer is not None
+    assert (answer["answeredBy"], answer["channel"]) == ("reviewer:bob", "inbox")
