@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
 
 from layby.broker_config import Settings
 from layby.control.connections import redis_client
@@ -103,6 +106,21 @@ refunds = Agent(name="test.refunds", tools=(refund,), model=ScriptedModel(
         Choose(cases=[Case(tool="refund", field="status", equals="refunded",
                            reply=Reply(text="Refunded {amount}."))],
                otherwise=Reply(text="Declined: {refund[reason]}.")),
+    ]))
+
+
+@tool(requires_approval=True, allow_edit=True)
+def pay(to: str, amount: Annotated[int, Field(gt=0)]) -> dict:
+    """Pay someone; the approver may correct the payee or the amount first."""
+    return {"paid": amount, "to": to}
+
+
+editable = Agent(name="test.editable", tools=(pay,), model=ScriptedModel(
+    input_pattern=r"pay (?P<amount>\d+) to (?P<to>\w+)",
+    steps=[
+        Reply(calls=[Call(name="pay", input={"to": "{to}", "amount": "{amount}"})]),
+        Choose(cases=[Case(tool="pay", declined=True, reply=Reply(text="Not paid."))],
+               otherwise=Reply(text="Paid {pay[paid]} to {pay[to]}.")),
     ]))
 
 

@@ -331,6 +331,12 @@ def test_approving_declining_and_answering_a_question_in_place(
     assert [t["to"] for t in inboxed.system.ledger()["transfers"]
             if t["run"] in (approve, decline)] == ["Carol"]
 
+    # /metrics counts them under the inbox's channel.
+    with inboxed.system.api() as api:
+        metrics = api.get("/metrics").text
+    found = re.search(r'^layby_answers_total\{channel="inbox"\} (\d+)', metrics, re.MULTILINE)
+    assert found is not None and int(found.group(1)) >= 3, metrics
+
     # The history lists all three.
     page.click("text=History")
     history = words(page)
@@ -480,3 +486,33 @@ def test_a_trusted_proxy_names_the_reviewer(inboxed: ReviewedSystem) -> None:
     answer = answer_of(inboxed, run_id, asks)
     assert answer is not None
     assert (answer["answeredBy"], answer["channel"]) == ("reviewer:bob", "inbox")
+
+
+def test_arguments_edited_before_approving_where_the_tool_allows_it(
+        inboxed: ReviewedSystem, open_as: Callable[..., Page]) -> None:
+    """test.editable's tool allows edits: Alice corrects the amount, a bad amount is refused
+    beside the field with nothing recorded, and the tool runs with what she approved. A
+    tool that does not allow edits (the demo's transfer) offers none."""
+    run_id, asks = parked(inboxed, "test.editable", "pay 400 to Bob")
+    other, other_asks = parked(inboxed, "demo.transfer", "Send 3 to Jo")
+    page = open_as(ALICE)
+    assert request_on(page, other_asks).locator("details.edit").count() == 0
+    shown = request_on(page, asks)
+    shown.locator("summary", has_text="Edit the arguments").click()
+    amount = shown.locator(f"#f-{asks}-input\\.amount")
+    assert amount.input_value() == "400"
+
+    amount.fill("-5")
+    submit(page, f"#r-{asks} button.approve", status=422)
+    assert "Your answer was not recorded" in request_on(page, asks).inner_text()
+    assert answer_of(inboxed, run_id, asks) is None
+
+    shown = request_on(page, asks)
+    assert shown.locator("details.edit").get_attribute("open") is not None
+    shown.locator(f"#f-{asks}-input\\.amount").fill("40")
+    submit(page, f"#r-{asks} button.approve")
+    assert finished(inboxed, run_id)["result"] == "Paid 40 to Bob."
+    answer = answer_of(inboxed, run_id, asks)
+    assert answer is not None
+    assert answer["metadata"]["replaceInput"] == {"to": "Bob", "amount": 40}
+    assert inboxed.system.run(other)["status"] == "interrupted"

@@ -267,6 +267,14 @@ def _tool(rt: Runtime, agent_name: str, tool_name: str) -> Tool | None:
     return agent.tool(tool_name) if agent else None
 
 
+def reviewers_may_edit(rt: Runtime, agent_name: str, interrupt: Interrupt) -> bool:
+    """Whether reviewers may change the arguments of the call `interrupt` gates: a tool
+    declared with `allow_edit=True` that runs again once approved (not an interrupt tool,
+    whose answer is its output)."""
+    found = _tool(rt, agent_name, interrupt.tool_name)
+    return bool(found and found.allow_edit and interrupt.mode == "restart")
+
+
 def _check_expiry(run_id: str, spec: Interrupt) -> None:
     if spec.expires_at and spec.expires_at < now_iso():
         raise Conflict(f"interrupt {spec.id} expired at {spec.expires_at}; its expiry policy "

@@ -204,6 +204,8 @@ class Tool:
     interrupt_reason: str | None = None  # set for interrupt tools (Genkit's defineInterrupt)
     # True, or a function of the tool's arguments saying whether this call needs approval.
     requires_approval: bool | Callable[..., bool] = False
+    # Reviewers may change the call's arguments when they approve it (`replaceInput`).
+    allow_edit: bool = False
 
     @property
     def is_interrupt(self) -> bool:
@@ -298,7 +300,8 @@ def _interrupt_ask(tool: Tool, ask: Ask, parsed: BaseModel) -> Ask:
 
 def _build(fn: Callable[..., Any], name: str | None, description: str | None,
            output: Any, interrupt_reason: str | None,
-           requires_approval: bool | Callable[..., bool] = False) -> Tool:
+           requires_approval: bool | Callable[..., bool] = False,
+           allow_edit: bool = False) -> Tool:
     hints = get_type_hints(fn, include_extras=True)  # keep Annotated constraints
     params = list(inspect.signature(fn).parameters.values())
     ctx_param = next((p.name for p in params if hints.get(p.name) is ToolContext), None)
@@ -320,7 +323,7 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None,
     out_type = output if output is not None else hints.get("return", Any)
     return Tool(tool_name, description or inspect.getdoc(fn) or "", fn, input_model,
                 TypeAdapter(out_type), takes_model, ctx_param, interrupt_reason,
-                requires_approval)
+                requires_approval, allow_edit)
 
 
 @overload
@@ -329,13 +332,13 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 
 @overload
 def tool(*, name: str | None = None, description: str | None = None,
-         requires_approval: bool | Callable[..., bool] = False
+         requires_approval: bool | Callable[..., bool] = False, allow_edit: bool = False
          ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
          description: str | None = None,
-         requires_approval: bool | Callable[..., bool] = False
+         requires_approval: bool | Callable[..., bool] = False, allow_edit: bool = False
          ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function: `@tool`, or `@tool(name=..., description=...,
     requires_approval=...)`.
@@ -344,10 +347,15 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
     `confirmation` interrupt answered with `Approval`); a function instead decides per call
     from the tool's arguments (`requires_approval=lambda amount, **_: amount > 100`). A
     call that is declined does not run: the model gets `{"status": "declined", "reason"}`.
+
+    `allow_edit=True` lets the reviewers who approve a call change its arguments first (the
+    inbox offers the edit; the tool runs with the new ones, checked against its input
+    schema, and the history keeps the original beside them). Without it, only the run's
+    owner may (`metadata.replaceInput` through the API).
     """
     if fn is not None:
-        return _build(fn, name, description, None, None, requires_approval)
-    return lambda f: _build(f, name, description, None, None, requires_approval)
+        return _build(fn, name, description, None, None, requires_approval, allow_edit)
+    return lambda f: _build(f, name, description, None, None, requires_approval, allow_edit)
 
 
 def interrupt_tool(*, output: Any, reason: str = INPUT_REQUIRED, name: str | None = None,

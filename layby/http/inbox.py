@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,13 +26,13 @@ from fastapi import APIRouter, BackgroundTasks, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from layby.control import Runtime
+from layby.control import Runtime, commands
 from layby.errors import ConfigError, Invalid, LaybyError
 from layby.http.deps import Rt
 from layby.http.errors import status_of
 from layby.http.events import STREAM_HEADERS, EventStreamResponse
 from layby.inbox import answers, signin, waiting
-from layby.inbox.forms import entry_from_form
+from layby.inbox.forms import entry_from_form, input_from_form
 from layby.inbox.inbox_pages import SCRIPT as _SCRIPT
 from layby.inbox.inbox_pages import (
     Notice,
@@ -45,6 +46,7 @@ from layby.inbox.inbox_pages import (
 from layby.inbox.pages import outcome
 from layby.notifier import mail
 from layby.reviewers.directory import Reviewer
+from layby.wire import Status
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ router = APIRouter(include_in_schema=False)
 COOKIE = "layby_inbox"
 MAX_PICKS = 100  # requests approved at once
 POLL_S = 2.0  # how often a live inbox looks for new requests
+_FULL_EVERY = 15  # polls between full reads of the list when no run moved
 Link = Annotated[str, Path(max_length=600)]
 Filter = Annotated[str | None, Query(max_length=200)]
 # Sign-in links mailed to one reviewer: at most this many per this long, so nobody can make
@@ -299,10 +302,12 @@ def _inbox(rt: Runtime, who: Who, filters: dict[str, str | None], *, status: int
     listing = waiting.waiting_for(rt, who.reviewer, agent=filters["agent"],
                                   tool=filters["tool"], reason=filters["reason"])
     query = urlencode({"partial": 1, **{k: v for k, v in filters.items() if v}})
+    editable = frozenset(w.ref for w in listing.items
+                         if commands.reviewers_may_edit(rt, w.run.agent, w.interrupt))
     return _page(render_inbox(_signed(rt, who), listing, filters=filters,
                               handover_to=_handover_to(rt, listing), notice=notice,
-                              errors=errors, values=values, refresh_url=f"/inbox?{query}",
-                              partial=partial), status)
+                              errors=errors, values=values, editable=editable,
+                              refresh_url=f"/inbox?{query}", partial=partial), status)
 
 
 @router.get("/inbox")
@@ -346,6 +351,12 @@ def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> HTMLResponse:
             return _inbox(rt, who, no_filters, notice=Notice(
                 f"You handed “{_title(found)}” to {target.label if target else to}."))
         entry = entry_from_form(found.interrupt, form)
+        if commands.approves(entry) and commands.reviewers_may_edit(rt, found.run.agent,
+                                                                    found.interrupt):
+            edited = input_from_form(found.interrupt, form)
+            if edited is not None:
+                entry = entry.model_copy(update={"metadata": {
+                    **(entry.metadata or {}), "replaceInput": edited}})
         answers.answer(rt, opened, entry, channel="inbox")
     except Invalid as exc:
         errors = (exc.detail or {}).get("errors") if isinstance(exc.detail, dict) else None
@@ -477,15 +488,25 @@ async def events(request: Request, rt: Rt) -> Response:
     def refs() -> frozenset[str]:
         return frozenset(w.ref for w in waiting.waiting_for(rt, who.reviewer).items)
 
+    def pulse() -> tuple[int, list[tuple[str, int]]]:
+        # Two cheap reads: a run that parks, resumes or ends changes one or the other.
+        runs = rt.store.runs
+        return runs.count(Status.INTERRUPTED), runs.newest(Status.INTERRUPTED, 1)
+
     async def changes() -> AsyncIterator[str]:
-        seen = await run_in_threadpool(refs)
+        seen, beat = await run_in_threadpool(lambda: (refs(), pulse()))
         yield "retry: 5000\n\n"
-        while True:
+        for polls in itertools.count(1):
             await asyncio.sleep(POLL_S)
-            now = await run_in_threadpool(refs)
-            if now != seen:
-                seen = now
-                yield f"event: changed\ndata: {len(now)}\n\n"
+            now = await run_in_threadpool(pulse)
+            # The whole list is read again when runs moved, and now and then regardless:
+            # a hand-over or an escalation reaching this reviewer moves no run.
+            if now == beat and polls % _FULL_EVERY:
+                continue
+            beat, found = now, await run_in_threadpool(refs)
+            if found != seen:
+                seen = found
+                yield f"event: changed\ndata: {len(found)}\n\n"
     return EventStreamResponse(changes(), media_type="text/event-stream",
                                headers={**STREAM_HEADERS, "Cache-Control": "no-store"})
 

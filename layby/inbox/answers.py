@@ -128,12 +128,14 @@ def answer(rt: Runtime, opened: Opened, entry: ResumeEntry, *, channel: str,
     if opened.is_open and grant.version != run.version:
         raise BadToken(f"this token was issued for version {grant.version} of run {run.id}, "
                        f"which is now at version {run.version}", run_id=run.id)
-    if entry.metadata and "replaceInput" in entry.metadata:
+    if entry.metadata and "replaceInput" in entry.metadata and not \
+            commands.reviewers_may_edit(rt, run.agent, opened.interrupt):
         # Reviewers approve or decline what the agent asked for; changing what the tool
-        # runs with is for the run's owner.
-        raise Invalid("reviewers cannot change the tool's input (metadata.replaceInput); "
-                      "approve or decline it, or ask the run's owner to change it through "
-                      "/v1", run_id=run.id)
+        # runs with is for the run's owner, unless the tool lets reviewers edit it.
+        raise Invalid("reviewers cannot change the tool's input (metadata.replaceInput) of "
+                      f"{opened.interrupt.tool_name!r}: approve or decline it, or ask the "
+                      "run's owner to change it through /v1 (or declare the tool with "
+                      "allow_edit=True)", run_id=run.id)
     entry = entry.model_copy(update={"interrupt_id": opened.interrupt.id})
     return commands.answer(rt, run.id, [entry], by=f"reviewer:{opened.reviewer.id}",
                            channel=channel, idempotency_key=idempotency_key)

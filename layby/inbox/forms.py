@@ -107,6 +107,39 @@ def entry_from_form(interrupt: Interrupt, form: Mapping[str, str]) -> ResumeEntr
     return entry
 
 
+EDIT = "input."  # what a field of the call's arguments is named after, in an edit
+
+
+def input_fields(interrupt: Interrupt) -> list[Field]:
+    """The call's arguments as fields to edit (`input.<name>`), each showing its value now;
+    empty when the input schema names no properties to edit one by one."""
+    schema = interrupt.input_schema or None
+    current = interrupt.tool_input if isinstance(interrupt.tool_input, dict) else {}
+    required = set(schema.get("required") or []) if schema else set()
+    fields = []
+    for name, prop in properties_of(schema).items():
+        field = _field(EDIT + name, prop, name in required, label=prop.get("title")
+                       or _humanize(name))
+        if field is not None:
+            field.value = _shown(current.get(name), field.schema) if name in current else ""
+            fields.append(field)
+    return fields
+
+
+def input_from_form(interrupt: Interrupt, form: Mapping[str, str]) -> Any:
+    """The arguments an edit posted, or None when the form changes nothing (or carries no
+    edit); raises `Invalid` naming the fields that cannot be read."""
+    fields = input_fields(interrupt)
+    if not any(f.name in form for f in fields):
+        return None
+    values, errors = _read_fields(fields, form)
+    if errors:
+        raise _invalid(errors)
+    current = interrupt.tool_input if isinstance(interrupt.tool_input, dict) else {}
+    edited = {**current, **{name.removeprefix(EDIT): v for name, v in values.items()}}
+    return None if edited == current else edited
+
+
 # -- building fields -----------------------------------------------------------------------
 
 def _confirmation_fields(schema: dict[str, Any] | None) -> list[Field]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from layby.generation.messages import Message
-from layby.inbox.forms import Form, form_for
+from layby.inbox.forms import EDIT, Form, form_for, input_fields
 from layby.inbox.pages import field_controls, templates
 from layby.inbox.waiting import Answered, Listing, Waiting
 
@@ -60,13 +60,16 @@ def render_inbox(who: Signed, listing: Listing, *, filters: Mapping[str, str | N
                  notice: Notice | None = None,
                  errors: Mapping[str, list[dict[str, Any]]] | None = None,
                  values: Mapping[str, Mapping[str, str]] | None = None,
+                 editable: frozenset[str] = frozenset(),
                  refresh_url: str = "/inbox?partial=1", partial: bool = False) -> str:
     """The requests waiting for the reviewer, each with its form; `errors` and `values`
-    (by request ref) show a refused answer again beside what was typed. `partial`: the
-    list alone, for the page's script to swap in."""
+    (by request ref) show a refused answer again beside what was typed; `editable`: the
+    requests whose arguments the reviewer may edit. `partial`: the list alone, for the
+    page's script to swap in."""
     errors, values = errors or {}, values or {}
     context = {
-        "items": [_item(w, errors.get(w.ref, []), values.get(w.ref), handover_to.get(w.ref, []))
+        "items": [_item(w, errors.get(w.ref, []), values.get(w.ref), handover_to.get(w.ref, []),
+                        w.ref in editable)
                   for w in listing.items],
         "truncated": listing.truncated, "filtered": any(filters.values()),
         "csrf": who.csrf,
@@ -103,14 +106,18 @@ def _signed(who: Signed) -> dict[str, Any]:
 
 
 def _item(w: Waiting, errors: list[dict[str, Any]], values: Mapping[str, str] | None,
-          handover_to: list[tuple[str, str]]) -> dict[str, Any]:
+          handover_to: list[tuple[str, str]], editable: bool) -> dict[str, Any]:
     form = form_for(w.interrupt)
+    edit = Form("fields", input_fields(w.interrupt)) if editable else None
     why = "; ".join(w.why)
     return {"waiting": w, "why": why[:1].upper() + why[1:], "form": form,
             "controls": _controls(w, form, errors, values), "errors": errors,
             "left": time_left(w.left_s),
             "soon": w.left_s is not None and w.left_s < 3600,
-            "conversation": conversation(w.run.messages), "handover_to": handover_to}
+            "conversation": conversation(w.run.messages), "handover_to": handover_to,
+            "edit_controls": _controls(w, edit, errors, values) if edit else [],
+            # Shown open again when an answer that carried an edit was refused.
+            "editing": bool(errors and values and any(k.startswith(EDIT) for k in values))}
 
 
 def _controls(w: Waiting, form: Form, errors: list[dict[str, Any]],
