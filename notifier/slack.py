@@ -24,7 +24,14 @@ from layby.generation.interrupts import Interrupt
 from layby.notifier.mail import PermanentFailure
 from layby.reviewers.config import Reviewers
 from layby.reviewers.schemas import is_confirmation
-from layby.wire import Answer, InterruptState, InterruptView, Notification, RunView
+from layby.wire import (
+    Answer,
+    Delegation,
+    InterruptState,
+    InterruptView,
+    Notification,
+    RunView,
+)
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +281,14 @@ def refresh(settings: Settings, reviewers: Reviewers, run: RunView,
             channel, _, ts = message.partition("/")
             try:
                 if interrupt.state is InterruptState.OPEN:
-                    if approval and interrupt.required_approvals > 1:
+                    handed = _handed_on(run, interrupt, message)
+                    if handed is not None:  # its reviewer gave it to someone else
+                        call(settings, "chat.update", channel=channel, ts=ts,
+                             text=handed_text(handed, label),
+                             blocks=[*request_blocks(run, interrupt),
+                                     _section(handed_text(handed, label))])
+                        updated += 1
+                    elif approval and interrupt.required_approvals > 1:
                         call(settings, "chat.postMessage", channel=channel, thread_ts=ts,
                              text=progress(interrupt, label))
                         call(settings, "chat.update", channel=channel, ts=ts,
@@ -289,6 +303,19 @@ def refresh(settings: Settings, reviewers: Reviewers, run: RunView,
                 log.warning("run %s: could not update Slack message %s: %s", run.id, message,
                             exc, extra={"run_id": run.id, "interrupt_id": interrupt.id})
     return updated
+
+
+def _handed_on(run: RunView, interrupt: InterruptView, message: str) -> Delegation | None:
+    """The hand-over by the reviewer a message was sent to, if they handed the request on."""
+    handed = {d.reviewer: d for d in interrupt.delegations}
+    return next((handed[n.reviewer] for n in run.notifications
+                 if n.message == message and n.reviewer in handed), None)
+
+
+def handed_text(handed: Delegation, label: Any = None) -> str:
+    name = label if callable(label) else _mrkdwn
+    return (f":arrow_right_hook: *Handed on* to {name(handed.to)} by {name(handed.reviewer)} "
+            f"via {handed.channel} {_when(handed.at)}: this message no longer answers it.")
 
 
 def _labeller(reviewers: Reviewers) -> Any:

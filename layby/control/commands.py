@@ -329,6 +329,8 @@ def delegate(rt: Runtime, run_id: str, interrupt_id: str, *, reviewer: str, to: 
     log.info("interrupt %s of run %s handed from %s to %s via %s", interrupt_id, run_id,
              reviewer, to, channel, extra={"run_id": run_id, "interrupt_id": interrupt_id})
     rt.publish(result.entries)
+    # The giver's Slack message no longer answers it: it says so, without its buttons.
+    update_slack(rt, run_id, [interrupt_id])
     return result
 
 

@@ -340,9 +340,10 @@ def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> HTMLResponse:
     if found is None:
         return _inbox(rt, who, no_filters, status=409, notice=Notice(
             _gone(rt, ref), "errors"))
-    opened = answers.open_for(rt, who.reviewer, found.run.id, found.interrupt.id)
     handing_on = form.get("_action") == "delegate"
     try:
+        # Inside: handed on or gone since it was found, it is refused on the page too.
+        opened = answers.open_for(rt, who.reviewer, found.run.id, found.interrupt.id)
         if handing_on:
             to = form.get("delegate_to", "").strip()
             answers.delegate(rt, opened, to, channel="inbox",
@@ -486,7 +487,7 @@ async def events(request: Request, rt: Rt) -> Response:
         return _page(render_sign_in("ask"), 401)
 
     def refs() -> frozenset[str]:
-        return frozenset(w.ref for w in waiting.waiting_for(rt, who.reviewer).items)
+        return waiting.refs_for(rt, who.reviewer)
 
     def pulse() -> tuple[int, list[tuple[str, int]]]:
         # Two cheap reads: a run that parks, resumes or ends changes one or the other.

@@ -72,6 +72,7 @@ def render_inbox(who: Signed, listing: Listing, *, filters: Mapping[str, str | N
                         w.ref in editable)
                   for w in listing.items],
         "truncated": listing.truncated, "filtered": any(filters.values()),
+        "total": listing.total,
         "csrf": who.csrf,
     }
     if partial:

@@ -5,12 +5,16 @@ them or a group of theirs (the default group when it names nobody), an escalatio
 reaches them has come, or someone handed it to them. The same rule lets them answer it, so
 the list never shows what the reviewer cannot answer, nor hides what they can.
 
-The lists are read from the runs themselves: the newest `SCAN` waiting runs for the inbox,
-and the newest `HISTORY_SCAN` runs of any state for the history.
+The lists are read from the runs themselves. The inbox reads the open interrupts of the
+newest `SCAN` waiting runs (their specs and reviews, not their histories; for the live
+inboxes at most once per `FRESH_S` for the whole process), picks the reviewer's, orders
+them by urgency, and reads in full only the `PAGE` most urgent, which also drops any
+answered since. The history reads the newest `HISTORY_SCAN` runs of any state.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,9 +27,13 @@ from layby.reviewers.directory import Directory, Reviewer
 from layby.reviewers.schemas import is_confirmation
 from layby.wire import InterruptState, InterruptView, RunView, Status
 
-SCAN = 2000  # waiting runs read for one inbox page, newest first
+SCAN = 5_000  # waiting runs whose open interrupts one inbox page reads, newest first
+# One read of the waiting runs serves every live inbox of the process for this long: many
+# reviewers watching cost the store one read, not one each. (A page reads afresh.)
+FRESH_S = 2.0
+PAGE = 100  # requests an inbox page shows, the most urgent first
 HISTORY_SCAN = 500  # runs of any state read for the history, newest first
-_CHUNK = 100  # runs read per round trip
+_CHUNK = 500  # runs read per round trip
 
 
 @dataclass(frozen=True)
@@ -53,15 +61,32 @@ class Waiting:
 
 @dataclass
 class Listing:
-    """An inbox page: the requests that pass the filters, most urgent first, and the
-    agents, tools and reasons to filter by (of every request, filtered or not)."""
+    """An inbox page: the most urgent requests that pass the filters (at most `PAGE`), how
+    many pass them, and the agents, tools and reasons to filter by (of every request,
+    filtered or not)."""
 
     items: list[Waiting]
+    total: int = 0
     agents: list[str] = field(default_factory=list)
     tools: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
-    # More waiting runs than one page reads: the oldest are not shown.
+    # More waiting runs than one page reads: the oldest are not looked at.
     truncated: bool = False
+
+
+@dataclass(frozen=True)
+class _Open:
+    """A request as the list picks and orders it, before its run is read whole."""
+
+    run_id: str
+    agent: str
+    interrupt: InterruptView
+    why: list[str]
+    left_s: float | None
+
+    @property
+    def ref(self) -> str:
+        return f"{self.run_id}/{self.interrupt.id}"
 
 
 @dataclass(frozen=True)
@@ -104,35 +129,75 @@ def why(directory: Directory, intr: InterruptView, reviewer_id: str, now: float)
     return found
 
 
+_read_lock = threading.Lock()
+_last_read: dict[int, tuple[float, list[tuple[str, str, list[InterruptView]]]]] = {}
+
+
+def _open_interrupts(rt: Runtime, max_age_s: float
+                     ) -> list[tuple[str, str, list[InterruptView]]]:
+    """(run id, agent, open interrupts) of the newest `SCAN` waiting runs, as read at most
+    `max_age_s` ago. One read at a time: whoever asks meanwhile waits for it."""
+    with _read_lock:
+        last = _last_read.get(id(rt))
+        if last is not None and time.monotonic() - last[0] < max_age_s:
+            return last[1]
+        run_ids = [run_id for run_id, _ in rt.store.runs.newest(Status.INTERRUPTED, SCAN)]
+        found = [item for at in range(0, len(run_ids), _CHUNK)
+                 for item in rt.store.open_interrupts(run_ids[at:at + _CHUNK])]
+        _last_read[id(rt)] = (time.monotonic(), found)
+        return found
+
+
+def _open_for(rt: Runtime, reviewer: Reviewer, now: float, max_age_s: float = 0.0
+              ) -> list[_Open]:
+    """Every open request `reviewer` may answer now, the most urgent first: the soonest to
+    expire, then the longest waiting."""
+    directory = rt.reviewers.directory()
+    found: list[_Open] = []
+    for run_id, agent, interrupts in _open_interrupts(rt, max_age_s):
+        for intr in interrupts:
+            reasons = why(directory, intr, reviewer.id, now)
+            if reasons:
+                expires = routing.epoch(intr.expires_at)
+                found.append(_Open(run_id, agent, intr, reasons,
+                                   None if expires is None else expires - now))
+    found.sort(key=lambda o: (o.left_s is None, o.left_s or 0.0,
+                              o.interrupt.created_at or ""))
+    return found
+
+
+def refs_for(rt: Runtime, reviewer: Reviewer) -> frozenset[str]:
+    """The requests (`<run id>/<interrupt id>`) waiting for `reviewer` now: what a live
+    inbox compares to see whether its list changed."""
+    return frozenset(o.ref for o in _open_for(rt, reviewer, time.time(), FRESH_S))
+
+
 def waiting_for(rt: Runtime, reviewer: Reviewer, *, agent: str | None = None,
                 tool: str | None = None, reason: str | None = None,
                 now: float | None = None) -> Listing:
-    """The open requests `reviewer` may answer now, most urgent first (the soonest to
-    expire, then the longest waiting), and those the filters keep."""
+    """The open requests `reviewer` may answer now that the filters keep, the most urgent
+    `PAGE` of them read whole."""
     now = time.time() if now is None else now
-    directory = rt.reviewers.directory()
-    everything: list[Waiting] = []
-    for run in _runs(rt, Status.INTERRUPTED, SCAN + 1):
-        for intr in run.interrupts:
-            if intr.state is not InterruptState.OPEN:
-                continue
-            reasons = why(directory, intr, reviewer.id, now)
-            if not reasons:
-                continue
-            expires = routing.epoch(intr.expires_at)
+    everything = _open_for(rt, reviewer, now)
+    kept = [o for o in everything
+            if (agent is None or o.agent == agent)
+            and (tool is None or o.interrupt.tool_name == tool)
+            and (reason is None or o.interrupt.reason == reason)]
+    runs = {run.id: run for run in rt.store.views(list(dict.fromkeys(
+        o.run_id for o in kept[:PAGE])))}
+    items = []
+    for o in kept[:PAGE]:
+        run = runs.get(o.run_id)
+        # Read again whole, a moment later: still open, and its approvals as they are now.
+        intr = next((i for i in run.interrupts if i.id == o.interrupt.id), None) \
+            if run else None
+        if run is not None and intr is not None and intr.state is InterruptState.OPEN:
             mine = any(a.answered_by == f"reviewer:{reviewer.id}" for a in intr.approvals)
-            everything.append(Waiting(run, intr, reasons, mine,
-                                      None if expires is None else expires - now))
-    everything.sort(key=lambda w: (w.left_s is None, w.left_s or 0.0,
-                                   w.interrupt.created_at or ""))
-    kept = [w for w in everything
-            if (agent is None or w.run.agent == agent)
-            and (tool is None or w.interrupt.tool_name == tool)
-            and (reason is None or w.interrupt.reason == reason)]
-    return Listing(kept,
-                   agents=sorted({w.run.agent for w in everything}),
-                   tools=sorted({w.interrupt.tool_name for w in everything}),
-                   reasons=sorted({w.interrupt.reason for w in everything}),
+            items.append(Waiting(run, intr, o.why, mine, o.left_s))
+    return Listing(items, total=len(kept),
+                   agents=sorted({o.agent for o in everything}),
+                   tools=sorted({o.interrupt.tool_name for o in everything}),
+                   reasons=sorted({o.interrupt.reason for o in everything}),
                    truncated=rt.store.runs.count(Status.INTERRUPTED) > SCAN)
 
 

@@ -925,6 +925,34 @@ class Store:
                  for at, run_id in enumerate(run_ids))
         return [view for view in found if view is not None]
 
+    def open_interrupts(self, run_ids: Sequence[str]
+                        ) -> list[tuple[str, str, list[InterruptView]]]:
+        """(run id, agent, its open interrupts with their reviews) of each run of `run_ids`
+        that waits: two round trips reading neither histories nor notifications, for
+        lists over many runs (the reviewers' inbox)."""
+        located = self._located(run_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id, keys in zip(run_ids, located, strict=True):
+            pipe.hmget(keys.run(run_id), "agent", "open")
+        heads = [(run_id, keys, agent, sorted(_open(open_ids)))
+                 for run_id, keys, (agent, open_ids)
+                 in zip(run_ids, located, pipe.execute(), strict=True)
+                 if agent is not None and open_ids]
+        if not heads:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id, keys, _, open_ids in heads:
+            pipe.hmget(keys.run(run_id), *[INTERRUPT + i for i in open_ids])
+            pipe.hgetall(keys.review(run_id))
+        replies = pipe.execute()
+        found = []
+        for at, (run_id, _, agent, open_ids) in enumerate(heads):
+            specs, review = replies[2 * at], _reviews(replies[2 * at + 1])
+            found.append((run_id, agent, [
+                InterruptView.of(codecs.interrupt(i, raw), None, True, review.get(i))
+                for i, raw in zip(open_ids, specs, strict=True) if raw is not None]))
+        return found
+
     def _read_view(self, pipe: Any, keys: Keys, run_id: str) -> None:
         pipe.hgetall(keys.run(run_id))
         pipe.hgetall(keys.answers(run_id))
