@@ -1,9 +1,10 @@
 """Concurrent answers: fifty answers fired at once at each run's one approval, over every
 channel together (the API, the answer page, the inbound-mail webhook, an SMTP reply,
 callbacks carrying Alice's or hookbot's token or signed by hookbot, Alice's Slack answer
-modal), every process at DEBUG. Exactly one may be taken and recorded; every other one is
-refused as answered already (409, 550 by SMTP, the modal's errors in Slack's 200), the run
-resumes once, and the money moves once."""
+modal, Alice's inbox), and at one more run's through the inbox alone (fifty presses of
+Approve in one reviewer's session: tabs, double clicks), every process at DEBUG. Exactly
+one may be taken and recorded; every other one is refused as answered already (409, 550 by
+SMTP, the modal's errors in Slack's 200), the run resumes once, and the money moves once."""
 
 from __future__ import annotations
 
@@ -14,7 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from faults.common import Outcome, Size, transfers
-from faults.reviewing import RACING, SLACK_MODAL, Attempt, Parked, approve, park, reviewed
+from faults.reviewing import (
+    INBOX,
+    RACING,
+    SLACK_MODAL,
+    Attempt,
+    Parked,
+    approve,
+    park,
+    reviewed,
+    sign_in,
+)
 from tests.reviewers import ReviewedSystem
 from tests.sse import history
 from tests.test_reviewer_answers import finished
@@ -26,12 +37,14 @@ PER_INTERRUPT = 50
 def run(size: Size, folder: Path) -> Outcome:
     count = size.pick(short=5, full=40)
     with reviewed(folder) as system:
-        runs = park(system, count)
+        runs = park(system, count + 1, inbox=sign_in(system))
         attempts: dict[str, list[Attempt]] = {}
         took: list[float] = []
-        for parked in runs:
+        for n, parked in enumerate(runs):
             started = time.monotonic()
-            attempts[parked.run_id] = burst(system, parked)
+            # The last run's answers all come from the one session: the inbox racing itself.
+            channels = (INBOX,) if n == count else RACING
+            attempts[parked.run_id] = burst(system, parked, channels)
             took.append(time.monotonic() - started)
         ends = {r.run_id: finished(system, r.run_id) for r in runs}
         result = outcome(system, runs, attempts, ends)
@@ -39,14 +52,15 @@ def run(size: Size, folder: Path) -> Outcome:
         return result
 
 
-def burst(system: ReviewedSystem, run: Parked) -> list[Attempt]:
+def burst(system: ReviewedSystem, run: Parked, channels: tuple[str, ...] = RACING
+          ) -> list[Attempt]:
     """PER_INTERRUPT answers to `run`, the channels taking turns, let go together (a
     barrier) so that they race for the one interrupt."""
     attempts: list[Attempt | None] = [None] * PER_INTERRUPT
     gate = threading.Barrier(PER_INTERRUPT)
 
     def send(i: int) -> None:
-        channel = RACING[i % len(RACING)]
+        channel = channels[i % len(channels)]
         gate.wait()
         attempts[i] = approve(system, run, channel, f"{channel} {i}")
 
@@ -100,6 +114,8 @@ def outcome(system: ReviewedSystem, runs: list[Parked],
         "answers taken": sum(c["taken"] for c in checks),
         "taken by channel": dict(Counter(c["winner"] for c in checks if c["winner"])),
         "refusals by status": dict(sorted(Counter(a.code for a in refused).items())),
+        "refusals by channel and status": dict(sorted(Counter(
+            f"{a.channel} {a.code}" for a in refused).items())),
         "answered events": sum(c["answered events"] for c in checks),
         "resumes": sum(c["resumes"] for c in checks),
         "completed": sum(c["completed"] for c in checks),

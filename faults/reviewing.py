@@ -3,8 +3,8 @@ process at DEBUG (an SMTP server asking for a login, the inbound-mail webhook be
 secret, a webhook reviewer), runs parked on their approval, and each way one is answered
 (the API, the answer page, the inbound-mail webhook, an SMTP reply, a callback carrying
 Alice's or hookbot's token, a callback signed by hookbot, Alice's Slack answer modal, signed
-as Slack signs it, against a local server speaking Slack's Web API), each reporting what it
-was told."""
+as Slack signs it, against a local server speaking Slack's Web API, Alice's inbox, signed in
+by the link mailed to her), each reporting what it was told."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ from pathlib import Path
 
 import httpx
 
+from layby.http.inbox import COOKIE
 from layby.ops.embedded import EmbeddedRedis
 from tests import slack
+from tests.harness import wait_until
 from tests.reviewers import (
     ReviewedSystem,
     SmtpServer,
@@ -77,22 +79,60 @@ def reviewed(folder: Path) -> Iterator[ReviewedSystem]:
 
 
 @dataclass(frozen=True)
+class Session:
+    """A reviewer signed in to the inbox: the session cookie, and the CSRF token every form
+    of their inbox carries."""
+
+    cookie: str
+    csrf: str
+
+
+def sign_in(reviewed: ReviewedSystem, address: str = ALICE) -> Session:
+    """Sign in to the inbox as a reviewer does: ask for a link, take it from the mail, press
+    Sign in (a POST to the link), then read the CSRF token from the inbox page."""
+    base = reviewed.system.base_url
+
+    def links() -> list[EmailMessage]:
+        return [m for m in reviewed.smtp.mails_to(address) if "sign-in" in m["Subject"]]
+
+    before = len(links())
+    asked = httpx.post(f"{base}/inbox/sign-in", data={"email": address}, timeout=60)
+    asked.raise_for_status()
+    mail = wait_until(lambda: len(found := links()) > before and found[-1], 60,
+                      what=f"the inbox sign-in link mailed to {address}")
+    signed = httpx.post(link_in(mail, "/inbox/sign-in/"), timeout=60)
+    cookie = signed.cookies.get(COOKIE)
+    if signed.status_code != 303 or not cookie:
+        raise RuntimeError(f"the inbox sign-in link did not sign {address} in: "
+                           f"{signed.status_code} {_reason(signed)}")
+    page = httpx.get(f"{base}/inbox", cookies={COOKIE: cookie}, timeout=60)
+    csrf = re.search(r'name="_csrf" value="([^"]+)"', page.text)
+    if csrf is None:
+        raise RuntimeError(f"no inbox for {address}: {page.status_code} {_reason(page)}")
+    return Session(cookie, csrf.group(1))
+
+
+@dataclass(frozen=True)
 class Parked:
     """A run waiting on its one approval, with what its reviewers were sent: Alice's mail
-    (its token in the reply address and the page link) and hookbot's webhook token."""
+    (its token in the reply address and the page link) and hookbot's webhook token; and
+    Alice's inbox session, where she was signed in."""
 
     run_id: str
     interrupt_id: str
     mail: EmailMessage
     hook_token: str
+    inbox: Session | None = None
 
     @property
     def page(self) -> str:
         return link_in(self.mail, "/review/").split("?")[0]
 
 
-def park(reviewed: ReviewedSystem, count: int, first: int = 1) -> list[Parked]:
-    """`count` demo.transfer runs, each parked on its approval and notified."""
+def park(reviewed: ReviewedSystem, count: int, first: int = 1,
+         inbox: Session | None = None) -> list[Parked]:
+    """`count` demo.transfer runs, each parked on its approval and notified; `inbox`, to
+    answer them in the inbox too."""
     ids = [reviewed.start_run("demo.transfer", f"Send {first + i} to Bob")["id"]
            for i in range(count)]
     parked = []
@@ -100,7 +140,7 @@ def park(reviewed: ReviewedSystem, count: int, first: int = 1) -> list[Parked]:
         reviewed.system.wait_status(run_id, "interrupted", timeout=60)
         mail = notification(reviewed, run_id)
         parked.append(Parked(run_id, mail["X-Layby-Interrupt"], mail,
-                             hook_token(reviewed, run_id)))
+                             hook_token(reviewed, run_id), inbox))
     return parked
 
 
@@ -195,18 +235,33 @@ def _by_slack_modal(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt
                    reply.status_code == 200 and shown == {"response_action": "clear"})
 
 
-SLACK_MODAL = "slack modal"
+def _by_inbox(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
+    """Alice presses Approve on the request in her inbox, with `note`: her session's cookie
+    and the CSRF token of her inbox's forms, as her browser sends them."""
+    session = run.inbox
+    if session is None:
+        raise ValueError("the run was parked without an inbox session: "
+                         "park(..., inbox=sign_in(system))")
+    form = {"_ref": f"{run.run_id}/{run.interrupt_id}", "_csrf": session.csrf,
+            "decision": "approve", "note": note}
+    return _http(INBOX, note, lambda: httpx.post(
+        f"{reviewed.system.base_url}/inbox/answer", data=form,
+        cookies={COOKIE: session.cookie}, timeout=60))
+
+
+SLACK_MODAL, INBOX = "slack modal", "inbox"
 SENDERS: dict[str, Callable[[ReviewedSystem, Parked, str], Attempt]] = {
     "api": _by_api, "page": _by_page, "inbound": _by_inbound, "smtp": _by_smtp,
     "mail token callback": _by_token_callback(lambda run: token_of(run.mail),
                                               "mail token callback"),
     "hook token callback": _by_token_callback(lambda run: run.hook_token,
                                               "hook token callback"),
-    "signed callback": _by_signed_callback, SLACK_MODAL: _by_slack_modal}
+    "signed callback": _by_signed_callback, SLACK_MODAL: _by_slack_modal, INBOX: _by_inbox}
 # The ways a reviewer (or their system) answers with an HTTP refusal or an SMTP one, and the
-# run's owner through the API; and with Slack, whose replies are 200s that say so.
-CHANNELS = tuple(c for c in SENDERS if c != SLACK_MODAL)
-RACING = (*CHANNELS, SLACK_MODAL)
+# run's owner through the API; then Slack, whose replies are 200s that say so, and the
+# inbox, which needs a reviewer signed in first (`sign_in`).
+CHANNELS = tuple(c for c in SENDERS if c not in (SLACK_MODAL, INBOX))
+RACING = (*CHANNELS, SLACK_MODAL, INBOX)
 
 
 def _http(channel: str, note: str, send: Callable[[], httpx.Response]) -> Attempt:
@@ -228,11 +283,12 @@ def _ignored(reply: httpx.Response) -> bool:
 
 def _reason(reply: httpx.Response) -> str:
     """What a reply says, in one line: a JSON error's message, the answer page's status
-    paragraph, or the start of the body."""
+    paragraph, the inbox's notice, or the start of the body."""
     try:
         return str(reply.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         pass
-    status = re.search(r'<p class="status">(.*?)</p>', reply.text, re.DOTALL)
+    status = re.search(r'<p class="(?:status|ok|errors)"(?: role="\w+")?>(.*?)</p>',
+                       reply.text, re.DOTALL)
     text = status.group(1) if status else reply.text
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())[:300]

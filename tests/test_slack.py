@@ -6,11 +6,14 @@ A request is posted with its buttons (a DM to a reviewer, a post to a group's ch
 click completes the run exactly once; forged, stale and unknown clicks are refused; a
 second click, or one after an email answer, records nothing and updates the message; a
 question is answered in a modal built from its schema; a quorum is made across Slack and
-the API, its progress in the message's thread."""
+the API, its progress in the message's thread, and across Slack and the reviewers' inbox
+(a reviewer's approval counting once whichever channels they use)."""
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -46,6 +49,9 @@ pytestmark = pytest.mark.integration
 
 DB = 11  # the reviewer tests' Valkey server, a database of this module's own
 ALICE_DM = "D" + ALICE[1:]
+# The inbox's reviewers named by a sign-in proxy's header (tests/test_inbox.py signs in by
+# the mailed link): the inbox as a reviewer sees it, over plain HTTP.
+TRUSTED_HEADER = "X-Forwarded-Email"
 POLICY = """\
 [[rules]]
 name = "large-transfers"
@@ -92,7 +98,8 @@ def slacked(reviewer_redis: EmbeddedRedis, api: SlackApi,
     tmp = tmp_path_factory.mktemp("slack")
     rules = tmp / "policy.toml"
     rules.write_text(POLICY)
-    with slack_reviewed(reviewer_redis, tmp, DB, api, LAYBY_POLICY_FILE=str(rules)) as system:
+    with slack_reviewed(reviewer_redis, tmp, DB, api, LAYBY_POLICY_FILE=str(rules),
+                        LAYBY_INBOX_TRUSTED_HEADER=TRUSTED_HEADER) as system:
         yield system
 
 
@@ -365,6 +372,144 @@ def test_a_quorum_across_slack_and_the_api_shows_its_progress_in_the_thread(
     assert approvals[1]["channel"] == "api"
     assert len(transfers_of(slacked, run_id)) == 1
     assert actions(wait_update(api, message, 2)) == []
+
+
+def inbox_of(slacked: ReviewedSystem, reviewer: str) -> tuple[str, str]:
+    """The reviewer's inbox page, and the CSRF token its forms carry."""
+    page = httpx.get(f"{slacked.system.base_url}/inbox", headers={TRUSTED_HEADER: reviewer},
+                     timeout=30)
+    assert page.status_code == 200, page.text
+    token = re.search(r'name="_csrf" value="([^"]+)"', page.text)
+    assert token is not None, page.text
+    return page.text, token.group(1)
+
+
+def in_inbox(page: str, interrupt_id: str) -> str:
+    """The words of one request's entry in an inbox page ("" when it is not listed)."""
+    found = re.search(rf'<article class="request" id="r-{interrupt_id}".*?</article>', page,
+                      re.DOTALL)
+    return " ".join(re.sub(r"<[^>]+>", " ", found.group(0)).split()) if found else ""
+
+
+def inbox_answer(slacked: ReviewedSystem, reviewer: str, run_id: str, interrupt_id: str,
+                 decision: str = "approve") -> httpx.Response:
+    """The reviewer presses Approve (or Decline) on the request in their inbox."""
+    _, token = inbox_of(slacked, reviewer)
+    return httpx.post(f"{slacked.system.base_url}/inbox/answer",
+                      headers={TRUSTED_HEADER: reviewer}, timeout=30,
+                      data={"_ref": f"{run_id}/{interrupt_id}", "_csrf": token,
+                            "decision": decision})
+
+
+def test_a_quorum_across_slack_and_the_inbox(slacked: ReviewedSystem, api: SlackApi) -> None:
+    """Two different reviewers must approve (test.quorum, asked of group everyone): Alice
+    clicks Approve in Slack, Bob approves in his inbox. Between the two the run waits and
+    both inboxes say 1 of 2; Alice approving again in her inbox records nothing; Bob's
+    approval resumes the run once, and the Slack messages then say it was approved via
+    the inbox."""
+    run_id, interrupt_id = parked(slacked, "test.quorum", "rocket")
+    alices = message_of(slacked, run_id)
+    bobs = message_of(slacked, run_id, reviewer="bob")
+    base = slacked.system.base_url
+
+    assert interaction(base, click(ALICE, "layby_approve", run_id,
+                                   interrupt_id)).status_code == 200
+    wait_update(api, alices)  # the count, in the message (and in its thread)
+    run = slacked.system.run(run_id)
+    assert run["status"] == "interrupted"
+    (approval,) = run["interrupts"][0]["approvals"]
+    assert (approval["answeredBy"], approval["channel"]) == ("reviewer:alice", "slack")
+
+    # Both inboxes list it with the count; Alice's says she approved, and has no form.
+    page, _ = inbox_of(slacked, "alice@example.com")
+    alice_sees = in_inbox(page, interrupt_id)
+    assert "Approvals 1 of 2 by reviewer:alice via slack" in alice_sees, alice_sees
+    assert "You approved this request. It waits for 1 more approval from other" in alice_sees
+    assert f'value="{run_id}/{interrupt_id}"' not in page  # nothing to answer it with
+    page, _ = inbox_of(slacked, "bob@example.com")
+    bob_sees = in_inbox(page, interrupt_id)
+    assert "Approvals 1 of 2 by reviewer:alice via slack" in bob_sees, bob_sees
+    assert "You approved" not in bob_sees
+    assert f'value="{run_id}/{interrupt_id}"' in page
+
+    # Alice again, in the inbox (a form from before her click): her approval counts once.
+    again = inbox_answer(slacked, "alice", run_id, interrupt_id)
+    assert again.status_code == 409, again.text
+    assert "Nothing was recorded: reviewer:alice already approved" in again.text
+    run = slacked.system.run(run_id)
+    assert run["status"] == "interrupted" and len(run["interrupts"][0]["approvals"]) == 1
+
+    # Bob in his inbox: the second approval; the run resumes, once.
+    done = inbox_answer(slacked, "bob", run_id, interrupt_id)
+    assert done.status_code == 200, done.text
+    assert "You approved “Launch rocket?”" in done.text
+    assert in_inbox(done.text, interrupt_id) == ""
+    finished = slacked.system.wait_status(run_id, "completed", timeout=60)
+    assert finished["result"] == "Launched: rocket"
+    intr = finished["interrupts"][0]
+    assert (intr["answer"]["answeredBy"], intr["answer"]["channel"]) == ("reviewer:bob",
+                                                                         "inbox")
+    assert [(a["answeredBy"], a["channel"]) for a in intr["approvals"]] == [
+        ("reviewer:alice", "slack"), ("reviewer:bob", "inbox")]
+    assert answered_count(slacked, run_id) == 1
+    assert len([e for e in history(slacked.system, run_id)
+                if e["event"] == "run.resuming"]) == 1
+    # Each one's inbox history has their approval, on the channel they gave it.
+    for reviewer, channel in (("alice", "slack"), ("bob", "inbox")):
+        page = httpx.get(f"{base}/inbox/history", headers={TRUSTED_HEADER: reviewer},
+                         timeout=30).text
+        rows = [" ".join(re.sub(r"<[^>]+>", " ", row).split())
+                for row in re.findall(r"<tr>.*?</tr>", page, re.DOTALL) if run_id in row]
+        assert len(rows) == 1 and rows[0].endswith(f"via {channel}"), rows
+        assert "Approved Launch rocket?" in rows[0]
+
+    # Both Slack messages say who gave the answer that closed it, via the inbox, and
+    # lose their buttons.
+    def closed_via_inbox(message: str) -> Call | None:
+        return next((c for c in updates(api, message) if "via inbox" in json.dumps(c.params)),
+                    None)
+
+    for message in (alices, bobs):
+        update = wait_until(functools.partial(closed_via_inbox, message), 60,
+                            what=f"the Slack message {message} updated after the inbox answer")
+        assert "*Approved* by <@U0BOB00001> via inbox" in json.dumps(update.params["blocks"])
+        assert actions(update) == []
+    # A click on Slack now records nothing.
+    before = len(ephemerals(api, BOB))
+    assert interaction(base, click(BOB, "layby_approve", run_id,
+                                   interrupt_id)).status_code == 200
+    assert "records nothing" in wait_ephemeral(api, BOB, before)
+    assert answered_count(slacked, run_id) == 1
+
+
+def test_the_other_way_round_an_inbox_approval_then_slack(slacked: ReviewedSystem,
+                                                           api: SlackApi) -> None:
+    """Bob approves in his inbox first; his Slack click then counts nothing (he is told
+    he approved already), and Alice's click is the second approval, the one recorded."""
+    run_id, interrupt_id = parked(slacked, "test.quorum", "probe")
+    message_of(slacked, run_id, reviewer="bob")
+    base = slacked.system.base_url
+    first = inbox_answer(slacked, "bob", run_id, interrupt_id)
+    assert first.status_code == 200, first.text
+    assert "It waits for 1 more approval(s) from other reviewers" in first.text
+
+    before = len(ephemerals(api, BOB))
+    assert interaction(base, click(BOB, "layby_approve", run_id,
+                                   interrupt_id)).status_code == 200
+    assert "already approved" in wait_ephemeral(api, BOB, before)
+    run = slacked.system.run(run_id)
+    assert run["status"] == "interrupted" and len(run["interrupts"][0]["approvals"]) == 1
+
+    assert interaction(base, click(ALICE, "layby_approve", run_id,
+                                   interrupt_id)).status_code == 200
+    done = slacked.system.wait_status(run_id, "completed", timeout=60)
+    assert done["result"] == "Launched: probe"
+    intr = done["interrupts"][0]
+    assert (intr["answer"]["answeredBy"], intr["answer"]["channel"]) == ("reviewer:alice",
+                                                                         "slack")
+    assert [(a["answeredBy"], a["channel"]) for a in intr["approvals"]] == [
+        ("reviewer:bob", "inbox"), ("reviewer:alice", "slack")]
+    assert answered_count(slacked, run_id) == 1
 
 
 # -- visible everywhere --------------------------------------------------------------------
