@@ -33,6 +33,10 @@ def page_url(settings: Settings, token: str) -> str:
     return f"{settings.public_url.rstrip('/')}/review/{token}"
 
 
+def inbox_url(settings: Settings, path: str = "") -> str:
+    return f"{settings.public_url.rstrip('/')}/inbox{path}"
+
+
 def reply_address(settings: Settings, token: str) -> str:
     return f"reply+{token}@{settings.inbound_domain}"
 
@@ -66,6 +70,7 @@ def notification_mail(settings: Settings, run: RunView, interrupt: Interrupt,
         "approve_url": f"{page}?decision=approve", "decline_url": f"{page}?decision=decline",
         "how_to": how_to_answer(interrupt), "expires_at": interrupt.expires_at,
         "run_id": run.id, "interrupt_id": interrupt.id, "reviewer": reviewer.label,
+        "inbox_url": inbox_url(settings),
     }
     mail = EmailMessage()
     mail["Subject"] = subject
@@ -84,10 +89,6 @@ def notification_mail(settings: Settings, run: RunView, interrupt: Interrupt,
     mail.set_content(_templates.get_template("email.txt").render(context))
     mail.add_alternative(_templates.get_template("email.html").render(context), subtype="html")
     return mail
-
-
-def inbox_url(settings: Settings, path: str = "") -> str:
-    return f"{settings.public_url.rstrip('/')}/inbox{path}"
 
 
 def sign_in_mail(settings: Settings, reviewer: Reviewer, link: str) -> EmailMessage:

@@ -67,3 +67,22 @@ def test_logs_never_show_a_sign_in_link() -> None:
     line = f'127.0.0.1:5555 - "GET /inbox/sign-in/{link} HTTP/1.1" 200'
     assert link not in scrub(line)
     assert "/inbox/sign-in/<token> HTTP/1.1" in scrub(line)
+
+
+def test_doctor_says_how_reviewers_sign_in_and_refuses_cookies_in_clear() -> None:
+    from layby.broker_config import Settings
+    from layby.ops.doctor import check_inbox
+
+    nothing = check_inbox(Settings(smtp_host=None))
+    assert nothing.ok and "no way to sign in" in nothing.message
+    mailed = check_inbox(Settings(smtp_host="smtp.example.com",
+                                  public_url="https://layby.example.com"))
+    assert mailed.ok and "link mailed" in mailed.message
+    proxied = check_inbox(Settings(inbox_trusted_header="X-Forwarded-Email",
+                                   public_url="https://layby.example.com"))
+    assert proxied.ok and "X-Forwarded-Email" in proxied.message
+    clear = check_inbox(Settings(smtp_host="smtp.example.com",
+                                 public_url="http://layby.example.com"))
+    assert not clear.ok and "unencrypted" in clear.message
+    local = check_inbox(Settings(smtp_host="127.0.0.1", public_url="http://127.0.0.1:8000"))
+    assert local.ok

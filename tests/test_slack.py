@@ -515,6 +515,29 @@ def test_the_other_way_round_an_inbox_approval_then_slack(slacked: ReviewedSyste
 # -- visible everywhere --------------------------------------------------------------------
 
 
+def test_a_hand_over_in_the_inbox_updates_the_givers_message(slacked: ReviewedSystem,
+                                                             api: SlackApi) -> None:
+    """Alice hands the transfer to Bob in her inbox: her Slack message says so and loses
+    its buttons, and a click on it records nothing."""
+    run_id, interrupt_id = parked(slacked, "demo.transfer", "Send 45 to Kim")
+    message = message_of(slacked, run_id)
+    _, token = inbox_of(slacked, "alice")
+    handed = httpx.post(f"{slacked.system.base_url}/inbox/answer",
+                        headers={TRUSTED_HEADER: "alice"}, timeout=30,
+                        data={"_ref": f"{run_id}/{interrupt_id}", "_csrf": token,
+                              "_action": "delegate", "delegate_to": "bob"})
+    assert handed.status_code == 200, handed.text
+    update = wait_update(api, message)
+    said = json.dumps(update.params)
+    assert "Handed on" in said and "via inbox" in said
+    assert actions(update) == []
+    before = len(ephemerals(api, ALICE))
+    interaction(slacked.system.base_url, click(ALICE, "layby_approve", run_id, interrupt_id))
+    assert "handed" in wait_ephemeral(api, ALICE, before)
+    assert slacked.system.run(run_id)["status"] == "interrupted"
+    assert answered_count(slacked, run_id) == 0
+
+
 def test_metrics_count_answers_given_in_slack(slacked: ReviewedSystem, api: SlackApi) -> None:
     run_id, interrupt_id = parked(slacked, "demo.transfer", "Send 310 to Bob")
     message_of(slacked, run_id)

@@ -139,16 +139,17 @@ async def _signed_in(rt: Runtime, request: Request, form: dict[str, str] | None 
     return who
 
 
-async def _form(request: Request) -> dict[str, str]:
-    form = await request.form(max_fields=MAX_PICKS + 50, max_files=0)
-    return {k: v for k, v in form.items() if isinstance(v, str)}
-
-
 async def _picks(request: Request) -> tuple[dict[str, str], list[str]]:
+    """A posted form's values, and the requests it ticked (`_pick`), each once. Its field
+    count is held to what a selection needs before anything is parsed further."""
     form = await request.form(max_fields=MAX_PICKS + 50, max_files=0)
     values = {k: v for k, v in form.items() if isinstance(v, str)}
     picks = [v for v in form.getlist("_pick") if isinstance(v, str)]
     return values, list(dict.fromkeys(picks))
+
+
+async def _form(request: Request) -> dict[str, str]:
+    return (await _picks(request))[0]
 
 
 def _guarded(handler: Any) -> Any:
@@ -282,6 +283,9 @@ def _filters(agent: str | None, tool: str | None, reason: str | None) -> dict[st
     return {"agent": agent or None, "tool": tool or None, "reason": reason or None}
 
 
+NO_FILTERS = _filters(None, None, None)
+
+
 def _handover_to(rt: Runtime, listing: waiting.Listing) -> dict[str, list[tuple[str, str]]]:
     """For each request, whom the reviewer may hand it to: reviewers who can be told (an
     email, a webhook or Slack), not asked already, who have not handed it on themselves."""
@@ -334,11 +338,10 @@ async def answer(request: Request, rt: Rt) -> Response:
 
 
 def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> HTMLResponse:
-    no_filters = _filters(None, None, None)
     ref = form.get("_ref", "")
     found = waiting.find(rt, who.reviewer, ref)
     if found is None:
-        return _inbox(rt, who, no_filters, status=409, notice=Notice(
+        return _inbox(rt, who, NO_FILTERS, status=409, notice=Notice(
             _gone(rt, ref), "errors"))
     handing_on = form.get("_action") == "delegate"
     try:
@@ -349,7 +352,7 @@ def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> HTMLResponse:
             answers.delegate(rt, opened, to, channel="inbox",
                              note=form.get("delegate_note", "").strip() or None)
             target = rt.reviewers.get(to)
-            return _inbox(rt, who, no_filters, notice=Notice(
+            return _inbox(rt, who, NO_FILTERS, notice=Notice(
                 f"You handed “{_title(found)}” to {target.label if target else to}."))
         entry = entry_from_form(found.interrupt, form)
         if commands.approves(entry) and commands.reviewers_may_edit(rt, found.run.agent,
@@ -361,17 +364,17 @@ def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> HTMLResponse:
         answers.answer(rt, opened, entry, channel="inbox")
     except Invalid as exc:
         errors = (exc.detail or {}).get("errors") if isinstance(exc.detail, dict) else None
-        return _inbox(rt, who, no_filters, status=422,
+        return _inbox(rt, who, NO_FILTERS, status=422,
                       errors={ref: errors or [{"path": "", "message": exc.message}]},
                       values={} if handing_on else {ref: form})
     except LaybyError as exc:  # a rival answered first, the run was cancelled, …
-        return _inbox(rt, who, no_filters, status=status_of(exc),
+        return _inbox(rt, who, NO_FILTERS, status=status_of(exc),
                       notice=Notice(f"Nothing was recorded: {exc.message}", "errors"))
     fresh = answers.reopen(rt, opened)
     done = outcome(fresh.interrupt) if not fresh.is_open else "approved"
     more = (f" It waits for {fresh.interrupt.required_approvals - len(fresh.interrupt.approvals)}"
             " more approval(s) from other reviewers." if fresh.is_open else "")
-    return _inbox(rt, who, no_filters, notice=Notice(
+    return _inbox(rt, who, NO_FILTERS, notice=Notice(
         f"You {done} “{_title(found)}”.{more}" if done in ("approved", "declined")
         else f"Your answer to “{_title(found)}” was recorded.{more}"))
 
@@ -407,9 +410,12 @@ async def bulk(request: Request, rt: Rt) -> Response:
     who = await _signed_in(rt, request, form)
 
     def confirm() -> HTMLResponse:
+        too_many = _too_many(rt, who, picks)
+        if too_many is not None:
+            return too_many
         chosen, skipped = _chosen(rt, who, picks)
         if not chosen:
-            return _inbox(rt, who, _filters(None, None, None), status=422, notice=Notice(
+            return _inbox(rt, who, NO_FILTERS, status=422, notice=Notice(
                 "Select the requests to approve first (tick “Select for approving at "
                 "once”): nothing was recorded." if not picks else
                 "None of the selected requests can be approved at once any more: nothing "
@@ -418,11 +424,15 @@ async def bulk(request: Request, rt: Rt) -> Response:
     return await run_in_threadpool(confirm)
 
 
+def _too_many(rt: Runtime, who: Who, picks: list[str]) -> HTMLResponse | None:
+    if len(picks) <= MAX_PICKS:
+        return None
+    return _inbox(rt, who, NO_FILTERS, status=422, notice=Notice(
+        f"{len(picks)} requests were selected; at most {MAX_PICKS} are approved at once: "
+        "nothing was recorded", "errors"))
+
+
 def _chosen(rt: Runtime, who: Who, picks: list[str]) -> tuple[list[waiting.Waiting], str | None]:
-    if len(picks) > MAX_PICKS:
-        raise _Refused(_inbox(rt, who, _filters(None, None, None), status=422, notice=Notice(
-            f"{len(picks)} requests were selected; at most {MAX_PICKS} are approved at "
-            "once: nothing was recorded", "errors")))
     found = [waiting.find(rt, who.reviewer, ref) for ref in picks]
     chosen = [w for w in found if w is not None and w.bulk_approvable]
     gone = len(picks) - len(chosen)
@@ -439,10 +449,9 @@ async def bulk_approve(request: Request, rt: Rt) -> Response:
     who = await _signed_in(rt, request, form)
 
     def approve() -> HTMLResponse:
-        if len(picks) > MAX_PICKS:
-            return _inbox(rt, who, _filters(None, None, None), status=422, notice=Notice(
-                f"at most {MAX_PICKS} requests are approved at once: nothing was recorded",
-                "errors"))
+        too_many = _too_many(rt, who, picks)
+        if too_many is not None:
+            return too_many
         results, approved = [], 0
         for ref in picks:
             w = waiting.find(rt, who.reviewer, ref)

@@ -19,6 +19,7 @@ from kombu.exceptions import OperationalError
 
 from layby.broker_config.settings import Settings, broker_shown
 from layby.control import connections
+from layby.notifier.mail import LOOPBACK
 from layby.parking import formats, iso, migrations
 from layby.parking.gauges import live_hosting, runs_by_version
 from layby.parking.keys import Keys
@@ -419,6 +420,25 @@ def check_smtp(settings: Settings) -> Check:
     return Check("smtp", True, f"{where} answers EHLO")
 
 
+def check_inbox(settings: Settings) -> Check:
+    """How reviewers sign in to `/inbox`, and whether their sessions travel encrypted."""
+    ways = []
+    if settings.inbox_trusted_header:
+        ways.append(f"named by a sign-in proxy's {settings.inbox_trusted_header} header "
+                    "(only that proxy may reach the gateway)")
+    if settings.smtp_host:
+        ways.append("by a link mailed to their directory address")
+    url = urlsplit(settings.public_url)
+    if ways and url.scheme != "https" and url.hostname not in LOOPBACK:
+        return Check("inbox", False, f"LAYBY_PUBLIC_URL is {url.scheme}://{url.hostname}: "
+                     "sign-in links and session cookies would cross the network unencrypted; "
+                     "serve the gateway behind TLS and give its https:// address")
+    if not ways:
+        return Check("inbox", True, "no way to sign in to /inbox: set LAYBY_SMTP_HOST (for "
+                     "sign-in links) or LAYBY_INBOX_TRUSTED_HEADER")
+    return Check("inbox", True, "reviewers sign in " + " or ".join(ways))
+
+
 def check_slack(settings: Settings) -> list[Check]:
     """Whether Slack's bot token works (`auth.test`) and every Slack user of the directory
     exists (`users.info`), when Slack is configured."""
@@ -556,6 +576,7 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
     checks.append(check_broker(settings, conf))
     checks.extend(check_celery(conf, settings))
     checks.append(check_smtp(settings))
+    checks.append(check_inbox(settings))
     checks.extend(check_reviewers(settings))
     checks.extend(check_slack(settings))
     return checks
