@@ -144,6 +144,7 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
             f"  data      {where['data_dir']}\n"
             f"  queues    {', '.join(worker_queues(settings))} (worker); {SWEEP} (sweeper)\n"
             f"  reviewers {where['reviewers']}\n"
+            f"  inbox     {where['gateway']}/inbox   (reviewers sign in with a mailed link)\n"
             f"  replies   {where['replies']}   (the reply listener)\n"
             + (f"  flower    {where['flower']}   (basic auth {where['flower_auth']})\n"
                if where["flower"] else "")
