@@ -12,7 +12,14 @@ from layby.demo.agents import TRIVIA_CHOICES, Approval
 from layby.errors import Invalid
 from layby.generation.interrupts import Interrupt, OnExpire
 from layby.http.errors import status_of
-from layby.inbox.forms import Field, Form, entry_from_form, form_for
+from layby.inbox.forms import (
+    Field,
+    Form,
+    entry_from_form,
+    form_for,
+    input_fields,
+    input_from_form,
+)
 from layby.inbox.pages import render_review
 from layby.reviewers.schemas import is_confirmation
 from layby.wire import Answer, InterruptView
@@ -533,3 +540,39 @@ def test_unknown_state_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown review page state"):
         render_review(agent="a", interrupt=None, reviewer_label=None, state="pending",
                       form=None)
+
+
+# -- editing a call's arguments (the inbox, for tools with allow_edit) ---------------------
+
+PAY_INPUT = {"type": "object", "properties": {
+    "to": {"type": "string"}, "amount": {"type": "integer", "exclusiveMinimum": 0},
+    "memo": {"type": "string"}}, "required": ["to", "amount"]}
+
+
+def paying(memo: str = "Rent\nfor March  ", to: str = "") -> Interrupt:
+    return Interrupt(id="int_1", reason="confirmation", tool_call_id="call_1",
+                     tool_name="pay", mode="restart", response_schema=APPROVAL,
+                     input_schema=PAY_INPUT, tool_input={"to": to, "amount": 250, "memo": memo})
+
+
+def test_arguments_posted_as_shown_are_no_edit() -> None:
+    """What the edit fields showed, posted back untouched (line breaks as browsers post
+    them, a required value that is empty), changes nothing: no replaceInput."""
+    intr = paying()
+    shown = {f.name: f.value for f in input_fields(intr)}
+    assert shown == {"input.to": "", "input.amount": "250", "input.memo": "Rent\nfor March  "}
+    assert {f.name: f.kind for f in input_fields(intr)}["input.memo"] == "textarea"
+    assert not any(f.required for f in input_fields(intr))
+    posted = {k: v.replace("\n", "\r\n") for k, v in shown.items()}
+    assert input_from_form(intr, posted) is None
+    assert input_from_form(intr, {}) is None
+
+
+def test_an_edited_argument_is_converted_and_the_rest_kept() -> None:
+    intr = paying(to="Bob")
+    assert input_from_form(intr, {"input.to": "Bob", "input.amount": " 40 ",
+                                  "input.memo": "Rent\r\nfor March  "}) == {
+        "to": "Bob", "amount": 40, "memo": "Rent\nfor March  "}
+    with pytest.raises(Invalid) as refused:
+        input_from_form(intr, {"input.amount": "forty"})
+    assert "Amount" in refused.value.message

@@ -194,7 +194,7 @@ def test_a_reviewer_signs_in_with_the_mailed_link_once(inboxed: ReviewedSystem,
     assert reply is not None and reply.status == 200
     assert "as Alice Martin" in words(page)
     assert reply.headers["cache-control"] == "no-store"
-    assert reply.headers["referrer-policy"] == "no-referrer"
+    assert reply.headers["referrer-policy"] == "same-origin"
     # Opened, not used: the inbox still asks who you are.
     page.goto(f"{base}/inbox")
     assert page.inner_text("h1") == "Sign in to your inbox"
@@ -516,3 +516,55 @@ def test_arguments_edited_before_approving_where_the_tool_allows_it(
     assert answer is not None
     assert answer["metadata"]["replaceInput"] == {"to": "Bob", "amount": 40}
     assert inboxed.system.run(other)["status"] == "interrupted"
+
+
+def test_forms_from_another_site_and_odd_proxy_headers_are_refused(
+        inboxed: ReviewedSystem) -> None:
+    """A form another site's page posts (a sign-in link's included: it would sign the
+    victim in as the attacker) is refused before it is read, and the link still works;
+    a proxy header given twice is refused; a mail's link to the inbox, which carries no
+    SameSite=Strict cookie, gets one step from this site instead of the sign-in form."""
+    base = inboxed.system.base_url
+    link = signin.make(parse_keys(TOKEN_KEYS), "link", "mallory", 900)
+    with httpx.Client(base_url=base, timeout=30) as http:
+        for elsewhere in ({"Sec-Fetch-Site": "cross-site"},
+                          {"Origin": "https://attacker.example"}):
+            refused = http.post(f"/inbox/sign-in/{link}", headers=elsewhere)
+            assert refused.status_code == 403
+            assert "another site" in refused.text
+            assert "set-cookie" not in refused.headers
+        used = http.post(f"/inbox/sign-in/{link}", headers={"Sec-Fetch-Site": "same-origin"})
+        assert used.status_code == 303 and "layby_inbox=" in used.headers["set-cookie"]
+
+        twice = http.get("/inbox", headers=[(TRUSTED_HEADER, BOB), (TRUSTED_HEADER, ALICE)])
+        assert twice.status_code == 400
+        assert "more than once" in twice.text
+
+    with httpx.Client(base_url=base, timeout=30) as http:  # no session cookie sent
+        hop = http.get("/inbox", headers={"Sec-Fetch-Site": "cross-site"})
+        assert hop.status_code == 200
+        assert '<meta http-equiv="refresh" content="0;url=/inbox">' in hop.text
+
+
+def test_an_approval_that_counts_cannot_be_handed_on(inboxed: ReviewedSystem) -> None:
+    """Bob approved a two-key launch in his inbox; handing it on to someone else then
+    would let his approval count twice: refused, the approvals unchanged."""
+    run_id, asks = parked(inboxed, "test.quorum", "rocket")
+    base = inboxed.system.base_url
+    with httpx.Client(base_url=base, timeout=30) as http:
+        page = http.get("/inbox", headers={TRUSTED_HEADER: BOB})
+        token = re.search(r'name="_csrf" value="([^"]+)"', page.text)
+        assert token is not None
+        ref = f"{run_id}/{asks}"
+        approved = http.post("/inbox/answer", headers={TRUSTED_HEADER: BOB}, data={
+            "_ref": ref, "_csrf": token.group(1), "decision": "approve"})
+        assert approved.status_code == 200, approved.text
+        handed = http.post("/inbox/answer", headers={TRUSTED_HEADER: BOB}, data={
+            "_ref": ref, "_csrf": token.group(1), "_action": "delegate",
+            "delegate_to": "mallory"})
+        assert handed.status_code == 409
+        assert "cannot be handed on" in handed.text
+    run = inboxed.system.run(run_id)
+    intr = next(i for i in run["interrupts"] if i["id"] == asks)
+    assert [a["answeredBy"] for a in intr["approvals"]] == ["reviewer:bob"]
+    assert intr["delegations"] == []

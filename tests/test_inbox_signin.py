@@ -42,7 +42,7 @@ def test_a_link_made_with_a_retired_key_or_altered_is_refused() -> None:
     other = signin.make(KEYS, "link", "mallory", 900).split(".")[1]
     with pytest.raises(signin.BadSignIn, match="signature does not match"):
         signin.read(KEYS, "link", f"{kid}.{other}.{mac}")
-    for junk in ("", "a.b", "x" * 5000, "new.!!.??"):
+    for junk in ("", "a.b", "x" * 5000, "new.!!.??", "new.x.\u00e9", "new.\u00e9.x"):
         with pytest.raises(signin.BadSignIn):
             signin.read(KEYS, "link", junk)
 
@@ -58,6 +58,7 @@ def test_the_csrf_token_belongs_to_its_session() -> None:
     assert signin.csrf_ok(KEYS, "session-1", token)
     assert not signin.csrf_ok(KEYS, "session-2", token)
     assert not signin.csrf_ok(KEYS, "session-1", "")
+    assert not signin.csrf_ok(KEYS, "session-1", "\u00e9" * 22)
     # Made before a rotation, it still holds for the session's life.
     assert signin.csrf_ok(KEYS, "s", signin.csrf_token(OLD_ONLY, "s"))
 

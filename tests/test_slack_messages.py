@@ -207,10 +207,12 @@ def test_a_signed_request_verifies() -> None:
 
 @pytest.mark.parametrize("change, says", [
     ({"secret": "another-secret"}, "does not verify"),
-    ({"at": time.time() - 6 * 60}, "more than 300 s"),
-    ({"at": time.time() + 6 * 60}, "more than 300 s"),
+    ({"at": -6 * 60}, "more than 300 s"),
+    ({"at": +6 * 60}, "more than 300 s"),
 ])
 def test_a_forged_or_stale_request_is_refused(change: dict[str, Any], says: str) -> None:
+    if "at" in change:  # from now, not from when the tests were collected
+        change = {"at": time.time() + change["at"]}
     with pytest.raises(inbound.BadSignature, match=says):
         inbound.verify(SIGNING_SECRET, b"payload=%7B%7D",
                        headers_of("payload=%7B%7D", **change))

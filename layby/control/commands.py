@@ -270,9 +270,12 @@ def _tool(rt: Runtime, agent_name: str, tool_name: str) -> Tool | None:
 def reviewers_may_edit(rt: Runtime, agent_name: str, interrupt: Interrupt) -> bool:
     """Whether reviewers may change the arguments of the call `interrupt` gates: a tool
     declared with `allow_edit=True` that runs again once approved (not an interrupt tool,
-    whose answer is its output)."""
+    whose answer is its output), approved by one reviewer."""
     found = _tool(rt, agent_name, interrupt.tool_name)
-    return bool(found and found.allow_edit and interrupt.mode == "restart")
+    # Not under a quorum: each approver would approve other arguments, and the last one's
+    # edit would run without the others having seen it.
+    return bool(found and found.allow_edit and interrupt.mode == "restart"
+                and interrupt.required_approvals <= 1)
 
 
 def _check_expiry(run_id: str, spec: Interrupt) -> None:
@@ -312,6 +315,10 @@ def delegate(rt: Runtime, run_id: str, interrupt_id: str, *, reviewer: str, to: 
     if any(d.reviewer == to for d in intr.delegations):
         raise Invalid(f"{target.label} handed this request on already; pick someone else",
                       run_id=run_id)
+    if any(a.answered_by == f"reviewer:{reviewer}" for a in intr.approvals):
+        # Their approval counts towards the quorum: handing on would let it count twice.
+        raise Conflict(f"{reviewer} approved this request already; an approval that counts "
+                       "cannot be handed on", run_id=run_id)
     if to in {r.id for r in rt.reviewers.asked_for(intr)}:
         raise Invalid(f"{target.label} is already asked for this request; pick someone "
                       "else", run_id=run_id)

@@ -17,14 +17,15 @@ import asyncio
 import functools
 import itertools
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
-from urllib.parse import urlencode
+from typing import Annotated, Any, TypeVar
+from urllib.parse import urlencode, urlsplit
 
+import anyio
 from fastapi import APIRouter, BackgroundTasks, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from layby.control import Runtime, commands
 from layby.errors import ConfigError, Invalid, LaybyError
@@ -45,10 +46,12 @@ from layby.inbox.inbox_pages import (
 )
 from layby.inbox.pages import outcome
 from layby.notifier import mail
+from layby.reviewers import routing
 from layby.reviewers.directory import Reviewer
 from layby.wire import Status
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 router = APIRouter(include_in_schema=False)
 
@@ -56,6 +59,7 @@ COOKIE = "layby_inbox"
 MAX_PICKS = 100  # requests approved at once
 POLL_S = 2.0  # how often a live inbox looks for new requests
 _FULL_EVERY = 15  # polls between full reads of the list when no run moved
+_PING_EVERY = 8  # polls between keep-alives
 Link = Annotated[str, Path(max_length=600)]
 Filter = Annotated[str | None, Query(max_length=200)]
 # Sign-in links mailed to one reviewer: at most this many per this long, so nobody can make
@@ -63,11 +67,21 @@ Filter = Annotated[str | None, Query(max_length=200)]
 _MAILS, _MAILS_PER_S = 5, 600
 
 
+# The inbox's share of the gateway's worker threads: a slow store or a long look through
+# the waiting runs holds these, never every thread the API's routes need.
+_LIMITER = anyio.CapacityLimiter(8)
+
+
+async def _in_thread(fn: Callable[..., _T], *args: Any) -> _T:
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=_LIMITER)
+
+
 @dataclass(frozen=True)
 class Who:
     reviewer: Reviewer
     session_id: str  # the CSRF token is made from it
     by_header: bool
+    expires: float | None = None  # the session's end (epoch seconds); None for a proxy's
 
 
 class _Refused(Exception):
@@ -80,11 +94,12 @@ def _page(html: str, status: int = 200) -> HTMLResponse:
 
 
 _HEADERS = {
-    # Sign-in links are in URLs: keep them out of caches and other sites' Referer headers.
-    "Cache-Control": "no-store", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+    # Sign-in links are in URLs: keep them out of caches and other sites' Referer headers
+    # (same-origin, not no-referrer: with no-referrer a browser posts `Origin: null`).
+    "Cache-Control": "no-store", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY",
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
     "script-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
-    "base-uri 'none'"}
+    "base-uri 'none'", "X-Content-Type-Options": "nosniff"}
 
 
 def _keys(rt: Runtime) -> dict[str, bytes]:
@@ -99,15 +114,22 @@ def _signed(rt: Runtime, who: Who) -> Signed:
 def _who(rt: Runtime, request: Request) -> Who | None:
     """The reviewer this request is from, or None when nobody is signed in."""
     header = rt.settings.inbox_trusted_header
-    named = request.headers.get(header) if header else None
+    named = request.headers.getlist(header) if header else []
     directory = rt.reviewers.directory()
     if named:
-        # Google's IAP writes "accounts.google.com:<email>".
-        value = named.strip().rpartition(":")[2] if "@" in named else named.strip()
-        reviewer = directory.by_email(value) or directory.reviewers.get(value)
+        value = named[0].strip()
+        if len(named) > 1 or not value or any(c in value for c in ", \t"):
+            # A proxy that appends to what the client sent, instead of replacing it.
+            raise _Refused(_page(render_sign_in(
+                "denied", message=f"the {header} header came more than once or holds more "
+                "than one name: the sign-in proxy must set it, replacing any the browser "
+                "sent"), 400))
+        value = value.removeprefix("accounts.google.com:")  # how Google's IAP writes it
+        reviewer = (directory.by_email(value) if "@" in value
+                    else directory.reviewers.get(value))
         if reviewer is None:
             raise _Refused(_page(render_sign_in(
-                "refused", message=f"your sign-in proxy names you as {value!r}, who is not "
+                "denied", message=f"your sign-in proxy names you as {value!r}, who is not "
                 "in layby's reviewer directory: ask whoever runs layby to add you"), 403))
         return Who(reviewer, f"header:{reviewer.id}", by_header=True)
     cookie = request.cookies.get(COOKIE)
@@ -120,28 +142,54 @@ def _who(rt: Runtime, request: Request) -> Who | None:
     if rt.store.has_seen(f"inbox-out:{session.nonce}"):
         return None  # signed out
     reviewer = directory.reviewers.get(session.reviewer)
-    return Who(reviewer, session.nonce, by_header=False) if reviewer else None
+    return Who(reviewer, session.nonce, False, session.expires) if reviewer else None
 
 
 async def _signed_in(rt: Runtime, request: Request, form: dict[str, str] | None = None) -> Who:
     """The reviewer a POST is from, its CSRF token checked; refuses (as a page) otherwise."""
-    who = await run_in_threadpool(_who, rt, request)
+    who = await _in_thread(_who, rt, request)
     if who is None:
         raise _Refused(_page(render_sign_in(
-            "refused", message="you are not signed in (or your session ended): sign in "
+            "denied", message="you are not signed in (or your session ended): sign in "
             "again; nothing was recorded"), 401))
     if form is not None and not signin.csrf_ok(_keys(rt), who.session_id,
                                                form.get("_csrf", "")):
         raise _Refused(_page(render_sign_in(
-            "refused", message="this form did not come from your inbox (its CSRF token is "
+            "denied", message="this form did not come from your inbox (its CSRF token is "
             "missing or wrong), so nothing was recorded: reload the inbox and try again"),
             403))
     return who
 
 
+def _from_elsewhere(rt: Runtime, request: Request) -> bool:
+    """Whether a browser posts this from another site's page. Browsers say where a POST
+    comes from (`Origin`, `Sec-Fetch-Site`); a client that is no browser says nothing, and
+    is no CSRF victim. Checked on every inbox POST, the sign-in ones too (a signed-in
+    attacker's link posted from their page would sign the victim in as them)."""
+    fetched = request.headers.get("sec-fetch-site")
+    if fetched is not None:
+        return fetched not in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    if origin is not None and origin != "null":
+        public = urlsplit(rt.settings.public_url)
+        own = {f"{request.url.scheme}://{request.url.netloc}",
+               f"{public.scheme}://{public.netloc}"}
+        return origin not in own
+    return False
+
+
+def _refuse_from_elsewhere(rt: Runtime, request: Request) -> None:
+    if _from_elsewhere(rt, request):
+        raise _Refused(_page(render_sign_in(
+            "denied", message="this form was posted from another site's page, so nothing "
+            "was recorded: use the inbox itself"), 403))
+
+
 async def _picks(request: Request) -> tuple[dict[str, str], list[str]]:
     """A posted form's values, and the requests it ticked (`_pick`), each once. Its field
-    count is held to what a selection needs before anything is parsed further."""
+    count is held to what a selection needs before anything is parsed further; a form
+    another site's page posts is refused before it is read."""
+    _refuse_from_elsewhere(request.app.state.runtime, request)
     form = await request.form(max_fields=MAX_PICKS + 50, max_files=0)
     values = {k: v for k, v in form.items() if isinstance(v, str)}
     picks = [v for v in form.getlist("_pick") if isinstance(v, str)]
@@ -231,7 +279,7 @@ def _link(rt: Runtime, link: str) -> signin.Signed:
 async def sign_in_page(link: Link, rt: Rt) -> Response:
     """Says whose link it is and asks to sign in: opening it signs nobody in (mail scanners
     open links), pressing the button does."""
-    signed = await run_in_threadpool(_link, rt, link)
+    signed = await _in_thread(_link, rt, link)
     reviewer = rt.reviewers.get(signed.reviewer)
     return _page(render_sign_in("confirm", signing_in_as=reviewer.label if reviewer
                                 else signed.reviewer))
@@ -240,15 +288,17 @@ async def sign_in_page(link: Link, rt: Rt) -> Response:
 @router.post("/inbox/sign-in/{link}")
 @_guarded
 async def sign_in(link: Link, request: Request, rt: Rt) -> Response:
+    _refuse_from_elsewhere(rt, request)
     def use() -> signin.Signed:
         signed = _link(rt, link)
-        left = max(1, int(signed.expires - rt.store.now_ms() / 1000) + 60)
+        # Kept past the link's end, by the clock its end is checked with.
+        left = max(1, int(signed.expires - time.time()) + 300)
         if not rt.store.first_sight(f"inbox-link:{signed.nonce}", left):
             raise _Refused(_page(render_sign_in(
                 "refused", message="this sign-in link was used already: each link signs "
                 "in once; ask for a new one"), 403))
         return signed
-    signed = await run_in_threadpool(use)
+    signed = await _in_thread(use)
     ttl = rt.settings.inbox_session_ttl_s
     session = signin.make(_keys(rt), "session", signed.reviewer, ttl)
     log.info("reviewer %s signed in to the inbox", signed.reviewer)
@@ -267,9 +317,10 @@ def _secure(rt: Runtime, request: Request) -> bool:
 async def sign_out(request: Request, rt: Rt) -> Response:
     form = await _form(request)
     who = await _signed_in(rt, request, form)
-    if not who.by_header:
-        ttl = rt.settings.inbox_session_ttl_s
-        await run_in_threadpool(rt.store.first_sight, f"inbox-out:{who.session_id}", ttl)
+    if not who.by_header and who.expires is not None:
+        # Kept until the session's own end: a signed-out cookie stays refused.
+        left = max(1, int(who.expires - time.time()) + 300)
+        await _in_thread(rt.store.first_sight, f"inbox-out:{who.session_id}", left)
     response = RedirectResponse("/inbox", status_code=303, headers=_HEADERS)
     response.delete_cookie(COOKIE, path="/inbox", httponly=True, samesite="strict",
                            secure=_secure(rt, request))
@@ -303,8 +354,10 @@ def _inbox(rt: Runtime, who: Who, filters: dict[str, str | None], *, status: int
            notice: Notice | None = None, errors: dict[str, list[dict[str, Any]]] | None = None,
            values: dict[str, dict[str, str]] | None = None, partial: bool = False
            ) -> HTMLResponse:
+    # The live page's refresh follows a change its stream saw in the shared look.
     listing = waiting.waiting_for(rt, who.reviewer, agent=filters["agent"],
-                                  tool=filters["tool"], reason=filters["reason"])
+                                  tool=filters["tool"], reason=filters["reason"],
+                                  max_age_s=waiting.FRESH_S if partial else 0.0)
     query = urlencode({"partial": 1, **{k: v for k, v in filters.items() if v}})
     editable = frozenset(w.ref for w in listing.items
                          if commands.reviewers_may_edit(rt, w.run.agent, w.interrupt))
@@ -321,10 +374,14 @@ async def inbox(request: Request, rt: Rt, agent: Filter = None, tool: Filter = N
                 ) -> Response:
     """The requests waiting for the signed-in reviewer, most urgent first; the sign-in
     form for anyone else."""
-    who = await run_in_threadpool(_who, rt, request)
+    who = await _in_thread(_who, rt, request)
+    if who is None and not partial and request.headers.get("sec-fetch-site") == "cross-site":
+        # From a mail's link: the session cookie (SameSite=Strict) was not sent. One step
+        # from this site, and it is.
+        return _page(render_sign_in("continue"))
     if who is None:
         return _page(render_sign_in("ask"), 401 if partial else 200)
-    return await run_in_threadpool(lambda: _inbox(rt, who, _filters(agent, tool, reason),
+    return await _in_thread(lambda: _inbox(rt, who, _filters(agent, tool, reason),
                                                   partial=bool(partial)))
 
 
@@ -334,7 +391,7 @@ async def answer(request: Request, rt: Rt) -> Response:
     """Approve, decline, answer or hand on one request, then the list again."""
     form = await _form(request)
     who = await _signed_in(rt, request, form)
-    return await run_in_threadpool(_answer, rt, who, form)
+    return await _in_thread(_answer, rt, who, form)
 
 
 def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> HTMLResponse:
@@ -342,7 +399,7 @@ def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> HTMLResponse:
     found = waiting.find(rt, who.reviewer, ref)
     if found is None:
         return _inbox(rt, who, NO_FILTERS, status=409, notice=Notice(
-            _gone(rt, ref), "errors"))
+            _gone(rt, who, ref), "errors"))
     handing_on = form.get("_action") == "delegate"
     try:
         # Inside: handed on or gone since it was found, it is refused on the page too.
@@ -383,20 +440,32 @@ def _title(w: waiting.Waiting) -> str:
     return w.interrupt.message or w.interrupt.tool_name
 
 
-def _gone(rt: Runtime, ref: str) -> str:
+def _gone(rt: Runtime, who: Who, ref: str) -> str:
     """Why a request a form named is not there to answer: someone answered it (who, how
-    and when), it closed, or it is not this reviewer's."""
-    run_id, _, interrupt_id = ref.partition("/")
-    views = rt.store.views([run_id]) if run_id else []
+    and when), it closed, or it is not this reviewer's. How it ended is told only to a
+    reviewer it was (or would have been) theirs to answer."""
+    mine = ("Nothing was recorded: that request is not one of yours to answer (it may have "
+            "been handed on, or is not in your inbox).")
+    found = waiting.parse_ref(ref)
+    if found is None:
+        return mine
+    run_id, interrupt_id = found
+    views = rt.store.views([run_id])
     intr = next((i for run in views for i in run.interrupts if i.id == interrupt_id), None)
-    if intr is not None and intr.answer is not None:
+    by = f"reviewer:{who.reviewer.id}"
+    if intr is None or not (
+            who.reviewer.id in {a.reviewer.id
+                                for a in routing.everyone(rt.reviewers.directory(), intr)}
+            or any(a.answered_by == by for a in intr.approvals)
+            or any(d.reviewer == who.reviewer.id for d in intr.delegations)):
+        return mine
+    if intr.answer is not None:
         a = intr.answer
         return (f"Nothing was recorded: this request was already {outcome(intr)} by "
                 f"{a.answered_by} via {a.channel} at {a.answered_at}.")
-    if intr is not None and intr.state.value != "open":
+    if intr.state.value != "open":
         return "Nothing was recorded: this request is closed (expired, or its run ended)."
-    return ("Nothing was recorded: that request is not one of yours to answer (it may have "
-            "been handed on, or is not in your inbox).")
+    return mine
 
 
 # -- approving a selection ----------------------------------------------------------------
@@ -421,7 +490,7 @@ async def bulk(request: Request, rt: Rt) -> Response:
                 "None of the selected requests can be approved at once any more: nothing "
                 "was recorded.", "errors"))
         return _page(render_bulk_confirm(_signed(rt, who), chosen, skipped))
-    return await run_in_threadpool(confirm)
+    return await _in_thread(confirm)
 
 
 def _too_many(rt: Runtime, who: Who, picks: list[str]) -> HTMLResponse | None:
@@ -456,7 +525,7 @@ async def bulk_approve(request: Request, rt: Rt) -> Response:
         for ref in picks:
             w = waiting.find(rt, who.reviewer, ref)
             if w is None or not w.bulk_approvable:
-                results.append((ref, ref, _gone(rt, ref).removeprefix("Nothing was "
+                results.append((ref, ref, _gone(rt, who, ref).removeprefix("Nothing was "
                                                                       "recorded: ")))
                 continue
             try:
@@ -470,7 +539,7 @@ async def bulk_approve(request: Request, rt: Rt) -> Response:
             approved += 1
             results.append((ref, _title(w), "approved"))
         return _page(render_bulk_done(_signed(rt, who), results, approved))
-    return await run_in_threadpool(approve)
+    return await _in_thread(approve)
 
 
 # -- history, live arrival ----------------------------------------------------------------
@@ -479,10 +548,10 @@ async def bulk_approve(request: Request, rt: Rt) -> Response:
 @router.get("/inbox/history")
 @_guarded
 async def history(request: Request, rt: Rt) -> Response:
-    who = await run_in_threadpool(_who, rt, request)
+    who = await _in_thread(_who, rt, request)
     if who is None:
         return RedirectResponse("/inbox", status_code=303, headers=_HEADERS)
-    found = await run_in_threadpool(waiting.history_of, rt, who.reviewer)
+    found = await _in_thread(waiting.history_of, rt, who.reviewer)
     return _page(render_history(_signed(rt, who), found))
 
 
@@ -491,7 +560,7 @@ async def history(request: Request, rt: Rt) -> Response:
 async def events(request: Request, rt: Rt) -> Response:
     """`changed` whenever the requests waiting for the reviewer change: a new one, or one
     answered elsewhere. The page reads the list again then."""
-    who = await run_in_threadpool(_who, rt, request)
+    who = await _in_thread(_who, rt, request)
     if who is None:
         return _page(render_sign_in("ask"), 401)
 
@@ -504,16 +573,24 @@ async def events(request: Request, rt: Rt) -> Response:
         return runs.count(Status.INTERRUPTED), runs.newest(Status.INTERRUPTED, 1)
 
     async def changes() -> AsyncIterator[str]:
-        seen, beat = await run_in_threadpool(lambda: (refs(), pulse()))
+        seen, beat = await _in_thread(lambda: (refs(), pulse()))
         yield "retry: 5000\n\n"
         for polls in itertools.count(1):
             await asyncio.sleep(POLL_S)
-            now = await run_in_threadpool(pulse)
+            if polls % _PING_EVERY == 0:
+                yield ": keep-alive\n\n"  # proxies drop a stream that says nothing
+            now = await _in_thread(pulse)
             # The whole list is read again when runs moved, and now and then regardless:
             # a hand-over or an escalation reaching this reviewer moves no run.
             if now == beat and polls % _FULL_EVERY:
                 continue
-            beat, found = now, await run_in_threadpool(refs)
+            try:
+                still = await _in_thread(_who, rt, request)
+            except _Refused:
+                still = None
+            if still is None or still.reviewer.id != who.reviewer.id:
+                return  # signed out, or out of the directory: the stream ends with it
+            beat, found = now, await _in_thread(refs)
             if found != seen:
                 seen = found
                 yield f"event: changed\ndata: {len(found)}\n\n"

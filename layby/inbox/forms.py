@@ -112,31 +112,43 @@ EDIT = "input."  # what a field of the call's arguments is named after, in an ed
 
 def input_fields(interrupt: Interrupt) -> list[Field]:
     """The call's arguments as fields to edit (`input.<name>`), each showing its value now;
-    empty when the input schema names no properties to edit one by one."""
+    empty when the input schema names no properties to edit one by one. None is required:
+    a field left as shown, or emptied, keeps the value the agent gave."""
     schema = interrupt.input_schema or None
     current = interrupt.tool_input if isinstance(interrupt.tool_input, dict) else {}
-    required = set(schema.get("required") or []) if schema else set()
     fields = []
     for name, prop in properties_of(schema).items():
-        field = _field(EDIT + name, prop, name in required, label=prop.get("title")
-                       or _humanize(name))
+        field = _field(EDIT + name, prop, False, label=prop.get("title") or _humanize(name))
         if field is not None:
-            field.value = _shown(current.get(name), field.schema) if name in current else ""
+            value = current.get(name)
+            field.value = _shown(value, field.schema) if name in current else ""
+            if field.kind == "text" and isinstance(value, str) and "\n" in value:
+                field.kind = "textarea"  # a one-line input would drop its line breaks
             fields.append(field)
     return fields
 
 
 def input_from_form(interrupt: Interrupt, form: Mapping[str, str]) -> Any:
-    """The arguments an edit posted, or None when the form changes nothing (or carries no
-    edit); raises `Invalid` naming the fields that cannot be read."""
-    fields = input_fields(interrupt)
-    if not any(f.name in form for f in fields):
-        return None
-    values, errors = _read_fields(fields, form)
+    """The arguments an edit posted, or None when it changes none of them; raises
+    `Invalid` naming the fields that cannot be read. A field posted as it was shown is no
+    edit (its text is not trimmed or converted), nor is one emptied."""
+    current = interrupt.tool_input if isinstance(interrupt.tool_input, dict) else {}
+    edited = dict(current)
+    errors: list[dict[str, str]] = []
+    for field in input_fields(interrupt):
+        raw = form.get(field.name)
+        if raw is None:
+            continue
+        raw = raw.replace("\r\n", "\n")  # how browsers post a textarea's line breaks
+        if raw == field.value or not raw.strip():
+            continue
+        try:
+            edited[field.name.removeprefix(EDIT)] = _convert(
+                field, raw if field.kind == "textarea" else raw.strip())
+        except ValueError as exc:
+            errors.append({"path": f"/{field.name}", "message": f"{field.label}: {exc}"})
     if errors:
         raise _invalid(errors)
-    current = interrupt.tool_input if isinstance(interrupt.tool_input, dict) else {}
-    edited = {**current, **{name.removeprefix(EDIT): v for name, v in values.items()}}
     return None if edited == current else edited
 
 

@@ -20,7 +20,7 @@ from layby.inbox.waiting import Answered, Listing, Waiting
 
 # The page's script: new requests appear without a reload.
 SCRIPT = (Path(__file__).parent / "templates" / "inbox.js").read_text()
-SIGN_IN_STATES = frozenset({"ask", "sent", "confirm", "refused"})
+SIGN_IN_STATES = frozenset({"ask", "sent", "confirm", "refused", "denied", "continue"})
 _CONVERSATION = 12  # the last messages shown of a run's history
 _SAID = 600  # characters of one message shown
 
@@ -42,17 +42,20 @@ class Notice:
 
 def render_sign_in(state: str, *, message: str | None = None,
                    signing_in_as: str | None = None) -> str:
-    """`ask` for an address, say a link was `sent`, `confirm` a link's sign-in, or say why
-    a link was `refused` (and ask again)."""
+    """`ask` for an address, say a link was `sent`, `confirm` a link's sign-in, say why a
+    link was `refused` (and ask again) or a form `denied`, or `continue` to the inbox (a
+    page reached from another site, a mail's link, carries no session cookie: it is
+    `SameSite=Strict`; the next step, from this site, does)."""
     if state not in SIGN_IN_STATES:
         raise ValueError(f"unknown sign-in state {state!r}; expected one of "
                          f"{sorted(SIGN_IN_STATES)}")
     headline = {"ask": "Sign in to your inbox", "sent": "Check your mail",
                 "confirm": "Sign in to your inbox",
-                "refused": "This sign-in link cannot be used"}[state]
+                "refused": "This sign-in link cannot be used",
+                "denied": "Nothing was recorded", "continue": "Opening your inbox…"}[state]
     return templates.get_template("inbox_sign_in.html").render(
         state=state, headline=headline, message=message, signing_in_as=signing_in_as,
-        reviewer_label=None, live=False)
+        reviewer_label=None, live=False, refresh_to="/inbox" if state == "continue" else None)
 
 
 def render_inbox(who: Signed, listing: Listing, *, filters: Mapping[str, str | None],

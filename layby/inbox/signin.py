@@ -79,7 +79,8 @@ def read(keys: dict[str, bytes], purpose: Purpose, value: str, *,
     """What a link or session made by `make` says; BadSignIn (ExpiredLink for a genuine one
     out of date) says why not."""
     what = "sign-in link" if purpose == "link" else "session"
-    parts = value.split(".") if len(value) <= _MAX_LEN else []
+    # Only ASCII is ours (and `hmac.compare_digest` takes no other text).
+    parts = value.split(".") if len(value) <= _MAX_LEN and value.isascii() else []
     if len(parts) != 3:
         raise BadSignIn(f"this {what} is not one layby made: use the link from the sign-in "
                         "mail as it was sent, or ask for a new one")
@@ -109,5 +110,6 @@ def csrf_token(keys: dict[str, bytes], session_id: str) -> str:
 
 def csrf_ok(keys: dict[str, bytes], session_id: str, token: str) -> bool:
     """Whether `token` is this session's CSRF token, signed with any key in force."""
-    return any(hmac.compare_digest(_mac(key, "csrf", session_id), token)
+    given = token.encode("utf-8", "replace")
+    return any(hmac.compare_digest(_mac(key, "csrf", session_id).encode(), given)
                for key in keys.values())

@@ -14,6 +14,7 @@ answered since. The history reads the newest `HISTORY_SCAN` runs of any state.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -115,7 +116,8 @@ def why(directory: Directory, intr: InterruptView, reviewer_id: str, now: float)
     for level, since, names in routing.levels(intr):
         if since > now and level > intr.escalation_level:
             continue  # an escalation level not reached yet
-        for name in names if names is not None else [directory.default_group or ""]:
+        # No names (None or []) is the default group, as `Directory.resolve` reads it.
+        for name in names or [directory.default_group or ""]:
             for person in directory.resolve([name]):
                 if routing.handed_to(intr, person.id) != reviewer_id:
                     continue
@@ -136,15 +138,18 @@ _last_read: dict[int, tuple[float, list[tuple[str, str, list[InterruptView]]]]] 
 def _open_interrupts(rt: Runtime, max_age_s: float
                      ) -> list[tuple[str, str, list[InterruptView]]]:
     """(run id, agent, open interrupts) of the newest `SCAN` waiting runs, as read at most
-    `max_age_s` ago. One read at a time: whoever asks meanwhile waits for it."""
+    `max_age_s` ago. One read at a time: whoever asks meanwhile waits for it, and takes a
+    read that began after they asked (as fresh as one of their own) instead of another."""
+    asked = time.monotonic()
     with _read_lock:
         last = _last_read.get(id(rt))
-        if last is not None and time.monotonic() - last[0] < max_age_s:
+        if last is not None and (last[0] >= asked or time.monotonic() - last[0] < max_age_s):
             return last[1]
+        began = time.monotonic()
         run_ids = [run_id for run_id, _ in rt.store.runs.newest(Status.INTERRUPTED, SCAN)]
         found = [item for at in range(0, len(run_ids), _CHUNK)
                  for item in rt.store.open_interrupts(run_ids[at:at + _CHUNK])]
-        _last_read[id(rt)] = (time.monotonic(), found)
+        _last_read[id(rt)] = (began, found)
         return found
 
 
@@ -174,11 +179,11 @@ def refs_for(rt: Runtime, reviewer: Reviewer) -> frozenset[str]:
 
 def waiting_for(rt: Runtime, reviewer: Reviewer, *, agent: str | None = None,
                 tool: str | None = None, reason: str | None = None,
-                now: float | None = None) -> Listing:
+                now: float | None = None, max_age_s: float = 0.0) -> Listing:
     """The open requests `reviewer` may answer now that the filters keep, the most urgent
-    `PAGE` of them read whole."""
+    `PAGE` of them read whole; `max_age_s`: how old a look at the waiting runs will do."""
     now = time.time() if now is None else now
-    everything = _open_for(rt, reviewer, now)
+    everything = _open_for(rt, reviewer, now, max_age_s)
     kept = [o for o in everything
             if (agent is None or o.agent == agent)
             and (tool is None or o.interrupt.tool_name == tool)
@@ -201,12 +206,23 @@ def waiting_for(rt: Runtime, reviewer: Reviewer, *, agent: str | None = None,
                    truncated=rt.store.runs.count(Status.INTERRUPTED) > SCAN)
 
 
+_REF = re.compile(r"^([A-Za-z0-9_.-]{1,128})/([A-Za-z0-9_.-]{1,128})$")
+
+
+def parse_ref(ref: str) -> tuple[str, str] | None:
+    """(run id, interrupt id) of a form's `<run id>/<interrupt id>`; None for anything else
+    (checked before anything is read)."""
+    found = _REF.match(ref)
+    return (found.group(1), found.group(2)) if found else None
+
+
 def find(rt: Runtime, reviewer: Reviewer, ref: str) -> Waiting | None:
     """The request `ref` (`<run id>/<interrupt id>`) as it waits for `reviewer`, or None
     when it is not theirs to answer now (or not open, or not there)."""
-    run_id, _, interrupt_id = ref.partition("/")
-    if not run_id or not interrupt_id:
+    parsed = parse_ref(ref)
+    if parsed is None:
         return None
+    run_id, interrupt_id = parsed
     runs = rt.store.views([run_id])
     intr = next((i for run in runs for i in run.interrupts if i.id == interrupt_id), None)
     if intr is None or intr.state is not InterruptState.OPEN:
