@@ -289,6 +289,7 @@ async def sign_in_page(link: Link, rt: Rt) -> Response:
 @_guarded
 async def sign_in(link: Link, request: Request, rt: Rt) -> Response:
     _refuse_from_elsewhere(rt, request)
+
     def use() -> signin.Signed:
         signed = _link(rt, link)
         # Kept past the link's end, by the clock its end is checked with.
