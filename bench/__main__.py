@@ -4,7 +4,9 @@ Order within one run, on one server and one worker: warm-up layby runs (they als
 the task hops of a cycle), warm-up chains of that many hops, then rounds that alternate the
 baseline and layby (ABBA), then layby runs one at a time for the latency at rest. With
 `--parked`, the levels come first, each on a site of its own (`scale`), and the cycles are
-measured on the deepest level's server and worker.
+measured on the deepest level's server and worker. With `--inbox`, none of that: the runs
+are parked, then the inbox's read of them is measured against reading them whole (`inbox`),
+with no worker.
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "worker park them (a burst, as from a service; about 175 parks/s "
                         "here), rather than take each to its park in the bench process "
                         "(about three times as fast, the same stored)")
+    p.add_argument("--inbox", type=int, nargs="?", const=20_000, default=0, metavar="N",
+                   help="instead of the cycles: park N runs (20,000 if not given), all for "
+                        "one reviewer, and measure what the reviewers' inbox costs per 1,000 "
+                        "runs it looks through (Store.open_interrupts) against reading them "
+                        "whole (Store.views) in --rounds rounds (ABBA), and whole inbox pages "
+                        "(waiting_for); no worker runs")
     args = p.parse_args(argv)
     try:
         args.parked = sorted({int(x) for x in args.parked.split(",") if x.strip()})
@@ -93,6 +101,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if (args.broker_url or on_cluster) and args.parked:
         p.error("--parked builds its levels on one server that is also their broker: leave "
                 "out --parked with --broker-url or a cluster (they measure the cycles only)")
+    if args.inbox < 0:
+        p.error("--inbox takes a number of runs to park, at least 1")
+    if args.inbox and (args.parked or args.http or on_cluster or args.broker_url):
+        p.error("--inbox measures the store's reads alone, on one server and without a "
+                "worker: leave out --parked, --http, --broker-url and clusters")
     if args.burst and not args.parked:
         p.error("--burst is how --parked builds its levels: give --parked too")
     if min(args.runs, args.concurrency, args.rounds) < 1 or args.warmup < 0:
@@ -114,16 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Parts(args.redis_url, cluster=args.cluster,
                    broker_url=args.broker_url) as parts:
-            result = _bench(parts, args)
+            result = _inbox(parts, args) if args.inbox else _bench(parts, args)
     except KeyboardInterrupt:
         print("bench: interrupted; everything it started is stopped", file=sys.stderr)
         return 130
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
-    from bench.report import table
+    from bench.report import inbox_table, table
 
-    print(table(result))
+    print(inbox_table(result) if args.inbox else table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
@@ -215,12 +228,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
                     "redis_url": parts.redis_url,
                     "broker_url": parts.broker_url or parts.redis_url,
                     "worker": " ".join(worker.argv[1:]), "key_prefix": prefix}
-        first = servers[0]
-        try:
-            config = first.config_get("append*")
-        except redis.exceptions.ResponseError:  # CONFIG is often disabled on managed servers
-            config = {}
-        facts = report.machine(first.info("server"), config, load_before)
+        facts = _machine(servers[0], load_before)
         result = report.summarize(rounds, at_rest, settings, facts, cost_figures,
                                   baseline_at_rest)
         if levels:
@@ -238,6 +246,49 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
         if args.broker_url and not rt.settings.broker_is_amqp:
             rt.celery.pool.force_close_all()  # its channels write kombu's tables as they close
             _delete_broker_keys(args.broker_url)
+
+
+def _inbox(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
+    """`--inbox`: the runs parked at the bench's site, without a worker or a sweeper (the
+    store's counters are the reads' alone), then the inbox's reads measured (`inbox`)."""
+    from bench import inbox, report
+    from layby.control import build
+
+    assert parts.folder is not None and parts.redis_url is not None
+    prefix = _prefix(parts)
+    os.environ.update({**_environment(parts, prefix, None), **_signing(),
+                       "LAYBY_REVIEWERS_FILE": str(inbox.directory(parts.folder))})
+    load_before = report.load_average()
+    rt = build()
+    try:
+        rt.store.redis.ping()
+    except Exception as exc:
+        raise BenchError(f"cannot reach Redis at {parts.redis_url}: {exc}") from exc
+    try:
+        where = "an embedded Valkey" if parts.embedded else parts.redis_url
+        print(f"bench: parking {args.inbox} runs on {where}, then reading them as the "
+              f"inbox does and whole, in {args.rounds} round(s)", file=sys.stderr)
+        figures = inbox.measure(rt, args.inbox, args.rounds)
+        settings = {"inbox": args.inbox, "rounds": args.rounds,
+                    "embedded": parts.embedded, "malloc": _allocator(parts),
+                    "redis": "embedded" if parts.embedded else parts.redis_url,
+                    "redis_url": parts.redis_url, "key_prefix": prefix}
+        return {"inbox": figures, "settings": settings,
+                "machine": _machine(rt.store.redis, load_before)}
+    finally:
+        if not parts.embedded:
+            _delete_keys(rt, prefix)
+
+
+def _machine(server: redis.Redis, load_before: float | None) -> dict[str, Any]:
+    """The machine's and the server's facts (`report.machine`)."""
+    from bench import report
+
+    try:
+        config = server.config_get("append*")
+    except redis.exceptions.ResponseError:  # CONFIG is often disabled on managed servers
+        config = {}
+    return report.machine(server.info("server"), config, load_before)
 
 
 # The prefix of the bench's queues on a broker given with `--broker-url` (a server of the
@@ -280,9 +331,15 @@ def _environment(parts: Parts, prefix: str, sink: hooks.Sink | None) -> dict[str
                     else f"{BROKER_PREFIX}:broker:"})
     if sink is not None:
         env.update({"LAYBY_REVIEWERS_FILE": str(hooks.directory(parts.folder, sink.url)),
-                    "LAYBY_TOKEN_KEYS": f"bench:{uuid.uuid4().hex}{uuid.uuid4().hex}",
-                    "LAYBY_PUBLIC_URL": "http://127.0.0.1:9"})
+                    **_signing()})
     return env
+
+
+def _signing() -> dict[str, str]:
+    """What a site whose runs announce to reviewers needs: keys to sign their tokens, and
+    an address for the links (nothing listens there: the bench follows no link)."""
+    return {"LAYBY_TOKEN_KEYS": f"bench:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+            "LAYBY_PUBLIC_URL": "http://127.0.0.1:9"}
 
 
 @contextmanager

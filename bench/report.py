@@ -283,3 +283,52 @@ def table(result: dict[str, Any]) -> str:
     notes = [f"  hops: {HOPS_EXPLAINED}",
              "  latency clock: " + LATENCY_CLOCK]
     return "\n".join(["layby bench", *lines, *notes])
+
+
+def _inbox_side(side: dict[str, Any]) -> str:
+    return (f"store {side['server_us'] / 1000:.2f} ms in its commands, "
+            f"{side['server_cpu_us'] / 1000:.2f} ms of its main thread's CPU; this process "
+            f"{side['wall_ms']:.1f} ms wall, {side['cpu_ms']:.1f} ms CPU; "
+            f"{side['commands']:.0f} commands")
+
+
+def inbox_table(result: dict[str, Any]) -> str:
+    """The table of `--inbox`: the look-through and the whole read per 1,000 runs, their
+    ratios (round by round in brackets), and whole inbox pages."""
+    ib, s, m = result["inbox"], result["settings"], result["machine"]
+    look, whole = ib["per_1000_runs"]["look"], ib["per_1000_runs"]["whole"]
+    ratios, by_round = ib["look_over_whole"], ib["look_over_whole_by_round"]
+    page = ib["page"]
+    names = {"server_us": "store's commands", "server_cpu_us": "store's CPU",
+             "wall_ms": "wall", "cpu_ms": "this process's CPU"}
+    walls = page["wall_ms_by_page"]
+    rows = [
+        ("parked runs", f"{ib['parked']} of bench.approval, each request the one reviewer's "
+                        f"(built by fill at {ib['built_per_s']} runs/s; {ib['folded']} runs' "
+                        "events folded)"),
+        ("look-through, per 1,000", _inbox_side(look)
+         + f"  (Store.open_interrupts, {ib['chunk']} runs a call)"),
+        ("read whole, per 1,000", _inbox_side(whole)
+         + f"  (Store.views, {ib['chunk']} runs a call: the baseline)"),
+        ("look-through / whole", ", ".join(
+            f"{names[k]} {v:.3f} (rounds: {', '.join(f'{x:.3f}' for x in by_round[k])})"
+            for k, v in ratios.items())),
+        ("one inbox page", (
+            f"waiting_for: {page['wall_ms']:.1f} ms wall (middle of {page['pages']}: "
+            f"{min(walls):.1f}–{max(walls):.1f}), {page['cpu_ms']:.1f} ms CPU here; store "
+            f"{page['server_us'] / 1000:.2f} ms in its commands, "
+            f"{page['server_cpu_us'] / 1000:.2f} ms of CPU, {page['commands']:.0f} commands; "
+            f"looked through {page['looked_through']} of {ib['parked']} waiting runs "
+            f"(it reads the newest {page['scan']}), showed {page['shown']} read whole"
+            + ("; says more wait than it looks through" if page["truncated"] else ""))),
+        ("rounds", f"{ib['rounds']} (ABBA), each side over all {ib['parked']} runs, newest "
+                   "first"),
+        ("machine", f"{m['cores']} cores ({m['usable_cores']} usable) {m['cpu']}".rstrip()),
+        ("load average (1 min)", f"{m['load_before']} before, {m['load_after']} after"),
+        ("Python / redis-py", f"{m['python']} / {m['redis_py']}"),
+        ("server", f"{m['server']}, appendonly {m['appendonly']}, appendfsync "
+                   f"{m['appendfsync']} (" + _where(s) + ")"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
+    return "\n".join(["layby bench: the reviewers' inbox", *lines])

@@ -224,6 +224,71 @@ def test_bench_refuses_a_cluster_without_a_broker_beside_it(
     assert args.broker_url == "redis://127.0.0.1:6380/0"
 
 
+INBOX = 600  # two chunks of the inbox's 500
+
+
+@pytest.mark.timeout(170)
+def test_bench_inbox_reports_the_look_through_against_reading_whole(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "bench", "--inbox", str(INBOX), "--rounds",
+                           "2", "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=160)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = done.stdout
+    assert "layby bench: the reviewers' inbox" in said
+    for row in ("look-through, per 1,000", "read whole, per 1,000", "look-through / whole",
+                "one inbox page"):
+        assert re.search(rf"^  {re.escape(row)} +\S", said, re.M), said
+    for row in ("look-through, per 1,000", "read whole, per 1,000"):
+        assert re.search(rf"^  {re.escape(row)} +store [0-9.]+ ms in its commands, [0-9.]+ "
+                         r"ms of its main thread's CPU; this process [0-9.]+ ms wall, [0-9.]+ "
+                         r"ms CPU; [0-9]+ commands", said, re.M), said
+    assert re.search(r"waiting_for: [0-9.]+ ms wall \(middle of 5: [0-9.]+–[0-9.]+\)", said)
+    assert f"looked through {INBOX} of {INBOX} waiting runs" in said
+    result = json.loads(out.read_text())
+
+    inbox = result["inbox"]
+    assert inbox["parked"] == INBOX and inbox["rounds"] == 2 and inbox["chunk"] == 500
+    assert inbox["folded"] == INBOX  # every run's events in its hash, as a sweeper leaves it
+    look, whole = inbox["per_1000_runs"]["look"], inbox["per_1000_runs"]["whole"]
+    for side in (look, whole):
+        assert side["server_us"] > 0 and side["server_cpu_us"] > 0
+        assert side["wall_ms"] > 0 and side["cpu_ms"] > 0
+        # Three commands a run either way: HMGET, HMGET, HGETALL against three HGETALLs
+        # (and now and then the store's look at its layout).
+        assert 3000 <= side["commands"] < 3010
+    for key, ratio in inbox["look_over_whole"].items():
+        assert ratio == round(look[key] / whole[key], 3)
+        assert len(inbox["look_over_whole_by_round"][key]) == 2
+    assert [set(r) for r in inbox["by_round"]] == [{"look", "whole"}] * 2
+    page = inbox["page"]
+    # Every parked request is the reviewer's: the page looks through them all and shows
+    # the 100 most urgent.
+    assert page["pages"] == len(page["wall_ms_by_page"]) == 5
+    assert (page["looked_through"], page["shown"], page["truncated"]) == (INBOX, 100, False)
+    assert min(page["wall_ms_by_page"]) <= page["wall_ms"] <= max(page["wall_ms_by_page"])
+    assert page["server_us"] > 0 and page["cpu_ms"] > 0
+    assert result["settings"]["inbox"] == INBOX
+    assert result["machine"]["server"].startswith("valkey")
+    # The embedded server is gone.
+    with pytest.raises(redis.exceptions.ConnectionError):
+        redis.Redis.from_url(result["settings"]["redis_url"], socket_connect_timeout=1).ping()
+
+
+def test_bench_inbox_refuses_what_it_does_not_measure(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import parse
+
+    assert parse(["--inbox"]).inbox == 20_000
+    assert parse([]).inbox == 0
+    for extra in (["--parked", "10"], ["--http"], ["--cluster"],
+                  ["--broker-url", "redis://127.0.0.1:6380/0"], ["--inbox", "-1"]):
+        with pytest.raises(SystemExit) as exited:
+            parse(["--inbox", "100", *extra])
+        assert exited.value.code == 2
+        assert "--inbox" in capsys.readouterr().err
+
+
 def _alike(value: str) -> str:
     """A stored value with what differs from run to run (ids, tokens, times, numbers)
     made alike."""
