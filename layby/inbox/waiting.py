@@ -6,10 +6,11 @@ reaches them has come, or someone handed it to them. The same rule lets them ans
 the list never shows what the reviewer cannot answer, nor hides what they can.
 
 The lists are read from the runs themselves. The inbox reads the open interrupts of the
-newest `SCAN` waiting runs (their specs and reviews, not their histories; for the live
-inboxes at most once per `FRESH_S` for the whole process), picks the reviewer's, orders
-them by urgency, and reads in full only the `PAGE` most urgent, which also drops any
-answered since. The history reads the newest `HISTORY_SCAN` runs of any state.
+`URGENT` runs whose requests expire soonest and of the newest `SCAN` waiting runs (their
+specs and reviews, not their histories; for the live inboxes at most once per `FRESH_S`
+for the whole process), picks the reviewer's, orders them by urgency, and reads in full
+only the `PAGE` most urgent, which also drops any answered since. The history reads the
+newest `HISTORY_SCAN` runs of any state.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from layby.reviewers.schemas import is_confirmation
 from layby.wire import InterruptState, InterruptView, RunView, Status
 
 SCAN = 5_000  # waiting runs whose open interrupts one inbox page reads, newest first
+URGENT = 1_000  # and the runs whose requests expire soonest, however old
 # One read of the waiting runs serves every live inbox of the process for this long: many
 # reviewers watching cost the store one read, not one each. (A page reads afresh.)
 FRESH_S = 2.0
@@ -146,7 +148,11 @@ def _open_interrupts(rt: Runtime, max_age_s: float
         if last is not None and (last[0] >= asked or time.monotonic() - last[0] < max_age_s):
             return last[1]
         began = time.monotonic()
-        run_ids = [run_id for run_id, _ in rt.store.runs.newest(Status.INTERRUPTED, SCAN)]
+        # The runs whose requests expire soonest, however old, then the newest: the most
+        # urgent are looked at in a store of any size.
+        run_ids = list(dict.fromkeys([
+            *rt.store.soonest_deadlines(URGENT),
+            *(run_id for run_id, _ in rt.store.runs.newest(Status.INTERRUPTED, SCAN))]))
         found = [item for at in range(0, len(run_ids), _CHUNK)
                  for item in rt.store.open_interrupts(run_ids[at:at + _CHUNK])]
         _last_read[id(rt)] = (began, found)

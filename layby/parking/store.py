@@ -1061,6 +1061,12 @@ class Store:
             pairs.append((run_id, interrupt_id))
         return pairs
 
+    def soonest_deadlines(self, limit: int = 1000) -> list[str]:
+        """The runs whose interrupts expire soonest (past or not), the soonest first, each
+        once: one round trip."""
+        found = due_in([shard.deadlines for shard in self.shards], float("inf"), limit)
+        return list(dict.fromkeys(member.rpartition(" ")[0] for member, _ in found))
+
     def lapsed_leases(self, limit: int = 200) -> list[str]:
         """Running runs whose claim lapsed, the longest lapsed first."""
         return [run_id for run_id, _ in due_in([shard.leases for shard in self.shards],
