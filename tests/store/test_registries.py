@@ -70,3 +70,23 @@ def test_a_store_of_the_legacy_layout_reads_and_writes_one_shard(world: World) -
     assert [shard.keys for shard in store.shards] == [store.keys.legacy]
     assert store.shard_of("run_1") is store.shards[0]
     assert store.runs.sets == {s: (store.keys.index(s),) for s in Status}
+
+
+def test_pages_over_many_shards_spread_unevenly_are_those_of_one(world: World) -> None:
+    """48 shards, half the runs in one of them and ties in every millisecond: a merge that
+    first reads a few of each shard reads further where the page needs it, and pages,
+    cursors and offsets are still those of one shard."""
+    shards = [ShardKeys(f"{world.prefix}:m{k}") for k in range(48)]
+    whole = ShardKeys(f"{world.prefix}:mwhole")
+    rng = random.Random(11)
+    for i in range(400):
+        run_id, status, score = f"run_{i:03}", rng.choice(STATES), 1000 + rng.randrange(40)
+        shard = shards[0] if rng.random() < 0.5 else rng.choice(shards)
+        world.client.zadd(shard.index(status), {run_id: score})
+        world.client.zadd(whole.index(status), {run_id: score})
+    sharded, one = RunIndex(world.client, *shards), RunIndex(world.client, whole)
+    for status in (None, Status.INTERRUPTED):
+        for size in (1, 5, 50, 101):
+            assert pages(sharded, status, size) == pages(one, status, size), (status, size)
+        for offset in (0, 30, 150):
+            assert sharded.newest(status, 60, offset) == one.newest(status, 60, offset)
