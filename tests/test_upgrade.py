@@ -206,6 +206,13 @@ def test_runs_parked_by_the_previous_release_complete_through_a_rolled_upgrade(
         stores.wait_status(parked_here, "interrupted", timeout=60)
         assert client.exists(legacy.run(parked_here))
         assert formats.read(client, legacy).written == 1
+        # The previous release reads the run this one made, its id of the shorter shape.
+        assert re.fullmatch(r"run_[0-9A-Za-z]{22}", parked_here), parked_here
+        with old.api() as api, stores.api() as here:
+            seen = api.get(f"/v1/runs/{parked_here}")
+            assert seen.status_code == 200 and seen.json()["status"] == "interrupted", \
+                seen.text
+            assert _events_text(api, parked_here) == _events_text(here, parked_here)
 
         # 3. The previous release's gateway and worker stop; the sweepers take turns: no
         # process of the previous release is left, and the store switches to format 2.

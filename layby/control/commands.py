@@ -24,7 +24,7 @@ from layby.generation.answers import check_answer, check_storable
 from layby.generation.interrupts import Interrupt, ResumeEntry
 from layby.generation.messages import Message, text_message, why_not_a_start
 from layby.generation.tools import Tool
-from layby.parking import RunRecord, Transition, Verdict, iso
+from layby.parking import RunRecord, Transition, Verdict, generated_run_id, iso
 from layby.reviewers import routing
 from layby.wire import Answer, Delegation, InterruptState, RunView, Status
 
@@ -40,7 +40,8 @@ def now_iso() -> str:
 
 
 def new_run_id() -> str:
-    return f"run_{uuid.uuid4().hex}"
+    """A fresh run id, as the store draws one: `run_` and 22 letters and digits."""
+    return generated_run_id()
 
 
 def start_run(rt: Runtime, agent: str, *, input: Any = None,

@@ -9,7 +9,8 @@ from layby.parking.keys import Keys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
 from layby.parking.registries import BadCursor
 from layby.parking.results import Transition, Verdict
-from layby.parking.store import NotReplicated, Store, StoreConfig, TaskNames
+from layby.parking.store import NotReplicated, Store, StoreConfig, TaskNames, generated_run_id
 
 __all__ = ["Announcements", "BadCursor", "Keys", "NotReplicated", "OutboxEntry", "RunRecord",
-           "Store", "StoreConfig", "TaskNames", "Transition", "Verdict", "iso"]
+           "Store", "StoreConfig", "TaskNames", "Transition", "Verdict", "generated_run_id",
+           "iso"]

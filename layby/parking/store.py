@@ -24,8 +24,9 @@ transition that does not find its run looks in the sharded layout too (`Layout.n
 from __future__ import annotations
 
 import json
+import secrets
+import string
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -57,6 +58,28 @@ from layby.wire import (
     RunView,
     Status,
 )
+
+# A generated run id: `run_` and 22 characters drawn evenly from the 62 letters and digits
+# (131 random bits; a uuid4, `run_` and 32 hex digits before, has 122). A parked run holds
+# its id three times for as long as it waits (its hash's name, its place in the index, its
+# token's grant): the 14 characters fewer took 38 B off a parked run at 100,000 parked and
+# 28 B at 1,000,000 (bench, `--parked`; docs/sizing.md).
+# Case matters in it, as in any run id (Redis keys, URL paths and task ids keep it); what
+# must survive a mail server changing its case, `reply+<token>@…`, holds a token
+# (lowercase base32), never a run id. A caller may still choose its own (1 to 128 letters,
+# digits, `_`, `-`, `.`: control.commands.RUN_ID).
+RUN_ID_ALPHABET = string.digits + string.ascii_uppercase + string.ascii_lowercase
+RUN_ID_CHARS = 22
+_UNBIASED = 256 - 256 % len(RUN_ID_ALPHABET)  # bytes below it map onto the alphabet evenly
+
+
+def generated_run_id() -> str:
+    """A fresh run id, `run_` and RUN_ID_CHARS random letters and digits."""
+    chars: list[str] = []
+    while len(chars) < RUN_ID_CHARS:
+        chars += [RUN_ID_ALPHABET[b % len(RUN_ID_ALPHABET)]
+                  for b in secrets.token_bytes(32) if b < _UNBIASED]
+    return "run_" + "".join(chars[:RUN_ID_CHARS])
 
 
 @dataclass(frozen=True)
@@ -471,7 +494,7 @@ class Store:
         retry with the key, under another fresh id, must look in the same one)."""
         keys = self.keys
         while True:
-            run_id = f"run_{uuid.uuid4().hex}"
+            run_id = generated_run_id()
             if idempotency_key is None or len(keys.shards) == 1 or (
                     keys.shard_number(run_id)
                     == sharding.shard_of(idempotency_key, len(keys.shards))):

@@ -5,11 +5,15 @@ their whole life, and are listed, expired and sought as in one."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from redis.crc import key_slot
 
-from layby.parking import Announcements, Keys, Verdict
+from layby.control.commands import RUN_ID, new_run_id
+from layby.parking import Announcements, Keys, Verdict, generated_run_id
 from layby.parking.shards import tags
+from layby.parking.store import RUN_ID_ALPHABET
 from layby.reviewers import tokens
 from layby.wire import Status
 from tests.store.conftest import (
@@ -94,6 +98,26 @@ def test_an_idempotency_key_finds_its_run_in_any_shard(sharded: World) -> None:
         assert retried.verdict is Verdict.EXISTS and retried.run_id == first
     assert len({store.keys.shard_number(store.new_run_id(k))
                 for k in ("order-1", "order-2", "order-3", "order-4")}) > 1
+    # Drawn in the key's shard, and of the shape of every generated id.
+    assert all(re.fullmatch(r"run_[0-9A-Za-z]{22}", store.new_run_id(k))
+               for k in ("order-1", "order-2", "order-3", "order-4"))
+
+
+def test_a_generated_run_id_is_short_random_and_usable_anywhere() -> None:
+    drawn = [generated_run_id() for _ in range(3000)] + [new_run_id() for _ in range(3000)]
+    assert len(set(drawn)) == len(drawn)
+    # `run_` and 22 letters and digits: the old version's checks take it (they take any
+    # id of 1 to 128 letters, digits, `_`, `-`, `.`), and it is 14 characters shorter
+    # than `run_` and 32 hex digits.
+    assert all(re.fullmatch(r"run_[0-9A-Za-z]{22}", run_id) and RUN_ID.match(run_id)
+               for run_id in drawn)
+    # Every character drawn from the whole alphabet, the first as the last (an encoded
+    # number would start with a small digit), evenly enough: 6,000 draws a position.
+    for position in (4, 15, 25):
+        counts = dict.fromkeys(RUN_ID_ALPHABET, 0)
+        for run_id in drawn:
+            counts[run_id[position]] += 1
+        assert min(counts.values()) > 40 and max(counts.values()) < 170, position
 
 
 def test_a_grant_and_an_outbox_ack_touch_their_runs_shard_alone(sharded: World) -> None:
