@@ -13,10 +13,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -146,6 +149,23 @@ def test_a_migration_killed_mid_way_goes_on_where_it_stopped(unversioned: Unvers
     assert u.layby("migrate").stdout.startswith("nothing to do")
 
 
+@contextmanager
+def _beating(store: Any, name: str, about: str) -> Iterator[None]:
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(1.0):
+            store.beat_worker(name, about)
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beater.join()
+
+
 def test_the_next_format_waits_for_the_older_processes_or_for_finish(
         unversioned: Unversioned) -> None:
     """A store at format 1 (the legacy layout, as layby 0.2.0 made it) that a process of
@@ -158,7 +178,10 @@ def test_the_next_format_waits_for_the_older_processes_or_for_finish(
     u.world.store.beat_worker("layby-1@old:42", "worker 1 0.2.0")
     before = u.world.run_hash("run_1")
 
-    refused = u.layby("migrate", timeout=120)
+    # The old worker beats as a live one does, however long `layby` takes to start (on a
+    # loaded machine, longer than one beat lives).
+    with _beating(u.world.store, "layby-1@old:42", "worker 1 0.2.0"):
+        refused = u.layby("migrate", timeout=120)
     assert refused.returncode == 1, refused.stdout
     assert "processes of an older release are alive: layby-1@old:42 (worker 1 0.2.0)" in \
         refused.stderr
@@ -169,7 +192,8 @@ def test_the_next_format_waits_for_the_older_processes_or_for_finish(
     # Still alive (each `layby` takes seconds to start: its beat would lapse meanwhile).
     u.world.store.beat_worker("layby-1@old:42", "worker 1 0.2.0")
     began = time.monotonic()
-    done = u.layby("migrate", "--finish", timeout=120)
+    with _beating(u.world.store, "layby-1@old:42", "worker 1 0.2.0"):
+        done = u.layby("migrate", "--finish", timeout=120)
     assert done.returncode == 0, done.stderr
     assert "warning: switched to format 2 with processes of an older release in the " \
            "registry: layby-1@old:42" in done.stderr
