@@ -338,19 +338,6 @@ def _filters(agent: str | None, tool: str | None, reason: str | None) -> dict[st
 NO_FILTERS = _filters(None, None, None)
 
 
-def _handover_to(rt: Runtime, listing: waiting.Listing) -> dict[str, list[tuple[str, str]]]:
-    """For each request, whom the reviewer may hand it to: reviewers who can be told (an
-    email, a webhook or Slack), not asked already, who have not handed it on themselves."""
-    everyone = rt.reviewers.directory().reviewers.values()
-    found = {}
-    for w in listing.items:
-        asked = {r.id for r in rt.reviewers.asked_for(w.interrupt)}
-        gave_up = {d.reviewer for d in w.interrupt.delegations}
-        found[w.ref] = [(r.id, f"{r.name} ({r.id})" if r.name else r.id) for r in everyone
-                        if (r.email or r.webhook or r.slack_id) and r.id not in asked | gave_up]
-    return found
-
-
 def _inbox(rt: Runtime, who: Who, filters: dict[str, str | None], *, status: int = 200,
            notice: Notice | None = None, errors: dict[str, list[dict[str, Any]]] | None = None,
            values: dict[str, dict[str, str]] | None = None, partial: bool = False
@@ -363,7 +350,8 @@ def _inbox(rt: Runtime, who: Who, filters: dict[str, str | None], *, status: int
     editable = frozenset(w.ref for w in listing.items
                          if commands.reviewers_may_edit(rt, w.run.agent, w.interrupt))
     return _page(render_inbox(_signed(rt, who), listing, filters=filters,
-                              handover_to=_handover_to(rt, listing), notice=notice,
+                              handover_to={w.ref: answers.handover_choices(rt, w.interrupt)
+                                           for w in listing.items}, notice=notice,
                               errors=errors, values=values, editable=editable,
                               refresh_url=f"/inbox?{query}", partial=partial), status)
 
@@ -476,13 +464,9 @@ def _gone(rt: Runtime, who: Who, ref: str) -> str:
 @_guarded
 async def bulk(request: Request, rt: Rt) -> Response:
     """The selection, listed for a confirmation: nothing is recorded yet."""
-    form, picks = await _picks(request)
-    who = await _signed_in(rt, request, form)
+    who, picks = await _selection(rt, request)
 
     def confirm() -> HTMLResponse:
-        too_many = _too_many(rt, who, picks)
-        if too_many is not None:
-            return too_many
         chosen, skipped = _chosen(rt, who, picks)
         if not chosen:
             return _inbox(rt, who, NO_FILTERS, status=422, notice=Notice(
@@ -494,12 +478,17 @@ async def bulk(request: Request, rt: Rt) -> Response:
     return await _in_thread(confirm)
 
 
-def _too_many(rt: Runtime, who: Who, picks: list[str]) -> HTMLResponse | None:
-    if len(picks) <= MAX_PICKS:
-        return None
-    return _inbox(rt, who, NO_FILTERS, status=422, notice=Notice(
-        f"{len(picks)} requests were selected; at most {MAX_PICKS} are approved at once: "
-        "nothing was recorded", "errors"))
+async def _selection(rt: Runtime, request: Request) -> tuple[Who, list[str]]:
+    """Who posts a selection, and what they ticked; refused (as the inbox, saying why)
+    past MAX_PICKS."""
+    form, picks = await _picks(request)
+    who = await _signed_in(rt, request, form)
+    if len(picks) > MAX_PICKS:
+        raise _Refused(await _in_thread(lambda: _inbox(rt, who, NO_FILTERS, status=422,
+                                                       notice=Notice(
+            f"{len(picks)} requests were selected; at most {MAX_PICKS} are approved at "
+            "once: nothing was recorded", "errors"))))
+    return who, picks
 
 
 def _chosen(rt: Runtime, who: Who, picks: list[str]) -> tuple[list[waiting.Waiting], str | None]:
@@ -515,13 +504,9 @@ def _chosen(rt: Runtime, who: Who, picks: list[str]) -> tuple[list[waiting.Waiti
 @_guarded
 async def bulk_approve(request: Request, rt: Rt) -> Response:
     """Each request of the confirmed selection approved on its own."""
-    form, picks = await _picks(request)
-    who = await _signed_in(rt, request, form)
+    who, picks = await _selection(rt, request)
 
     def approve() -> HTMLResponse:
-        too_many = _too_many(rt, who, picks)
-        if too_many is not None:
-            return too_many
         results, approved = [], 0
         for ref in picks:
             w = waiting.find(rt, who.reviewer, ref)

@@ -122,20 +122,11 @@ def _closed_state(opened: answers.Opened) -> str | None:
 def _show(opened: answers.Opened, state: str, status: int = 200, rt: Runtime | None = None,
           **extra: Any) -> HTMLResponse:
     form = form_for(opened.interrupt, extra.pop("decision", None)) if state == "open" else None
-    handover_to = _handover_to(rt, opened) if rt is not None and state == "open" else None
+    handover_to = (answers.handover_choices(rt, opened.interrupt)
+                   if rt is not None and state == "open" else None)
     return _page(render_review(agent=opened.run.agent, interrupt=opened.interrupt,
                                reviewer_label=opened.reviewer.label, state=state, form=form,
                                handover_to=handover_to, **extra), status)
-
-
-def _handover_to(rt: Runtime, opened: answers.Opened) -> list[tuple[str, str]]:
-    """Whom the reviewer may hand the request to: reviewers who can be told (an email or a
-    webhook), not asked already, who have not handed it on themselves."""
-    asked = {r.id for r in rt.reviewers.asked_for(opened.interrupt)}
-    gave_up = {d.reviewer for d in opened.interrupt.delegations}
-    return [(r.id, f"{r.name} ({r.id})" if r.name else r.id)
-            for r in rt.reviewers.directory().reviewers.values()
-            if (r.email or r.webhook) and r.id not in asked | gave_up]
 
 
 # `:path` so that a mangled link (cut short after "/review/", or with a "/" in it) still gets

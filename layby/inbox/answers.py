@@ -109,6 +109,16 @@ def refuse_if_closed(opened: Opened) -> None:
                                 status=opened.run.status.value)
 
 
+def handover_choices(rt: Runtime, interrupt: InterruptView) -> list[tuple[str, str]]:
+    """(id, label) of the reviewers a request can be handed to: those who can be told (an
+    email, a webhook or Slack), not asked already, who have not handed it on themselves."""
+    asked = {r.id for r in rt.reviewers.asked_for(interrupt)}
+    gave_up = {d.reviewer for d in interrupt.delegations}
+    return [(r.id, f"{r.name} ({r.id})" if r.name else r.id)
+            for r in rt.reviewers.directory().reviewers.values()
+            if (r.email or r.webhook or r.slack_id) and r.id not in asked | gave_up]
+
+
 def delegate(rt: Runtime, opened: Opened, to: str, *, channel: str,
              note: str | None = None) -> Transition:
     """The opened reviewer hands the request to `to` (another reviewer of the directory)."""

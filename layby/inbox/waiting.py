@@ -169,9 +169,7 @@ def _open_for(rt: Runtime, reviewer: Reviewer, now: float, max_age_s: float = 0.
         for intr in interrupts:
             reasons = why(directory, intr, reviewer.id, now)
             if reasons:
-                expires = routing.epoch(intr.expires_at)
-                found.append(_Open(run_id, agent, intr, reasons,
-                                   None if expires is None else expires - now))
+                found.append(_Open(run_id, agent, intr, reasons, _left(intr, now)))
     found.sort(key=lambda o: (o.left_s is None, o.left_s or 0.0,
                               o.interrupt.created_at or ""))
     return found
@@ -203,8 +201,7 @@ def waiting_for(rt: Runtime, reviewer: Reviewer, *, agent: str | None = None,
         intr = next((i for i in run.interrupts if i.id == o.interrupt.id), None) \
             if run else None
         if run is not None and intr is not None and intr.state is InterruptState.OPEN:
-            mine = any(a.answered_by == f"reviewer:{reviewer.id}" for a in intr.approvals)
-            items.append(Waiting(run, intr, o.why, mine, o.left_s))
+            items.append(Waiting(run, intr, o.why, _approved_by(intr, reviewer), o.left_s))
     return Listing(items, total=len(kept),
                    agents=sorted({o.agent for o in everything}),
                    tools=sorted({o.interrupt.tool_name for o in everything}),
@@ -237,9 +234,17 @@ def find(rt: Runtime, reviewer: Reviewer, ref: str) -> Waiting | None:
     reasons = why(rt.reviewers.directory(), intr, reviewer.id, now)
     if not reasons:
         return None
+    return Waiting(runs[0], intr, reasons, _approved_by(intr, reviewer), _left(intr, now))
+
+
+def _approved_by(intr: InterruptView, reviewer: Reviewer) -> bool:
+    """Whether the reviewer's approval is among those a quorum counts."""
+    return any(a.answered_by == f"reviewer:{reviewer.id}" for a in intr.approvals)
+
+
+def _left(intr: InterruptView, now: float) -> float | None:
     expires = routing.epoch(intr.expires_at)
-    mine = any(a.answered_by == f"reviewer:{reviewer.id}" for a in intr.approvals)
-    return Waiting(runs[0], intr, reasons, mine, None if expires is None else expires - now)
+    return None if expires is None else expires - now
 
 
 def history_of(rt: Runtime, reviewer: Reviewer, limit: int = 100) -> list[Answered]:
