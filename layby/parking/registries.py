@@ -159,64 +159,67 @@ class RunIndex:
         """A page of (run id, last change), newest first, after `cursor` (a page's
         `next`), and the cursor of the page after it (None at the end). Its cost does not
         depend on how deep it is, nor on how many runs there are: each set is read from the
-        cursor's score on, a few runs of each (`_first`)."""
+        cursor's score on, a few runs of each (`_first`), one round trip as a first page."""
         sets = self._sets(status)
         top, after = ("+inf", None) if cursor is None else _from_cursor(cursor)
-        ties = [0] * len(sets)
-        if after is not None:
-            # Runs changed in the cursor's millisecond sort by id: those served are skipped,
-            # so each set is read past as many.
-            pipe = self.client.pipeline(transaction=False)
-            for key in sets:
-                pipe.zcount(key, top, top)
-            ties = [int(t) for t in pipe.execute()]
 
         def queue(pipe: Any, key: str, count: int) -> None:
             pipe.zrevrangebyscore(key, top, "-inf", 0, count, withscores=True)
 
-        keep = None
+        served = None
         if after is not None:
             score = int(top)  # the cursor's score (an int whenever there is a cursor)
 
-            def keep(p: tuple[str, int]) -> bool:
-                return p[1] < score or (p[1] == score and p[0] < after)
+            def served(p: tuple[str, int]) -> bool:
+                # Runs changed in the cursor's millisecond sort by id: those down to the
+                # cursor's own were on the pages before.
+                return p[1] == score and p[0] >= after
 
-        items = self._first(sets, limit + 1, queue, ties, keep)
+        items = self._first(sets, limit + 1, queue, served)
         page = items[:limit]
         more = len(items) > limit
         return page, cursor_of(*page[-1]) if more and page else None
 
     def _first(self, sets: list[str], want: int, queue: Callable[[Any, str, int], None],
-               extra: list[int] | None = None,
-               keep: Callable[[tuple[str, int]], bool] | None = None
+               served: Callable[[tuple[str, int]], bool] | None = None
                ) -> list[tuple[str, int]]:
         """The first `want` (run id, last change) of `sets` merged, in page order (`queue`
-        queues the read of a set's first n, `extra` more of each set are read, `keep`
-        drops what a cursor served). Runs are spread evenly over the shards (by hash): each
-        set is read for twice its share of `want` first, and only a set that may hold more
-        of the first `want` than it gave is read again, in full. So what is read stays about
-        twice `want` however many runs and shards there are; reading `want` of every set
+        queues the read of a set's first n; `served`, for a page after a cursor, tells the
+        runs a set's read starts with that pages before gave). Runs are spread evenly over
+        the shards (by hash): each set is read for twice its share of `want` first, and
+        only a set that may hold more of the first `want` than it gave is read again. So
+        what is read stays about twice `want` however many runs and shards there are, and
+        a page after a cursor costs what a first page does; reading `want` of every set
         (48 shards: 48 times `want`) made a page at 1,000,000 runs twice the cost of one at
-        1,000, where each set is short."""
-        extra = extra or [0] * len(sets)
+        1,000, where each set is short, and counting each set's runs at the cursor's
+        score first (one more round trip, and more seeks in a long set) made a page by
+        cursor a third dearer there."""
         few = min(want, 2 * -(-want // len(sets)) + 1)
-        counts = [few + e for e in extra]
+        counts = [few] * len(sets)
         replies = self._read(sets, counts, queue)
         while True:
-            merged = heapq.merge(*[[(run_id, int(score)) for run_id, score in found]
-                                   for found in replies], key=_order)
-            items = [p for p in merged if keep is None or keep(p)]
-            cutoff = _order(items[want - 1]) if len(items) >= want else None
-            # A set that gave all it was asked for may hold more: needed when its last run
-            # sorts before the `want`-th (what it holds after that sorts after its last).
+            # What a read gives in the cursor's millisecond sorts first among its ties, so
+            # what pages before gave is where a set's read starts.
+            skipped = [_served_first(found, served) for found in replies]
+            merged = heapq.merge(*[[(run_id, int(score)) for run_id, score in found[k:]]
+                                   for found, k in zip(replies, skipped, strict=True)],
+                                 key=_order)
+            items = list(islice(merged, want))
+            cutoff = _order(items[-1]) if len(items) >= want else None
+            # A set that gave all it was asked for may hold more: needed when it gave fewer
+            # than `want` new ones and its last sorts before the `want`-th (what it holds
+            # after that sorts after its last).
             deeper = [i for i, found in enumerate(replies)
-                      if counts[i] < want + extra[i] and len(found) >= counts[i]
+                      if len(found) >= counts[i] and len(found) - skipped[i] < want
                       and (cutoff is None
                            or _order((found[-1][0], int(found[-1][1]))) < cutoff)]
             if not deeper:
-                return items[:want]
+                return items
             for i in deeper:
-                counts[i] = want + extra[i]
+                # `want` past what was served; while a read held only served runs, how many
+                # more there are is not known: at least as many again.
+                counts[i] = max(skipped[i] + want,
+                                2 * counts[i] if skipped[i] == counts[i] else 0)
             for i, found in zip(deeper, self._read([sets[i] for i in deeper],
                                                    [counts[i] for i in deeper], queue),
                                 strict=True):
@@ -257,6 +260,15 @@ class RunIndex:
             for key in self.sets[s]:
                 pipe.zremrangebyscore(key, "-inf", cutoff_ms)
         return sum(pipe.execute())
+
+
+def _served_first(found: list[tuple[str, float]],
+                  served: Callable[[tuple[str, int]], bool] | None) -> int:
+    """How many runs a set's read starts with that pages before gave."""
+    if served is None:
+        return 0
+    return next((k for k, (run_id, score) in enumerate(found)
+                 if not served((run_id, int(score)))), len(found))
 
 
 def _order(item: tuple[str, int]) -> tuple[int, tuple[int, ...]]:

@@ -90,3 +90,22 @@ def test_pages_over_many_shards_spread_unevenly_are_those_of_one(world: World) -
             assert pages(sharded, status, size) == pages(one, status, size), (status, size)
         for offset in (0, 30, 150):
             assert sharded.newest(status, 60, offset) == one.newest(status, 60, offset)
+
+
+def test_pages_through_a_crowded_millisecond_are_those_of_one(world: World) -> None:
+    """Hundreds of runs changed in one millisecond, most in one of 48 shards: a page after
+    a cursor inside that millisecond starts each shard's read with runs pages before gave,
+    reads past as many as it must, and still gives the pages of one shard."""
+    shards = [ShardKeys(f"{world.prefix}:t{k}") for k in range(48)]
+    whole = ShardKeys(f"{world.prefix}:twhole")
+    rng = random.Random(5)
+    for i in range(600):
+        run_id = f"run_{i:03}"
+        score = 2000 if i < 500 else 1990 + rng.randrange(20)
+        shard = shards[0] if i < 450 else rng.choice(shards)
+        world.client.zadd(shard.index(Status.INTERRUPTED), {run_id: score})
+        world.client.zadd(whole.index(Status.INTERRUPTED), {run_id: score})
+    sharded, one = RunIndex(world.client, *shards), RunIndex(world.client, whole)
+    for size in (1, 7, 50, 120):
+        assert pages(sharded, Status.INTERRUPTED, size) == \
+            pages(one, Status.INTERRUPTED, size), size
