@@ -20,6 +20,7 @@ shard's and merges them by score (`lowest_first`, `RunIndex` over several shards
 from __future__ import annotations
 
 import heapq
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -186,16 +187,15 @@ class RunIndex:
         """The first `want` (run id, last change) of `sets` merged, in page order (`queue`
         queues the read of a set's first n; `served`, for a page after a cursor, tells the
         runs a set's read starts with that pages before gave). Runs are spread evenly over
-        the shards (by hash): each set is read for twice its share of `want` first, and
-        only a set that may hold more of the first `want` than it gave is read again. So
-        what is read stays about twice `want` however many runs and shards there are, and
-        a page after a cursor costs what a first page does; reading `want` of every set
-        (48 shards: 48 times `want`) made a page at 1,000,000 runs twice the cost of one at
-        1,000, where each set is short, and counting each set's runs at the cursor's
-        score first (one more round trip, and more seeks in a long set) made a page by
-        cursor a third dearer there."""
-        few = min(want, 2 * -(-want // len(sets)) + 1)
-        counts = [few] * len(sets)
+        the shards (by hash): each set is read for a little more than its share of `want`
+        first (`_first_read`), and only a set that may hold more of the first `want` than
+        it gave is read again. So what is read stays within about twice `want` however
+        many runs and shards there are, and a page after a cursor costs what a first page
+        does; reading `want` of every set (48 shards: 48 times `want`) made a page at
+        1,000,000 runs twice the cost of one at 1,000, where each set is short, and
+        counting each set's runs at the cursor's score first (one more round trip, and more
+        seeks in a long set) made a page by cursor a third dearer there."""
+        counts = [_first_read(want, len(sets))] * len(sets)
         replies = self._read(sets, counts, queue)
         while True:
             # What a read gives in the cursor's millisecond sorts first among its ties, so
@@ -260,6 +260,17 @@ class RunIndex:
             for key in self.sets[s]:
                 pipe.zremrangebyscore(key, "-inf", cutoff_ms)
         return sum(pipe.execute())
+
+
+def _first_read(want: int, sets: int) -> int:
+    """How many runs of each of `sets` a merge of the first `want` reads first: the share
+    and three standard deviations of it and three more. A set holding more of the page
+    than that is read again, one more round trip; at twice the share and one (5 of each of
+    48 sets for a page of 50) that was one page in five (a shard holds a page's runs as
+    a Poisson count), and the one a bench probed deep in 1,000,000 runs was one of them;
+    with this, about one in two thousand."""
+    share = want / sets
+    return min(want, math.ceil(share + 3 * math.sqrt(share)) + 3)
 
 
 def _served_first(found: list[tuple[str, float]],

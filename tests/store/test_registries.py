@@ -11,6 +11,8 @@ import pytest
 
 from layby.parking.keys import ShardKeys
 from layby.parking.registries import Registry, RunIndex, due_in
+from layby.parking.shards import shard_of
+from layby.parking.store import generated_run_id
 from layby.wire import Status
 from tests.store.conftest import World, pages
 
@@ -109,3 +111,27 @@ def test_pages_through_a_crowded_millisecond_are_those_of_one(world: World) -> N
     for size in (1, 7, 50, 120):
         assert pages(sharded, Status.INTERRUPTED, size) == \
             pages(one, Status.INTERRUPTED, size), size
+
+
+def test_a_page_reads_each_of_48_shards_once_at_any_depth(world: World) -> None:
+    """4,800 runs spread over 48 shards as the store spreads them (by id), a few changed in
+    each millisecond: every page of 50, the first and each after a cursor, reads each shard
+    once, in one round trip (a shard read again is a second): within one re-read in all."""
+    shards = [ShardKeys(f"{world.prefix}:e{k}") for k in range(48)]
+    rng = random.Random(23)
+    pipe = world.client.pipeline(transaction=False)
+    for i in range(4800):
+        run_id = generated_run_id()
+        pipe.zadd(shards[shard_of(run_id, 48)].index(Status.INTERRUPTED),
+                  {run_id: 5000 + i // 3 + rng.randrange(2)})
+    pipe.execute()
+    runs = RunIndex(world.client, *shards)
+
+    def reads() -> int:
+        stats = world.client.info("commandstats").get("cmdstat_zrevrangebyscore", {})
+        return int(stats.get("calls", 0))
+
+    before = reads()
+    found = pages(runs, Status.INTERRUPTED, 50)
+    assert len(found) == 96 and sum(len(page) for page in found) == 4800
+    assert reads() - before <= 48 * len(found) + 1
