@@ -263,12 +263,11 @@ class RunIndex:
 
 
 def _first_read(want: int, sets: int) -> int:
-    """How many runs of each of `sets` a merge of the first `want` reads first: the share
-    and three standard deviations of it and three more. A set holding more of the page
-    than that is read again, one more round trip; at twice the share and one (5 of each of
-    48 sets for a page of 50) that was one page in five (a shard holds a page's runs as
-    a Poisson count), and the one a bench probed deep in 1,000,000 runs was one of them;
-    with this, about one in two thousand."""
+    """How many runs of each of `sets` a merge of the first `want` reads first: the share,
+    three standard deviations of it (a shard holds a Poisson count of a page's runs) and
+    three more. A set holding more of the page than that is read again, one more round
+    trip: at twice the share and one (5 of each of 48 sets for a page of 50), one page in
+    five was read so; with this (8), about one in 1,700 (20,000 pages simulated)."""
     share = want / sets
     return min(want, math.ceil(share + 3 * math.sqrt(share)) + 3)
 
