@@ -70,16 +70,11 @@ from layby.wire import (
 # digits, `_`, `-`, `.`: control.commands.RUN_ID).
 RUN_ID_ALPHABET = string.digits + string.ascii_uppercase + string.ascii_lowercase
 RUN_ID_CHARS = 22
-_UNBIASED = 256 - 256 % len(RUN_ID_ALPHABET)  # bytes below it map onto the alphabet evenly
 
 
 def generated_run_id() -> str:
     """A fresh run id, `run_` and RUN_ID_CHARS random letters and digits."""
-    chars: list[str] = []
-    while len(chars) < RUN_ID_CHARS:
-        chars += [RUN_ID_ALPHABET[b % len(RUN_ID_ALPHABET)]
-                  for b in secrets.token_bytes(32) if b < _UNBIASED]
-    return "run_" + "".join(chars[:RUN_ID_CHARS])
+    return "run_" + "".join(secrets.choice(RUN_ID_ALPHABET) for _ in range(RUN_ID_CHARS))
 
 
 @dataclass(frozen=True)
