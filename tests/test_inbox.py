@@ -445,6 +445,27 @@ def test_a_form_without_its_csrf_token_records_nothing(
     finished(inboxed, run_id)
 
 
+def test_a_selection_past_the_limit_records_nothing(
+        inboxed: ReviewedSystem, open_as: Callable[..., Page]) -> None:
+    """More than 100 requests ticked at once: both steps of a selection (confirm, approve)
+    refuse it whole, saying the limit, and the one real request among them stays open."""
+    run_id, asks = parked(inboxed, "demo.transfer", "Send 67 to Ivy")
+    page = open_as(ALICE)
+    token = page.get_attribute("#bulk input[name=_csrf]", "value")
+    assert token
+    base = inboxed.system.base_url
+    picks = [f"{run_id}/{asks}"] + [f"run_{k}/int_{k}" for k in range(100)]
+    body = "&".join([f"_csrf={token}"] + [f"_pick={pick}" for pick in picks])
+    for step in ("bulk", "bulk/approve"):
+        reply = page.request.post(f"{base}/inbox/{step}", data=body, headers={
+            "Content-Type": "application/x-www-form-urlencoded"})
+        assert reply.status == 422, step
+        assert "101 requests were selected; at most 100 are approved at once" in \
+            reply.text()
+    assert answer_of(inboxed, run_id, asks) is None
+    assert inboxed.system.run(run_id)["status"] == "interrupted"
+
+
 def test_one_reviewer_cannot_see_or_answer_anothers_request(
         inboxed: ReviewedSystem, open_as: Callable[..., Page]) -> None:
     run_id, asks = parked(inboxed, "test.named", "bob")
