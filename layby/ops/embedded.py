@@ -23,10 +23,12 @@ slot from one primary to another.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -78,10 +80,42 @@ def allocator_env(malloc: Malloc) -> dict[str, str]:
     return {"LD_PRELOAD": preload}
 
 
+FIRST_PICKED = 20_000  # above the well-known and commonly configured ports
+_GIVEN: deque[int] = deque(maxlen=2_000)  # the ports free_port gave lately, in this process
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, for a server about to start: below the kernel's
+    ephemeral range where there is room (`ip_local_port_range`). A port the kernel gives
+    for `bind(0)` is in that range, where any outgoing connection may take it as its own
+    before the server binds it (seen: a test's Flower, on a machine busy with the suite's
+    connections, "Address already in use"). Not one this process was given lately: a
+    caller often takes several before starting anything on them."""
+    low = _ephemeral_low()
+    if low is not None and low > FIRST_PICKED + 1000:
+        pick = random.SystemRandom()
+        for _ in range(50):
+            port = pick.randrange(FIRST_PICKED, low)
+            if port in _GIVEN:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _GIVEN.append(port)
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int | None:
+    """The first port of the kernel's ephemeral range (Linux), None where it is not told."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass
@@ -391,8 +425,8 @@ class EmbeddedCluster:
                 "cluster-enabled": "yes",
                 "cluster-config-file": "nodes.conf",
                 "cluster-node-timeout": str(self.node_timeout_ms),
-                # The bus is on the client port + 10,000 unless named, and ports from
-                # free_port are often above 55,535.
+                # The bus is on the client port + 10,000 unless named, and a port from
+                # free_port may be above 55,535 (where the kernel's range is not told).
                 "cluster-port": str(bus_port),
                 # A primary waits 5 s by default before its first full sync, for more
                 # replicas to share it: that was most of the time the cluster took to form.
