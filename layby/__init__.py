@@ -3,6 +3,7 @@
 Write agents and tools (run by layby's workers)::
 
     from layby import Agent, tool, interrupt_tool, ToolContext, Ask, Approval
+    from layby import RetryPolicy, RetryLater              # when a tool fails
     from layby import ScriptedModel, Reply, Call          # real models: layby.models
 
 Drive runs from another service::
@@ -27,6 +28,7 @@ from layby.generation.interrupts import (
     OnExpire,
     ResumeEntry,
 )
+from layby.generation.retries import RetryLater, RetryPolicy
 from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
 from layby.generation.tools import Approval, Ask, ToolContext, interrupt_tool, tool
 from layby.generation.versions import StoredRun
@@ -42,7 +44,8 @@ __all__ = [
     "Agent", "Answer", "Approval", "Ask", "AsyncClient", "Call", "Case", "Choose", "Client",
     "Conflict", "Delegation", "Event", "InterruptView", "Invalid", "LaybyError", "NotFound",
     "OnExpire", "Reply",
-    "ResumeEntry", "RunSummary", "RunView", "ScriptedModel", "Status", "StoredRun",
+    "ResumeEntry", "RetryLater", "RetryPolicy", "RunSummary", "RunView", "ScriptedModel",
+    "Status", "StoredRun",
     "ToolContext",
     "Unauthorized", "interrupt_tool", "tool",
 ]

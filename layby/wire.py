@@ -4,6 +4,7 @@ as readers see them, events, request bodies, and the error body. camelCase on th
 Run and interrupt states are here too, since both sides read them::
 
     queued → running → interrupted → resuming → running → … → completed | failed | cancelled
+                     → retrying → queued (a failed tool call waits to be tried again)
 
 Messages and interrupts themselves are `layby.generation`'s (Genkit's and AG-UI's shapes).
 """
@@ -27,6 +28,8 @@ class Status(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # The step waits to try failed tool calls again (`RetryPolicy`); then queued.
+    RETRYING = "retrying"
 
     @property
     def finished(self) -> bool:
@@ -145,6 +148,25 @@ class Notification(Wire):
     message: str | None = None
 
 
+class ToolRetry(Wire):
+    """A tool call that failed and waits to be tried again."""
+
+    tool_call_id: str  # the call's ref
+    tool_name: str
+    attempt: int  # the attempt that comes next (2, 3, …)
+    max_attempts: int
+    last_error: str  # "Type: message" of the attempt before
+    first_attempt_at: str
+
+
+class RetryWait(Wire):
+    """What a run waits for while its step waits to try failed tool calls again: the calls,
+    and when the next try is due (the step is then queued again; the calls run then)."""
+
+    calls: list[ToolRetry]
+    next_attempt_at: str | None = None
+
+
 class RunView(Wire):
     """A run: where it stands, its history, its interrupts and how they were answered."""
 
@@ -163,6 +185,9 @@ class RunView(Wire):
     result: str | None = None
     error: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    # While the step waits to try failed tool calls again (`retrying`), and while it runs
+    # them again: which, which attempt, the last error, when the next try is due.
+    retry: RetryWait | None = None
     created_at: str
     updated_at: str
 
@@ -179,6 +204,7 @@ class RunSummary(Wire):
     version: int
     agent_version: str | None = None
     open_interrupts: int
+    retry: RetryWait | None = None  # as RunView's
     created_at: str
     updated_at: str
 

@@ -2,11 +2,14 @@
 
 A step is a model turn, or the resume of a parked turn once every interrupt has an answer.
 The claim reads everything the step needs; the commit writes the outcome and queues what
-follows, each one round trip. After a `Continue` the next turn is taken in the same task
-while the time budget lasts (fewer hops), else queued; a resume that only applied answers
-is not even committed before the turn after it (a step run again reaches it again). A
-heartbeat keeps the claim while a step runs (`tasks.heartbeat`). When a run parks, its
-announcements are planned here and recorded by the park itself.
+follows, each one round trip. A step whose tool calls failed in a way their policy tries
+again commits nothing: it waits in the store (`retrying`, with what it did so far saved
+beside its checkpoints), and the sweeper queues it again, at the same version, when the
+next try is due; no worker waits meanwhile. After a `Continue` the next turn is taken in
+the same task while the time budget lasts (fewer hops), else queued; a resume that only
+applied answers is not even committed before the turn after it (a step run again reaches
+it again). A heartbeat keeps the claim while a step runs (`tasks.heartbeat`). When a run
+parks, its announcements are planned here and recorded by the park itself.
 
 Everything here may run twice: the claim refuses stale or duplicate messages, checkpoints
 keep a redelivered step from calling the model or a finished tool again where that could
@@ -18,7 +21,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis
@@ -31,12 +35,14 @@ from layby.generation.answers import to_resume
 from layby.generation.interrupts import BACKGROUND_JOB, Interrupt, ResumeEntry
 from layby.generation.messages import Message, dump_messages
 from layby.generation.providers.common import ProviderError
+from layby.generation.retries import checkpoint_key
 from layby.generation.turn import (
     Continue,
     Fail,
     Finish,
     Outcome,
     Park,
+    Retry,
     Step,
     model_turn,
     resume_turn,
@@ -50,10 +56,11 @@ from layby.generation.versions import (
     what_changed,
 )
 from layby.notifier import delivery, planning
-from layby.parking import Announcements, RunRecord, Store, Verdict
+from layby.parking import Announcements, RunRecord, Store, Verdict, formats
+from layby.parking.clock import iso
 from layby.tasks.heartbeat import Heartbeat
 from layby.tasks.jobs import starter
-from layby.wire import Answer, InterruptState
+from layby.wire import Answer, InterruptState, RetryWait, ToolRetry
 
 log = logging.getLogger(__name__)
 # How long a worker holds a pinned run's step it does not host before handing it back: a
@@ -76,6 +83,7 @@ class StoreCheckpoints:
     version: int
     owner: str
     saved: dict[str, Any]
+    unsaved: set[str] = field(default_factory=set)  # kept in memory only
 
     def get(self, key: str) -> Any | None:
         return self.saved.get(key)
@@ -85,6 +93,14 @@ class StoreCheckpoints:
                                                       key, value):
             raise LostClaim(f"run {self.run_id} moved on while version {self.version} ran")
         self.saved[key] = value
+        if durable:
+            self.unsaved.discard(key)
+        else:
+            self.unsaved.add(key)
+
+    def pending(self) -> dict[str, Any]:
+        """What is kept in memory only: saved with a wait to retry, which commits nothing."""
+        return {key: self.saved[key] for key in self.unsaved}
 
 
 def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) -> str:
@@ -151,6 +167,8 @@ def _loop(rt: Runtime, beat: Heartbeat, record: RunRecord) -> str:
             # commit covers both.
             step = replace(step, history=outcome.messages)
             continue
+        if isinstance(outcome, Retry):
+            return _wait_to_retry(rt, step, owner, outcome)
         done, version = _commit(rt, agent, step, committed, owner, outcome, inline=inline)
         log.info("run %s: %s in %.0f ms", run_id, type(outcome).__name__.lower(),
                  (time.monotonic() - started) * 1000)
@@ -164,9 +182,38 @@ def _loop(rt: Runtime, beat: Heartbeat, record: RunRecord) -> str:
 
 def _step(rt: Runtime, version: int, owner: str, history: list[Message],
           metadata: dict[str, Any], saved: dict[str, Any], run_id: str) -> Step:
+    # A failed call waits to be tried again only in a store every process sharing it knows
+    # such waits in (format 2: no layby 0.2.0 left, `layby.parking.formats`).
     return Step(run_id, version, history, metadata,
                 checkpoints=StoreCheckpoints(rt.store, run_id, version, owner, dict(saved)),
-                jobs=starter(rt.celery))
+                jobs=starter(rt.celery), retries=rt.store.writing >= formats.SHARDED)
+
+
+def _wait_to_retry(rt: Runtime, step: Step, owner: str, outcome: Retry) -> str:
+    """The step's failed calls wait to be tried again (schedule_retry.lua): the run is
+    `retrying` until the longest of their waits is over, this step's results kept. Returns
+    what Flower shows of the task: the calls, their attempts and errors' types (an error's
+    message is the tool's, and may hold what Flower must not show)."""
+    due = datetime.now(UTC) + timedelta(seconds=outcome.wait_s)
+    wait = RetryWait(calls=[
+        ToolRetry(tool_call_id=c.ref, tool_name=c.tool, attempt=c.next_attempt,
+                  max_attempts=c.max_attempts, last_error=c.tried.error,
+                  first_attempt_at=c.tried.first_at) for c in outcome.calls],
+        next_attempt_at=iso(int(due.timestamp() * 1000)))
+    checkpoints = step.checkpoints
+    assert isinstance(checkpoints, StoreCheckpoints)
+    kept = {**checkpoints.pending(),
+            **{checkpoint_key(c.ref): c.tried.dump() for c in outcome.calls}}
+    result = rt.store.schedule_retry(step.run_id, step.version, owner, wait,
+                                     int(due.timestamp() * 1000), wait.wire(),
+                                     checkpoints=kept, tools=[c.tool for c in outcome.calls])
+    if not result.ok:
+        raise LostClaim(f"run {step.run_id}: the wait to retry at version {step.version} was "
+                        f"refused ({result.verdict}: the run is {result.status or 'gone'})")
+    tried = ", ".join(f"{c.tool} attempt {c.tried.failed} of {c.max_attempts} failed "
+                      f"({c.error_type})" for c in outcome.calls)
+    log.info("run %s waits %.1f s to try again: %s", step.run_id, outcome.wait_s, tried)
+    return f"retrying in {outcome.wait_s:.1f} s: {tried}"
 
 
 def _take_step(agent: Agent, step: Step, record: RunRecord) -> Outcome:
@@ -261,10 +308,11 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
     event: dict[str, Any] = {"from": len(outcome.messages) - len(added),
                              "historyTo": len(outcome.messages)}
     match outcome:
-        case Continue(messages=messages):
+        case Continue(messages=messages, exhausted=exhausted):
             result = store.advance(step.run_id, step.version, owner, messages,
                                    {**event, "agentVersion": agent.version,
-                                    "messages": dump_messages(added)}, inline=inline)
+                                    "messages": dump_messages(added)}, inline=inline,
+                                   exhausted=exhausted)
         case Park(messages=messages, interrupts=interrupts):
             interrupts, by_rule = _under_policy(rt, agent, step, interrupts)
             # What the run waits on (ids and reasons: the interrupts themselves are the
@@ -286,16 +334,19 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
                                      slack=planning.slack_stored(store)
                                      ) if asking else Announcements()
             result = store.park(step.run_id, step.version, owner, messages, interrupts, event,
-                                plan=plan, by_rule=by_rule)
-        case Finish(messages=messages, result=text):
+                                plan=plan, by_rule=by_rule, exhausted=outcome.exhausted)
+        case Finish(messages=messages, result=text, exhausted=exhausted):
             event["result"] = text
             result = store.complete(step.run_id, step.version, owner, messages, text,
                                     {**event, "agentVersion": agent.version,
-                                     "messages": dump_messages(added)})
-        case Fail(messages=messages, code=code, message=message, detail=detail):
+                                     "messages": dump_messages(added)}, exhausted=exhausted)
+        case Fail(messages=messages, code=code, message=message, detail=detail,
+                  exhausted=exhausted):
             error = {"code": code, "message": message, **({"detail": detail} if detail else {})}
             result = store.fail(step.run_id, error, version=step.version, owner=owner,
-                                messages=messages)
+                                messages=messages, exhausted=exhausted)
+        case Retry():
+            raise AssertionError("a wait to retry commits nothing (_wait_to_retry)")
     if not result.ok:
         raise LostClaim(f"run {step.run_id}: commit of version {step.version} refused "
                         f"({result.verdict}: the run is {result.status or 'gone'})")

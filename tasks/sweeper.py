@@ -1,5 +1,6 @@
 """The sweeper: publishes what the outbox still holds, queues due notifications (retries,
-reminders, lost sends), applies expiry policies, requeues runs whose worker died (a step
+reminders, lost sends), applies expiry policies, queues again the steps whose failed tool
+calls are due to be tried again, requeues runs whose worker died (a step
 it held, a message it had reserved), requeues every waiting run at once when the store (or
 a broker of its own) comes back from a restart or a failover (its last writes, a task
 message among them, may be gone), folds the events of runs parked for a while into their
@@ -98,6 +99,9 @@ def _sweep(rt: Runtime) -> dict[str, int]:
     for run_id, interrupt_id in store.due_deadlines():
         with about(run_id=run_id, interrupt_id=interrupt_id):
             counts["expired"] += _guarded(expire, rt, run_id, interrupt_id)
+    for run_id in store.due_retries():
+        with about(run_id=run_id):
+            counts["retried"] = counts.get("retried", 0) + _guarded(_retry_due, rt, run_id)
     for run_id in store.lapsed_leases():
         with about(run_id=run_id):
             counts["requeued"] += _guarded(_requeue, rt, run_id,
@@ -242,6 +246,16 @@ def _requeue(rt: Runtime, run_id: str, why: str) -> int:
         return 0
     log.warning("run %s: %s; step requeued", run_id, why)
     rt.publish(result.entries)  # when the store could not queue it itself
+    return 1
+
+
+def _retry_due(rt: Runtime, run_id: str) -> int:
+    """A retrying run whose next try is due: its step queued again, at the same version."""
+    result = rt.store.requeue(run_id)
+    if not result.ok:
+        return 0
+    log.info("run %s: its failed tool calls are due to be tried again; step queued", run_id)
+    rt.publish(result.entries)
     return 1
 
 

@@ -57,8 +57,10 @@ from layby.generation.messages import (
     why_not_a_start,
 )
 from layby.generation.models import Model, ModelRequest, ModelResponse
+from layby.generation.retries import DEFAULT_RETRY, RetryCall, RetryLater, RetryPolicy, Tried
 from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
 from layby.generation.tools import (
+    AGENT_RETRY,
     Approval,
     Ask,
     EndRun,
@@ -76,6 +78,7 @@ from layby.generation.turn import (
     Outcome,
     Park,
     Resume,
+    Retry,
     Step,
     model_turn,
     resume_turn,
@@ -90,14 +93,16 @@ from layby.generation.versions import (
 )
 
 __all__ = [
-    "AGENT_CHANGED", "BACKGROUND_JOB", "CONFIRMATION", "INPUT_REQUIRED", "MAX_JSON_DEPTH",
+    "AGENT_CHANGED", "AGENT_RETRY", "BACKGROUND_JOB", "CONFIRMATION", "DEFAULT_RETRY", "INPUT_REQUIRED",
+    "MAX_JSON_DEPTH",
     "TOOL_CALL", "Agent", "Approval", "Ask", "Call", "Case", "Changed", "Choose",
     "ConfigError", "Conflict", "Continue", "EndRun", "Escalation", "ExpiryAction", "Fail",
     "Finish", "Forbidden", "Interrupt", "Invalid", "InvalidAnswer", "JobRequest", "LaybyError",
     "Message", "Model", "ModelRequest", "ModelResponse", "NotFound", "OnChange", "OnExpire",
     "Outcome", "Park", "Part", "Reply", "RequestError", "Resume", "ResumeEntry", "ResumeError",
-    "ResumeMode", "RunFailed", "ScriptedModel", "Step", "StoredRun", "TooLarge", "Tool",
-    "ToolContext", "ToolInterrupt", "ToolRequest", "ToolResponse", "Unauthorized",
+    "ResumeMode", "Retry", "RetryCall", "RetryLater", "RetryPolicy", "RunFailed",
+    "ScriptedModel", "Step", "StoredRun", "TooLarge", "Tool",
+    "ToolContext", "ToolInterrupt", "ToolRequest", "ToolResponse", "Tried", "Unauthorized",
     "Unavailable", "UnknownToolCall", "UnresolvedToolCall", "check_answer", "check_storable",
     "fingerprint", "hosted", "hosted_versions", "interrupt_tool", "load_agents", "migrated",
     "model_turn", "parked_version", "resume_turn", "schema_errors", "text_message",

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from layby.errors import ConfigError
 from layby.generation.importing import import_user_module
 from layby.generation.models import Model
-from layby.generation.tools import Tool
+from layby.generation.retries import DEFAULT_RETRY, RetryPolicy
+from layby.generation.tools import AGENT_RETRY, Tool
 
 if TYPE_CHECKING:
     from layby.generation.versions import StoredRun
@@ -70,8 +71,14 @@ class Agent:
     # Given the stored run of another version, returns it changed to fit this one (checked
     # as "continue" checks, after).
     migrate: Callable[[StoredRun], StoredRun] | None = None
+    # How its tools' failures are tried again, for tools that say nothing themselves
+    # (`@tool(retry=...)`); None: never.
+    tool_retry: RetryPolicy | None = DEFAULT_RETRY
 
     def __post_init__(self) -> None:
+        if not (self.tool_retry is None or isinstance(self.tool_retry, RetryPolicy)):
+            raise ConfigError(f"agent {self.name!r}: tool_retry must be a RetryPolicy or "
+                              f"None, not {self.tool_retry!r}")
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             raise ConfigError(f"agent {self.name!r} declares a tool name twice: {names}")
@@ -88,6 +95,10 @@ class Agent:
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)
+
+    def retry_policy(self, tool: Tool) -> RetryPolicy | None:
+        """The policy `tool`'s failures are tried again under: its own, or this agent's."""
+        return self.tool_retry if tool.retry == AGENT_RETRY else tool.retry
 
 
 def load_agents(modules: list[str]) -> dict[str, Agent]:

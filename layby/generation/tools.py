@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
-from typing import Any, NoReturn, get_type_hints, overload
+from typing import Any, Literal, NoReturn, get_type_hints, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 
@@ -36,6 +36,10 @@ from layby.generation.interrupts import (
     check_reason,
     interrupt_id,
 )
+from layby.generation.retries import RetryPolicy
+
+# A tool's `retry` when it was given none: its agent's `tool_retry` applies.
+AGENT_RETRY: Literal["agent"] = "agent"
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +157,14 @@ class ToolContext:
     resumed: Any = None  # the answer a restarted call was given (a model instance if typed)
     jobs: JobStarter | None = None
     approval_asked: bool = False  # the answer is to `requires_approval`'s question
+    # Which try of this call this is: 1, then 2, … when its failures are tried again
+    # (`RetryPolicy`).
+    attempt: int = 1
 
     @property
     def idempotency_key(self) -> str:
-        """Stable across redeliveries of this turn: hand it to the outside world."""
+        """Stable across redeliveries of this turn and across the attempts of this call:
+        hand it to the outside world, which can then drop a repeat."""
         return f"{self.run_id}:{self.ref}:{self.version}"
 
     @property
@@ -206,6 +214,8 @@ class Tool:
     requires_approval: bool | Callable[..., bool] = False
     # Reviewers may change the call's arguments when they approve it (`replaceInput`).
     allow_edit: bool = False
+    # How its failures are tried again: a policy, None (never), or its agent's.
+    retry: RetryPolicy | Literal["agent"] | None = AGENT_RETRY
 
     @property
     def is_interrupt(self) -> bool:
@@ -301,7 +311,8 @@ def _interrupt_ask(tool: Tool, ask: Ask, parsed: BaseModel) -> Ask:
 def _build(fn: Callable[..., Any], name: str | None, description: str | None,
            output: Any, interrupt_reason: str | None,
            requires_approval: bool | Callable[..., bool] = False,
-           allow_edit: bool = False) -> Tool:
+           allow_edit: bool = False,
+           retry: RetryPolicy | Literal["agent"] | None = AGENT_RETRY) -> Tool:
     hints = get_type_hints(fn, include_extras=True)  # keep Annotated constraints
     params = list(inspect.signature(fn).parameters.values())
     ctx_param = next((p.name for p in params if hints.get(p.name) is ToolContext), None)
@@ -321,9 +332,12 @@ def _build(fn: Callable[..., Any], name: str | None, description: str | None,
             fields[p.name] = (hints[p.name], default)
         input_model = create_model(f"{tool_name}_input", **fields)
     out_type = output if output is not None else hints.get("return", Any)
+    if not (retry is None or retry == AGENT_RETRY or isinstance(retry, RetryPolicy)):
+        raise ConfigError(f"tool {tool_name!r}: retry must be a RetryPolicy or None, "
+                          f"not {retry!r}")
     return Tool(tool_name, description or inspect.getdoc(fn) or "", fn, input_model,
                 TypeAdapter(out_type), takes_model, ctx_param, interrupt_reason,
-                requires_approval, allow_edit)
+                requires_approval, allow_edit, retry)
 
 
 @overload
@@ -332,13 +346,15 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 
 @overload
 def tool(*, name: str | None = None, description: str | None = None,
-         requires_approval: bool | Callable[..., bool] = False, allow_edit: bool = False
+         requires_approval: bool | Callable[..., bool] = False, allow_edit: bool = False,
+         retry: RetryPolicy | Literal["agent"] | None = AGENT_RETRY
          ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
          description: str | None = None,
-         requires_approval: bool | Callable[..., bool] = False, allow_edit: bool = False
+         requires_approval: bool | Callable[..., bool] = False, allow_edit: bool = False,
+         retry: RetryPolicy | Literal["agent"] | None = AGENT_RETRY
          ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Declare a tool from a typed function: `@tool`, or `@tool(name=..., description=...,
     requires_approval=...)`.
@@ -352,10 +368,15 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
     inbox offers the edit; the tool runs with the new ones, checked against its input
     schema, and the history keeps the original beside them). Without it, only the run's
     owner may (`metadata.replaceInput` through the API).
+
+    `retry`: how the tool's passing failures are tried again (`RetryPolicy`); None never
+    tries them again; left out, the agent's `tool_retry` applies (by default
+    `RetryPolicy()`: five attempts on connection errors and timeouts).
     """
     if fn is not None:
-        return _build(fn, name, description, None, None, requires_approval, allow_edit)
-    return lambda f: _build(f, name, description, None, None, requires_approval, allow_edit)
+        return _build(fn, name, description, None, None, requires_approval, allow_edit, retry)
+    return lambda f: _build(f, name, description, None, None, requires_approval, allow_edit,
+                            retry)
 
 
 def interrupt_tool(*, output: Any, reason: str = INPUT_REQUIRED, name: str | None = None,

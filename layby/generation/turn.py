@@ -2,9 +2,11 @@
 
 `model_turn` calls the model once and runs every tool it asked for (in parallel); `resume_turn`
 applies answers to a parked turn the way Genkit does (`respond`, `restart`, pending outputs).
-Both return an `Outcome`: go on, park on interrupts, finish, or fail. Nothing here talks to
-Redis or Celery: durability comes in through `Checkpoints` (so a step run twice does not
-call the model or a finished tool twice) and background jobs through a `JobStarter`.
+Both return an `Outcome`: go on, park on interrupts, finish, fail, or wait to try failed
+tool calls again (`Retry`, under their `RetryPolicy`). Nothing here talks to Redis or
+Celery: durability comes in through `Checkpoints` (so a step run twice does not call the
+model or a finished tool twice, and a step taken again after a retry's wait knows its
+calls' failed attempts) and background jobs through a `JobStarter`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ from layby.generation.agents import Agent
 from layby.generation.interrupts import Interrupt, OnExpire, ResumeMode
 from layby.generation.messages import Message, Part, ToolRequest, ToolResponse
 from layby.generation.models import ModelRequest
+from layby.generation.retries import (
+    DEFAULT_RETRY,
+    RetryCall,
+    RetryLater,
+    RetryPolicy,
+    Tried,
+    checkpoint_key,
+)
 from layby.generation.tools import (
     Ask,
     EndRun,
@@ -72,10 +82,17 @@ class Step:
     checkpoints: Checkpoints = field(default_factory=NoCheckpoints)
     jobs: JobStarter | None = None
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    # Whether a failed call may wait to be tried again (False while a layby that knows no
+    # such waits shares the store: its failure then counts as its last attempt).
+    retries: bool = True
 
     @property
     def turns_taken(self) -> int:
         return sum(1 for m in self.history if m.role == "model")
+
+
+# Each outcome but `Retry` names, in `exhausted`, the tools whose calls ran out of attempts
+# in the step (for /metrics).
 
 
 @dataclass
@@ -84,18 +101,21 @@ class Continue:
     # Nothing ran to reach it (a resume that only applied answers): a step run again
     # reaches it again, so it needs no commit of its own before the next turn.
     replayable: bool = False
+    exhausted: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Park:
     messages: list[Message]
     interrupts: list[Interrupt]
+    exhausted: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Finish:
     messages: list[Message]
     result: str
+    exhausted: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -104,18 +124,37 @@ class Fail:
     code: str
     message: str
     detail: dict[str, Any] | None = None  # kept in the run's error beside code and message
+    exhausted: list[str] = field(default_factory=list)
 
 
-Outcome = Continue | Park | Finish | Fail
+@dataclass
+class Retry:
+    """Calls of the turn failed in a way their policy tries again: the step is to be taken
+    again, at the same version, once the longest of their waits is over. Nothing is
+    committed (`messages` is the history as it was); what the turn's other calls did is
+    kept in its checkpoints, and so are the failed calls' attempts (`RetryCall.tried`)."""
+
+    messages: list[Message]
+    calls: list[RetryCall]
+
+    @property
+    def wait_s(self) -> float:
+        return max(c.wait_s for c in self.calls)
 
 
-# What one tool call came to; stored as a checkpoint under "tool:<ref>".
+Outcome = Continue | Park | Finish | Fail | Retry
+
+
+# What one tool call came to; stored as a checkpoint under "tool:<ref>" (but a "retry" or a
+# "fail", which no step must find again: the call is to run again, or the run ends).
 @dataclass
 class CallResult:
-    kind: str  # "output" | "interrupt" | "end"
+    kind: str  # "output" | "interrupt" | "end" | "retry" | "fail"
     output: Any = None
     interrupt: Interrupt | None = None
     result: str | None = None
+    retry: RetryCall | None = None  # "retry": the call, to try again
+    exhausted: bool = False  # the call's error ends its attempts ("output", "fail")
 
     def dump(self) -> dict[str, Any]:
         return {"kind": self.kind, "output": self.output, "result": self.result,
@@ -201,10 +240,13 @@ def _run_calls(agent: Agent, step: Step,
             running[0] -= 1
             parks[0] |= result.kind == "interrupt"
             others, parking = running[0], parks[0]
+        if result.kind in ("retry", "fail"):
+            return ref, result  # to run again, or the end of the run: nothing to keep
         # What a tool with a body did is kept while others still run, or when the turn
         # parks (a park's commit comes after its policy and announcements are worked
         # out), so a step run again does not repeat it. The last call of a turn that goes
-        # on is followed by the commit at once.
+        # on is followed by the commit at once (a turn that waits to retry a call saves
+        # what it kept in memory with the wait: `tasks.steps`).
         step.checkpoints.put(key, result.dump(),
                              durable=(others > 0 or parking) and _acts(agent, request.name))
         return ref, result
@@ -220,11 +262,14 @@ def _run_one(agent: Agent, step: Step, request: ToolRequest, restart: Part | Non
     if tool is None:
         return CallResult("output", {"error": f"unknown tool {request.name!r}; available: "
                                               f"{[t.name for t in agent.tools]}"})
+    tried = Tried.load(step.checkpoints.get(checkpoint_key(request.ref or "")))
+    began = _iso(step.now())
     ctx = ToolContext(step.run_id, step.version, request.ref or "", tool.name,
                       step.run_metadata, restarted=restart is not None,
                       resumed=typed_answer(restart.meta("resumedType"), restart.meta("resumed"))
                       if restart else None, jobs=step.jobs,
-                      approval_asked=bool(restart and restart.meta("approval")))
+                      approval_asked=bool(restart and restart.meta("approval")),
+                      attempt=tried.failed + 1 if tried else 1)
     try:
         return CallResult("output", tool.call(ctx, request.input))
     except ToolInterrupt as signal:
@@ -235,9 +280,49 @@ def _run_one(agent: Agent, step: Step, request: ToolRequest, restart: Part | Non
     except ValidationError as exc:
         return CallResult("output", {"error": f"invalid input for {tool.name}: "
                                               f"{exc.errors(include_url=False)}"})
-    except Exception as exc:  # noqa: BLE001  (a tool's failure is news for the model, not the end of the run)
-        log.warning("tool %s failed in run %s: %r", tool.name, step.run_id, exc)
-        return CallResult("output", {"error": f"{type(exc).__name__}: {exc}"})
+    except Exception as exc:  # noqa: BLE001  (a tool's failure is tried again, or news for the model)
+        return _failed(agent, step, tool, ctx, exc, tried.first_at if tried else began)
+
+
+def _failed(agent: Agent, step: Step, tool: Tool, ctx: ToolContext, exc: Exception,
+            first_at: str) -> CallResult:
+    """A call that raised: to try again (a failure its policy tries again, attempts left, a
+    store that keeps waits), else its error for the model, or the run's end (a policy's
+    `on_exhausted="fail"`)."""
+    policy = agent.retry_policy(tool)
+    later = isinstance(exc, RetryLater)
+    # A tool that asks to be tried later is, even with retries off (the default's limit).
+    bound: RetryPolicy = policy if policy is not None else DEFAULT_RETRY
+    error = f"{type(exc).__name__}: {exc}"
+    passing = later or (policy is not None and policy.retries(exc))
+    tried = Tried(ctx.attempt, first_at, error)
+    if passing and step.retries and ctx.attempt < bound.max_attempts:
+        wait = exc.after_s if isinstance(exc, RetryLater) else bound.wait_s(ctx.attempt)
+        log.warning("tool %s failed in run %s (attempt %d of %d): %s; trying again in "
+                    "%.1f s", tool.name, step.run_id, ctx.attempt, bound.max_attempts,
+                    error, wait)
+        return CallResult("retry", retry=RetryCall(ctx.ref, tool.name, tried,
+                                                   bound.max_attempts, wait,
+                                                   type(exc).__name__))
+    log.warning("tool %s failed in run %s: %r", tool.name, step.run_id, exc)
+    if not passing and ctx.attempt == 1:
+        return CallResult("output", {"error": error})
+    over_s = max(0.0, (step.now() - _parse_iso(first_at)).total_seconds())
+    told = (f"{error} (tried {ctx.attempt} time{'s' if ctx.attempt > 1 else ''} over "
+            f"{over_s:.0f} s)")
+    if passing and bound.on_exhausted == "fail":
+        return CallResult("fail", {"tool": tool.name, "ref": ctx.ref, "attempts": ctx.attempt,
+                                   "overS": round(over_s, 3), "error": error},
+                          result=f"tool {tool.name!r} failed: {told}", exhausted=True)
+    return CallResult("output", {"error": told, "attempts": ctx.attempt,
+                                 "overS": round(over_s, 3)}, exhausted=True)
+
+
+def _parse_iso(text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.now(UTC)
 
 
 def _interrupt(agent: Agent, step: Step, tool: Tool, ctx: ToolContext, request: ToolRequest,
@@ -279,6 +364,14 @@ def _settle(step: Step, message: Message, calls: list[Part], results: dict[str, 
 
     `responses` holds answers already known (respond, decline, pending); `results` what ran.
     """
+    exhausted = [_tool_of(calls, ref) for ref, r in results.items() if r.exhausted]
+    failed = next((r for r in results.values() if r.kind == "fail"), None)
+    if failed is not None:
+        return Fail(step.history, "tool_failed", failed.result or "a tool failed",
+                    failed.output, exhausted=exhausted)
+    waiting = [r.retry for r in results.values() if r.kind == "retry" and r.retry]
+    if waiting:
+        return Retry(step.history, waiting)
     known = dict(responses or {})
     for part in calls:
         req = part.tool_request
@@ -290,15 +383,21 @@ def _settle(step: Step, message: Message, calls: list[Part], results: dict[str, 
     interrupts = [r.interrupt for r in results.values() if r.kind == "interrupt" and r.interrupt]
     base = step.history[:-1] if resumed else step.history
     if interrupts and not ended:
-        return Park([*base, _mark(message, calls, results, known)], interrupts)
+        return Park([*base, _mark(message, calls, results, known)], interrupts,
+                    exhausted=exhausted)
     refs = [p.tool_request.ref or "" for p in calls if p.tool_request is not None]
     tool_message = Message(role="tool", content=[known[r] for r in refs if r in known],
                            metadata={"resumed": True} if resumed else None)
     model_message = _resolve_marks(message) if resumed else message
     messages = [*base, model_message, tool_message]
     if ended:
-        return Finish(messages, ended.result or "")
-    return Continue(messages)
+        return Finish(messages, ended.result or "", exhausted=exhausted)
+    return Continue(messages, exhausted=exhausted)
+
+
+def _tool_of(calls: list[Part], ref: str) -> str:
+    return next((p.tool_request.name for p in calls
+                 if p.tool_request is not None and p.tool_request.ref == ref), "")
 
 
 def _response(req: ToolRequest, output: Any, metadata: dict[str, Any] | None) -> Part:

@@ -24,10 +24,12 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
     (the version of the agent it started on; absent: unknown), pinned ('1' when its steps go to
     that version's queue; absent otherwise), sent ("<queue> <n>": the number its step's task
     message took in that queue (queues); absent: queued by a layby before 0.3.0, or before the
-    run moved to the sharded layout). And the run's interrupts, "i:<interrupt id>" → Interrupt
-    JSON (immutable once written), and its notifications, "n:<notification id>" → Notification
-    JSON (with its token), both under short names (parking.codecs): keys of their own would cost
-    more than they hold; events (a run parked a while: its events, folded; see events).
+    run moved to the sharded layout); retry (while its step waits to try failed tool calls
+    again, and until the step commits: RetryWait JSON, layby.wire) and retry_at (when the next
+    try is due, ms). And the run's interrupts, "i:<interrupt id>" → Interrupt JSON (immutable
+    once written), and its notifications, "n:<notification id>" → Notification JSON (with its
+    token), both under short names (parking.codecs): keys of their own would cost more than they
+    hold; events (a run parked a while: its events, folded; see events).
 <p>:{<run>}:interrupts              hash    until migration 1
     only a run of 0.1.0's predecessors (its hash has an `id` field): interrupt id → Interrupt
     JSON; migration 1 moves them into the run's hash and deletes it.
@@ -66,6 +68,9 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
     "<run id> <interrupt id>" scored by expiry (ms).
 <p>:{<shard>}:leases                zset    none
     running runs' ids scored by the end of their lease (ms).
+<p>:{<shard>}:retries               zset    none
+    retrying runs' ids (their step waits to try failed tool calls again) scored by when the next
+    try is due (ms): the sweeper queues the step again then.
 {<p>:format}:workers                zset    none
     layby's processes (a worker "<hostname>:<pid>", a gateway "gateway <host>:<pid>", a reply
     listener "listener <host>:<pid>") scored by the end of their beat's lease (ms): the sweeper
@@ -146,6 +151,8 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
     format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:deadlines.
 <p>:leases                          zset    until migration 2
     format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:leases.
+<p>:retries                         zset    until migration 2
+    format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:retries.
 <p>:outbox                          zset    until migration 2
     format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:outbox.
 <p>:outbox:entries                  hash    until migration 2
@@ -204,6 +211,10 @@ from layby.parking import shards as sharding
 from layby.wire import Status
 
 RUN_PARTS = ("run", "answers", "checkpoints", "events")
+# The states whose indexes come 9th to 15th in the KEYS of transition scripts (`for_scripts`);
+# those added since come after the rest.
+FIRST_STATES = (Status.QUEUED, Status.RUNNING, Status.INTERRUPTED, Status.RESUMING,
+                Status.COMPLETED, Status.FAILED, Status.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -258,7 +269,9 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "of the agent it started on; absent: unknown), pinned ('1' when its steps go to "
         "that version's queue; absent otherwise), sent (\"<queue> <n>\": the number its "
         "step's task message took in that queue (queues); absent: queued by a layby before "
-        "0.3.0, or before the run moved to the sharded layout). And the run's interrupts, "
+        "0.3.0, or before the run moved to the sharded layout); retry (while its step waits "
+        "to try failed tool calls again, and until the step commits: RetryWait JSON, "
+        "layby.wire) and retry_at (when the next try is due, ms). And the run's interrupts, "
         "\"i:<interrupt id>\" → Interrupt JSON (immutable once written), and its "
         "notifications, \"n:<notification id>\" → Notification JSON (with its token), both "
         "under short names (parking.codecs): keys of their own would cost more than they "
@@ -316,6 +329,10 @@ KEY_SPECS: tuple[KeySpec, ...] = (
     KeySpec(
         "<p>:{<shard>}:leases", "zset", "none",
         "running runs' ids scored by the end of their lease (ms)."),
+    KeySpec(
+        "<p>:{<shard>}:retries", "zset", "none",
+        "retrying runs' ids (their step waits to try failed tool calls again) scored by when "
+        "the next try is due (ms): the sweeper queues the step again then."),
     KeySpec(
         "{<p>:format}:workers", "zset", "none",
         "layby's processes (a worker \"<hostname>:<pid>\", a gateway \"gateway "
@@ -425,6 +442,9 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "<p>:leases", "zset", "until migration 2",
         "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:leases.", migrated_by=2),
     KeySpec(
+        "<p>:retries", "zset", "until migration 2",
+        "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:retries.", migrated_by=2),
+    KeySpec(
         "<p>:outbox", "zset", "until migration 2",
         "format 1's (the legacy shard, the one of the legacy layout): <p>:{<shard>}:outbox.", migrated_by=2),
     KeySpec(
@@ -490,6 +510,10 @@ class ShardKeys:
     @property
     def leases(self) -> str:
         return f"{self.base}:leases"
+
+    @property
+    def retries(self) -> str:
+        return f"{self.base}:retries"
 
     @property
     def outbox(self) -> str:
@@ -620,6 +644,10 @@ class Keys:
     def leases(self) -> str:
         return self.legacy.leases
 
+    @property
+    def retries(self) -> str:
+        return self.legacy.retries
+
     def _registry(self, name: str) -> str:
         """A key of the process registry: in the sharded layout, tagged with the format
         key's own name, so that a beat (which reads the format) touches one slot."""
@@ -693,8 +721,10 @@ class Keys:
         return self.legacy.queues
 
     def for_scripts(self, run_id: str) -> list[str]:
-        """The KEYS every transition script receives, in the order of `lua/_prelude.lua`."""
+        """The KEYS every transition script receives, in the order of `lua/_prelude.lua`
+        (what came later at the end: lua/move_run.lua reads two such lists side by side)."""
         shard = self.shard_of(run_id)
         return [*self.of_run(run_id), shard.outbox, shard.outbox_entries, shard.leases,
-                shard.deadlines, *(shard.index(s) for s in Status), shard.notify_due,
-                shard.stats, self.review(run_id), shard.queues]
+                shard.deadlines, *(shard.index(s) for s in FIRST_STATES), shard.notify_due,
+                shard.stats, self.review(run_id), shard.queues, shard.index(Status.RETRYING),
+                shard.retries]

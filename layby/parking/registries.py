@@ -299,6 +299,10 @@ class Leases(Registry):
     """Running runs and when their claim lapses."""
 
 
+class Retries(Registry):
+    """Retrying runs and when their next try is due."""
+
+
 class OutboxRegistry(Registry):
     """Outbox entries and when they are (re)published if nobody acks them first."""
 
@@ -317,9 +321,10 @@ class Shard:
     leases: Leases
     outbox: OutboxRegistry
     due_notifications: DueNotifications
+    retries: Retries
 
     @classmethod
     def of(cls, client: Redis, keys: ShardKeys) -> Shard:
         return cls(keys, RunIndex(client, keys), Deadlines(client, keys.deadlines),
                    Leases(client, keys.leases), OutboxRegistry(client, keys.outbox),
-                   DueNotifications(client, keys.notify_due))
+                   DueNotifications(client, keys.notify_due), Retries(client, keys.retries))

@@ -32,7 +32,7 @@ class Verdict(StrEnum):
     EARLY = "early"            # a job's answer, kept for the park that is still to come
     SKIPPED = "skipped"        # requeue: the run waits for nothing a requeue gives
     GONE = "gone"              # expiry: answered meanwhile, or the run is over
-    LATER = "later"            # expiry: not due yet
+    LATER = "later"            # expiry, requeue of a retrying run: not due yet
     AGAIN = "again"            # a reviewer's second approval of a request needing several
     ELSEWHERE = "elsewhere"    # claim: pinned to an agent version the claimer does not host
 
@@ -157,4 +157,11 @@ def requeued(reply: list[Any]) -> Transition:
     """requeue_run's `{'ok', entry or ''}`, or a refusal."""
     if reply[0] == Verdict.OK:
         return Transition(Verdict.OK, entries=entries_of(reply[1:2]))
+    return refusal(reply)
+
+
+def scheduled(reply: list[Any], version: int) -> Transition:
+    """schedule_retry's `{'ok', due ms}` (the run waits at `version`), or a refusal."""
+    if reply[0] == Verdict.OK:
+        return Transition(Verdict.OK, version, at=int(reply[1]))
     return refusal(reply)

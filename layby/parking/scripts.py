@@ -41,7 +41,8 @@ from layby.parking import codecs
 RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "advance_turn",
                "park_run", "complete_run", "fail_run", "cancel_run", "answer_interrupts",
                "expire_interrupt", "requeue_run", "plan_notifications", "start_delivery",
-               "finish_delivery", "retry_notifications", "delegate_interrupt")
+               "finish_delivery", "retry_notifications", "delegate_interrupt",
+               "schedule_retry")
 # Scripts on global keys only, without the prelude; those that queue tasks get `_queue`.
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
                       "beat_worker", "reap_workers", "switch_format", "count_versions",

@@ -53,6 +53,7 @@ from layby.wire import (
     Event,
     InterruptView,
     Notification,
+    RetryWait,
     Review,
     RunSummary,
     RunView,
@@ -563,18 +564,36 @@ class Store:
         return {k: json.loads(v) for k, v in raw.items() if k != "v"}
 
     def advance(self, run_id: str, version: int, owner: str, messages: list[Message],
-                event: dict[str, Any], *, inline: bool) -> Transition:
-        """Commit a turn that goes on. `event`: the step's, as readers get it (`_event`)."""
+                event: dict[str, Any], *, inline: bool,
+                exhausted: Sequence[str] = ()) -> Transition:
+        """Commit a turn that goes on. `event`: the step's, as readers get it (`_event`).
+        `exhausted` (here and in the other commits): the tools whose calls ran out of
+        attempts in the step, counted for /metrics."""
         data, added = _event(event)
         reply = self._run("advance_turn", run_id, version=version, owner=owner,
                           messages=_dumps(dump_messages(messages)), event=data, added=added,
-                          keep_lease=inline, lease_ms=self.config.lease_ms)
+                          keep_lease=inline, lease_ms=self.config.lease_ms,
+                          exhausted=list(exhausted))
         return results.committed(reply)
+
+    def schedule_retry(self, run_id: str, version: int, owner: str, wait: RetryWait,
+                       due_ms: int, event: dict[str, Any], *, checkpoints: Mapping[str, Any],
+                       tools: Sequence[str]) -> Transition:
+        """The step's failed tool calls wait to be tried again: the run is `retrying` until
+        `due_ms`, when the sweeper queues the step again at `version` (`due_retries`,
+        `requeue`). `checkpoints`: what the step holds that is not saved yet (saved now);
+        `tools`: the tool of each call tried again (counted for /metrics)."""
+        reply = self._run("schedule_retry", run_id, version=version, owner=owner,
+                          retry=_dumps(wait.wire()), due_ms=due_ms, event=_dumps(event),
+                          checkpoints={k: _dumps(v) for k, v in checkpoints.items()},
+                          tools=list(tools))
+        return results.scheduled(reply, version)
 
     def park(self, run_id: str, version: int, owner: str, messages: list[Message],
              interrupts: list[Interrupt], event: dict[str, Any], *,
              plan: Announcements | None = None,
-             by_rule: dict[str, Answer] | None = None) -> Transition:
+             by_rule: dict[str, Answer] | None = None,
+             exhausted: Sequence[str] = ()) -> Transition:
         """Park the run on `interrupts` and record `plan`, the announcements of those that
         wait on people (None: queue the announcement task to plan them). `by_rule`: the
         answers policy rules give (by interrupt id), recorded in the park."""
@@ -595,23 +614,26 @@ class Store:
         reply = self._run("park_run", run_id, version=version, owner=owner,
                           messages=_dumps(dump_messages(messages)), event=data,
                           announce=plan is None, interrupts=parked, plan=given,
-                          extra_keys=grant_keys)
+                          exhausted=list(exhausted), extra_keys=grant_keys)
         return results.committed(reply)
 
     def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
-                 result: str, event: dict[str, Any]) -> Transition:
+                 result: str, event: dict[str, Any],
+                 exhausted: Sequence[str] = ()) -> Transition:
         data, added = _event(event)
         reply = self._run("complete_run", run_id, version=version, owner=owner,
                           messages=_dumps(dump_messages(messages)), result=result,
-                          event=data, added=added, retention_s=self.config.retention_s)
+                          event=data, added=added, retention_s=self.config.retention_s,
+                          exhausted=list(exhausted))
         return results.committed(reply)
 
     def fail(self, run_id: str, error: dict[str, Any], *, version: int | None = None,
-             owner: str | None = None, messages: list[Message] | None = None) -> Transition:
+             owner: str | None = None, messages: list[Message] | None = None,
+             exhausted: Sequence[str] = ()) -> Transition:
         reply = self._run("fail_run", run_id, version="" if version is None else version,
                           owner=owner or "", error=_dumps(error),
                           messages="" if messages is None else _dumps(dump_messages(messages)),
-                          retention_s=self.config.retention_s)
+                          retention_s=self.config.retention_s, exhausted=list(exhausted))
         return results.committed(reply)
 
     def cancel(self, run_id: str, by: str, reason: str | None) -> Transition:
@@ -676,7 +698,8 @@ class Store:
         return results.committed(reply)
 
     def requeue(self, run_id: str, *, owner: str = "") -> Transition:
-        """Queue the run's pending step again. `owner`: '' once its lease lapsed, '*' now."""
+        """Queue the run's pending step again. `owner`: '' once its lease lapsed (or its
+        retry is due), '*' now."""
         reply = self._run("requeue_run", run_id, owner=owner)
         return results.requeued(reply)
 
@@ -994,7 +1017,8 @@ class Store:
                                          reviews.get(s.id)) for s in specs],
             notifications=_notifications(_prefixed(raw, NOTE)),
             result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
-            metadata=codecs.metadata(raw.get("metadata")), created_at=iso(raw["created_at"]),
+            metadata=codecs.metadata(raw.get("metadata")),
+            retry=_retry(raw.get("retry")), created_at=iso(raw["created_at"]),
             updated_at=iso(raw["updated_at"]))
 
     def list_runs(self, status: Status | None = None, *, limit: int = 50,
@@ -1032,7 +1056,7 @@ class Store:
     def _summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
         found = self.fields_of_runs([run_id for run_id, _ in scored], "agent", "status",
                                     "version", "created_at", "updated_at", "open",
-                                    "agent_version")
+                                    "agent_version", "retry")
         out = []
         for (run_id, _), fields in zip(scored, found, strict=True):
             raw = cast("list[str]", fields)
@@ -1041,7 +1065,7 @@ class Store:
                                       version=int(raw[2]),
                                       open_interrupts=len(_open(raw[5])),
                                       created_at=iso(raw[3]), updated_at=iso(raw[4]),
-                                      agent_version=raw[6]))
+                                      agent_version=raw[6], retry=_retry(raw[7])))
         return out
 
     def events(self, run_id: str, after: str = "0-0", *, block_ms: int | None = None,
@@ -1084,6 +1108,11 @@ class Store:
         once: one round trip."""
         found = due_in([shard.deadlines for shard in self.shards], float("inf"), limit)
         return list(dict.fromkeys(member.rpartition(" ")[0] for member, _ in found))
+
+    def due_retries(self, limit: int = 200) -> list[str]:
+        """Retrying runs whose next try is due, the longest due first."""
+        return [run_id for run_id, _ in due_in([shard.retries for shard in self.shards],
+                                               self.now_ms(), limit)]
 
     def lapsed_leases(self, limit: int = 200) -> list[str]:
         """Running runs whose claim lapsed, the longest lapsed first."""
@@ -1414,6 +1443,11 @@ SCAN_COUNT = 1000
 def _prefixed(run: dict[str, str], prefix: str) -> dict[str, str]:
     """Id → JSON of the `prefix` fields of a run's hash as read whole."""
     return {k[len(prefix):]: v for k, v in run.items() if k.startswith(prefix)}
+
+
+def _retry(field: str | None) -> RetryWait | None:
+    """What a run's step waits for to try failed tool calls again (its `retry` field)."""
+    return RetryWait.model_validate_json(field) if field else None
 
 
 def _open(field: str | None) -> set[str]:

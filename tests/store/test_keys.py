@@ -31,8 +31,9 @@ import redis
 
 from layby.parking import Announcements, Keys, formats, migrations
 from layby.parking import keys as keys_module
+from layby.parking.clock import iso
 from layby.parking.keys import KEY_SPECS, KeySpec, ShardKeys, table
-from layby.wire import InterruptState, Status
+from layby.wire import InterruptState, RetryWait, Status, ToolRetry
 from tests.store.conftest import (
     MESSAGES,
     OWNER,
@@ -200,6 +201,22 @@ def _cycle(world: World) -> None:
     assert store.fail("run_3", {"code": "boom", "message": "it broke"}, version=1,
                       owner=OWNER).ok
 
+    # run_4: a tool call fails and waits to be tried again; due, the step is queued again
+    # and completes, the call's attempts out (counted).
+    assert store.create_run("run_4", "demo.agent", input="hi", messages=MESSAGES,
+                            metadata={}, idempotency_key=None).ok
+    assert store.claim("run_4", 1, OWNER).ok
+    wait = RetryWait(calls=[ToolRetry(tool_call_id="call_1", tool_name="pay", attempt=2,
+                                      max_attempts=2, last_error="ConnectionError: reset",
+                                      first_attempt_at=iso(now))], next_attempt_at=iso(now))
+    assert store.schedule_retry("run_4", 1, OWNER, wait, now - 1_000, wait.wire(),
+                                checkpoints={"model": {"text": "pay"}}, tools=["pay"]).ok
+    assert store.due_retries() == ["run_4"]
+    assert store.requeue("run_4").ok
+    assert store.claim("run_4", 1, OWNER).ok
+    assert store.complete("run_4", 1, OWNER, world.history(3), "paid",
+                          {"from": 1, "historyTo": 3}, exhausted=["pay"]).ok
+
     # The outbox published and acked.
     entries = store.claim_outbox(retry_ms=30_000)
     assert entries
@@ -331,7 +348,8 @@ def test_the_legacy_layout_is_one_shard_named_as_before_shards() -> None:
         "p:{r}:run", "p:{r}:answers", "p:{r}:checkpoints", "p:{r}:events", "p:outbox",
         "p:outbox:entries", "p:leases", "p:deadlines", "p:index:queued", "p:index:running",
         "p:index:interrupted", "p:index:resuming", "p:index:completed", "p:index:failed",
-        "p:index:cancelled", "p:notify:due", "p:stats", "p:{r}:review", "p:queues"]
+        "p:index:cancelled", "p:notify:due", "p:stats", "p:{r}:review", "p:queues",
+        "p:index:retrying", "p:retries"]
     shard = keys.legacy
     assert [shard.deadlines, shard.leases, shard.outbox, shard.outbox_entries,
             shard.notify_due, shard.stats, shard.queues, shard.fold_cursor,

@@ -11,11 +11,12 @@ local OUTBOX, OUTBOX_ENTRIES = KEYS[5], KEYS[6]               -- zset (due ms), 
 local LEASES, DEADLINES = KEYS[7], KEYS[8]                    -- zsets (lease end, expiry ms)
 local INDEX = {queued = KEYS[9], running = KEYS[10], interrupted = KEYS[11],  -- zsets of
                resuming = KEYS[12], completed = KEYS[13], failed = KEYS[14],  -- run ids by
-               cancelled = KEYS[15]}                                          -- state
+               cancelled = KEYS[15], retrying = KEYS[20]}                     -- state
 local NOTIFY_DUE, STATS = KEYS[16], KEYS[17]                  -- zset, hash
 local REVIEW = KEYS[18]  -- hash: approvals, delegations, escalations (parking.keys)
 local QUEUES = KEYS[19]  -- hash: "<queue>:sent", "<queue>:taken" (parking.keys)
-local EXTRA = 20  -- the first of the KEYS a script adds (an idempotency key, grant keys)
+local RETRIES = KEYS[21]  -- zset: retrying runs by when their next try is due (ms)
+local EXTRA = 22  -- the first of the KEYS a script adds (an idempotency key, grant keys)
 -- What a finished run keeps until retention (the run's own keys; `finish` drops the
 -- checkpoints).
 local RUN_KEYS = {RUN, ANSWERS, EVENTS, REVIEW}
@@ -178,22 +179,38 @@ end
 -- as the commit needs it ({status, version, owner, checkpointed, open, noted}) when it does.
 local function check_claim(version, owner)
   local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'checkpointed',
-                        'open', 'noted')
+                        'open', 'noted', 'retry_at')
   if not st[2] then return {'missing'} end
   if st[1] ~= 'running' or st[2] ~= version or st[3] ~= owner then
     return {'stale', st[1] or '', st[2] or '', st[3] or ''}
   end
-  return nil, {checkpointed = st[4] == '1', open = st[5], noted = st[6]}
+  return nil, {checkpointed = st[4] == '1', open = st[5], noted = st[6],
+               retried = (st[7] or '') ~= ''}
+end
+
+-- A step that waited to try failed tool calls again commits: what it waited for is over.
+local function forget_retry(run)
+  if run.retried then redis.call('HDEL', RUN, 'retry', 'retry_at') end
+end
+
+-- Tools whose calls ran out of attempts in the step being committed (`exhausted`: their
+-- names, a decoded JSON array), counted for /metrics.
+local function count_exhausted(exhausted)
+  for _, name in ipairs(exhausted or {}) do
+    redis.call('HINCRBY', STATS, 'tool_retries_exhausted:' .. name, 1)
+  end
 end
 
 -- A step's commit: the claim released, the messages and the next version written at once
 -- (the caller checked the claim, so the version is `version` + 1), with `extra` fields.
--- `checkpointed`: the step saved checkpoints (to drop now). `parks`: the run now waits,
+-- `run`: as check_claim read it (its checkpoints, to drop now; a retry's wait, forgotten). `parks`: the run now waits,
 -- maybe for days: its claim's fields (and `checkpointed`, and `sent`, its last message's
 -- number) are deleted rather than emptied (readers take them as absent either way), for
 -- bytes it would hold all that time (`sent` took the bench's parked hash from 896 bytes to
 -- the allocator's next size, 1,024).
-local function commit_step(version, messages, now, checkpointed, extra, parks)
+local function commit_step(version, messages, now, run, extra, parks)
+  local checkpointed = run.checkpointed
+  forget_retry(run)
   local v = tonumber(version) + 1
   -- `waiting` is a park's: any other commit leaves nothing to wait on (a park's own
   -- value, in `extra`, wins; a park that leaves it out waits on its open interrupts).
@@ -261,6 +278,8 @@ local function finish(status, now, retention_s, old_status, run, extra)
   redis.call('HSET', RUN, unpack(fields))
   release_lease()
   redis.call('DEL', CHECKPOINTS)
+  -- A run that waited to try a tool call again waits no more.
+  if redis.call('ZREM', RETRIES, ID) == 1 then redis.call('HDEL', RUN, 'retry', 'retry_at') end
   count_down(status, old_status, now, retention_s)
 end
 

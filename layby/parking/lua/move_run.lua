@@ -11,23 +11,24 @@
 -- past its layout instant (`parking.formats`); `layby migrate` moves the rest.
 -- The two layouts' keys are of many cluster slots: a store in the legacy layout is never on
 -- a cluster. (The tests move runs back, the KEYS swapped, to make a store of 0.2.0.)
--- KEYS: 1-19 the run's keys in the layout it leaves, 20-38 in the one it goes to, each as
+-- KEYS: 1-21 the run's keys in the layout it leaves, 22-42 in the one it goes to, each as
 --   `Keys.for_scripts` lays them out (lua/_prelude.lua names them)
 -- Arguments: none
 -- Returns {'moved'} | {'there'} (it is in the layout it goes to) | {'missing'} (in neither)
 local A = args({})
 local PARTS = {run = 1, answers = 2, checkpoints = 3, events = 4, outbox = 5,
-               entries = 6, leases = 7, deadlines = 8, due = 16, review = 18}
-local STATES = 7  -- the indexes, KEYS 9 to 15 of each side
+               entries = 6, leases = 7, deadlines = 8, due = 16, review = 18, retries = 21}
+local SIDE = 21  -- KEYS of each side
+local STATES = {9, 10, 11, 12, 13, 14, 15, 20}  -- the indexes, by state, of each side
 
 local function side(base)
   local keys = {index = {}}
   for name, at in pairs(PARTS) do keys[name] = KEYS[base + at] end
-  for i = 1, STATES do keys.index[i] = KEYS[base + 8 + i] end
+  for i, at in ipairs(STATES) do keys.index[i] = KEYS[base + at] end
   return keys
 end
 
-local FROM, TO = side(0), side(19)
+local FROM, TO = side(0), side(SIDE)
 if redis.call('EXISTS', FROM.run) == 0 then
   return {redis.call('EXISTS', TO.run) == 1 and 'there' or 'missing'}
 end
@@ -62,8 +63,9 @@ local function ids_of(prefix)
   return ids
 end
 
-for i = 1, STATES do move(FROM.index[i], TO.index[i], ID) end
+for i = 1, #STATES do move(FROM.index[i], TO.index[i], ID) end
 move(FROM.leases, TO.leases, ID)
+move(FROM.retries, TO.retries, ID)
 for _, iid in ipairs(ids_of('i:')) do move(FROM.deadlines, TO.deadlines, ID .. ' ' .. iid) end
 for _, nid in ipairs(ids_of('n:')) do
   move(FROM.due, TO.due, ID .. ' ' .. nid)

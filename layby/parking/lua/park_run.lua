@@ -12,11 +12,12 @@
 --   layby.notify.interrupts, instead of a plan), interrupts (JSON, each {id, record:
 --   Interrupt JSON as stored (a string), expires: ms (left out when it does not), auto:
 --   the answer a policy rule gives (Answer JSON, a string; left out, or '', when none),
---   rule: that rule's name}), plan (JSON, as record_plan reads it)
+--   rule: that rule's name}), plan (JSON, as record_plan reads it), exhausted (JSON: the
+--   tools whose calls ran out of attempts)
 -- Returns {'ok', new version, outbox entry or '', {notifications planned},
 --          {notifications the caller must dispatch}, '1' if it resumes at once}
 --       | {'stale', …} | {'missing'}
-local A = args({'version', 'owner', 'messages', 'event', 'announce'}, {'interrupts', 'plan'})
+local A = args({'version', 'owner', 'messages', 'event', 'announce'}, {'interrupts', 'plan', 'exhausted'})
 -- The events of a parked run, made as small as they can be, for however long it waits:
 -- copied into an exact fit (the first entry of a stream reserves room for many more, 4 KB
 -- with the defaults), and without the messages its steps' events carried, the field
@@ -53,6 +54,7 @@ local version, owner, messages, event_data = A.version, A.owner, A.messages, A.e
 local announce, interrupts = A.announce, A.interrupts
 local refused, run = check_claim(version, owner)
 if refused then return refused end
+count_exhausted(A.exhausted)
 local open_raw = run.open
 -- Whether the run has notifications from now on.
 local noted = (run.noted ~= '0' or #A.plan.notes > 0) and '1' or '0'
@@ -100,7 +102,7 @@ if waited ~= open_now then
   table.insert(fields, waited)
 end
 for _, x in ipairs(specs) do table.insert(fields, x) end
-local v = commit_step(version, messages, now, run.checkpointed, fields, not resumes)
+local v = commit_step(version, messages, now, run, fields, not resumes)
 if resumes then v = v + 1 end
 redis.call('ZREM', INDEX.running, ID)
 event('run.interrupted', resumes and v - 1 or v, event_data, now)

@@ -122,6 +122,8 @@ def finish(client: Redis, keys: Keys, dry: bool) -> tuple[int, int]:
                           lambda member: member)
     found += _members(client, keys, sharded, old.leases, dry, lambda shard: shard.leases,
                       lambda member: member)
+    found += _members(client, keys, sharded, old.retries, dry, lambda shard: shard.retries,
+                      lambda member: member)
     found += _members(client, keys, sharded, old.deadlines, dry,
                       lambda shard: shard.deadlines, _first_word)
     found += _members(client, keys, sharded, old.notify_due, dry,
@@ -141,7 +143,8 @@ def finish(client: Redis, keys: Keys, dry: bool) -> tuple[int, int]:
         _move(client, keys.workers, sharded.workers, names, False,
               (keys.workers_about, sharded.workers_about, keys.hosting, sharded.hosting))
     client.delete(keys.workers_about, keys.hosting, *rest,
-                  *(old.index(s) for s in Status), old.leases, old.deadlines, old.notify_due,
+                  *(old.index(s) for s in Status), old.leases, old.retries, old.deadlines,
+                  old.notify_due,
                   old.outbox, old.outbox_entries, old.stats)
     client.delete(*(shard.fold_cursor for shard in sharded.shards))
     _TARGETS.pop((id(client), keys.prefix), None)
