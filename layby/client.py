@@ -76,7 +76,7 @@ STREAM_READ_TIMEOUT_S = 40.0
 _STATUS_OF_EVENT = {"run.started": Status.RUNNING, "run.interrupted": Status.INTERRUPTED,
                     "run.resuming": Status.RESUMING, "run.completed": Status.COMPLETED,
                     "run.failed": Status.FAILED, "run.cancelled": Status.CANCELLED,
-                    "run.requeued": None}
+                    "run.retrying": Status.RETRYING, "run.requeued": None}
 _ERROR_OF_STATUS: dict[int, type[LaybyError]] = {
     401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict, 413: TooLarge,
     422: Invalid, 503: Unavailable}

@@ -19,6 +19,7 @@ from layby import (
     Choose,
     OnExpire,
     Reply,
+    RetryPolicy,
     ScriptedModel,
     ToolContext,
     interrupt_tool,
@@ -26,8 +27,8 @@ from layby import (
 )
 from layby.demo import ledger
 
-__all__ = ["TRIVIA_CHOICES", "Approval", "ask_question", "bbq", "compile_report", "expiring",
-           "parallel", "report", "transfer", "trivia"]
+__all__ = ["TRANSFER_RETRY", "TRIVIA_CHOICES", "Approval", "ask_question", "bbq",
+           "compile_report", "expiring", "parallel", "report", "transfer", "trivia"]
 
 
 @interrupt_tool(output=str)
@@ -39,7 +40,13 @@ def ask_question(question: str, choices: list[str] | None = None) -> Ask:
                metadata={"choices": choices} if choices else None)
 
 
-@tool
+# An approved transfer must happen: a ledger (its store) failing over, a connection reset,
+# are tried again for about half a minute (waits of 0.5, 1, 2, 4, 8, 10 and 10 s), the same
+# idempotency key each time, so the ledger records it once however often it was tried.
+TRANSFER_RETRY = RetryPolicy(max_attempts=8, initial_interval_s=0.5, max_interval_s=10)
+
+
+@tool(retry=TRANSFER_RETRY)
 def transfer_funds(ctx: ToolContext, to: str,
                    amount: Annotated[int, Field(gt=0)]) -> dict[str, Any]:
     """Send money. Needs the account holder's approval first."""
@@ -115,7 +122,10 @@ transfer = Agent(
                                   "No money was sent.")),
             Case(tool="transfer_funds", field="status", equals="sent",
                  reply=Reply(text="Sent {transfer_funds[amount]} to {transfer_funds[to]}.")),
-        ], otherwise=Reply(text="The transfer was not approved; no money was sent.")),
+            Case(tool="transfer_funds", field="status", equals="not_approved",
+                 reply=Reply(text="The transfer was not approved; no money was sent.")),
+        ], otherwise=Reply(text="The transfer was approved, but it could not be made: "
+                                "{transfer_funds[error]}")),
     ]),
 )
 

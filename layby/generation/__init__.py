@@ -93,8 +93,8 @@ from layby.generation.versions import (
 )
 
 __all__ = [
-    "AGENT_CHANGED", "AGENT_RETRY", "BACKGROUND_JOB", "CONFIRMATION", "DEFAULT_RETRY", "INPUT_REQUIRED",
-    "MAX_JSON_DEPTH",
+    "AGENT_CHANGED", "AGENT_RETRY", "BACKGROUND_JOB", "CONFIRMATION", "DEFAULT_RETRY",
+    "INPUT_REQUIRED", "MAX_JSON_DEPTH",
     "TOOL_CALL", "Agent", "Approval", "Ask", "Call", "Case", "Changed", "Choose",
     "ConfigError", "Conflict", "Continue", "EndRun", "Escalation", "ExpiryAction", "Fail",
     "Finish", "Forbidden", "Interrupt", "Invalid", "InvalidAnswer", "JobRequest", "LaybyError",

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 from ag_ui.core import (
     AssistantMessage,
     BaseEvent,
+    CustomEvent,
     FunctionCall,
     MessagesSnapshotEvent,
     RunAgentInput,
@@ -183,6 +184,11 @@ def agui_interrupt(spec: dict[str, Any]) -> AguiInterrupt:
     return AguiInterrupt.model_validate(fields)
 
 
+# The CUSTOM event a stream carries while a run waits to try failed tool calls again; its
+# value is the run's `retry` (layby.wire.RetryWait, camelCase).
+TOOL_RETRY_EVENT = "layby:tool_retry"
+
+
 def waits_on_people(interrupts: list[dict[str, Any]]) -> bool:
     """A park on background jobs only answers itself: the stream keeps following it."""
     return any(i.get("reason") != BACKGROUND_JOB for i in interrupts)
@@ -197,6 +203,11 @@ def translate(cursor: Cursor, event: Event) -> tuple[list[BaseEvent], str | None
         out += added_events(cursor, int(data["from"]), load_messages(data["messages"]))
     if event.type == "run.interrupted":
         return out, "pause" if waits_on_people(data.get("interrupts", [])) else None
+    if event.type == "run.retrying":
+        # Tool calls failed and wait to be tried again: the stream goes on following the
+        # run, the front end told which calls, which attempt comes, the last error, when.
+        out.append(CustomEvent(name=TOOL_RETRY_EVENT, value=data))
+        return out, None
     if event.type == "run.completed":
         out.append(RunFinishedEvent(thread_id=cursor.thread_id, run_id=cursor.agui_run_id,
                                     result=data.get("result")))

@@ -137,14 +137,23 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
     escalations = CounterMetricFamily("layby_escalations",
                                       "Escalation levels asked because nobody answered in "
                                       "time, by level", labels=["level"])
+    retries = CounterMetricFamily("layby_tool_retries",
+                                  "Failed tool calls given another attempt (their step waited "
+                                  "to try again), by tool", labels=["tool"])
+    exhausted = CounterMetricFamily("layby_tool_retries_exhausted",
+                                    "Tool calls whose attempts ran out (the error went to the "
+                                    "model, or failed the run), by tool", labels=["tool"])
     for field, value in sorted(stats.items()):
         for family, prefix in ((answers, "answers:"), (by_rule, "auto_answers:"),
-                               (escalations, "escalations:")):
+                               (escalations, "escalations:"), (retries, "tool_retries:"),
+                               (exhausted, "tool_retries_exhausted:")):
             if field.startswith(prefix):
                 family.add_metric([field.removeprefix(prefix)], float(value))
     yield answers
     yield by_rule
     yield escalations
+    yield retries
+    yield exhausted
     yield CounterMetricFamily("layby_notifications_failed",
                               "Notifications that ran out of attempts",
                               value=float(stats.get("notifications_failed", 0)))

@@ -30,7 +30,7 @@ from layby.errors import LaybyError
 from layby.generation.interrupts import CONFIRMATION, ResumeEntry
 from layby.parking import Store
 from layby.parking.formats import FormatError
-from layby.wire import InterruptView, RunSummary, RunView, Status
+from layby.wire import InterruptView, RetryWait, RunSummary, RunView, Status
 
 # No locals in tracebacks: they would print settings and keys.
 cli = typer.Typer(help="layby: durable interrupts for agent runs on Celery and Redis.",
@@ -460,6 +460,11 @@ def _print_event(kind: str, data: Any) -> None:
     elif kind == "interrupt.answered":
         typer.echo(f"  answered {data.get('interruptId')}: {data.get('status')} by "
                    f"{data.get('answeredBy')} via {data.get('channel')}")
+    elif kind == "run.retrying":
+        for call in data.get("calls", []):
+            typer.secho(f"  {call.get('toolName')} failed ({call.get('lastError')}): attempt "
+                        f"{call.get('attempt')} of {call.get('maxAttempts')} at "
+                        f"{data.get('nextAttemptAt')}", fg="yellow")
     elif kind in ("run.failed", "run.cancelled"):
         typer.secho(f"  {kind}: {data.get('message')}", fg="red")
     elif kind in ("run.interrupted", "run.resuming", "run.requeued"):
@@ -550,8 +555,17 @@ def runs_ls(status: Annotated[Status | None, typer.Option(help="only runs in thi
     """List runs, newest first, a page at a time."""
     for r in _every_run(_rt().store, status, None if every else limit, agent_version):
         waiting = f"  {r.open_interrupts} open" if r.open_interrupts else ""
+        if r.retry is not None:
+            waiting += "  " + _retrying(r.retry)
         typer.echo(f"{r.id}  {r.status.value:11}  {r.agent:16} {r.agent_version or '-':12} "
                    f"{r.updated_at}{waiting}")
+
+
+def _retrying(wait: RetryWait) -> str:
+    """What a run waits to try again: each call's tool and next attempt, and when."""
+    calls = ", ".join(f"{c.tool_name} attempt {c.attempt} of {c.max_attempts}"
+                      for c in wait.calls)
+    return f"{calls} at {wait.next_attempt_at}"
 
 
 def _every_run(store: Store, status: Status | None, limit: int | None,
@@ -580,6 +594,10 @@ def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
         typer.echo(json.dumps(view.wire(), indent=2))
         return
     typer.echo(f"{view.id}  {view.agent}  {view.status.value}  v{view.version}")
+    if view.retry is not None:
+        typer.echo(f"  waits to try again: {_retrying(view.retry)}")
+        for call in view.retry.calls:
+            typer.echo(f"    {call.tool_name} ({call.tool_call_id}) last error: {call.last_error}")
     if view.agent_version:
         typer.echo(f"  agent version {view.agent_version}"
                    + (" (pinned: its steps run only where it is hosted)" if view.pinned

@@ -147,11 +147,11 @@ def check_format(client: redis.Redis, settings: Settings) -> Check:
 
 def check_pinned_versions(client: redis.Redis, settings: Settings) -> list[Check]:
     """Runs pinned to an agent version (`on_change="pin"`) that no live worker hosts: queued
-    or resuming, they wait now; parked, they would wait once answered. One line each
-    version."""
+    or resuming, they wait now; parked or retrying, they would wait once answered or due.
+    One line each version."""
     layout = formats.layout_of(client, settings.key_prefix)
     counts = runs_by_version(client, layout, (Status.INTERRUPTED, Status.QUEUED,
-                                              Status.RESUMING))
+                                              Status.RESUMING, Status.RETRYING))
     pinned = sorted(((c.agent, c.version or ""), n) for c, n in counts.items() if c.pinned)
     if not pinned:
         return [Check("pinned versions", True, "no waiting run is pinned to a version")]

@@ -132,7 +132,8 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
     <what>_latency_count and <what>_latency_le:<bound> (one bucket, not cumulative) for answer
     (park → answer, parked runs only) and resume (last answer → claimed), notifications_failed
     (sends out of attempts), auto_answers:<rule> (interrupts answered by a policy rule),
-    escalations:<level> (levels asked).
+    escalations:<level> (levels asked), tool_retries:<tool> (failed calls given another
+    attempt), tool_retries_exhausted:<tool> (calls out of attempts).
 <p>:{<run>}:run                     hash    as the run, until migration 2
     format 1's (the legacy layout): <p>:{<shard>}:<run>:run of a run not moved yet.
 <p>:{<run>}:answers                 hash    as the run, until migration 2
@@ -413,7 +414,9 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "<what>_latency_count and <what>_latency_le:<bound> (one bucket, not cumulative) for "
         "answer (park → answer, parked runs only) and resume (last answer → claimed), "
         "notifications_failed (sends out of attempts), auto_answers:<rule> (interrupts "
-        "answered by a policy rule), escalations:<level> (levels asked)."),
+        "answered by a policy rule), escalations:<level> (levels asked), tool_retries:<tool> "
+        "(failed calls given another attempt), tool_retries_exhausted:<tool> (calls out of "
+        "attempts)."),
     KeySpec(
         "<p>:{<run>}:run", "hash", "as the run, until migration 2",
         "format 1's (the legacy layout): <p>:{<shard>}:<run>:run of a run not moved yet.", migrated_by=2),
