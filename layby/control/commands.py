@@ -369,7 +369,8 @@ def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None) -> R
 
 
 def requeue(rt: Runtime, run_id: str) -> Transition:
-    """Queue a run's pending step again (for a step whose message was lost)."""
+    """Queue a run's pending step again (for a step whose message was lost; a retrying run's
+    failed calls are tried now)."""
     result = rt.store.requeue(run_id, owner="*")
     if result.verdict is Verdict.MISSING:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)

@@ -698,7 +698,8 @@ def runs_cancel(run_id: str, reason: str | None = None) -> None:
 
 @runs.command("requeue")
 def runs_requeue(run_id: str) -> None:
-    """Queue a run's pending step again (when its task message was lost)."""
+    """Queue a run's pending step again (its task message was lost; or a retrying run's
+    failed tool calls, to try them now)."""
     from layby.control import commands
 
     commands.requeue(_rt(), run_id)
