@@ -17,11 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def scenarios() -> dict[str, Callable[[Size, Path], Outcome]]:
-    from faults import answers, cluster, failover, hostile, logscan, store, storm
+    from faults import answers, cluster, failover, hostile, logscan, retries, store, storm
 
     return {"storm": storm.run, "store": store.run, "hostile": hostile.run,
-            "failover": failover.run, "cluster": cluster.run, "answers": answers.run,
-            "logscan": logscan.run}
+            "failover": failover.run, "cluster": cluster.run, "retries": retries.run,
+            "answers": answers.run, "logscan": logscan.run}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,7 @@ class Heartbeat:
         self.every_s = every_s
         self.lost = threading.Event()
         self.next_beat = 0.0
+        self.released = False
 
     def __enter__(self) -> Heartbeat:
         _beater().hold(self)
@@ -76,6 +77,12 @@ class Heartbeat:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
+        _beater().drop(self)
+
+    def release(self) -> None:
+        """The step gives its claim up without a commit (a wait to retry releases it): no
+        more beats, and a refusal of one already on its way is no news."""
+        self.released = True
         _beater().drop(self)
 
     def beat(self) -> None:
@@ -88,7 +95,8 @@ class Heartbeat:
         # Refused at the version the step holds (not one its own commit just moved past):
         # the claim is another's, and the step's commit will be refused. Beating goes on,
         # at whatever version the step holds next, until the step ends.
-        if not renewed and version == self.version and not self.lost.is_set():
+        if not renewed and version == self.version and not self.lost.is_set() \
+                and not self.released:
             log.warning("run %s: the claim on version %s is not this worker's any more; "
                         "the step will not commit", self.run_id, version)
             self.lost.set()

@@ -168,6 +168,7 @@ def _loop(rt: Runtime, beat: Heartbeat, record: RunRecord) -> str:
             step = replace(step, history=outcome.messages)
             continue
         if isinstance(outcome, Retry):
+            beat.release()  # schedule_retry releases the claim: nothing to renew
             return _wait_to_retry(rt, step, owner, outcome)
         done, version = _commit(rt, agent, step, committed, owner, outcome, inline=inline)
         log.info("run %s: %s in %.0f ms", run_id, type(outcome).__name__.lower(),

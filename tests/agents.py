@@ -20,6 +20,7 @@ from layby.generation import (
     Case,
     Choose,
     Reply,
+    RetryLater,
     ScriptedModel,
     ToolContext,
     interrupt_tool,
@@ -200,4 +201,19 @@ def wait_for_gate(ctx: ToolContext, gate: str) -> str:
 gated = Agent(name="test.gated", tools=(wait_for_gate,), model=ScriptedModel(steps=[
     Reply(calls=[Call(name="wait_for_gate", input={"gate": "{input}"})]),
     Reply(text="Released: {wait_for_gate}."),
+]))
+
+
+@tool
+def export_day(ctx: ToolContext, after_s: float) -> str:
+    """An exporter that is busy at the first attempt: try again in `after_s` seconds."""
+    if ctx.attempt == 1:
+        raise RetryLater(after_s=after_s, reason="exporter busy")
+    return f"exported on attempt {ctx.attempt} ({ctx.idempotency_key})"
+
+
+# The input is how many seconds the exporter asks to be given.
+exporter = Agent(name="test.exporter", tools=(export_day,), model=ScriptedModel(steps=[
+    Reply(calls=[Call(name="export_day", input={"after_s": "{input}"})]),
+    Reply(text="{export_day}"),
 ]))

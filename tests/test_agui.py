@@ -347,6 +347,24 @@ def test_bbq_pauses_three_times(system: LaybySystem) -> None:
     assert _last(events)["result"].startswith("BBQ plan: 12 guests, vegan menu, on a gas")
 
 
+def test_a_tool_tried_again_is_told_to_the_client_and_the_stream_goes_on(
+        system: LaybySystem) -> None:
+    """test.exporter's tool asks to be tried again in a second: the stream says so in a
+    CUSTOM event (which call, which attempt comes, the error, when), then follows the run
+    to its end."""
+    events = _post(system, "test.exporter", _thread(), text="1")
+    [told] = [e for e in events if e["type"] == "CUSTOM"]
+    assert told["name"] == "layby:tool_retry"
+    [call] = told["value"]["calls"]
+    assert (call["toolName"], call["attempt"], call["maxAttempts"]) == ("export_day", 2, 5)
+    assert call["lastError"] == "RetryLater: exporter busy"
+    assert told["value"]["nextAttemptAt"].endswith("Z")
+    results = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert len(results) == 1 and results[0]["toolCallId"] == call["toolCallId"]
+    assert _last(events)["type"] == "RUN_FINISHED"
+    assert _last(events)["result"].startswith("exported on attempt 2")
+
+
 # -- translation (pure) --------------------------------------------------------------------
 
 

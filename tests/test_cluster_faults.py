@@ -6,7 +6,9 @@ was told is on a replica too):
   takes over, and every run completes, its transfer made once, within 30 s of the
   promotion;
 - slots moved while runs are started and answered, half their keys moved first (clients
-  sent on with ASK) and then the rest with the slot (MOVED): no call of the API fails.
+  sent on with ASK) and then the rest with the slot (MOVED): no call of the API fails;
+- the primary of a run that waits to try a tool call again SIGKILLed during the wait: the
+  scheduled try is on its replica, and comes when due.
 """
 
 from __future__ import annotations
@@ -184,6 +186,24 @@ def test_slots_moved_under_load_reach_no_caller(loaded: Loaded) -> None:
     done = wait_until(lambda: _all_completed(system, finished), 60, every=0.5,
                       what="every run to complete")
     assert len(done) == len(finished) >= 20
+
+
+def test_a_wait_to_retry_outlives_a_failover_of_its_primary(loaded: Loaded) -> None:
+    cluster, system = loaded.cluster, loaded.system
+    run_id = system.start_run("test.exporter", "12")["id"]
+    waiting = system.wait_status(run_id, "retrying")
+    slot = slot_of(tags(SHARDS)[Keys("layby", SHARDS).shard_number(run_id)])
+    victim = cluster.owner(slot)
+    assert cluster.replicas_of(victim), "the run's primary has a replica"
+    cluster.kill(victim)
+    cluster.wait_for_failover(victim)
+    cluster.restart(victim)
+    # The replica now primary holds the wait as it was: the same try, due at the same time.
+    after = system.run(run_id)
+    assert after["status"] == "retrying", after
+    assert after["retry"] == waiting["retry"] and after["retry"]["calls"][0]["attempt"] == 2
+    done = system.wait_status(run_id, "completed", timeout=60)
+    assert done["result"] == f"exported on attempt 2 ({run_id}:export_day_0_0:1)"
 
 
 def _keys_in(member: ClusterMember, slot: int) -> int:

@@ -16,7 +16,8 @@ import pytest
 from tests.harness import ROOT
 
 # Each scenario starts its own Valkey and layby system: one test each, so a failure names it.
-SCENARIOS = ("storm", "store", "hostile", "failover", "cluster", "answers", "logscan")
+SCENARIOS = ("storm", "store", "hostile", "failover", "cluster", "retries", "answers",
+             "logscan")
 
 
 def test_every_scenario_of_the_suite_is_run_here() -> None:

@@ -12,9 +12,9 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
-from redis import Redis
+from redis import Redis, RedisCluster
 
 from layby.broker_config import Settings
 from layby.control.connections import redis_client
@@ -52,11 +52,37 @@ def _keys(prefix: str, kind: str, cluster: bool) -> list[str]:
     return [f"{prefix}:demo:{name}", f"{prefix}:demo:{name}:seen"]
 
 
+class NotDurable(ConnectionError):
+    """The ledger's server did not confirm an entry on a replica in time: a failover now
+    could lose it. A passing failure: the tool's retry records it again, once by its key."""
+
+
 def record(kind: str, idempotency_key: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """Record `entry` once for `idempotency_key`; returns the entry first recorded for it.
+    With LAYBY_REDIS_MIN_REPLICAS_ACK, as durable as a bank's ledger: confirmed by that many
+    replicas, or `NotDurable` (on a cluster, whose primaries fail over to replicas that may
+    not have the last writes)."""
     client, prefix = _redis()
+    settings = Settings()
+    keys = _keys(prefix, kind, settings.store_is_cluster)
     entry = {**entry, "key": idempotency_key, "at": time.time()}
-    first = client.eval(_RECORD, 2, *_keys(prefix, kind, Settings().store_is_cluster),
-                        idempotency_key, json.dumps(entry))
+    wanted = settings.redis_min_replicas_ack
+    if not wanted:
+        first = client.eval(_RECORD, 2, *keys, idempotency_key, json.dumps(entry))
+        return dict(json.loads(first))
+    # WAIT counts the replicas that have this connection's writes: the same connection, to
+    # the node that serves the key.
+    node: Any = client
+    if settings.store_is_cluster:
+        cluster = cast("RedisCluster", client)
+        node = cluster.get_redis_connection(cluster.get_node_from_key(keys[0]))  # type: ignore[no-untyped-call]
+    pipe = node.pipeline(transaction=False)
+    pipe.eval(_RECORD, 2, *keys, idempotency_key, json.dumps(entry))
+    pipe.wait(wanted, 2000)
+    first, acked = pipe.execute()
+    if int(acked) < wanted:
+        raise NotDurable(f"ledger entry {idempotency_key} confirmed by {acked} of {wanted} "
+                         "replicas")
     return dict(json.loads(first))
 
 

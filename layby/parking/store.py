@@ -173,7 +173,10 @@ RESERVED_HEADROOM = 100
 # The others are redone by the sweeper or a redelivery if lost.
 ACKNOWLEDGED = frozenset({"create_run", "park_run", "answer_interrupts", "expire_interrupt",
                           "delegate_interrupt",
-                          "complete_run", "fail_run", "cancel_run"})
+                          "complete_run", "fail_run", "cancel_run",
+                          # a try scheduled: on a replica too before its worker moves on, so
+                          # a failover in the wait keeps the attempt it counted
+                          "schedule_retry"})
 # First elements of the replies of scripts that wrote something.
 WROTE = frozenset({"created", "ok", "failed", "early"})
 # The replies of run scripts that found no run to act on (or nothing of it): before a
