@@ -15,6 +15,7 @@ import time
 from typing import Any, cast
 
 from redis import Redis, RedisCluster
+from redis.exceptions import AskError, MovedError
 
 from layby.broker_config import Settings
 from layby.control.connections import redis_client
@@ -53,8 +54,9 @@ def _keys(prefix: str, kind: str, cluster: bool) -> list[str]:
 
 
 class NotDurable(ConnectionError):
-    """The ledger's server did not confirm an entry on a replica in time: a failover now
-    could lose it. A passing failure: the tool's retry records it again, once by its key."""
+    """The ledger's server did not confirm an entry on a replica in time (a failover now
+    could lose it), or no longer serves its slot. A passing failure: the tool's retry
+    records it again, once by its key."""
 
 
 def record(kind: str, idempotency_key: str, entry: dict[str, Any]) -> dict[str, Any]:
@@ -73,13 +75,20 @@ def record(kind: str, idempotency_key: str, entry: dict[str, Any]) -> dict[str, 
     # WAIT counts the replicas that have this connection's writes: the same connection, to
     # the node that serves the key.
     node: Any = client
-    if settings.store_is_cluster:
-        cluster = cast("RedisCluster", client)
+    cluster = cast("RedisCluster", client) if settings.store_is_cluster else None
+    if cluster is not None:
         node = cluster.get_redis_connection(cluster.get_node_from_key(keys[0]))  # type: ignore[no-untyped-call]
     pipe = node.pipeline(transaction=False)
     pipe.eval(_RECORD, 2, *keys, idempotency_key, json.dumps(entry))
     pipe.wait(wanted, 2000)
-    first, acked = pipe.execute()
+    try:
+        first, acked = pipe.execute()
+    except (MovedError, AskError) as exc:
+        # The key's slot is served elsewhere now (a failover, a slot moved): nothing was
+        # written. The cluster's map is read again for the tool's next try.
+        if cluster is not None:
+            cluster.nodes_manager.initialize()
+        raise NotDurable(f"the ledger's slot moved ({exc}); nothing was recorded") from exc
     if int(acked) < wanted:
         raise NotDurable(f"ledger entry {idempotency_key} confirmed by {acked} of {wanted} "
                          "replicas")
