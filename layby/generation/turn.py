@@ -48,7 +48,7 @@ from layby.generation.tools import (
 
 log = logging.getLogger(__name__)
 # How much of a failed attempt's error a run keeps while it waits to try again.
-ERROR_SHOWN = 1000
+_ERROR_SHOWN = 1000
 
 
 class Checkpoints(Protocol):
@@ -296,8 +296,8 @@ def _failed(agent: Agent, step: Step, tool: Tool, ctx: ToolContext, exc: Excepti
     error = f"{type(exc).__name__}: {exc}"
     passing = later or (policy is not None and policy.retries(exc))
     # Kept in the run while it waits, shown in views and events: at most a screenful.
-    tried = Tried(ctx.attempt, first_at, error if len(error) <= ERROR_SHOWN else
-                  error[:ERROR_SHOWN - 1] + "…")
+    tried = Tried(ctx.attempt, first_at, error if len(error) <= _ERROR_SHOWN else
+                  error[:_ERROR_SHOWN - 1] + "…")
     if passing and step.retries and ctx.attempt < bound.max_attempts:
         wait = exc.after_s if isinstance(exc, RetryLater) else bound.wait_s(ctx.attempt)
         log.warning("tool %s failed in run %s (attempt %d of %d): %s; trying again in "
