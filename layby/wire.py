@@ -188,6 +188,10 @@ class RunView(Wire):
     # While the step waits to try failed tool calls again (`retrying`), and while it runs
     # them again: which, which attempt, the last error, when the next try is due.
     retry: RetryWait | None = None
+    # Whose run it is: the tenant of the key that started it (who may see it), and that key
+    # when four eyes may apply (it may not approve the run's interrupts).
+    tenant: str = "default"
+    started_by: str | None = None
     created_at: str
     updated_at: str
 
@@ -205,6 +209,7 @@ class RunSummary(Wire):
     agent_version: str | None = None
     open_interrupts: int
     retry: RetryWait | None = None  # as RunView's
+    tenant: str = "default"
     created_at: str
     updated_at: str
 

@@ -18,7 +18,7 @@ from redis import Redis
 
 from layby.parking.formats import Layout
 from layby.parking.keys import ShardKeys
-from layby.parking.registries import first_scored, now_ms
+from layby.parking.registries import families, first_scored, now_ms, tenants_in
 from layby.parking.scripts import standalone
 from layby.wire import Status
 
@@ -45,24 +45,30 @@ def read(client: Redis, layout: Layout, wait_buckets_s: tuple[int, ...]) -> Gaug
     """Every shard's gauges, summed: the legacy shard's too while the store moves to the
     sharded layout."""
     now = now_ms(client)
+    tenants = tenants_in(client, layout.shards)
     pipe = client.pipeline(transaction=False)  # replies are taken in the order asked
     for shard in layout.shards:
-        _ask(pipe, shard, now, wait_buckets_s)
+        _ask(pipe, shard, families([shard], tenants), now, wait_buckets_s)
     pipe.get(layout.keys.swept)
     replies = iter(pipe.execute())
-    each = [_told(replies, now, wait_buckets_s) for _ in layout.shards]
+    each = [_told(replies, len(families([shard], tenants)), now, wait_buckets_s)
+            for shard in layout.shards]
     swept = next(replies)
     return _summed(each, int(swept) if swept else None)
 
 
-def _ask(pipe: Any, shard: ShardKeys, now: int, wait_buckets_s: tuple[int, ...]) -> None:
-    """One shard's reads, queued on `pipe`; `_told` takes their replies in this order."""
-    parked = shard.index(Status.INTERRUPTED)
-    for status in Status:
-        pipe.zcard(shard.index(status))
-    for bound in wait_buckets_s:
-        pipe.zcount(parked, now - bound * 1000, "+inf")
-    for key in (parked, shard.outbox, shard.notify_due):
+def _ask(pipe: Any, shard: ShardKeys, indexes: list[ShardKeys], now: int,
+         wait_buckets_s: tuple[int, ...]) -> None:
+    """One shard's reads (its runs' counts in each of its `indexes`: its own and its
+    tenants'), queued on `pipe`; `_told` takes their replies in this order."""
+    for family in indexes:
+        parked = family.index(Status.INTERRUPTED)
+        for status in Status:
+            pipe.zcard(family.index(status))
+        for bound in wait_buckets_s:
+            pipe.zcount(parked, now - bound * 1000, "+inf")
+        pipe.zrange(parked, 0, 0, withscores=True)
+    for key in (shard.outbox, shard.notify_due):
         pipe.zrange(key, 0, 0, withscores=True)
     pipe.zcard(shard.deadlines)
     for key in (shard.deadlines, shard.leases, shard.outbox, shard.notify_due):
@@ -71,16 +77,23 @@ def _ask(pipe: Any, shard: ShardKeys, now: int, wait_buckets_s: tuple[int, ...])
     pipe.hgetall(shard.stats)
 
 
-def _told(replies: Iterator[Any], now: int, wait_buckets_s: tuple[int, ...]) -> Gauges:
-    """One shard's gauges, from the replies of its `_ask`."""
-    runs = {status: int(next(replies)) for status in Status}
-    parked_since = {bound: int(next(replies)) for bound in wait_buckets_s}
-    oldest_parked, oldest_outbox, oldest_note = (first_scored(next(replies)) for _ in range(3))
+def _told(replies: Iterator[Any], indexes: int, now: int,
+          wait_buckets_s: tuple[int, ...]) -> Gauges:
+    """One shard's gauges, from the replies of its `_ask` (over `indexes` index families)."""
+    runs: Counter[Status] = Counter()
+    parked_since: Counter[int] = Counter({bound: 0 for bound in wait_buckets_s})
+    oldest: list[tuple[str, int] | None] = []
+    for _ in range(indexes):
+        runs.update({status: int(next(replies)) for status in Status})
+        parked_since.update({bound: int(next(replies)) for bound in wait_buckets_s})
+        oldest.append(first_scored(next(replies)))
+    oldest_outbox, oldest_note = (first_scored(next(replies)) for _ in range(2))
     deadlines = int(next(replies))
     overdue, lapsed, outbox_due, notes_due = (int(next(replies)) for _ in range(4))
     outbox, stats = int(next(replies)), next(replies)
-    return Gauges(now, runs, parked_since, oldest_parked, deadlines, overdue, lapsed,
-                  outbox, outbox_due, oldest_outbox, notes_due, oldest_note, stats)
+    return Gauges(now, {s: runs[s] for s in Status}, dict(parked_since), _oldest(oldest),
+                  deadlines, overdue, lapsed, outbox, outbox_due, oldest_outbox, notes_due,
+                  oldest_note, stats)
 
 
 def _summed(each: list[Gauges], last_sweep_ms: int | None) -> Gauges:
@@ -132,8 +145,10 @@ def runs_by_version(client: Redis, layout: Layout, statuses: Iterable[Status]
     sharded layout while it reads the legacy shard)."""
     count = standalone(client, "count_versions")
     found: Counter[VersionCount] = Counter()
-    for index, keys in ((shard.index(status), keys) for status in statuses
-                        for shard, keys in layout.scanned):
+    tenants = tenants_in(client, [shard for shard, _ in layout.scanned])
+    for index, keys in ((family.index(status), keys) for status in statuses
+                        for shard, keys in layout.scanned
+                        for family in families([shard], tenants)):
         start = 0
         while True:
             run_ids = cast("list[str]", client.zrange(index, start, start + VERSION_PAGE - 1))

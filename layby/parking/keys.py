@@ -26,10 +26,12 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
     message took in that queue (queues); absent: queued by a layby before 0.3.0, or before the
     run moved to the sharded layout); retry (while its step waits to try failed tool calls
     again, and until the step commits: RetryWait JSON, layby.wire) and retry_at (when the next
-    try is due, ms). And the run's interrupts, "i:<interrupt id>" → Interrupt JSON (immutable
-    once written), and its notifications, "n:<notification id>" → Notification JSON (with its
-    token), both under short names (parking.codecs): keys of their own would cost more than they
-    hold; events (a run parked a while: its events, folded; see events).
+    try is due, ms); tenant (the tenant of the key that started it; absent: `default`), by (who
+    started it, when four eyes may apply: `api:<name>`; absent for an admin key's run). And the
+    run's interrupts, "i:<interrupt id>" → Interrupt JSON (immutable once written), and its
+    notifications, "n:<notification id>" → Notification JSON (with its token), both under short
+    names (parking.codecs): keys of their own would cost more than they hold; events (a run
+    parked a while: its events, folded; see events).
 <p>:{<run>}:interrupts              hash    until migration 1
     only a run of 0.1.0's predecessors (its hash has an `id` field): interrupt id → Interrupt
     JSON; migration 1 moves them into the run's hash and deletes it.
@@ -64,6 +66,15 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
 <p>:{<shard>}:index:<status>        zset    none
     run ids in that state, scored by their last change (ms); finished runs' entries are pruned
     by the sweeper once their keys expired.
+<p>:{<shard>}:t:<tenant>:index:<status>zset    none
+    the same as index:<status>, of the runs of a tenant other than `default` (a run's `tenant`):
+    each run is in its own tenant's indexes alone, so that a tenant's list reads its runs only
+    (the scripts name them from the run's tenant: lua/_prelude.lua).
+<p>:{<shard>}:t:<tenant>:fold:cursorstring  none
+    the same as fold:cursor, of a tenant's index of parked runs.
+<p>:{<shard>}:tenants               set     none
+    the tenants other than `default` with runs in this shard: what scans of every run read
+    beside the shard's own indexes.
 <p>:{<shard>}:deadlines             zset    none
     "<run id> <interrupt id>" scored by expiry (ms).
 <p>:{<shard>}:leases                zset    none
@@ -212,6 +223,9 @@ from layby.parking import shards as sharding
 from layby.wire import Status
 
 RUN_PARTS = ("run", "answers", "checkpoints", "events")
+# The tenant of runs started before tenants, or by a key of no tenant: its runs are in the
+# shards' own indexes.
+DEFAULT_TENANT = "default"
 # The states whose indexes come 9th to 15th in the KEYS of transition scripts (`for_scripts`);
 # those added since come after the rest.
 FIRST_STATES = (Status.QUEUED, Status.RUNNING, Status.INTERRUPTED, Status.RESUMING,
@@ -272,7 +286,9 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "step's task message took in that queue (queues); absent: queued by a layby before "
         "0.3.0, or before the run moved to the sharded layout); retry (while its step waits "
         "to try failed tool calls again, and until the step commits: RetryWait JSON, "
-        "layby.wire) and retry_at (when the next try is due, ms). And the run's interrupts, "
+        "layby.wire) and retry_at (when the next try is due, ms); tenant (the tenant of the key "
+        "that started it; absent: `default`), by (who started it, when four eyes may apply: "
+        "`api:<name>`; absent for an admin key's run). And the run's interrupts, "
         "\"i:<interrupt id>\" → Interrupt JSON (immutable once written), and its "
         "notifications, \"n:<notification id>\" → Notification JSON (with its token), both "
         "under short names (parking.codecs): keys of their own would cost more than they "
@@ -324,6 +340,18 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "<p>:{<shard>}:index:<status>", "zset", "none",
         "run ids in that state, scored by their last change (ms); finished runs' entries "
         "are pruned by the sweeper once their keys expired."),
+    KeySpec(
+        "<p>:{<shard>}:t:<tenant>:index:<status>", "zset", "none",
+        "the same as index:<status>, of the runs of a tenant other than `default` (a run's "
+        "`tenant`): each run is in its own tenant's indexes alone, so that a tenant's list "
+        "reads its runs only (the scripts name them from the run's tenant: lua/_prelude.lua)."),
+    KeySpec(
+        "<p>:{<shard>}:t:<tenant>:fold:cursor", "string", "none",
+        "the same as fold:cursor, of a tenant's index of parked runs."),
+    KeySpec(
+        "<p>:{<shard>}:tenants", "set", "none",
+        "the tenants other than `default` with runs in this shard: what scans of every run "
+        "read beside the shard's own indexes."),
     KeySpec(
         "<p>:{<shard>}:deadlines", "zset", "none",
         "\"<run id> <interrupt id>\" scored by expiry (ms)."),
@@ -544,6 +572,15 @@ class ShardKeys:
 
     def idempotency(self, key: str) -> str:
         return f"{self.base}:idem:{key}"
+
+    def of_tenant(self, tenant: str) -> ShardKeys:
+        """The keys of this shard's indexes of a tenant's runs (`index(status)`): those of
+        `default`'s runs are the shard's own."""
+        return self if tenant == DEFAULT_TENANT else ShardKeys(f"{self.base}:t:{tenant}")
+
+    @property
+    def tenants(self) -> str:
+        return f"{self.base}:tenants"
 
     def grant(self, ref: str) -> str:
         return f"{self.base}:grant:{ref}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from layby.parking.registries import cursor_of
+from layby.parking.registries import RunIndex, cursor_of
 from layby.wire import RunSummary, Status
 
 if TYPE_CHECKING:
@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 VERSION_SCAN = 5000
 
 
-def page_of_version(store: Store, status: Status | None, limit: int, cursor: str | None,
-                    offset: int, agent_version: str) -> tuple[list[RunSummary], str | None]:
-    """Runs started on `agent_version`, newest first, `offset` of them skipped: the index
-    read from `cursor` on, each run's version looked at, until `limit` are found or
+def page_of_version(store: Store, runs: RunIndex, status: Status | None, limit: int,
+                    cursor: str | None, offset: int, agent_version: str
+                    ) -> tuple[list[RunSummary], str | None]:
+    """Runs of `runs` started on `agent_version`, newest first, `offset` of them skipped: the
+    index read from `cursor` on, each run's version looked at, until `limit` are found or
     VERSION_SCAN runs were read. Its cost is bounded, so a page may hold fewer than `limit`
     runs (none, even) and still have a next cursor: follow it to read on (the skipping ends
     with the page)."""
@@ -31,8 +32,7 @@ def page_of_version(store: Store, status: Status | None, limit: int, cursor: str
     skip = offset
     scanned = 0
     while True:
-        scored, after = store.runs.page(status, min(VERSION_SCAN, 500, max(limit, 100)),
-                                        cursor)
+        scored, after = runs.page(status, min(VERSION_SCAN, 500, max(limit, 100)), cursor)
         versions = [version for version, in store.fields_of_runs(
             [run_id for run_id, _ in scored], "agent_version")]
         for item, version in zip(scored, versions, strict=True):

@@ -104,6 +104,24 @@ class BadCursor(Invalid):
                          code="invalid_cursor")
 
 
+def tenants_in(client: Redis, shards: Sequence[ShardKeys]) -> dict[str, frozenset[str]]:
+    """The tenants other than `default` with runs in each of `shards` (by its keys' base):
+    one round trip. Their runs are in indexes of their own (`ShardKeys.of_tenant`)."""
+    pipe = client.pipeline(transaction=False)
+    for shard in shards:
+        pipe.smembers(shard.tenants)
+    return {shard.base: frozenset(cast("set[str]", names))
+            for shard, names in zip(shards, pipe.execute(), strict=True) if names}
+
+
+def families(shards: Sequence[ShardKeys], tenants: dict[str, frozenset[str]]
+             ) -> list[ShardKeys]:
+    """Every index family of `shards`: each shard's own (`default`'s runs) and its
+    tenants'."""
+    return [*shards, *(shard.of_tenant(t) for shard in shards
+                       for t in sorted(tenants.get(shard.base, ())))]
+
+
 def cursor_of(run_id: str, score: int) -> str:
     """The cursor of a page that ended with run `run_id`, changed at `score`."""
     return f"{score}.{run_id}"

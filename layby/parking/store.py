@@ -37,11 +37,11 @@ from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
-from layby.parking import codecs, events, formats, pinning, results, scripts
+from layby.parking import codecs, events, formats, pinning, registries, results, scripts
 from layby.parking import shards as sharding
 from layby.parking.clock import iso
 from layby.parking.formats import Layout
-from layby.parking.keys import Keys, ShardKeys
+from layby.parking.keys import DEFAULT_TENANT, Keys, ShardKeys
 from layby.parking.records import Announcements, OutboxEntry, RunRecord
 from layby.parking.registries import RunIndex, Shard, cursor_of, due_in, now_ms
 from layby.parking.results import Transition, Verdict
@@ -161,6 +161,9 @@ class StoreConfig:
 # The lost-message check reads the oldest waiting runs this many at a time, up to this many
 # pages (`Store.waiting_too_long`).
 LOST_SCAN_PAGE = 100
+# How old a process's idea of which tenants have runs in which shard may be (`tenants`): a
+# new tenant's first runs reach the scans of every run this late at most.
+TENANTS_FRESH_S = 5.0
 LOST_SCAN_PAGES = 10
 # After a worker's death, runs within this many numbers of their queue's last claim are
 # requeued (what it may have reserved, prefetched but not claimed; `Store.maybe_reserved`):
@@ -227,6 +230,11 @@ class Store:
         # instant comes (read it again then).
         self._layout_at, self._layout_until = float("-inf"), float("inf")
         self._of_layout: dict[Layout, tuple[tuple[Shard, ...], RunIndex]] = {}
+        # The tenants with runs in each shard (`tenants`), and the index of every run they
+        # make (`runs`).
+        self._tenants: dict[str, frozenset[str]] = {}
+        self._tenants_read = float("-inf")
+        self._every: dict[Layout, tuple[dict[str, frozenset[str]], RunIndex]] = {}
         self._moved: set[str] = set()
         # How many messages wait in a queue on the broker (the runtime asks it): None, only a
         # broker that is this server is asked (`queue_length`).
@@ -306,8 +314,34 @@ class Store:
 
     @property
     def runs(self) -> RunIndex:
-        """Every scanned shard's index at once: list pages, merged by score."""
-        return self._of(self.layout)[1]
+        """Every run's index at once, every tenant's, in every scanned shard: what scans of
+        every run read (the sweeper, gauges, an admin's list), merged by score."""
+        layout = self.layout
+        tenants = self.tenants()
+        if not tenants:
+            return self._of(layout)[1]
+        found = self._every.get(layout)
+        if found is None or found[0] != tenants:
+            found = self._every[layout] = (tenants, RunIndex(
+                self.redis, *registries.families(layout.shards, tenants)))
+        return found[1]
+
+    def runs_of(self, tenant: str) -> RunIndex:
+        """A tenant's runs alone: its own indexes in every shard (`default`'s are the
+        shards' own)."""
+        if tenant == DEFAULT_TENANT:
+            return self._of(self.layout)[1]
+        return RunIndex(self.redis, *(shard.of_tenant(tenant) for shard in self.layout.shards))
+
+    def tenants(self) -> dict[str, frozenset[str]]:
+        """The tenants other than `default` with runs in each shard (by the shard's keys'
+        base), read again every TENANTS_FRESH_S at most: a scan of every run reads their
+        indexes too."""
+        now = time.monotonic()
+        if now - self._tenants_read >= TENANTS_FRESH_S:
+            self._tenants = registries.tenants_in(self.redis, self.layout.shards)
+            self._tenants_read = now
+        return self._tenants
 
     def shard_of(self, run_id: str) -> Shard:
         """The shard of the run's transitions."""
@@ -501,10 +535,14 @@ class Store:
 
     def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
                    metadata: dict[str, Any], idempotency_key: str | None,
-                   agent_version: str | None = None, pinned: bool = False) -> Transition:
+                   agent_version: str | None = None, pinned: bool = False,
+                   tenant: str = DEFAULT_TENANT, started_by: str | None = None
+                   ) -> Transition:
         """`agent_version`: the version the run starts on; `pinned`: its steps go to that
-        version's queue, for the workers that host it. While the store is between layouts,
-        the run's id and its idempotency key are looked for in the other one too."""
+        version's queue, for the workers that host it. `tenant`: whose run it is (its lists'
+        and who may see it); `started_by`: the caller that started it, kept when four eyes
+        may apply. While the store is between layouts, the run's id and its idempotency key
+        are looked for in the other one too."""
         layout = self.layout
         other = layout.legacy or layout.next
 
@@ -533,7 +571,10 @@ class Store:
                           agent_version=agent_version or "",
                           pinned=bool(pinned and agent_version),
                           keyed=bool(idempotency_key), elsewhere=other is not None,
-                          extra_keys=extra, under=layout.keys)
+                          tenant="" if tenant == DEFAULT_TENANT else tenant,
+                          by=started_by or "", extra_keys=extra, under=layout.keys)
+        if reply[0] == "created" and tenant != DEFAULT_TENANT:
+            self._tenants_read = float("-inf")  # scans of every run read it from now on
         return results.created(reply, run_id)
 
     def claim(self, run_id: str, version: int, owner: str,
@@ -1021,7 +1062,8 @@ class Store:
             notifications=_notifications(_prefixed(raw, NOTE)),
             result=raw.get("result"), error=json.loads(raw["error"]) if raw.get("error") else None,
             metadata=codecs.metadata(raw.get("metadata")),
-            retry=_retry(raw.get("retry")), created_at=iso(raw["created_at"]),
+            retry=_retry(raw.get("retry")), tenant=raw.get("tenant", DEFAULT_TENANT),
+            started_by=raw.get("by"), created_at=iso(raw["created_at"]),
             updated_at=iso(raw["updated_at"]))
 
     def list_runs(self, status: Status | None = None, *, limit: int = 50,
@@ -1031,18 +1073,22 @@ class Store:
 
     def list_page(self, status: Status | None = None, *, limit: int = 50,
                   cursor: str | None = None, offset: int = 0,
-                  agent_version: str | None = None) -> tuple[list[RunSummary], str | None]:
+                  agent_version: str | None = None, tenant: str | None = None
+                  ) -> tuple[list[RunSummary], str | None]:
         """A page of runs, newest first, `offset` runs after `cursor` (or after the top),
         and the next page's cursor (None at the end). Raises `BadCursor` for a cursor the
-        store did not make. With `agent_version`, only runs started on that version: see
-        `pinning.page_of_version`."""
+        store did not make. With `tenant`, that tenant's runs alone, read from its own
+        indexes (None: every tenant's). With `agent_version`, only runs started on that
+        version: see `pinning.page_of_version`."""
+        runs = self.runs if tenant is None else self.runs_of(tenant)
         if agent_version is not None:
-            return pinning.page_of_version(self, status, limit, cursor, offset, agent_version)
+            return pinning.page_of_version(self, runs, status, limit, cursor, offset,
+                                           agent_version)
         if offset and cursor is None:
-            scored = self.runs.newest(status, limit + 1, offset)
+            scored = runs.newest(status, limit + 1, offset)
             after = cursor_of(*scored[limit - 1]) if len(scored) > limit else None
             return self._summaries(scored[:limit]), after
-        scored, after = self.runs.page(status, limit + offset, cursor)
+        scored, after = runs.page(status, limit + offset, cursor)
         scored = scored[offset:]
         if after is not None and scored:
             after = cursor_of(*scored[-1])
@@ -1059,7 +1105,7 @@ class Store:
     def _summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
         found = self.fields_of_runs([run_id for run_id, _ in scored], "agent", "status",
                                     "version", "created_at", "updated_at", "open",
-                                    "agent_version", "retry")
+                                    "agent_version", "retry", "tenant")
         out = []
         for (run_id, _), fields in zip(scored, found, strict=True):
             raw = cast("list[str]", fields)
@@ -1068,7 +1114,8 @@ class Store:
                                       version=int(raw[2]),
                                       open_interrupts=len(_open(raw[5])),
                                       created_at=iso(raw[3]), updated_at=iso(raw[4]),
-                                      agent_version=raw[6], retry=_retry(raw[7])))
+                                      agent_version=raw[6], retry=_retry(raw[7]),
+                                      tenant=raw[8] or DEFAULT_TENANT))
         return out
 
     def events(self, run_id: str, after: str = "0-0", *, block_ms: int | None = None,
@@ -1088,6 +1135,13 @@ class Store:
         # Most commits leave them empty ('' and 0: one call fewer); a park and the end of a
         # run delete them.
         return owner or None, int(until) if until and until != "0" else None
+
+    def whose(self, run_id: str) -> tuple[bool, str, str | None]:
+        """Whether the run exists, its tenant and who started it (when kept): one read, for
+        the checks of who may see and act on it."""
+        tenant, by, agent = cast("list[str | None]", self.redis.hmget(
+            self.keys_of(run_id).run(run_id), "tenant", "by", "agent"))
+        return agent is not None, tenant or DEFAULT_TENANT, by
 
     def status_of(self, run_id: str) -> tuple[Status | None, int | None]:
         """The run's status and when it last changed (ms)."""
@@ -1370,11 +1424,14 @@ class Store:
         folded. A run parked again later comes round again: its place in the index is its
         last park."""
         cutoff = self.now_ms() - self.config.fold_after_ms
-        return sum(self._fold_shard(shard, runs, cutoff, limit)
-                   for shard, runs in self.layout.scanned)
+        tenants = self.tenants()
+        return sum(self._fold_shard(family, runs, cutoff, limit)
+                   for shard, runs in self.layout.scanned
+                   for family in registries.families([shard], tenants))
 
     def _fold_shard(self, shard: ShardKeys, runs: Keys, cutoff: int, limit: int) -> int:
-        """Fold the runs `shard` indexes, their keys those of layout `runs` (the legacy
+        """Fold the runs `shard` indexes (a shard's own, or a tenant's in it: each has its
+        cursor), their keys those of layout `runs` (the legacy
         shard's, while the store moves, folded where they are: one moved meanwhile is
         found not parked there, and comes round at its next park)."""
         start = cast("str | None", self.redis.get(shard.fold_cursor)) or "-inf"

@@ -217,6 +217,22 @@ def _cycle(world: World) -> None:
     assert store.complete("run_4", 1, OWNER, world.history(3), "paid",
                           {"from": 1, "historyTo": 3}, exhausted=["pay"]).ok
 
+    # run_5, a tenant's (in the sharded layout, where alone tenants' runs are made): in its
+    # tenant's own indexes, from its start to its end.
+    if world.keys.shard_count is not None:
+        assert store.create_run("run_5", "demo.agent", input="hi", messages=MESSAGES,
+                                metadata={}, idempotency_key=None, tenant="acme",
+                                started_by="api:billing").ok
+        assert store.claim("run_5", 1, OWNER).ok
+        intrs = [interrupt("int_t")]
+        assert store.park("run_5", 1, OWNER, world.history(2), intrs, park_event(intrs)).ok
+        world.next_ms()
+        assert world.store_with(fold_after_ms=0).fold_parked() == 1
+        assert store.answer("run_5", [answer("int_t")]).resumed
+        assert store.claim("run_5", 3, OWNER).ok
+        assert store.complete("run_5", 3, OWNER, world.history(4), "done",
+                              {"from": 3, "historyTo": 4}).ok
+
     # The outbox published and acked.
     entries = store.claim_outbox(retry_ms=30_000)
     assert entries
@@ -239,6 +255,8 @@ def _cycle(world: World) -> None:
     store.forget_sight("mailed-back:<m1@example.com>")
 
     assert {s for s in Status if store.runs.count(s)} == {
+        Status.COMPLETED, Status.CANCELLED, Status.FAILED}
+    assert {s for s in Status if store.runs_of("default").count(s)} == {
         Status.COMPLETED, Status.CANCELLED, Status.FAILED}
 
 

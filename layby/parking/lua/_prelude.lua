@@ -9,14 +9,34 @@ local RUN, ANSWERS = KEYS[1], KEYS[2]                         -- hashes
 local CHECKPOINTS, EVENTS = KEYS[3], KEYS[4]                  -- hash, stream (capped)
 local OUTBOX, OUTBOX_ENTRIES = KEYS[5], KEYS[6]               -- zset (due ms), hash (JSON)
 local LEASES, DEADLINES = KEYS[7], KEYS[8]                    -- zsets (lease end, expiry ms)
-local INDEX = {queued = KEYS[9], running = KEYS[10], interrupted = KEYS[11],  -- zsets of
-               resuming = KEYS[12], completed = KEYS[13], failed = KEYS[14],  -- run ids by
-               cancelled = KEYS[15], retrying = KEYS[20]}                     -- state
+local SHARD_INDEX = {queued = KEYS[9], running = KEYS[10], interrupted = KEYS[11],  -- zsets
+                     resuming = KEYS[12], completed = KEYS[13], failed = KEYS[14],  -- of run
+                     cancelled = KEYS[15], retrying = KEYS[20]}                     -- ids by
+                                                                                    -- state
 local NOTIFY_DUE, STATS = KEYS[16], KEYS[17]                  -- zset, hash
 local REVIEW = KEYS[18]  -- hash: approvals, delegations, escalations (parking.keys)
 local QUEUES = KEYS[19]  -- hash: "<queue>:sent", "<queue>:taken" (parking.keys)
 local RETRIES = KEYS[21]  -- zset: retrying runs by when their next try is due (ms)
 local EXTRA = 22  -- the first of the KEYS a script adds (an idempotency key, grant keys)
+-- A run of a tenant other than `default` is in its tenant's indexes instead of the shard's
+-- own: `<shard base>:t:<tenant>:index:<state>`, in the run's slot (the shard's hash tag),
+-- named here from the shard's (parking.keys `ShardKeys.of_tenant`). They are not among the
+-- KEYS, which every caller would then have to read the run for first. INDEX[state] is the
+-- run's own index of that state; RUN_TENANT its tenant (false: `default`), read once
+-- (create_run gives it).
+local RUN_TENANT = nil
+local function run_tenant()
+  if RUN_TENANT == nil then RUN_TENANT = redis.call('HGET', RUN, 'tenant') or false end
+  return RUN_TENANT
+end
+local INDEX = setmetatable({}, {__index = function(_, state)
+  local own = SHARD_INDEX[state]
+  local tenant = own and run_tenant()
+  if not tenant then return own end
+  return (string.gsub(own, ':index:' .. state .. '$', ':t:' .. tenant .. ':index:' .. state))
+end})
+-- The shard's registry of its tenants (other than `default`).
+local TENANTS = (string.gsub(SHARD_INDEX.queued, ':index:queued$', ':tenants'))
 -- What a finished run keeps until retention (the run's own keys; `finish` drops the
 -- checkpoints).
 local RUN_KEYS = {RUN, ANSWERS, EVENTS, REVIEW}

@@ -1,6 +1,6 @@
 -- create_run: (nothing) → queued, version 1, its first turn queued.
--- Reads the idempotency key, run. Writes run, idempotency key, index, events; queues the
--- first turn.
+-- Reads the idempotency key, run. Writes run, idempotency key, index (its tenant's), the
+-- shard's tenants, events; queues the first turn.
 -- KEYS from EXTRA: the idempotency key (string), when the run has one (`keyed`); then,
 -- with `elsewhere` (a store moving to the sharded layout, parking.formats), the run's hash
 -- and its idempotency key (when keyed) in the other layout: read only, so that neither a
@@ -8,10 +8,12 @@
 -- Arguments: run_id, agent, input (JSON; '' when it is the first message's text: read
 --   from there), messages (JSON), metadata (JSON), idempotency_ttl_s, agent_version
 --   ('' unknown), pinned ('1' when the run is pinned to it: its steps then go to
---   `<turns queue>@<version>`), keyed ('1' or '0'), elsewhere ('1' or '0')
+--   `<turns queue>@<version>`), keyed ('1' or '0'), elsewhere ('1' or '0'), tenant (the
+--   starter's tenant; '' for `default`: the run is then in the shard's own indexes), by
+--   (who started it, when four eyes may apply to it; '' otherwise)
 -- Returns {'created', outbox entry or '', created at (ms), its event's id} or
 -- {'exists', run id} (same idempotency key or run id).
-local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s', 'agent_version', 'pinned', 'keyed', 'elsewhere'})
+local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s', 'agent_version', 'pinned', 'keyed', 'elsewhere', 'tenant', 'by'})
 local keyed = A.keyed == '1'
 local IDEMPOTENCY = keyed and KEYS[EXTRA] or ''  -- '' without an idempotency key
 local at = keyed and EXTRA + 1 or EXTRA
@@ -51,6 +53,14 @@ if agent_version ~= '' then
     table.insert(fields, '1')
   end
 end
+for _, named in ipairs({'tenant', 'by'}) do
+  if A[named] ~= '' then
+    table.insert(fields, named)
+    table.insert(fields, A[named])
+  end
+end
+RUN_TENANT = A.tenant ~= '' and A.tenant or false
+if RUN_TENANT then redis.call('SADD', TENANTS, RUN_TENANT) end
 redis.call('HSET', RUN, unpack(fields))
 redis.call('ZADD', INDEX.queued, now, ID)
 if IDEMPOTENCY ~= '' then redis.call('SET', IDEMPOTENCY, new_id, 'EX', tonumber(idem_ttl_s)) end
