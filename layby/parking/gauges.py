@@ -81,7 +81,7 @@ def _told(replies: Iterator[Any], indexes: int, now: int,
           wait_buckets_s: tuple[int, ...]) -> Gauges:
     """One shard's gauges, from the replies of its `_ask` (over `indexes` index families)."""
     runs: Counter[Status] = Counter()
-    parked_since: Counter[int] = Counter({bound: 0 for bound in wait_buckets_s})
+    parked_since: Counter[int] = Counter(dict.fromkeys(wait_buckets_s, 0))
     oldest: list[tuple[str, int] | None] = []
     for _ in range(indexes):
         runs.update({status: int(next(replies)) for status in Status})
