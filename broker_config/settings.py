@@ -143,6 +143,10 @@ class Settings(BaseSettings):
     # Comma-separated; each `name:key` (the caller is recorded as `api:<name>`) or a bare
     # key (recorded by its fingerprint). `api_key_table` holds them parsed.
     api_keys: CommaList = Field(default_factory=list, description="bearer keys for /v1")
+    # A TOML file of keys with a tenant and rights (layby.access.keys), read again when it
+    # changes; beside LAYBY_API_KEYS, whose keys have every right in tenant `default`.
+    keys_file: Path | None = Field(None, description="TOML file of API keys with tenants "
+                                   "and rights")
     agent_modules: CommaList = Field(default_factory=lambda: ["layby.demo.agents"])
     task_modules: CommaList = Field(default_factory=lambda: ["layby.demo.jobs"],
                                     description="modules with Celery tasks to run as jobs")

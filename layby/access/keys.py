@@ -72,8 +72,8 @@ def of_api_keys(entries: Iterable[ApiKey]) -> list[Key]:
 
 def _line_of(text: str, name: str) -> int:
     """The line that declares `[keys.<name>]` (1-based; 0 when it cannot be found)."""
-    header = re.compile(r"^\s*\[\s*keys\s*\.\s*(?:\"?)" + re.escape(name) + r"(?:\"?)\s*\]",
-                        re.MULTILINE)
+    header = re.compile(r"^[ \t]*\[[ \t]*keys[ \t]*\.[ \t]*\"?" + re.escape(name)
+                        + r"\"?[ \t]*\]", re.MULTILINE)
     found = header.search(text)
     return text.count("\n", 0, found.start()) + 1 if found else 0
 

@@ -50,6 +50,11 @@ class Identity:
             raise Forbidden(f"{self.caller} may not start {agent!r}: it may start "
                             f"{list(self.agents)}", detail={"agent": agent})
 
+    def may_start_named(self, agent: str) -> bool:
+        """Whether this identity may start runs of `agent` (no refusal: for listings)."""
+        return self.has(START) and self.run is None and any(
+            fnmatchcase(agent, pattern) for pattern in self.agents)
+
     def sees(self, run_id: str, tenant: str | None) -> bool:
         """Whether a run of `tenant` (None: `default`) exists for this caller."""
         if self.run is not None and self.run != run_id:

@@ -17,14 +17,16 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
+from layby.access.rights import ADMIN, ANSWER, CANCEL, OPERATOR, READ, Identity
 from layby.broker_config import NOTIFY, SLACK_TASK
 from layby.control.runtime import Runtime
-from layby.errors import Conflict, Invalid, NotFound, TooLarge
+from layby.errors import Conflict, Invalid, NotFound, TooLarge, Unavailable
 from layby.generation.answers import check_answer, check_storable
-from layby.generation.interrupts import Interrupt, ResumeEntry
+from layby.generation.interrupts import CONFIRMATION, Interrupt, ResumeEntry
 from layby.generation.messages import Message, text_message, why_not_a_start
 from layby.generation.tools import Tool
 from layby.parking import RunRecord, Transition, Verdict, generated_run_id, iso
+from layby.parking.keys import DEFAULT_TENANT
 from layby.reviewers import routing
 from layby.wire import Answer, Delegation, InterruptState, RunView, Status
 
@@ -46,9 +48,12 @@ def new_run_id() -> str:
 
 def start_run(rt: Runtime, agent: str, *, input: Any = None,
               messages: list[Message] | None = None, metadata: dict[str, Any] | None = None,
-              idempotency_key: str | None = None, run_id: str | None = None
-              ) -> tuple[RunView, bool]:
-    """Create a run and queue its first turn. Returns the run and whether it is new."""
+              idempotency_key: str | None = None, run_id: str | None = None,
+              who: Identity = OPERATOR) -> tuple[RunView, bool]:
+    """Create a run of `who`'s tenant (who must be allowed to start `agent`) and queue its
+    first turn. Returns the run and whether it is new. An idempotency key is the tenant's:
+    another tenant's same key is another run."""
+    who.may_start(agent)
     if run_id is not None and not RUN_ID.match(run_id):
         raise Invalid(f"run id {run_id[:80]!r} is not usable: use 1 to 128 letters, digits, "
                       "'_', '-' or '.'")
@@ -67,17 +72,30 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
         raise Invalid("`messages` is empty: give at least one user message")
     elif (why := why_not_a_start(messages)) is not None:
         raise Invalid(why, detail=[{"path": "/messages", "message": why}])
+    tenant = who.tenant
+    if tenant != DEFAULT_TENANT and store.layout.keys.shard_count is None:
+        raise Unavailable("runs of a tenant other than `default` need the store's sharded "
+                          "layout, which this store is still moving to: finish the upgrade "
+                          "(`layby migrate`), then start it again")
+    if idempotency_key is not None and tenant != DEFAULT_TENANT:
+        idempotency_key = f"{tenant}/{idempotency_key}"
     run_id = run_id or store.new_run_id(idempotency_key)
     # The version it starts on is this process's; a run of an agent that pins keeps it.
     declared = rt.agents[agent]
     pinned = declared.on_change == "pin"
+    # Who started it is kept where four eyes may apply: not for an admin's run.
+    started_by = None if who.has(ADMIN) else who.caller
     result = store.create_run(run_id, agent, input=input, messages=messages,
                               metadata=metadata or {}, idempotency_key=idempotency_key,
-                              agent_version=declared.version, pinned=pinned)
+                              agent_version=declared.version, pinned=pinned,
+                              tenant=tenant, started_by=started_by)
     if result.verdict is Verdict.EXISTS:
         existing = store.view(result.run_id or "")
         if existing is None:
             raise Conflict(f"run {result.run_id} for this idempotency key has expired")
+        if not who.sees(existing.id, existing.tenant):
+            # A run id taken by another tenant: said as any taken id, nothing of the run.
+            raise Conflict(f"run id {run_id!r} is already taken", run_id=run_id)
         if idempotency_key is None or existing.agent != agent:
             raise Conflict(f"run id {run_id!r} is already taken",
                            run_id=run_id, detail={"runId": result.run_id})
@@ -89,7 +107,7 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
     return RunView(id=run_id, agent=agent, status=Status.QUEUED, version=1,
                    agent_version=declared.version, pinned=pinned, input=input,
                    messages=messages, interrupts=[], metadata=metadata or {},
-                   created_at=created,
+                   tenant=tenant, started_by=started_by, created_at=created,
                    updated_at=created), True
 
 
@@ -98,16 +116,29 @@ def not_found(run_id: str) -> NoReturn:
                    run_id=run_id)
 
 
-def get_run(rt: Runtime, run_id: str) -> RunView:
+def get_run(rt: Runtime, run_id: str, who: Identity = OPERATOR) -> RunView:
+    """The run, when `who` may read it (another tenant's is NotFound, as one that is not)."""
     view = rt.store.view(run_id)
     if view is None:
         not_found(run_id)
+    who.reach(run_id, view.tenant)
+    who.require(READ, f"run {run_id}")
     return view
+
+
+def reach(rt: Runtime, run_id: str, who: Identity, right: str) -> None:
+    """NotFound unless the run exists for `who` (its tenant's, or `who` an admin), then
+    Forbidden unless `who` holds `right`: one read of the run's tenant."""
+    exists, tenant, _ = rt.store.whose(run_id)
+    if not exists:
+        not_found(run_id)
+    who.reach(run_id, tenant)
+    who.require(right, f"run {run_id}")
 
 
 def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
            require_all: bool = False, idempotency_key: str | None = None,
-           view: bool = False) -> Transition:
+           view: bool = False, who: Identity | None = None) -> Transition:
     """Record answers; the one that closes the last open interrupt queues the resume. With
     `view`, the result's `view` is the run as they left it (read in the same round trip).
 
@@ -116,10 +147,16 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     (Invalid, listing the errors), and with `require_all`, a set that leaves one open.
     The same request again with the same `idempotency_key` (a client retrying after a lost
     reply or a 503) is its own answer, not a rival's: verdict EXISTS, nothing recorded.
+    `who`: a key's identity (the API, AG-UI): another tenant's run is NotFound; an approval
+    needs `approve`, and not from the key that started the run (four eyes); any other
+    answer needs `answer`. Reviewers' channels give none: the directory decides there.
     """
     record, specs, answers, open_ids = rt.store.answerable(run_id)
     if record is None:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
+    if who is not None:
+        who.reach(run_id, record.tenant)
+        _may_answer(who, record, specs, entries)
     if not entries:
         raise Invalid("no answers given: `resume` needs one entry per open interrupt")
     by_id = {s.id: s for s in specs}
@@ -152,6 +189,19 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     if result.verdict is Verdict.OK:
         update_slack(rt, run_id, [r.interrupt_id for r in records], approval=bool(votes))
     return result
+
+
+def _may_answer(who: Identity, record: RunRecord, specs: list[Interrupt],
+                entries: list[ResumeEntry]) -> None:
+    """An approval (a yes to a confirmation) needs `approve` and four eyes; any other
+    answer `answer`. An entry naming no interrupt of the run is left to the checks after."""
+    by_id = {s.id: s for s in specs}
+    for entry in entries:
+        spec = by_id.get(entry.interrupt_id)
+        if spec is not None and spec.reason == CONFIRMATION and approves(entry):
+            who.may_approve(record.id, record.started_by)
+        else:
+            who.require(ANSWER, f"(interrupt {entry.interrupt_id})")
 
 
 def update_slack(rt: Runtime, run_id: str, interrupt_ids: list[str], *,
@@ -356,7 +406,10 @@ def answer_job(rt: Runtime, run_id: str, interrupt_id: str, *, task: str, result
     return outcome.verdict.value
 
 
-def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None) -> RunView:
+def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None,
+           who: Identity | None = None) -> RunView:
+    if who is not None:
+        reach(rt, run_id, who, CANCEL)
     result = rt.store.cancel(run_id, by, reason)
     if result.verdict is Verdict.MISSING:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)

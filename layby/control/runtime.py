@@ -28,6 +28,7 @@ from typing import Any
 
 from celery import Celery
 
+from layby.access.keys import Keyring
 from layby.broker_config import (
     DELIVER_TASK,
     NOTIFY,
@@ -92,6 +93,7 @@ class Runtime:
         self.reviewers = Reviewers(settings)
         self._store: tuple[int, Store] | None = None
         self._agents = agents
+        self._keyring: Keyring | None = None
         self._hosted: tuple[str, ...] | None = None
         self._new_locks()
         # A lock held by another thread at fork would stay held in the child for good.
@@ -129,6 +131,19 @@ class Runtime:
                     store.length_of_queue = self.queue_length
                 self._store = (os.getpid(), store)
             return self._store[1]
+
+    @property
+    def keyring(self) -> Keyring:
+        """The API keys the gateway takes (LAYBY_API_KEYS and LAYBY_KEYS_FILE's), read on
+        first use; the file again when it changes (`Keyring.refresh`)."""
+        found = self._keyring
+        if found is None:
+            with self._agents_lock:
+                if self._keyring is None:
+                    self._keyring = Keyring(self.settings.api_key_table,
+                                            self.settings.keys_file)
+                found = self._keyring
+        return found
 
     @property
     def agents(self) -> dict[str, Agent]:
@@ -234,8 +249,8 @@ def build(settings: Settings | None = None, *, agents: dict[str, Agent] | None =
 def check_config(settings: Settings) -> dict[str, Agent]:
     """What a process needs before it serves, checked before any part starts (`layby up`,
     `layby worker`, the gateway): the user's agent and task modules import, the reviewer
-    directory and its rules load. Returns the agents; raises ConfigError, in one line,
-    naming the file (and line) to fix."""
+    directory and its rules load, the keys file reads. Returns the agents; raises
+    ConfigError, in one line, naming the file (and line) to fix."""
     agents = load_agents(settings.agent_modules)
     for name in settings.task_modules:
         import_user_module(name, "LAYBY_TASK_MODULES")
@@ -243,6 +258,7 @@ def check_config(settings: Settings) -> dict[str, Agent]:
     rules = settings.policy_file or settings.reviewers_file
     if rules is not None:
         load_rules(rules).check(directory)
+    Keyring(settings.api_key_table, settings.keys_file)  # KeysFileError: file and line
     return agents
 
 

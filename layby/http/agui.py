@@ -54,6 +54,7 @@ from ag_ui.encoder import EventEncoder
 from fastapi import APIRouter, Depends, Path, Request
 from starlette.concurrency import run_in_threadpool
 
+from layby.access.rights import READ, Identity
 from layby.control import Runtime, commands
 from layby.errors import Conflict, Invalid, LaybyError, NotFound
 from layby.generation.interrupts import BACKGROUND_JOB, ResumeEntry
@@ -61,6 +62,7 @@ from layby.generation.messages import Message, Part, ToolRequest, ToolResponse, 
 from layby.http.deps import Caller, Rt, sane_body
 from layby.http.errors import documented, event_stream
 from layby.http.events import STREAM_HEADERS, EventStreamResponse, run_events
+from layby.parking.keys import DEFAULT_TENANT
 from layby.wire import Event, InterruptState, RunView
 
 router = APIRouter(tags=["ag-ui"])
@@ -70,8 +72,11 @@ AGUI_FIELDS = ("id", "reason", "message", "toolCallId", "responseSchema", "expir
                "metadata")
 
 
-def thread_run_id(thread_id: str) -> str:
-    """The layby run id of an AG-UI thread (one rule, no table to keep)."""
+def thread_run_id(thread_id: str, tenant: str = DEFAULT_TENANT) -> str:
+    """The layby run id of an AG-UI thread (one rule, no table to keep). A tenant's own
+    (other than `default`): two tenants' threads of one id are two runs."""
+    if tenant != DEFAULT_TENANT:
+        return "agui." + hashlib.sha256(f"{tenant}\x00{thread_id}".encode()).hexdigest()[:40]
     plain = f"agui_{thread_id}"
     if commands.RUN_ID.match(plain):
         return plain
@@ -290,10 +295,14 @@ def _after(park: Event | None, plan: Plan) -> Plan:
     return plan
 
 
-def prepare(rt: Runtime, agent: str, body: RunAgentInput, caller: str) -> Plan:
-    """Start, resume or reconnect to the thread's run; raises what RUN_ERROR reports."""
-    run_id = thread_run_id(body.thread_id)
+def prepare(rt: Runtime, agent: str, body: RunAgentInput, caller: Identity) -> Plan:
+    """Start, resume or reconnect to the thread's run, as `caller` may; raises what
+    RUN_ERROR reports."""
+    run_id = thread_run_id(body.thread_id, caller.tenant)
     view = rt.store.view(run_id)
+    if view is not None:
+        caller.reach(run_id, view.tenant)  # NotFound, as for a thread with no run
+        caller.require(READ, f"run {run_id}")
     if view is not None and view.agent != agent:
         raise Conflict(f"thread {body.thread_id!r} runs agent {view.agent!r}, not {agent!r}",
                        run_id=run_id)
@@ -306,7 +315,7 @@ def prepare(rt: Runtime, agent: str, body: RunAgentInput, caller: str) -> Plan:
         commands.start_run(rt, agent, input=text, run_id=run_id,
                            idempotency_key=f"agui:{run_id}",
                            metadata={"agui": {"threadId": body.thread_id,
-                                              "userMessageId": uid}})
+                                              "userMessageId": uid}}, who=caller)
         return Plan(run_id, user_message_id=uid)
     return _reconnect(rt, view, body)
 
@@ -316,7 +325,7 @@ def _user_message_id(view: RunView) -> str | None:
     return found
 
 
-def _resume(rt: Runtime, view: RunView, body: RunAgentInput, caller: str) -> Plan:
+def _resume(rt: Runtime, view: RunView, body: RunAgentInput, caller: Identity) -> Plan:
     """Answer with the resume entries (`messages` is not read: CopilotKit also sends a tool
     message for a `tool_call` interrupt it resumes, and applying it too would answer the
     call twice), then follow the run from its park."""
@@ -337,7 +346,7 @@ def _resume(rt: Runtime, view: RunView, body: RunAgentInput, caller: str) -> Pla
         raise Invalid("a resume must answer every open interrupt; still open: "
                       f"{missing}", run_id=run_id, detail={"open": missing})
     if fresh:  # entries all recorded already: a replay, nothing to answer
-        commands.answer(rt, run_id, fresh, by=caller, channel=CHANNEL)
+        commands.answer(rt, run_id, fresh, by=caller.caller, channel=CHANNEL, who=caller)
     return _after(park, Plan(run_id, user_message_id=_user_message_id(view)))
 
 
@@ -403,7 +412,7 @@ async def run_agent(agent: Annotated[str, Path(max_length=200)], body: RunAgentI
         raise NotFound(f"no agent named {agent!r}", detail={"agents": sorted(rt.agents)})
     # ag_ui declares `accept: str = None`: it takes None, as the default says.
     encoder = EventEncoder(accept=request.headers.get("accept"))  # type: ignore[arg-type]
-    cursor = Cursor(body.thread_id, body.run_id, thread_run_id(body.thread_id))
+    cursor = Cursor(body.thread_id, body.run_id, thread_run_id(body.thread_id, caller.tenant))
     try:
         plan = await run_in_threadpool(prepare, rt, agent, body, caller)
     except LaybyError as exc:

@@ -14,13 +14,14 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from layby.access.rights import ADMIN, READ, Identity
 from layby.control import Runtime, commands
-from layby.errors import Invalid
+from layby.errors import Forbidden, Invalid
 from layby.generation.interrupts import ResumeEntry
 from layby.generation.messages import Wire
 from layby.http.deps import Caller, Rt, SaneBody
 from layby.http.errors import documented, event_stream
-from layby.http.events import EVENT_ID, STREAM_HEADERS, EventStreamResponse, run_exists, sse
+from layby.http.events import EVENT_ID, STREAM_HEADERS, EventStreamResponse, run_tenant, sse
 from layby.parking import Verdict
 from layby.parking.registries import CURSOR
 from layby.wire import (
@@ -35,7 +36,7 @@ from layby.wire import (
 )
 
 # Every /v1 route needs the key, may meet a body past its limit or a store away.
-router = APIRouter(prefix="/v1", tags=["runs"], responses=documented(401, 422, 503))
+router = APIRouter(prefix="/v1", tags=["runs"], responses=documented(401, 403, 422, 503))
 # An offset costs Redis more the deeper it goes (all states' lists are merged up to it):
 # deeper pages follow the cursor, which costs the same at any depth.
 MAX_OFFSET = 1000
@@ -86,7 +87,7 @@ def _links(*operations: str, interrupt: bool = False) -> dict[str, Any]:
                               "headers": {"Location": {"description": "the run's path",
                                                        "schema": {"type": "string"}}}},
                         **documented(400, 404, 409, 413)})
-async def start_run(request: Request, body: StartRun, rt: Rt, _: Caller,
+async def start_run(request: Request, body: StartRun, rt: Rt, caller: Caller,
                     idempotency_key: IdempotencyKey = None,
                     follow: Annotated[bool, Query(description=(
                         "with `Accept: text/event-stream`: follow the run until it ends "
@@ -98,7 +99,7 @@ async def start_run(request: Request, body: StartRun, rt: Rt, _: Caller,
     `Last-Event-ID`."""
     view, created = await run_in_threadpool(
         commands.start_run, rt, body.agent, input=body.input, messages=body.messages,
-        metadata=body.metadata, idempotency_key=idempotency_key)
+        metadata=body.metadata, idempotency_key=idempotency_key, who=caller)
     headers = {"Location": f"/v1/runs/{view.id}"}
     if not created:
         headers["Idempotent-Replayed"] = "true"
@@ -119,7 +120,7 @@ def _wants_events(accept: str) -> bool:
 
 @router.get("/runs", response_model=RunList, response_model_by_alias=True,
             operation_id="listRuns", responses=documented(400))
-def list_runs(rt: Rt, _: Caller, status: Status | None = None,
+def list_runs(rt: Rt, caller: Caller, status: Status | None = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50,
               cursor: Annotated[str | None, Query(
                   max_length=150, pattern=CURSOR.pattern, description="the `nextCursor` of "
@@ -140,16 +141,22 @@ def list_runs(rt: Rt, _: Caller, status: Status | None = None,
         raise Invalid(f"offset {offset} is past {MAX_OFFSET}: deeper pages are read with the "
                       "cursor (pass each page's `nextCursor` as `cursor`), which costs the "
                       "same at any depth", detail={"maxOffset": MAX_OFFSET})
+    caller.require(READ, "runs")
+    if caller.run is not None:
+        raise Forbidden("a run token reads its run alone, not lists of runs",
+                        detail={"right": READ})
+    # A tenant's keys list its runs alone, read from its own indexes; an admin's, all.
     runs, after = rt.store.list_page(status, limit=limit, cursor=cursor, offset=offset,
-                                     agent_version=agent_version)
+                                     agent_version=agent_version,
+                                     tenant=None if caller.has(ADMIN) else caller.tenant)
     return _json(RunList(runs=runs, next_cursor=after))
 
 
 @router.get("/runs/{run_id}", response_model=RunView, operation_id="getRun", **VIEW,
             responses={200: _links("answerInterrupt", "cancelRun", interrupt=True),
                        **documented(404)})
-def get_run(run_id: RunId, rt: Rt, _: Caller) -> Response:
-    return _json(commands.get_run(rt, run_id))
+def get_run(run_id: RunId, rt: Rt, caller: Caller) -> Response:
+    return _json(commands.get_run(rt, run_id, caller))
 
 
 @router.post("/runs/{run_id}/interrupts/{interrupt_id}", response_model=Answered,
@@ -173,7 +180,8 @@ def resume(run_id: RunId, body: ResumeBody, rt: Rt, caller: Caller,
              responses=documented(400, 404, 409, 413), operation_id="cancelRun", **VIEW)
 def cancel(run_id: RunId, rt: Rt, caller: Caller, body: CancelBody | None = None
            ) -> Response:
-    return _json(commands.cancel(rt, run_id, by=caller, reason=body.reason if body else None))
+    return _json(commands.cancel(rt, run_id, by=caller.caller,
+                                 reason=body.reason if body else None, who=caller))
 
 
 @router.get("/runs/{run_id}/events", response_class=EventStreamResponse,
@@ -181,15 +189,19 @@ def cancel(run_id: RunId, rt: Rt, caller: Caller, body: CancelBody | None = None
                 200: event_stream("the run's events, as server-sent events",
                                   {"$ref": "#/components/schemas/Event"}),
                 **documented(404)})
-async def events(run_id: RunId, rt: Rt, _: Caller,
+async def events(run_id: RunId, rt: Rt, caller: Caller,
                  last_event_id: Annotated[str | None, Header(
                      max_length=39, json_schema_extra={"pattern": EVENT_ID.pattern},
                      description="the `id` of the last event read: the stream goes on "
                                  "after it")] = None,
                  follow: bool = True) -> EventStreamResponse:
-    # 404 before the stream starts (read on the event loop's own client: no thread).
-    if not await run_exists(rt, run_id):
+    # 404 before the stream starts (another tenant's run too), then 403 without `read`
+    # (read on the event loop's own client: no thread).
+    tenant = await run_tenant(rt, run_id)
+    if tenant is None:
         commands.not_found(run_id)
+    caller.reach(run_id, tenant)
+    caller.require(READ, f"run {run_id}")
     if last_event_id is not None and not EVENT_ID.match(last_event_id):
         raise Invalid(f"Last-Event-ID {last_event_id[:100]!r} is not an event id "
                       "(give the `id:` of an event this stream sent, like 1700000000000-0)")
@@ -198,19 +210,21 @@ async def events(run_id: RunId, rt: Rt, _: Caller,
 
 
 @router.get("/agents", operation_id="listAgents")
-def agents(rt: Rt, _: Caller) -> dict[str, Any]:
+def agents(rt: Rt, caller: Caller) -> dict[str, Any]:
+    """The agents this key may start (all of them for a key of every agent)."""
     return {"agents": [{"name": a.name, "description": a.description,
                         "tools": [t.name for t in a.tools], "version": a.version,
                         "onChange": a.on_change}
-                       for a in rt.agents.values()]}
+                       for a in rt.agents.values() if caller.may_start_named(a.name)]}
 
 
-def _answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], caller: str, *,
+def _answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], caller: Identity, *,
             require_all: bool, key: str | None) -> Response:
     """Record the answers. With an `Idempotency-Key`, the same request again (a retry after
     a lost reply or a 503) gets the same reply, not a 409."""
-    result = commands.answer(rt, run_id, entries, by=caller, channel="api",
-                             require_all=require_all, idempotency_key=key, view=True)
+    result = commands.answer(rt, run_id, entries, by=caller.caller, channel="api",
+                             require_all=require_all, idempotency_key=key, view=True,
+                             who=caller)
     run = result.view or commands.get_run(rt, run_id)
     # A retry's answers were taken before: the run resumed then if it left `interrupted`.
     resumed = result.resumed if result.verdict is not Verdict.EXISTS \

@@ -9,9 +9,11 @@ sets up the process's logs. `/healthz` says the process lives; `/readyz` whether
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -30,6 +32,8 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from layby import __version__
+from layby.access.keys import KeysFileError
+from layby.access.rights import ADMIN
 from layby.broker_config import logs
 from layby.broker_config.settings import Settings, settings_problem
 from layby.control import Runtime, build
@@ -48,6 +52,8 @@ from layby.http.metrics import serve as serve_metrics
 from layby.parking import NotReplicated, migrations
 from layby.parking.formats import FormatError
 from layby.wire import ErrorBody, Event
+
+log = logging.getLogger(__name__)
 
 _RUN_PATH = re.compile(r"^/v1/runs/(?P<run_id>[^/]+)(?:/interrupts/(?P<interrupt_id>[^/]+))?")
 
@@ -304,12 +310,16 @@ class _KeyFirst:
             request = Request(scope)
             credentials = await bearer(request)
             try:
-                caller = check_key(self.rt, credentials)
+                self.rt.keyring.refresh(time.monotonic())
+            except KeysFileError as exc:  # the keys it had stay; say why at each look
+                log.error("%s: the keys read before stay in use until it is fixed", exc)
+            try:
+                identity = check_key(self.rt, credentials)
             except Unauthorized as exc:
                 await error_response(401, "unauthorized", exc.message)(scope, receive, send)
                 return
-            # The routes' `Caller` reads them here instead of checking again.
-            request.state.credentials, request.state.caller = credentials, caller
+            # The routes' `Caller` reads it here instead of checking again.
+            request.state.credentials, request.state.identity = credentials, identity
         await self.app(scope, receive, send)
 
 
@@ -343,8 +353,10 @@ def _plain_routes(app: FastAPI) -> None:
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics(rt: Rt, _: Caller) -> Response:
-        # Prometheus text format, read from Redis now (layby.http.metrics); bearer key.
+    async def metrics(rt: Rt, caller: Caller) -> Response:
+        # Prometheus text format, read from Redis now (layby.http.metrics); an admin's key:
+        # the figures are every tenant's.
+        caller.require(ADMIN, "read /metrics (every tenant's figures)")
         store = rt.store
         body = await run_in_threadpool(lambda: render_metrics(store.redis, store.layout))
         return Response(body, media_type=METRICS_CONTENT_TYPE)

@@ -3,13 +3,13 @@ by `create_app`), the API key check, and the check that a body can be stored."""
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.requests import HTTPConnection
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from layby.access.rights import Identity
 from layby.broker_config.settings import MAX_KEY_BYTES
 from layby.control import Runtime
 from layby.errors import Unauthorized
@@ -42,33 +42,30 @@ async def runtime_of(request: Request) -> Runtime:
 Rt = Annotated[Runtime, Depends(runtime_of)]
 
 
-def check_key(rt: Runtime, credentials: HTTPAuthorizationCredentials | None) -> str:
-    """Who calls, as recorded with their answers (`api:<name>`, or `api-key:<fingerprint>`
-    for a key without a name: `ApiKey`); Unauthorized without a key of LAYBY_API_KEYS.
+def check_key(rt: Runtime, credentials: HTTPAuthorizationCredentials | None) -> Identity:
+    """Who calls (`Identity`: recorded with their answers as `api:<name>`, or
+    `api-key:<fingerprint>` for a key without a name), from a key of LAYBY_API_KEYS or of
+    LAYBY_KEYS_FILE; Unauthorized without one.
 
-    Compared as bytes: the header arrives as Latin-1 text (HTTP's bytes, as Starlette
-    decodes them), and `hmac.compare_digest` refuses non-ASCII text with a TypeError."""
+    Taken as bytes: the header arrives as Latin-1 text (HTTP's bytes, as Starlette decodes
+    them)."""
     given = credentials.credentials.encode("latin-1") if credentials else b""
-    caller = None
-    if 0 < len(given) <= MAX_KEY_BYTES:
-        # Every key compared, so the time taken says nothing of which one matched.
-        for key in rt.settings.api_key_table:
-            if hmac.compare_digest(given, key.secret) and caller is None:
-                caller = key.caller
-    if caller is None:
+    key = rt.keyring.find(given) if 0 < len(given) <= MAX_KEY_BYTES else None
+    if key is None:
         raise Unauthorized("missing or unknown API key: send `Authorization: Bearer <key>` "
-                           "with a key from LAYBY_API_KEYS")
-    return caller
+                           "with a key from LAYBY_API_KEYS or LAYBY_KEYS_FILE")
+    return key.identity()
 
 
 async def require_key(request: Request, rt: Rt,
                       credentials: Annotated[HTTPAuthorizationCredentials | None,
-                                             Depends(bearer)]) -> str:
-    caller = getattr(request.state, "caller", None)  # checked by the first middleware
-    return caller if caller is not None else check_key(rt, credentials)
+                                             Depends(bearer)]) -> Identity:
+    identity = getattr(request.state, "identity", None)  # checked by the first middleware
+    return identity if identity is not None else check_key(rt, credentials)
 
 
-Caller = Annotated[str, Depends(require_key)]
+# Who calls, with what rights (layby.access.rights).
+Caller = Annotated[Identity, Depends(require_key)]
 
 
 async def sane_body(request: Request) -> None:

@@ -16,6 +16,7 @@ from layby.control import Runtime
 from layby.control.connections import async_redis
 from layby.http.drain import Drain, retry_hint
 from layby.parking import events
+from layby.parking.keys import DEFAULT_TENANT
 from layby.wire import FINAL_EVENTS, Event
 
 # A stream entry id, as `Last-Event-ID` must give it; anything else breaks XREAD mid-stream.
@@ -109,11 +110,12 @@ async def _where(rt: Runtime, run_id: str) -> tuple[str, events.Where | None]:
     return keys.events(run_id), where
 
 
-async def run_exists(rt: Runtime, run_id: str) -> bool:
-    """Whether the run is there (unknown, or past retention, if not)."""
+async def run_tenant(rt: Runtime, run_id: str) -> str | None:
+    """The run's tenant, or None when it is not there (unknown, or past retention)."""
     client = await _client(rt)
     keys = await asyncio.to_thread(rt.store.keys_of, run_id)
-    return bool(await client.exists(keys.run(run_id)))
+    agent, tenant = await client.hmget(keys.run(run_id), ["agent", "tenant"])
+    return None if agent is None else str(tenant or DEFAULT_TENANT)
 
 
 async def run_events(rt: Runtime, run_id: str, after: str, follow: bool = True

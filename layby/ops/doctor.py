@@ -481,6 +481,21 @@ def check_slack(settings: Settings) -> list[Check]:
     return checks
 
 
+def check_keys(settings: Settings) -> Check:
+    """The API keys: LAYBY_KEYS_FILE parses (rights known, names and keys given once)."""
+    from layby.access.keys import Keyring, KeysFileError
+
+    try:
+        ring = Keyring(settings.api_key_table, settings.keys_file)
+    except KeysFileError as exc:
+        return Check("api keys", False, exc.message)
+    tenants = sorted({k.tenant for k in ring.keys})
+    return Check("api keys", True, f"{len(ring.keys)} key(s) of tenant(s) {', '.join(tenants)}"
+                 + (f" ({settings.keys_file})" if settings.keys_file else "")
+                 if ring.keys else "none: /v1 and AG-UI refuse every call (LAYBY_API_KEYS, "
+                 "LAYBY_KEYS_FILE)")
+
+
 def check_reviewers(settings: Settings) -> list[Check]:
     from layby.reviewers.directory import load_directory
     from layby.reviewers.tokens import parse_keys
@@ -577,6 +592,7 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
     checks.extend(check_celery(conf, settings))
     checks.append(check_smtp(settings))
     checks.append(check_inbox(settings))
+    checks.append(check_keys(settings))
     checks.extend(check_reviewers(settings))
     checks.extend(check_slack(settings))
     return checks

@@ -37,6 +37,8 @@ class RunRecord:
     answers: dict[str, Answer] = field(default_factory=dict)
     agent_version: str | None = None  # the version the run started on (None: unknown)
     pinned: bool = False  # its steps run only where that version is hosted
+    tenant: str = "default"  # whose run it is (read where who may act on it is checked)
+    started_by: str | None = None  # the caller that started it, when four eyes may apply
 
 
 @dataclass

@@ -934,12 +934,14 @@ class Store:
         changed since: no transaction needed here.)"""
         keys = self.keys_of(run_id)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(keys.run(run_id), "agent", "status", "version", "metadata", "open")
+        pipe.hmget(keys.run(run_id), "agent", "status", "version", "metadata", "open",
+                   "tenant", "by")
         self._scan(pipe, keys, run_id, INTERRUPT)
         pipe.hgetall(keys.answers(run_id))
         raw, specs, answers = pipe.execute()
         record = None if raw[0] is None else RunRecord(
-            run_id, raw[0], Status(raw[1]), int(raw[2]), [], codecs.metadata(raw[3]))
+            run_id, raw[0], Status(raw[1]), int(raw[2]), [], codecs.metadata(raw[3]),
+            tenant=raw[5] or DEFAULT_TENANT, started_by=raw[6])
         return (record, *_interrupts(self._fields(keys, run_id, INTERRUPT, specs), answers,
                                      _open(raw[4])))
 

@@ -1,0 +1,224 @@
+"""Who may do what, over real HTTP on a real system with a keys file (LAYBY_KEYS_FILE): two
+tenants who never see each other's runs (not by id, not in lists, not their events, answers,
+cancels or AG-UI threads), a read-only key, a key limited to some agents, four eyes on
+approvals (the key that started a transfer cannot approve it; another key of its tenant
+with `approve` can), /metrics for admins, and a keys file that does not parse refused by
+`layby up` before it says it is up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from layby.ops.embedded import EmbeddedRedis, free_port
+from tests.harness import API_KEY, LAYBY, ROOT, LaybySystem, wait_until
+
+pytestmark = pytest.mark.integration
+
+KEYS = {
+    "billing": "lby_billing_0123456789", "approver": "lby_approver_0123456789",
+    "auditor": "lby_auditor_0123456789", "clerk": "lby_clerk_0123456789",
+    "bolt": "lby_bolt_0123456789",
+}
+KEYS_FILE = f'''
+[keys.billing]
+secret = "{KEYS["billing"]}"
+tenant = "acme"
+agents = ["demo.t*"]
+can = ["start", "read", "answer", "approve", "cancel"]
+
+[keys.approver]
+secret = "{KEYS["approver"]}"
+tenant = "acme"
+can = ["read", "approve"]
+
+[keys.auditor]
+secret = "{KEYS["auditor"]}"
+tenant = "acme"
+can = ["read"]
+
+[keys.clerk]
+secret = "{KEYS["clerk"]}"
+tenant = "acme"
+can = ["read", "answer"]
+
+[keys.bolt]
+secret = "{KEYS["bolt"]}"
+tenant = "bolt"
+'''
+
+
+@pytest.fixture(scope="module")
+def tenanted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaybySystem]:
+    base = tmp_path_factory.mktemp("tenants")
+    keys = base / "keys.toml"
+    keys.write_text(KEYS_FILE)
+    server = EmbeddedRedis(base / "valkey").start()
+    system = LaybySystem(server.url, base / "system",
+                         env_overrides={"LAYBY_KEYS_FILE": str(keys)})
+    try:
+        yield system.start()
+    finally:
+        system.stop()
+        server.stop()
+
+
+def api(system: LaybySystem, who: str) -> httpx.Client:
+    return system.api(key=KEYS.get(who, API_KEY))
+
+
+def start(system: LaybySystem, who: str, agent: str = "demo.transfer",
+          text: str = "Send 40 to Ann", **headers: str) -> httpx.Response:
+    with api(system, who) as c:
+        return c.post("/v1/runs", json={"agent": agent, "input": text}, headers=headers)
+
+
+def refused(reply: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert reply.status_code == status, reply.text
+    error: dict[str, Any] = reply.json()["error"]
+    assert error["code"] == code, error
+    return error
+
+
+def parked(system: LaybySystem, run_id: str) -> dict[str, Any]:
+    [waiting] = system.open_interrupts(system.wait_status(run_id, "interrupted"))
+    return waiting
+
+
+def test_a_tenant_never_sees_another_tenants_run(tenanted: LaybySystem) -> None:
+    made = start(tenanted, "billing")
+    assert made.status_code == 202, made.text
+    run = made.json()
+    assert (run["tenant"], run["startedBy"]) == ("acme", "api:billing")
+    intr = parked(tenanted, run["id"])
+    with api(tenanted, "bolt") as bolt:
+        for reply in (bolt.get(f"/v1/runs/{run['id']}"),
+                      bolt.get(f"/v1/runs/{run['id']}/events", params={"follow": "false"}),
+                      bolt.post(f"/v1/runs/{run['id']}/interrupts/{intr['id']}",
+                                json={"status": "resolved", "payload": {"approved": True}}),
+                      bolt.post(f"/v1/runs/{run['id']}/cancel", json={})):
+            error = refused(reply, 404, "notfound")
+            assert "acme" not in str(error)
+        assert run["id"] not in str(bolt.get("/v1/runs", params={"limit": 500}).json())
+        mine = bolt.post("/v1/runs", json={"agent": "demo.trivia", "input": "quiz"}).json()
+        listed = bolt.get("/v1/runs", params={"limit": 500}).json()["runs"]
+        assert [r["id"] for r in listed] == [mine["id"]] and listed[0]["tenant"] == "bolt"
+    with api(tenanted, "auditor") as auditor:
+        ids = {r["id"] for r in auditor.get("/v1/runs", params={"limit": 500}).json()["runs"]}
+        assert run["id"] in ids and mine["id"] not in ids
+    with api(tenanted, "admin") as admin:  # LAYBY_API_KEYS: every tenant
+        ids = {r["id"] for r in admin.get("/v1/runs", params={"limit": 500}).json()["runs"]}
+        assert {run["id"], mine["id"]} <= ids
+
+
+def test_an_idempotency_key_is_a_tenants_own(tenanted: LaybySystem) -> None:
+    key = f"order-{uuid.uuid4().hex[:8]}"
+    ours = start(tenanted, "billing", **{"Idempotency-Key": key}).json()["id"]
+    theirs = start(tenanted, "bolt", **{"Idempotency-Key": key}).json()["id"]
+    assert ours != theirs
+    assert start(tenanted, "billing", **{"Idempotency-Key": key}).json()["id"] == ours
+
+
+def test_rights_and_agents_are_kept_with_403_naming_them(tenanted: LaybySystem) -> None:
+    error = refused(start(tenanted, "auditor"), 403, "forbidden")
+    assert "may not start" in error["message"] and error["detail"] == {"right": "start"}
+    error = refused(start(tenanted, "billing", agent="demo.bbq"), 403, "forbidden")
+    assert error["detail"] == {"agent": "demo.bbq"} and "demo.t*" in error["message"]
+    with api(tenanted, "billing") as billing:
+        agents = {a["name"] for a in billing.get("/v1/agents").json()["agents"]}
+        assert "demo.transfer" in agents and "demo.bbq" not in agents
+    run_id = start(tenanted, "billing").json()["id"]
+    intr = parked(tenanted, run_id)
+    with api(tenanted, "auditor") as auditor:
+        assert auditor.get(f"/v1/runs/{run_id}").status_code == 200
+        refused(auditor.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}",
+                             json={"status": "cancelled"}), 403, "forbidden")
+        refused(auditor.post(f"/v1/runs/{run_id}/cancel", json={}), 403, "forbidden")
+        refused(auditor.get("/metrics"), 403, "forbidden")
+    with api(tenanted, "clerk") as clerk:  # `answer` declines, but does not approve
+        error = refused(clerk.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}",
+                                   json={"status": "resolved", "payload": {"approved": True}}),
+                        403, "forbidden")
+        assert error["detail"] == {"right": "approve"}
+        taken = clerk.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}",
+                           json={"status": "cancelled", "metadata": {"reason": "no"}})
+        assert taken.status_code == 200, taken.text
+    done = tenanted.wait_status(run_id, "completed")
+    assert done["result"].startswith("Transfer cancelled")
+
+
+def test_the_key_that_started_a_transfer_cannot_approve_it(tenanted: LaybySystem) -> None:
+    run_id = start(tenanted, "billing", text="Send 900 to Bob").json()["id"]
+    intr = parked(tenanted, run_id)
+    approval = {"status": "resolved", "payload": {"approved": True}}
+    with api(tenanted, "billing") as billing:
+        error = refused(billing.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}",
+                                     json=approval), 403, "self_approval")
+        assert "four eyes" in error["message"]
+    assert tenanted.run(run_id)["status"] == "interrupted"  # nothing recorded
+    with api(tenanted, "approver") as approver:
+        taken = approver.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}", json=approval)
+    assert taken.status_code == 200, taken.text
+    done = tenanted.wait_status(run_id, "completed")
+    assert done["result"] == "Sent 900 to Bob."
+    [answered] = done["interrupts"]
+    assert answered["answer"]["answeredBy"] == "api:approver"
+
+
+def test_agui_threads_of_two_tenants_are_two_runs(tenanted: LaybySystem) -> None:
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    body = {"threadId": thread, "runId": "r1", "state": {}, "tools": [], "context": [],
+            "forwardedProps": {}, "messages": [{"id": "u1", "role": "user",
+                                                "content": "Send 5 to Ann"}]}
+    seen = []
+    for who in ("billing", "bolt"):
+        with api(tenanted, who) as c, c.stream("POST", "/agui/demo.transfer",
+                                               json=body) as reply:
+            assert reply.status_code == 200
+            seen.append("".join(reply.iter_text()))
+    assert "RUN_ERROR" not in seen[0] and "RUN_ERROR" not in seen[1]
+    with api(tenanted, "bolt") as bolt:
+        mine = [r["id"] for r in bolt.get("/v1/runs", params={"limit": 500}).json()["runs"]
+                if r["id"].startswith("agui")]
+    with api(tenanted, "auditor") as auditor:
+        ours = [r["id"] for r in auditor.get("/v1/runs", params={"limit": 500}).json()["runs"]
+                if r["id"].startswith("agui")]
+    assert len(mine) == 1 and len(ours) == 1 and mine != ours
+
+
+def test_a_keys_file_that_does_not_parse_stops_layby_up_before_its_banner(
+        tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys.ops]\nsecret = "lby_ops_0123456789"\ncan = ["read", "fly"]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAYBY_")}
+    env.update({"LAYBY_KEYS_FILE": str(keys), "LAYBY_DATA_DIR": str(tmp_path / "data"),
+                "PYTHONPATH": str(ROOT)})
+    done = subprocess.run([LAYBY, "up", "--port", str(free_port())], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{keys}:1: key 'ops': unknown right 'fly'" in done.stderr
+    assert "gateway" not in done.stdout  # no banner: nothing said it was up
+    doctor = subprocess.run([LAYBY, "doctor"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert "unknown right 'fly'" in doctor.stdout + doctor.stderr
+
+
+def test_a_change_to_the_keys_file_is_taken_within_seconds(tenanted: LaybySystem) -> None:
+    keys = Path(tenanted.env["LAYBY_KEYS_FILE"])
+    before = keys.read_text()
+    try:
+        keys.write_text(before + '\n[keys.late]\nsecret = "lby_late_0123456789"\n'
+                        'tenant = "acme"\ncan = ["read"]\n')
+        with httpx.Client(base_url=tenanted.base_url, timeout=10,
+                          headers={"Authorization": "Bearer lby_late_0123456789"}) as late:
+            wait_until(lambda: late.get("/v1/runs").status_code == 200, 10,
+                       what="the new key to be taken")
+    finally:
+        keys.write_text(before)
