@@ -262,6 +262,27 @@ class ResumeBody(Body):
     resume: list[ResumeEntry] = Field(min_length=1)
 
 
+class MintToken(Body):
+    """A run token's rights (some of the minting key's: read, answer, approve, cancel,
+    self-approve) and lifetime."""
+
+    can: list[str] = Field(default_factory=lambda: ["read"], min_length=1, max_length=5)
+    ttl_s: int = Field(900, ge=1, le=86_400)
+
+
+class MintedToken(Wire):
+    """A run token: the bearer credential for its run alone, until `expires_at`."""
+
+    token: str
+    expires_at: str
+
+
+class TokensRevoked(Wire):
+    """Every run token of the run minted before `revoked_at` is refused."""
+
+    revoked_at: str
+
+
 class CancelBody(Body):
     reason: str | None = Field(None, max_length=2000)
 

@@ -62,7 +62,8 @@ def tenanted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaybySystem]:
     keys.write_text(KEYS_FILE)
     server = EmbeddedRedis(base / "valkey").start()
     system = LaybySystem(server.url, base / "system",
-                         env_overrides={"LAYBY_KEYS_FILE": str(keys)})
+                         env_overrides={"LAYBY_KEYS_FILE": str(keys),
+                                        "LAYBY_TOKEN_KEYS": "k1:tokens-0123456789abcdef"})
     try:
         yield system.start()
     finally:
@@ -222,3 +223,113 @@ def test_a_change_to_the_keys_file_is_taken_within_seconds(tenanted: LaybySystem
                        what="the new key to be taken")
     finally:
         keys.write_text(before)
+
+
+# -- run tokens -------------------------------------------------------------------------
+
+
+def mint(system: LaybySystem, who: str, run_id: str, can: list[str],
+         ttl_s: int = 900) -> httpx.Response:
+    with api(system, who) as c:
+        return c.post(f"/v1/runs/{run_id}/tokens", json={"can": can, "ttlS": ttl_s})
+
+
+def bearer(system: LaybySystem, token: str) -> httpx.Client:
+    return httpx.Client(base_url=system.base_url, timeout=30,
+                        headers={"Authorization": f"Bearer {token}"})
+
+
+def test_a_run_token_reads_and_answers_its_run_and_nothing_else(
+        tenanted: LaybySystem) -> None:
+    run_id = start(tenanted, "billing", text="Send 70 to Ann").json()["id"]
+    other = start(tenanted, "billing", text="Send 71 to Ann").json()["id"]
+    intr = parked(tenanted, run_id)
+    minted = mint(tenanted, "billing", run_id, ["read", "answer"])
+    assert minted.status_code == 201, minted.text
+    token = minted.json()["token"]
+    assert minted.json()["expiresAt"].endswith("Z") and token.startswith("lbr.")
+    with bearer(tenanted, token) as browser:
+        assert browser.get(f"/v1/runs/{run_id}").json()["id"] == run_id
+        events = browser.get(f"/v1/runs/{run_id}/events", params={"follow": "false"})
+        assert events.status_code == 200 and "run.interrupted" in events.text
+        refused(browser.get(f"/v1/runs/{other}"), 404, "notfound")
+        refused(browser.get("/v1/runs"), 403, "forbidden")
+        refused(browser.post("/v1/runs", json={"agent": "demo.trivia", "input": "x"}),
+                403, "forbidden")
+        refused(browser.post(f"/v1/runs/{run_id}/tokens", json={"can": ["read"]}),
+                403, "forbidden")
+        # `answer` declines; approving takes `approve`, which this token does not carry.
+        refused(browser.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}",
+                             json={"status": "resolved", "payload": {"approved": True}}),
+                403, "forbidden")
+        taken = browser.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}",
+                             json={"status": "cancelled", "metadata": {"reason": "not me"}})
+        assert taken.status_code == 200, taken.text
+        done = tenanted.wait_status(run_id, "completed")
+        [answered] = done["interrupts"]
+        assert (answered["answer"]["answeredBy"], answered["answer"]["channel"]) == (
+            "api:billing", "token")
+        # Its run has ended: the token is taken no more.
+        error = refused(browser.get(f"/v1/runs/{run_id}"), 401, "unauthorized")
+        assert "ended" in error["message"]
+
+
+def test_a_token_carries_no_more_than_its_key_and_dies_by_time_or_revocation(
+        tenanted: LaybySystem) -> None:
+    run_id = start(tenanted, "billing").json()["id"]
+    parked(tenanted, run_id)
+    error = refused(mint(tenanted, "auditor", run_id, ["read", "answer"]), 403, "forbidden")
+    assert error["detail"] == {"right": "answer"}
+    refused(mint(tenanted, "bolt", run_id, ["read"]), 404, "notfound")
+    refused(mint(tenanted, "billing", run_id, ["start"]), 422, "invalid")
+    short = mint(tenanted, "billing", run_id, ["read"], ttl_s=1).json()["token"]
+    kept = mint(tenanted, "billing", run_id, ["read"]).json()["token"]
+    with bearer(tenanted, short) as browser:
+        wait_until(lambda: browser.get(f"/v1/runs/{run_id}").status_code == 401, 5,
+                   what="the token to expire")
+        assert "expired" in browser.get(f"/v1/runs/{run_id}").json()["error"]["message"]
+    forged = kept[:-3] + ("AAA" if not kept.endswith("AAA") else "BBB")
+    with bearer(tenanted, forged) as browser:
+        refused(browser.get(f"/v1/runs/{run_id}"), 401, "unauthorized")
+    with bearer(tenanted, kept) as browser:
+        assert browser.get(f"/v1/runs/{run_id}").status_code == 200
+        with api(tenanted, "billing") as billing:
+            assert billing.delete(f"/v1/runs/{run_id}/tokens").status_code == 200
+        error = refused(browser.get(f"/v1/runs/{run_id}"), 401, "unauthorized")
+        assert "revoked" in error["message"]
+    fresh = mint(tenanted, "billing", run_id, ["read"]).json()["token"]
+    with bearer(tenanted, fresh) as browser:  # minted after the revocation: good
+        assert browser.get(f"/v1/runs/{run_id}").status_code == 200
+
+
+def test_a_browser_follows_and_answers_its_agui_thread_with_a_run_token(
+        tenanted: LaybySystem) -> None:
+    """The page's server starts the thread with its key and mints a token for the thread's
+    run; the browser's client streams and resumes it with the token alone."""
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    body: dict[str, Any] = {"threadId": thread, "runId": "r1", "state": {}, "tools": [],
+                            "context": [], "forwardedProps": {},
+                            "messages": [{"id": "u1", "role": "user",
+                                          "content": "Send 8 to Ann"}]}
+    with api(tenanted, "billing") as server, server.stream(
+            "POST", "/agui/demo.transfer", json=body) as reply:
+        assert reply.status_code == 200
+        "".join(reply.iter_text())
+    with api(tenanted, "auditor") as auditor:
+        [run] = [r for r in auditor.get("/v1/runs", params={"limit": 500}).json()["runs"]
+                 if r["id"].startswith("agui") and r["status"] == "interrupted"
+                 and r["agent"] == "demo.transfer" and run_of_thread(auditor, r, thread)]
+    token = mint(tenanted, "approver", run["id"], ["read", "approve"]).json()["token"]
+    intr = parked(tenanted, run["id"])
+    resume = {**body, "runId": "r2", "messages": [],
+              "resume": [{"interruptId": intr["id"], "status": "resolved",
+                          "payload": {"approved": True}}]}
+    with bearer(tenanted, token) as browser, browser.stream(
+            "POST", "/agui/demo.transfer", json=resume) as reply:
+        text = "".join(reply.iter_text())
+    assert "RUN_FINISHED" in text and "Sent 8 to Ann." in text, text[-800:]
+
+
+def run_of_thread(client: httpx.Client, run: dict[str, Any], thread: str) -> bool:
+    full = client.get(f"/v1/runs/{run['id']}").json()
+    return bool(full.get("metadata", {}).get("agui", {}).get("threadId") == thread)

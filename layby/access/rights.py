@@ -32,6 +32,7 @@ class Identity:
     rights: frozenset[str]
     agents: tuple[str, ...] = ("*",)
     run: str | None = None
+    issued_ms: int | None = None  # a run token's: when it was minted (revocation is by time)
 
     def has(self, right: str) -> bool:
         return right in self.rights or ADMIN in self.rights

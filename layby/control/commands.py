@@ -17,16 +17,27 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
+from layby.access import tokens
 from layby.access.rights import ADMIN, ANSWER, CANCEL, OPERATOR, READ, Identity
 from layby.broker_config import NOTIFY, SLACK_TASK
 from layby.control.runtime import Runtime
-from layby.errors import Conflict, Invalid, NotFound, TooLarge, Unavailable
+from layby.errors import (
+    ConfigError,
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
 from layby.generation.answers import check_answer, check_storable
 from layby.generation.interrupts import CONFIRMATION, Interrupt, ResumeEntry
 from layby.generation.messages import Message, text_message, why_not_a_start
 from layby.generation.tools import Tool
 from layby.parking import RunRecord, Transition, Verdict, generated_run_id, iso
 from layby.parking.keys import DEFAULT_TENANT
+from layby.parking.records import Ownership
 from layby.reviewers import routing
 from layby.wire import Answer, Delegation, InterruptState, RunView, Status
 
@@ -118,6 +129,8 @@ def not_found(run_id: str) -> NoReturn:
 
 def get_run(rt: Runtime, run_id: str, who: Identity = OPERATOR) -> RunView:
     """The run, when `who` may read it (another tenant's is NotFound, as one that is not)."""
+    if who.run is not None:
+        reach(rt, run_id, who, READ)  # a token: its run's state first
     view = rt.store.view(run_id)
     if view is None:
         not_found(run_id)
@@ -126,14 +139,74 @@ def get_run(rt: Runtime, run_id: str, who: Identity = OPERATOR) -> RunView:
     return view
 
 
-def reach(rt: Runtime, run_id: str, who: Identity, right: str) -> None:
+def reach(rt: Runtime, run_id: str, who: Identity, right: str) -> Ownership:
     """NotFound unless the run exists for `who` (its tenant's, or `who` an admin), then
-    Forbidden unless `who` holds `right`: one read of the run's tenant."""
-    exists, tenant, _ = rt.store.whose(run_id)
-    if not exists:
+    Forbidden unless `who` holds `right`, and for a run token, Unauthorized once its run
+    ended or its tokens were revoked: one read of the run."""
+    run = rt.store.whose(run_id)
+    if not run.exists:
         not_found(run_id)
-    who.reach(run_id, tenant)
+    who.reach(run_id, run.tenant)
+    admit_token(who, run)
     who.require(right, f"run {run_id}")
+    return run
+
+
+def admit_token(who: Identity, run: Ownership) -> None:
+    """A run token is good while its run goes on and its tokens are not revoked (what the
+    token's signature cannot say: read with the run)."""
+    if who.run is None:
+        return
+    if run.status is not None and run.status.finished:
+        raise Unauthorized(f"this run token's run ended ({run.status.value}): it is taken no "
+                           "more")
+    if run.tokens_after is not None and (who.issued_ms or 0) <= run.tokens_after:
+        raise Unauthorized("this run token was revoked: ask for a new one")
+
+
+def mint_token(rt: Runtime, run_id: str, who: Identity, can: list[str], ttl_s: int
+               ) -> tuple[str, str]:
+    """A run token for `run_id` with `can` (some of `who`'s own rights on it), for `ttl_s`
+    seconds: (the token, when it expires). Only a key mints one."""
+    if who.run is not None:
+        raise Forbidden("a run token mints no tokens: ask the service that gave it",
+                        detail={"right": "mint"})
+    run = reach(rt, run_id, who, READ)
+    if run.status is not None and run.status.finished:
+        raise Conflict(f"run {run_id} has ended ({run.status.value}): a token for it would "
+                       "be refused", run_id=run_id, detail={"status": run.status.value})
+    wrong = sorted(set(can) - tokens.TOKEN_RIGHTS)
+    if wrong:
+        raise Invalid(f"a run token cannot carry {wrong[0]!r}: it may carry "
+                      f"{sorted(tokens.TOKEN_RIGHTS)}", detail={"right": wrong[0]})
+    for right in can:
+        who.require(right, "(a token carries no more than the key that mints it)")
+    if not 1 <= ttl_s <= tokens.MAX_TTL_S:
+        raise Invalid(f"ttlS must be 1 to {tokens.MAX_TTL_S} seconds, not {ttl_s}")
+    try:
+        keys = rt.reviewers.token_keys()
+    except ConfigError:
+        raise ConfigError("run tokens are signed with the token keys: set LAYBY_TOKEN_KEYS "
+                          "to 'id:secret' (`layby secret tokens`; `layby up` makes them)",
+                          run_id=run_id) from None
+    now_ms = rt.store.now_ms()
+    expires_s = now_ms // 1000 + ttl_s
+    token = tokens.mint(keys, tokens.RunToken(
+        run_id, run.tenant, who.caller, frozenset(can), now_ms, expires_s))
+    log.info("run token minted for run %s by %s: %s for %d s", run_id, who.caller,
+             ",".join(sorted(can)), ttl_s, extra={"run_id": run_id})
+    return token, iso(expires_s * 1000)
+
+
+def revoke_tokens(rt: Runtime, run_id: str, who: Identity) -> str:
+    """Refuse every run token of `run_id` minted until now; when (ISO 8601)."""
+    if who.run is not None:
+        raise Forbidden("a run token revokes no tokens", detail={"right": "mint"})
+    reach(rt, run_id, who, READ)
+    at = rt.store.revoke_tokens(run_id, who.caller)
+    if at is None:
+        not_found(run_id)
+    return iso(at)
 
 
 def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, channel: str,
@@ -156,6 +229,8 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if who is not None:
         who.reach(run_id, record.tenant)
+        if who.run is not None:
+            admit_token(who, rt.store.whose(run_id))
         _may_answer(who, record, specs, entries)
     if not entries:
         raise Invalid("no answers given: `resume` needs one entry per open interrupt")

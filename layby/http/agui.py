@@ -298,7 +298,10 @@ def _after(park: Event | None, plan: Plan) -> Plan:
 def prepare(rt: Runtime, agent: str, body: RunAgentInput, caller: Identity) -> Plan:
     """Start, resume or reconnect to the thread's run, as `caller` may; raises what
     RUN_ERROR reports."""
-    run_id = thread_run_id(body.thread_id, caller.tenant)
+    # A run token's thread is its run, whatever its id.
+    run_id = caller.run or thread_run_id(body.thread_id, caller.tenant)
+    if caller.run is not None:
+        commands.reach(rt, run_id, caller, READ)
     view = rt.store.view(run_id)
     if view is not None:
         caller.reach(run_id, view.tenant)  # NotFound, as for a thread with no run
@@ -412,7 +415,8 @@ async def run_agent(agent: Annotated[str, Path(max_length=200)], body: RunAgentI
         raise NotFound(f"no agent named {agent!r}", detail={"agents": sorted(rt.agents)})
     # ag_ui declares `accept: str = None`: it takes None, as the default says.
     encoder = EventEncoder(accept=request.headers.get("accept"))  # type: ignore[arg-type]
-    cursor = Cursor(body.thread_id, body.run_id, thread_run_id(body.thread_id, caller.tenant))
+    cursor = Cursor(body.thread_id, body.run_id,
+                    caller.run or thread_run_id(body.thread_id, caller.tenant))
     try:
         plan = await run_in_threadpool(prepare, rt, agent, body, caller)
     except LaybyError as exc:

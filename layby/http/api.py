@@ -28,11 +28,14 @@ from layby.wire import (
     AnswerBody,
     Answered,
     CancelBody,
+    MintedToken,
+    MintToken,
     ResumeBody,
     RunList,
     RunView,
     StartRun,
     Status,
+    TokensRevoked,
 )
 
 # Every /v1 route needs the key, may meet a body past its limit or a store away.
@@ -184,6 +187,25 @@ def cancel(run_id: RunId, rt: Rt, caller: Caller, body: CancelBody | None = None
                                  reason=body.reason if body else None, who=caller))
 
 
+@router.post("/runs/{run_id}/tokens", status_code=201, response_model=MintedToken,
+             response_model_by_alias=True, dependencies=[SaneBody], operation_id="mintToken",
+             responses=documented(400, 404, 409, 413))
+def mint_token(run_id: RunId, body: MintToken, rt: Rt, caller: Caller) -> Response:
+    """A run token: a bearer credential for this run alone (its view, events, answers and
+    AG-UI thread, within `can`), for a browser that must not hold the key. Its rights are
+    some of the key's own; it expires after `ttlS`, and once the run ends."""
+    token, expires = commands.mint_token(rt, run_id, caller, body.can, body.ttl_s)
+    return _json(MintedToken(token=token, expires_at=expires), status_code=201)
+
+
+@router.delete("/runs/{run_id}/tokens", response_model=TokensRevoked,
+               response_model_by_alias=True, operation_id="revokeTokens",
+               responses=documented(404))
+def revoke_tokens(run_id: RunId, rt: Rt, caller: Caller) -> Response:
+    """Refuse every run token of this run minted until now."""
+    return _json(TokensRevoked(revoked_at=commands.revoke_tokens(rt, run_id, caller)))
+
+
 @router.get("/runs/{run_id}/events", response_class=EventStreamResponse,
             operation_id="runEvents", responses={
                 200: event_stream("the run's events, as server-sent events",
@@ -197,11 +219,14 @@ async def events(run_id: RunId, rt: Rt, caller: Caller,
                  follow: bool = True) -> EventStreamResponse:
     # 404 before the stream starts (another tenant's run too), then 403 without `read`
     # (read on the event loop's own client: no thread).
-    tenant = await run_tenant(rt, run_id)
-    if tenant is None:
-        commands.not_found(run_id)
-    caller.reach(run_id, tenant)
-    caller.require(READ, f"run {run_id}")
+    if caller.run is not None:  # a run token: its run's state read with it
+        await run_in_threadpool(commands.reach, rt, run_id, caller, READ)
+    else:
+        tenant = await run_tenant(rt, run_id)
+        if tenant is None:
+            commands.not_found(run_id)
+        caller.reach(run_id, tenant)
+        caller.require(READ, f"run {run_id}")
     if last_event_id is not None and not EVENT_ID.match(last_event_id):
         raise Invalid(f"Last-Event-ID {last_event_id[:100]!r} is not an event id "
                       "(give the `id:` of an event this stream sent, like 1700000000000-0)")
@@ -222,7 +247,9 @@ def _answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], caller: Identi
             require_all: bool, key: str | None) -> Response:
     """Record the answers. With an `Idempotency-Key`, the same request again (a retry after
     a lost reply or a 503) gets the same reply, not a 409."""
-    result = commands.answer(rt, run_id, entries, by=caller.caller, channel="api",
+    # Answers given with a run token say so: channel `token`, by the key that minted it.
+    result = commands.answer(rt, run_id, entries, by=caller.caller,
+                             channel="api" if caller.run is None else "token",
                              require_all=require_all, idempotency_key=key, view=True,
                              who=caller)
     run = result.view or commands.get_run(rt, run_id)

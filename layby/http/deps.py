@@ -3,16 +3,18 @@ by `create_app`), the API key check, and the check that a body can be stored."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.requests import HTTPConnection
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from layby.access import tokens
 from layby.access.rights import Identity
 from layby.broker_config.settings import MAX_KEY_BYTES
 from layby.control import Runtime
-from layby.errors import Unauthorized
+from layby.errors import ConfigError, Unauthorized
 from layby.generation.answers import check_storable
 
 
@@ -45,11 +47,20 @@ Rt = Annotated[Runtime, Depends(runtime_of)]
 def check_key(rt: Runtime, credentials: HTTPAuthorizationCredentials | None) -> Identity:
     """Who calls (`Identity`: recorded with their answers as `api:<name>`, or
     `api-key:<fingerprint>` for a key without a name), from a key of LAYBY_API_KEYS or of
-    LAYBY_KEYS_FILE; Unauthorized without one.
+    LAYBY_KEYS_FILE, or a run token (`layby.access.tokens`, checked by its signature: no
+    store read); Unauthorized without one.
 
     Taken as bytes: the header arrives as Latin-1 text (HTTP's bytes, as Starlette decodes
     them)."""
-    given = credentials.credentials.encode("latin-1") if credentials else b""
+    presented = credentials.credentials if credentials else ""
+    if tokens.is_run_token(presented):
+        try:
+            keys = rt.reviewers.token_keys()
+        except ConfigError:
+            raise Unauthorized("run tokens are not taken here: no LAYBY_TOKEN_KEYS to check "
+                               "them with") from None
+        return tokens.read(keys, presented, time.time()).identity()
+    given = presented.encode("latin-1")
     key = rt.keyring.find(given) if 0 < len(given) <= MAX_KEY_BYTES else None
     if key is None:
         raise Unauthorized("missing or unknown API key: send `Authorization: Bearer <key>` "

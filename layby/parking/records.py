@@ -54,3 +54,16 @@ class Announcements:
 
     def __bool__(self) -> bool:
         return bool(self.notes or self.handovers)
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Whose a run is, as the checks of who may see and act on it read it: whether it
+    exists, its tenant, who started it (when kept), its status, and since when its run
+    tokens are revoked (ms; None: never)."""
+
+    exists: bool
+    tenant: str = "default"
+    started_by: str | None = None
+    status: Status | None = None
+    tokens_after: int | None = None

@@ -42,7 +42,7 @@ RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "adv
                "park_run", "complete_run", "fail_run", "cancel_run", "answer_interrupts",
                "expire_interrupt", "requeue_run", "plan_notifications", "start_delivery",
                "finish_delivery", "retry_notifications", "delegate_interrupt",
-               "schedule_retry")
+               "schedule_retry", "revoke_tokens")
 # Scripts on global keys only, without the prelude; those that queue tasks get `_queue`.
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
                       "beat_worker", "reap_workers", "switch_format", "count_versions",

@@ -42,7 +42,7 @@ from layby.parking import shards as sharding
 from layby.parking.clock import iso
 from layby.parking.formats import Layout
 from layby.parking.keys import DEFAULT_TENANT, Keys, ShardKeys
-from layby.parking.records import Announcements, OutboxEntry, RunRecord
+from layby.parking.records import Announcements, OutboxEntry, Ownership, RunRecord
 from layby.parking.registries import RunIndex, Shard, cursor_of, due_in, now_ms
 from layby.parking.results import Transition, Verdict
 from layby.parking.scripts import QueuedTask, ScriptSettings
@@ -1138,12 +1138,21 @@ class Store:
         # run delete them.
         return owner or None, int(until) if until and until != "0" else None
 
-    def whose(self, run_id: str) -> tuple[bool, str, str | None]:
-        """Whether the run exists, its tenant and who started it (when kept): one read, for
-        the checks of who may see and act on it."""
-        tenant, by, agent = cast("list[str | None]", self.redis.hmget(
-            self.keys_of(run_id).run(run_id), "tenant", "by", "agent"))
-        return agent is not None, tenant or DEFAULT_TENANT, by
+    def whose(self, run_id: str) -> Ownership:
+        """Whose the run is (`Ownership`): one read, for the checks of who may see and act
+        on it."""
+        tenant, by, status, after = cast("list[str | None]", self.redis.hmget(
+            self.keys_of(run_id).run(run_id), "tenant", "by", "status", "tokens_after"))
+        if status is None:
+            return Ownership(False)
+        return Ownership(True, tenant or DEFAULT_TENANT, by, Status(status),
+                         int(after) if after else None)
+
+    def revoke_tokens(self, run_id: str, by: str) -> int | None:
+        """Refuse the run's run tokens minted until now; when that is (ms), or None for a
+        run that is not there."""
+        reply = self._run("revoke_tokens", run_id, by=by)
+        return int(reply[1]) if reply[0] == "ok" else None
 
     def status_of(self, run_id: str) -> tuple[Status | None, int | None]:
         """The run's status and when it last changed (ms)."""
