@@ -147,6 +147,8 @@ class Settings(BaseSettings):
     # changes; beside LAYBY_API_KEYS, whose keys have every right in tenant `default`.
     keys_file: Path | None = Field(None, description="TOML file of API keys with tenants "
                                    "and rights")
+    # How long the audit trail keeps what callers did (GET /v1/audit, `layby audit`).
+    audit_retention_days: int = Field(90, ge=1, le=3650)
     agent_modules: CommaList = Field(default_factory=lambda: ["layby.demo.agents"])
     task_modules: CommaList = Field(default_factory=lambda: ["layby.demo.jobs"],
                                     description="modules with Celery tasks to run as jobs")

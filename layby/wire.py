@@ -11,6 +11,7 @@ Messages and interrupts themselves are `layby.generation`'s (Genkit's and AG-UI'
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -281,6 +282,34 @@ class TokensRevoked(Wire):
     """Every run token of the run minted before `revoked_at` is refused."""
 
     revoked_at: str
+
+
+class AuditEntry(Wire):
+    """One thing a caller did, or was refused (`outcome`: ok, or the refusal's code)."""
+
+    at: str
+    caller: str
+    tenant: str
+    action: str
+    run: str | None = None
+    interrupt: str | None = None
+    channel: str | None = None
+    outcome: str = "ok"
+    source: str | None = None
+
+    @classmethod
+    def of(cls, entry: dict[str, Any]) -> AuditEntry:
+        """An entry as the store gave it (its time the stream entry's id)."""
+        ms = int(str(entry["id"]).partition("-")[0])
+        at = datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+        return cls(at=at.replace("+00:00", "Z"),
+                   **{k: v for k, v in entry.items()
+                      if k in cls.model_fields and k != "at" and v is not None})
+
+
+class AuditPage(Wire):
+    entries: list[AuditEntry]
+    next_cursor: str | None = None
 
 
 class CancelBody(Body):

@@ -27,7 +27,8 @@ from typing import Any
 
 import redis
 
-from layby.control.commands import now_iso
+from layby.control import audit
+from layby.control.commands import answered_as, now_iso
 from layby.control.runtime import Runtime, worker_name
 from layby.errors import ConfigError, ResumeError
 from layby.generation.agents import Agent
@@ -170,7 +171,8 @@ def _loop(rt: Runtime, beat: Heartbeat, record: RunRecord) -> str:
         if isinstance(outcome, Retry):
             beat.release()  # schedule_retry releases the claim: nothing to renew
             return _wait_to_retry(rt, step, owner, outcome)
-        done, version = _commit(rt, agent, step, committed, owner, outcome, inline=inline)
+        done, version = _commit(rt, agent, step, committed, owner, outcome, inline=inline,
+                                tenant=record.tenant)
         log.info("run %s: %s in %.0f ms", run_id, type(outcome).__name__.lower(),
                  (time.monotonic() - started) * 1000)
         if done:
@@ -298,7 +300,7 @@ def _parked(step: Step, record: RunRecord
 
 
 def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], owner: str,
-            outcome: Outcome, *, inline: bool) -> tuple[bool, int]:
+            outcome: Outcome, *, inline: bool, tenant: str = "default") -> tuple[bool, int]:
     """Commit one outcome (`committed`: the history the store holds, which the event's
     messages follow); returns (finished with this task, the new version)."""
     store = rt.store
@@ -334,8 +336,13 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
                                      asking, fits=store.fits_with(step.run_id),
                                      slack=planning.slack_stored(store)
                                      ) if asking else Announcements()
+            # A rule's answer is in the audit trail as any answer, its caller the rule.
+            kept = [audit.entry(a.answered_by, tenant, answered_as(i, a.entry()),
+                                run=step.run_id, interrupt=i.id, via="policy")
+                    for i in interrupts if (a := by_rule.get(i.id)) is not None]
             result = store.park(step.run_id, step.version, owner, messages, interrupts, event,
-                                plan=plan, by_rule=by_rule, exhausted=outcome.exhausted)
+                                plan=plan, by_rule=by_rule, exhausted=outcome.exhausted,
+                                audit=kept)
         case Finish(messages=messages, result=text, exhausted=exhausted):
             event["result"] = text
             result = store.complete(step.run_id, step.version, owner, messages, text,

@@ -7,6 +7,7 @@ with `approve` can), /metrics for admins, and a keys file that does not parse re
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -333,3 +334,48 @@ def test_a_browser_follows_and_answers_its_agui_thread_with_a_run_token(
 def run_of_thread(client: httpx.Client, run: dict[str, Any], thread: str) -> bool:
     full = client.get(f"/v1/runs/{run['id']}").json()
     return bool(full.get("metadata", {}).get("agui", {}).get("threadId") == thread)
+
+
+# -- the audit trail --------------------------------------------------------------------
+
+
+def test_the_audit_trail_shows_who_did_what_to_an_admin_alone(tenanted: LaybySystem) -> None:
+    run_id = start(tenanted, "billing", text="Send 333 to Bob").json()["id"]
+    intr = parked(tenanted, run_id)
+    approval = {"status": "resolved", "payload": {"approved": True}}
+    with api(tenanted, "billing") as billing:
+        refused(billing.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}", json=approval),
+                403, "self_approval")
+    assert mint(tenanted, "billing", run_id, ["read"]).status_code == 201
+    with api(tenanted, "bolt") as bolt:
+        refused(bolt.get(f"/v1/runs/{run_id}"), 404, "notfound")
+    with api(tenanted, "approver") as approver:
+        assert approver.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}",
+                             json=approval).status_code == 200
+    tenanted.wait_status(run_id, "completed")
+    with api(tenanted, "auditor") as auditor:  # `read` is not `admin`
+        refused(auditor.get("/v1/audit"), 403, "forbidden")
+    with api(tenanted, "admin") as admin:
+        page = admin.get("/v1/audit", params={"run": run_id}).json()
+    seen = [(e["caller"], e["action"], e["outcome"]) for e in reversed(page["entries"])]
+    assert seen == [("api:billing", "start", "ok"),
+                    ("api:billing", "answer", "self_approval"),
+                    ("api:billing", "token.mint", "ok"),
+                    ("api:bolt", "read", "notfound"),
+                    ("api:approver", "approve", "ok")], seen
+    for e in page["entries"]:
+        assert e["run"] == run_id and e["source"] == "127.0.0.1" and e["at"].endswith("Z")
+        assert e["tenant"] == ("bolt" if e["caller"] == "api:bolt" else "acme")
+    approve = next(e for e in page["entries"] if e["action"] == "approve")
+    assert (approve["interrupt"], approve["channel"]) == (intr["id"], "api")
+    # No secret, key or token anywhere in it.
+    text = str(page)
+    assert not any(secret in text for secret in KEYS.values()) and "lbr." not in text
+    # By caller, across every shard, and from the command line as JSON lines.
+    with api(tenanted, "admin") as admin:
+        mine = admin.get("/v1/audit", params={"caller": "api:approver"}).json()["entries"]
+    assert mine and {e["caller"] for e in mine} == {"api:approver"}
+    lines = tenanted.layby("audit", "--since", "10m", "--run", run_id)
+    assert lines.returncode == 0, lines.stderr
+    assert [json.loads(line)["action"] for line in lines.stdout.splitlines()] == [
+        "approve", "read", "token.mint", "answer", "start"]

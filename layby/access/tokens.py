@@ -95,5 +95,15 @@ def read(keys: dict[str, bytes], presented: str, now_s: float) -> RunToken:
     except (ValueError, KeyError, TypeError, binascii.Error) as exc:
         raise Unauthorized("this run token's claims cannot be read") from exc
     if token.expires_s <= now_s:
-        raise Unauthorized(f"this run token expired; ask {token.minted_by} for a new one")
+        raise ExpiredRunToken(f"this run token expired; ask {token.minted_by} for a new one",
+                              token)
     return token
+
+
+class ExpiredRunToken(Unauthorized):
+    """A genuine run token past its time: who it was minted by and for is known (the audit
+    keeps its refusal), but it is taken no more."""
+
+    def __init__(self, message: str, token: RunToken) -> None:
+        super().__init__(message, run_id=token.run_id, code="unauthorized")
+        self.token = token

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from layby.access import tokens
 from layby.access.rights import ADMIN, ANSWER, CANCEL, OPERATOR, READ, Identity
 from layby.broker_config import NOTIFY, SLACK_TASK
+from layby.control import audit
 from layby.control.runtime import Runtime
 from layby.errors import (
     ConfigError,
@@ -99,7 +100,8 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
     result = store.create_run(run_id, agent, input=input, messages=messages,
                               metadata=metadata or {}, idempotency_key=idempotency_key,
                               agent_version=declared.version, pinned=pinned,
-                              tenant=tenant, started_by=started_by)
+                              tenant=tenant, started_by=started_by,
+                              audit=[audit.entry(who.caller, tenant, "start", run=run_id)])
     if result.verdict is Verdict.EXISTS:
         existing = store.view(result.run_id or "")
         if existing is None:
@@ -193,6 +195,8 @@ def mint_token(rt: Runtime, run_id: str, who: Identity, can: list[str], ttl_s: i
     expires_s = now_ms // 1000 + ttl_s
     token = tokens.mint(keys, tokens.RunToken(
         run_id, run.tenant, who.caller, frozenset(can), now_ms, expires_s))
+    rt.store.record_audit([audit.entry(who.caller, run.tenant, "token.mint", run=run_id)],
+                          of=run_id)
     log.info("run token minted for run %s by %s: %s for %d s", run_id, who.caller,
              ",".join(sorted(can)), ttl_s, extra={"run_id": run_id})
     return token, iso(expires_s * 1000)
@@ -202,8 +206,9 @@ def revoke_tokens(rt: Runtime, run_id: str, who: Identity) -> str:
     """Refuse every run token of `run_id` minted until now; when (ISO 8601)."""
     if who.run is not None:
         raise Forbidden("a run token revokes no tokens", detail={"right": "mint"})
-    reach(rt, run_id, who, READ)
-    at = rt.store.revoke_tokens(run_id, who.caller)
+    run = reach(rt, run_id, who, READ)
+    at = rt.store.revoke_tokens(run_id, who.caller, audit=[
+        audit.entry(who.caller, run.tenant, "token.revoke", run=run_id)])
     if at is None:
         not_found(run_id)
     return iso(at)
@@ -253,8 +258,11 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     votes = {r.interrupt_id: by_id[r.interrupt_id].required_approvals for r in records
              if by_id[r.interrupt_id].required_approvals > 1 and approves(r.entry())}
     deadlines = {r.interrupt_id for r in records if by_id[r.interrupt_id].expires_at}
+    kept = [audit.entry(by, record.tenant, answered_as(by_id[r.interrupt_id], r.entry()),
+                        run=run_id, interrupt=r.interrupt_id, via=channel) for r in records]
     result = _recorded(rt.store.answer(run_id, records, require_all=require_all,
-                                       votes=votes, deadlines=deadlines, view=view),
+                                       votes=votes, deadlines=deadlines, view=view,
+                                       audit=kept),
                        run_id, records, by_id)
     for rec in records:
         log.info("interrupt %s of run %s %s by %s via %s", rec.interrupt_id, run_id,
@@ -264,6 +272,16 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     if result.verdict is Verdict.OK:
         update_slack(rt, run_id, [r.interrupt_id for r in records], approval=bool(votes))
     return result
+
+
+def answered_as(spec: Interrupt, entry: ResumeEntry) -> str:
+    """What an answer is, as the audit names it: an approval (a yes to a confirmation), a
+    decline, or an answer."""
+    if entry.status == "cancelled":
+        return "decline"
+    if spec.reason == CONFIRMATION:
+        return "approve" if approves(entry) else "decline"
+    return "answer"
 
 
 def _may_answer(who: Identity, record: RunRecord, specs: list[Interrupt],
@@ -483,9 +501,9 @@ def answer_job(rt: Runtime, run_id: str, interrupt_id: str, *, task: str, result
 
 def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None,
            who: Identity | None = None) -> RunView:
-    if who is not None:
-        reach(rt, run_id, who, CANCEL)
-    result = rt.store.cancel(run_id, by, reason)
+    whose = reach(rt, run_id, who, CANCEL) if who is not None else rt.store.whose(run_id)
+    result = rt.store.cancel(run_id, by, reason,
+                             audit=[audit.entry(by, whose.tenant, "cancel", run=run_id)])
     if result.verdict is Verdict.MISSING:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if result.verdict is Verdict.FINISHED:

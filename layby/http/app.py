@@ -34,13 +34,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from layby import __version__
 from layby.access.keys import KeysFileError
 from layby.access.rights import ADMIN
+from layby.access.tokens import ExpiredRunToken
 from layby.broker_config import logs
 from layby.broker_config.settings import Settings, settings_problem
-from layby.control import Runtime, build
+from layby.control import Runtime, audit, build
 from layby.control.announce import about, announce, process_name, withdraw
 from layby.control.runtime import check_config
 from layby.errors import ConfigError, LaybyError, Unauthorized
-from layby.http import agui, api, inbox, mailbox, reviewers
+from layby.http import agui, api, audited, inbox, mailbox, reviewers
 from layby.http.deps import Caller, Rt, bearer, check_key
 from layby.http.drain import Drain
 from layby.http.errors import body_problem, error_response, refusal, why_redis_is_away
@@ -105,7 +106,8 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     app.state.drain = drain
     _handle_errors(app)
     _middleware(app, rt)
-    for router in (api.router, agui.router, reviewers.router, inbox.router, mailbox.router):
+    for router in (api.router, audited.router, agui.router, reviewers.router, inbox.router,
+                   mailbox.router):
         app.include_router(router)
     _plain_routes(app)
     _document(app, rt)
@@ -218,7 +220,9 @@ def _require_tags(node: Any, schemas: dict[str, Any]) -> None:
 
 def _handle_errors(app: FastAPI) -> None:
     @app.exception_handler(LaybyError)
-    async def _refused(_: Request, exc: LaybyError) -> JSONResponse:
+    async def _refused(request: Request, exc: LaybyError) -> JSONResponse:
+        if exc.code in audited.KEPT and getattr(request.state, "identity", None) is not None:
+            await run_in_threadpool(audited.refusal, request.app.state.runtime, request, exc)
         return refusal(exc)
 
     @app.exception_handler(redis.exceptions.ConnectionError)
@@ -306,8 +310,13 @@ class _KeyFirst:
         self.rt = rt
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope.get("path", "").startswith(("/v1/", "/agui/")):
-            request = Request(scope)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        path = scope.get("path", "")
+        token = False
+        if path.startswith(("/v1/", "/agui/")):
             credentials = await bearer(request)
             try:
                 self.rt.keyring.refresh(time.monotonic())
@@ -316,11 +325,21 @@ class _KeyFirst:
             try:
                 identity = check_key(self.rt, credentials)
             except Unauthorized as exc:
+                if isinstance(exc, ExpiredRunToken):  # a genuine token: its refusal is kept
+                    await run_in_threadpool(self._expired, request, exc)
                 await error_response(401, "unauthorized", exc.message)(scope, receive, send)
                 return
             # The routes' `Caller` reads it here instead of checking again.
             request.state.credentials, request.state.identity = credentials, identity
-        await self.app(scope, receive, send)
+            token = identity.run is not None
+        # What the audit records of the request: where it came from, and its way in.
+        with audit.from_request(audited.source_of(request), audited.channel_of(path, token)):
+            await self.app(scope, receive, send)
+
+    def _expired(self, request: Request, exc: ExpiredRunToken) -> None:
+        with audit.from_request(audited.source_of(request), "token"):
+            request.state.identity = exc.token.identity()
+            audited.refusal(self.rt, request, exc)
 
 
 def _plain_routes(app: FastAPI) -> None:

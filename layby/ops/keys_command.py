@@ -1,8 +1,10 @@
-"""`layby keys`: API keys with a tenant and rights, in the keys file (LAYBY_KEYS_FILE).
+"""`layby keys`: API keys with a tenant and rights, in the keys file (LAYBY_KEYS_FILE); and
+`layby audit`: who did what.
 
 `layby keys new NAME --tenant T --agents 'shop.*' --can start,read` makes a key, prints it
 once, and appends its SHA-256 (never the key) to the file; `layby keys ls` lists the keys
-the gateway takes, without their secrets.
+the gateway takes, without their secrets. `layby audit --since 1h` prints the audit trail
+as JSON lines, newest first.
 """
 
 from __future__ import annotations
@@ -91,3 +93,29 @@ def ls(file: Annotated[Path | None, typer.Option(help="the keys file (default: "
 
 def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def audit(since: Annotated[str | None, typer.Option(help="45s, 30m, 1h, 2d ago, or an ISO "
+                                                          "8601 time")] = "1h",
+          run: Annotated[str | None, typer.Option(help="one run's entries")] = None,
+          caller: Annotated[str | None, typer.Option(help="one caller's (api:<name>, "
+                                                          "reviewer:<id>)")] = None,
+          tenant: Annotated[str | None, typer.Option(help="one tenant's")] = None,
+          limit: Annotated[int, typer.Option(min=1, help="at most this many")] = 1000) -> None:
+    """Who did what (starts, answers on every channel, cancels, run tokens, refusals), as
+    JSON lines, newest first: the audit trail (LAYBY_AUDIT_RETENTION_DAYS)."""
+    from layby.control import audit as trail
+    from layby.control import build
+
+    rt = build(Settings.of_this_folder())
+    cursor: str | None = None
+    left = limit
+    while left > 0:
+        page = trail.read_page(rt, run=run, caller=caller, tenant=tenant, since=since,
+                               cursor=cursor, limit=min(500, left))
+        for entry in page.entries:
+            typer.echo(entry.wire_json())
+        left -= len(page.entries)
+        cursor = page.next_cursor
+        if cursor is None:
+            return

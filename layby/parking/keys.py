@@ -27,8 +27,9 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
     run moved to the sharded layout); retry (while its step waits to try failed tool calls
     again, and until the step commits: RetryWait JSON, layby.wire) and retry_at (when the next
     try is due, ms); tenant (the tenant of the key that started it; absent: `default`), by (who
-    started it, when four eyes may apply: `api:<name>`; absent for an admin key's run). And the
-    run's interrupts, "i:<interrupt id>" → Interrupt JSON (immutable once written), and its
+    started it, when four eyes may apply: `api:<name>`; absent for an admin key's run),
+    tokens_after (its run tokens minted before then are refused, ms; absent: none revoked). And
+    the run's interrupts, "i:<interrupt id>" → Interrupt JSON (immutable once written), and its
     notifications, "n:<notification id>" → Notification JSON (with its token), both under short
     names (parking.codecs): keys of their own would cost more than they hold; events (a run
     parked a while: its events, folded; see events).
@@ -72,6 +73,11 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
     (the scripts name them from the run's tenant: lua/_prelude.lua).
 <p>:{<shard>}:t:<tenant>:fold:cursorstring  none
     the same as fold:cursor, of a tenant's index of parked runs.
+<p>:{<shard>}:audit                 stream  LAYBY_AUDIT_RETENTION_DAYS
+    the audit trail of the shard's runs and callers: an entry a thing a caller did or was
+    refused, its time the entry's id, its field `e` JSON (caller, tenant, action, run,
+    interrupt, channel, outcome, source); entries past the retention trimmed as new ones come
+    (parking.audit).
 <p>:{<shard>}:tenants               set     none
     the tenants other than `default` with runs in this shard: what scans of every run read
     beside the shard's own indexes.
@@ -350,6 +356,12 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "<p>:{<shard>}:t:<tenant>:fold:cursor", "string", "none",
         "the same as fold:cursor, of a tenant's index of parked runs."),
     KeySpec(
+        "<p>:{<shard>}:audit", "stream", "LAYBY_AUDIT_RETENTION_DAYS",
+        "the audit trail of the shard's runs and callers: an entry a thing a caller did or "
+        "was refused, its time the entry's id, its field `e` JSON (caller, tenant, action, "
+        "run, interrupt, channel, outcome, source); entries past the retention trimmed as "
+        "new ones come (parking.audit)."),
+    KeySpec(
         "<p>:{<shard>}:tenants", "set", "none",
         "the tenants other than `default` with runs in this shard: what scans of every run "
         "read beside the shard's own indexes."),
@@ -582,6 +594,10 @@ class ShardKeys:
     @property
     def tenants(self) -> str:
         return f"{self.base}:tenants"
+
+    @property
+    def audit(self) -> str:
+        return f"{self.base}:audit"
 
     def grant(self, ref: str) -> str:
         return f"{self.base}:grant:{ref}"

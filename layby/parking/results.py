@@ -126,7 +126,7 @@ def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
     if reply[0] != Verdict.OK:
         return refusal(reply)
     _, status, _, attempt, agent, messages, metadata, saved, waiting, specs, answers = reply[:11]
-    agent_version, pinned = [*reply[11:13], "", ""][:2]
+    agent_version, pinned, tenant = [*reply[11:14], "", "", ""][:3]
     parked_on: list[Interrupt] = []
     found: dict[str, Answer] = {}
     if waiting:
@@ -139,7 +139,8 @@ def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
                        checkpoints={saved[i]: json.loads(saved[i + 1])
                                     for i in range(0, len(saved), 2)},
                        parked_on=parked_on, answers=found,
-                       agent_version=agent_version or None, pinned=pinned == "1")
+                       agent_version=agent_version or None, pinned=pinned == "1",
+                       tenant=tenant or "default")
     return Transition(Verdict.OK, version, claimed_from=_status(status),
                       attempt=int(attempt), record=record)
 

@@ -46,7 +46,7 @@ RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "adv
 # Scripts on global keys only, without the prelude; those that queue tasks get `_queue`.
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
                       "beat_worker", "reap_workers", "switch_format", "count_versions",
-                      "move_run", "move_members", "move_key", "merge_stats")
+                      "move_run", "move_members", "move_key", "merge_stats", "record_audit")
 QUEUEING_SCRIPTS = ("claim_due_notifications",)
 # Scripts on one run's hash and events alone, with what folds and unfolds its events.
 FOLDING_SCRIPTS = ("fold_events", "read_events")
@@ -83,6 +83,7 @@ class ScriptSettings:
     outbox_grace_ms: int
     lost_message_ms: int
     tasks: Mapping[str, QueuedTask]  # by kind: turn, resume, notify, deliver
+    audit_keep_ms: int = 90 * 86_400_000  # the audit trail's retention
 
 
 def _lua_buckets() -> str:
@@ -188,6 +189,7 @@ def source(name: str, settings: ScriptSettings) -> str:
         return "\n".join((_shebang(name), _args(name), *pieces))
     prelude = (_source("_prelude").replace("__EVENTS_MAX__", str(settings.events_max))
                .replace("__OUTBOX_GRACE_MS__", str(settings.outbox_grace_ms))
+               .replace("__AUDIT_KEEP_MS__", str(settings.audit_keep_ms))
                .replace("__LATENCY_BUCKETS_S__", _lua_buckets()))
     return "\n".join((_shebang(name), _args(name), queue, shared_source("_notes"), prelude,
                       _source(name)))

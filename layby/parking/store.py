@@ -37,7 +37,16 @@ from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from layby.generation.interrupts import Interrupt
 from layby.generation.messages import Message, dump_messages, load_messages
-from layby.parking import codecs, events, formats, pinning, registries, results, scripts
+from layby.parking import (
+    audit,
+    codecs,
+    events,
+    formats,
+    pinning,
+    registries,
+    results,
+    scripts,
+)
 from layby.parking import shards as sharding
 from layby.parking.clock import iso
 from layby.parking.formats import Layout
@@ -147,6 +156,7 @@ class StoreConfig:
     fold_after_ms: int = 30_000  # a parked run's events are folded into its hash this late
     outbox_grace_ms: int = 10_000
     max_attempts: int = 5
+    audit_keep_ms: int = 90 * 86_400_000  # the audit trail's retention
     min_replicas_ack: int = 0  # WAIT for this many replicas after ACKNOWLEDGED transitions
     replica_ack_timeout_ms: int = 1000
     # By task kind (turn, resume, notify, deliver): the queue's key and the message to push,
@@ -243,7 +253,7 @@ class Store:
         self._scripts = scripts.register(client, ScriptSettings(
             events_max=config.events_max, outbox_grace_ms=config.outbox_grace_ms,
             lost_message_ms=config.lost_message_ms,
-            tasks=config.tasks.queued(config.messages)))
+            tasks=config.tasks.queued(config.messages), audit_keep_ms=config.audit_keep_ms))
 
     # -- where the runs are ----------------------------------------------------------------
 
@@ -536,8 +546,8 @@ class Store:
     def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
                    metadata: dict[str, Any], idempotency_key: str | None,
                    agent_version: str | None = None, pinned: bool = False,
-                   tenant: str = DEFAULT_TENANT, started_by: str | None = None
-                   ) -> Transition:
+                   tenant: str = DEFAULT_TENANT, started_by: str | None = None,
+                   audit: Sequence[str] = ()) -> Transition:
         """`agent_version`: the version the run starts on; `pinned`: its steps go to that
         version's queue, for the workers that host it. `tenant`: whose run it is (its lists'
         and who may see it); `started_by`: the caller that started it, kept when four eyes
@@ -572,7 +582,8 @@ class Store:
                           pinned=bool(pinned and agent_version),
                           keyed=bool(idempotency_key), elsewhere=other is not None,
                           tenant="" if tenant == DEFAULT_TENANT else tenant,
-                          by=started_by or "", extra_keys=extra, under=layout.keys)
+                          by=started_by or "", audit=list(audit), extra_keys=extra,
+                          under=layout.keys)
         if reply[0] == "created" and tenant != DEFAULT_TENANT:
             self._tenants_read = float("-inf")  # scans of every run read it from now on
         return results.created(reply, run_id)
@@ -637,7 +648,7 @@ class Store:
              interrupts: list[Interrupt], event: dict[str, Any], *,
              plan: Announcements | None = None,
              by_rule: dict[str, Answer] | None = None,
-             exhausted: Sequence[str] = ()) -> Transition:
+             exhausted: Sequence[str] = (), audit: Sequence[str] = ()) -> Transition:
         """Park the run on `interrupts` and record `plan`, the announcements of those that
         wait on people (None: queue the announcement task to plan them). `by_rule`: the
         answers policy rules give (by interrupt id), recorded in the park."""
@@ -658,7 +669,8 @@ class Store:
         reply = self._run("park_run", run_id, version=version, owner=owner,
                           messages=_dumps(dump_messages(messages)), event=data,
                           announce=plan is None, interrupts=parked, plan=given,
-                          exhausted=list(exhausted), extra_keys=grant_keys)
+                          exhausted=list(exhausted), audit=list(audit),
+                          extra_keys=grant_keys)
         return results.committed(reply)
 
     def complete(self, run_id: str, version: int, owner: str, messages: list[Message],
@@ -680,15 +692,17 @@ class Store:
                           retention_s=self.config.retention_s, exhausted=list(exhausted))
         return results.committed(reply)
 
-    def cancel(self, run_id: str, by: str, reason: str | None) -> Transition:
+    def cancel(self, run_id: str, by: str, reason: str | None,
+               audit: Sequence[str] = ()) -> Transition:
         data = {"code": "cancelled", "message": reason or "cancelled", "by": by}
         reply = self._run("cancel_run", run_id, event=_dumps(data),
-                          retention_s=self.config.retention_s)
+                          retention_s=self.config.retention_s, audit=list(audit))
         return results.committed(reply)
 
     def answer(self, run_id: str, answers: list[Answer], *, require_all: bool = False,
                allow_early: bool = False, votes: dict[str, int] | None = None,
-               deadlines: set[str] | None = None, view: bool = False) -> Transition:
+               deadlines: set[str] | None = None, view: bool = False,
+               audit: Sequence[str] = ()) -> Transition:
         """Record answers. `votes`: the interrupts whose answer here is an approval counted
         toward several, with the approvals each needs (each reviewer's counts once).
         `deadlines`: the interrupts that expire, when the caller knows (None: any may).
@@ -701,7 +715,7 @@ class Store:
                           "voter": a.answered_by if need > 1 else None,
                           "deadline": deadlines is None or a.interrupt_id in deadlines})
         named: dict[str, Any] = {"require_all": require_all, "allow_early": allow_early,
-                                 "answers": given}
+                                 "answers": given, "audit": list(audit)}
         if not view or self.config.min_replicas_ack:
             return results.committed(self._run("answer_interrupts", run_id, **named))
         reply, read = self._run_then_read("answer_interrupts", run_id, named, self._read_view)
@@ -1148,10 +1162,31 @@ class Store:
         return Ownership(True, tenant or DEFAULT_TENANT, by, Status(status),
                          int(after) if after else None)
 
-    def revoke_tokens(self, run_id: str, by: str) -> int | None:
+    def record_audit(self, entries: Sequence[str], *, of: str) -> None:
+        """Keep audit entries that change no run (a refusal, a run token minted) in the
+        audit trail of the shard of `of` (a run's id, or a caller's), in the sharded layout
+        (a store still moving from 0.2.0's keeps none)."""
+        keys = self.keys
+        if entries and keys.shard_count is not None:
+            self._call("record_audit", [keys.shard_of(of).audit],
+                       keep_ms=self.config.audit_keep_ms, entries=list(entries))
+
+    def audit_page(self, *, run: str | None = None,
+                   keep: Callable[[dict[str, Any]], bool] = lambda _: True,
+                   since_ms: int | None = None, cursor: str | None = None, limit: int = 100
+                   ) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of the audit trail, newest first (`parking.audit.page`): a run's alone
+        (its shard's), or every shard's, with the entries `keep` takes."""
+        shards = self.keys.shards
+        only = self.keys.shard_number(run) if run is not None else None
+        return audit.page(self.redis, shards, only=only, since_ms=since_ms, cursor=cursor,
+                          limit=limit, keep=(lambda e: e.get("run") == run and keep(e))
+                          if run is not None else keep)
+
+    def revoke_tokens(self, run_id: str, by: str, audit: Sequence[str] = ()) -> int | None:
         """Refuse the run's run tokens minted until now; when that is (ms), or None for a
         run that is not there."""
-        reply = self._run("revoke_tokens", run_id, by=by)
+        reply = self._run("revoke_tokens", run_id, by=by, audit=list(audit))
         return int(reply[1]) if reply[0] == "ok" else None
 
     def status_of(self, run_id: str) -> tuple[Status | None, int | None]:

@@ -96,7 +96,8 @@ def _keys(world: World, name: str) -> list[str]:
                          *Keys(world.prefix, 3).for_scripts("run_1")],
             "move_members": [world.keys.outbox, Keys(world.prefix, 3).shards[0].outbox],
             "move_key": [world.keys.grant("g"), Keys(world.prefix, 3).shards[0].grant("g")],
-            "merge_stats": [world.keys.stats, Keys(world.prefix, 3).shards[0].stats]}[name]
+            "merge_stats": [world.keys.stats, Keys(world.prefix, 3).shards[0].stats],
+            "record_audit": [Keys(world.prefix, 3).shards[0].audit]}[name]
 
 
 @pytest.mark.parametrize("name", [s for s in SCRIPTS if _declared(s)])

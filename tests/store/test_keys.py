@@ -222,7 +222,11 @@ def _cycle(world: World) -> None:
     if world.keys.shard_count is not None:
         assert store.create_run("run_5", "demo.agent", input="hi", messages=MESSAGES,
                                 metadata={}, idempotency_key=None, tenant="acme",
-                                started_by="api:billing").ok
+                                started_by="api:billing",
+                                audit=['{"caller":"api:billing","action":"start"}']).ok
+        store.record_audit(['{"caller":"api:bolt","action":"read","outcome":"notfound"}'],
+                           of="run_5")
+        assert store.revoke_tokens("run_5", "api:billing") is not None
         assert store.claim("run_5", 1, OWNER).ok
         intrs = [interrupt("int_t")]
         assert store.park("run_5", 1, OWNER, world.history(2), intrs, park_event(intrs)).ok

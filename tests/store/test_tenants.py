@@ -41,8 +41,10 @@ def test_a_tenants_run_lives_in_its_tenants_indexes_through_its_life(sharded: Wo
     assert sum(len(sharded.zset(mine.index(s))) for s in Status) == 1
     view = store.view("run_a")
     assert view is not None and (view.tenant, view.started_by) == ("acme", "api:billing")
-    assert store.whose("run_a") == (True, "acme", "api:billing")
-    assert store.whose("run_x") == (False, "default", None)
+    whose = store.whose("run_a")
+    assert (whose.exists, whose.tenant, whose.started_by, whose.status) == (
+        True, "acme", "api:billing", Status.CANCELLED)
+    assert not store.whose("run_x").exists
 
 
 def test_each_tenant_lists_its_own_runs_and_every_run_is_scanned(sharded: World) -> None:

@@ -37,6 +37,18 @@ local INDEX = setmetatable({}, {__index = function(_, state)
 end})
 -- The shard's registry of its tenants (other than `default`).
 local TENANTS = (string.gsub(SHARD_INDEX.queued, ':index:queued$', ':tenants'))
+-- The shard's audit trail (a stream): who did what, written by the transition it records
+-- (`entries`: JSON strings, layby.control.audit, each kept as it is), entries older than
+-- the audit's retention trimmed as new ones come. Kept in the sharded layout only (a run of
+-- the legacy one, of a store moving from layby 0.2.0, has none).
+local AUDIT = (string.gsub(SHARD_INDEX.queued, ':index:queued$', ':audit'))
+local AUDIT_KEEP_MS = __AUDIT_KEEP_MS__
+local function audit(entries, now)
+  if not string.find(SHARD_INDEX.queued, ':{', 1, true) then return end
+  for _, entry in ipairs(entries or {}) do
+    redis.call('XADD', AUDIT, 'MINID', '~', now - AUDIT_KEEP_MS, '*', 'e', entry)
+  end
+end
 -- What a finished run keeps until retention (the run's own keys; `finish` drops the
 -- checkpoints).
 local RUN_KEYS = {RUN, ANSWERS, EVENTS, REVIEW}

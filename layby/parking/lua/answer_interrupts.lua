@@ -9,14 +9,15 @@
 --   ('1' to keep an answer for an interrupt not parked yet: a background job that finished
 --   first), answers (JSON, each {id: the interrupt's, answer: Answer JSON (a string), need:
 --   the approvals it needs, voter: who approves (left out, or '', when the answer is not an
---   approval counted toward several), deadline: false when the interrupt has none to drop})
+--   approval counted toward several), deadline: false when the interrupt has none to drop}),
+--   audit (JSON: the answers' audit entries, strings; written when they are recorded)
 -- Returns {'ok', version, outbox entry or '', {}, {}, '1' if the run resumes, when (ms),
 --          the id of the last event written} | {'early'} |
 --         {'missing'} | {'finished', status} |
 --         {'unknown', id} |
 --         {'conflict', id, first answer JSON or '', run status} | {'incomplete', open ids…}
 --         | {'again', id, this reviewer's earlier approval JSON}
-local A = args({'require_all', 'allow_early'}, {'answers'})
+local A = args({'require_all', 'allow_early'}, {'answers', 'audit'})
 local require_all, allow_early, given = A.require_all, A.allow_early, A.answers
 local run = redis.call('HMGET', RUN, 'status', 'version', 'updated_at', 'open', 'noted',
                       'waiting')
@@ -49,6 +50,7 @@ if require_all == '1' and #open_ids ~= n then
   return open_ids
 end
 local now = now_ms()
+audit(A.audit, now)
 local answers = {}
 for _, a in ipairs(given) do
   local iid, answer, need, voter = a.id, a.answer, a.need, a.voter or ''

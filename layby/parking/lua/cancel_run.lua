@@ -2,9 +2,10 @@
 -- drops its commit.
 -- Reads run. Writes run (error, version, status), index, leases, open, deadlines,
 -- notifications, notify:due, events; the run's keys expire after retention.
--- Arguments: event (its data, JSON: {code, message, by}), retention_s
+-- Arguments: event (its data, JSON: {code, message, by}), retention_s, audit (JSON: its
+--   audit entries, strings)
 -- Returns {'ok', new version} | {'finished', status} | {'missing'}
-local A = args({'event', 'retention_s'})
+local A = args({'event', 'retention_s'}, {'audit'})
 local event_data, retention_s = A.event, A.retention_s
 local st = redis.call('HMGET', RUN, 'status', 'open', 'noted', 'version')
 local status = st[1]
@@ -15,4 +16,5 @@ local v = tonumber(st[4]) + 1
 finish('cancelled', now, tonumber(retention_s), status, {open = st[2], noted = st[3]},
        {'error', event_data, 'version', v, 'attempts', 0})
 event('run.cancelled', v, event_data, now)
+audit(A.audit, now)
 return {'ok', v}

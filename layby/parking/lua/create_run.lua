@@ -10,10 +10,11 @@
 --   ('' unknown), pinned ('1' when the run is pinned to it: its steps then go to
 --   `<turns queue>@<version>`), keyed ('1' or '0'), elsewhere ('1' or '0'), tenant (the
 --   starter's tenant; '' for `default`: the run is then in the shard's own indexes), by
---   (who started it, when four eyes may apply to it; '' otherwise)
+--   (who started it, when four eyes may apply to it; '' otherwise), audit (JSON: its audit
+--   entries, strings)
 -- Returns {'created', outbox entry or '', created at (ms), its event's id} or
 -- {'exists', run id} (same idempotency key or run id).
-local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s', 'agent_version', 'pinned', 'keyed', 'elsewhere', 'tenant', 'by'})
+local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s', 'agent_version', 'pinned', 'keyed', 'elsewhere', 'tenant', 'by'}, {'audit'})
 local keyed = A.keyed == '1'
 local IDEMPOTENCY = keyed and KEYS[EXTRA] or ''  -- '' without an idempotency key
 local at = keyed and EXTRA + 1 or EXTRA
@@ -65,4 +66,5 @@ redis.call('HSET', RUN, unpack(fields))
 redis.call('ZADD', INDEX.queued, now, ID)
 if IDEMPOTENCY ~= '' then redis.call('SET', IDEMPOTENCY, new_id, 'EX', tonumber(idem_ttl_s)) end
 event('run.created', 1, cjson.encode({agent = agent}), now)
+audit(A.audit, now)
 return {'created', enqueue('turn', 1, now), now, LAST_EVENT}

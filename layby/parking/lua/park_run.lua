@@ -13,11 +13,12 @@
 --   Interrupt JSON as stored (a string), expires: ms (left out when it does not), auto:
 --   the answer a policy rule gives (Answer JSON, a string; left out, or '', when none),
 --   rule: that rule's name}), plan (JSON, as record_plan reads it), exhausted (JSON: the
---   tools whose calls ran out of attempts)
+--   tools whose calls ran out of attempts), audit (JSON: the audit entries of the answers
+--   policy rules give, strings)
 -- Returns {'ok', new version, outbox entry or '', {notifications planned},
 --          {notifications the caller must dispatch}, '1' if it resumes at once}
 --       | {'stale', …} | {'missing'}
-local A = args({'version', 'owner', 'messages', 'event', 'announce'}, {'interrupts', 'plan', 'exhausted'})
+local A = args({'version', 'owner', 'messages', 'event', 'announce'}, {'interrupts', 'plan', 'exhausted', 'audit'})
 -- The events of a parked run, made as small as they can be, for however long it waits:
 -- copied into an exact fit (the first entry of a stream reserves room for many more, 4 KB
 -- with the defaults), and without the messages its steps' events carried, the field
@@ -106,6 +107,7 @@ local v = commit_step(version, messages, now, run, fields, not resumes)
 if resumes then v = v + 1 end
 redis.call('ZREM', INDEX.running, ID)
 event('run.interrupted', resumes and v - 1 or v, event_data, now)
+audit(A.audit, now)
 for _, pair in ipairs(by_rule) do
   stat('answers:policy')
   stat('auto_answers:' .. pair[2])
