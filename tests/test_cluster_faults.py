@@ -190,7 +190,9 @@ def test_slots_moved_under_load_reach_no_caller(loaded: Loaded) -> None:
 
 def test_a_wait_to_retry_outlives_a_failover_of_its_primary(loaded: Loaded) -> None:
     cluster, system = loaded.cluster, loaded.system
-    run_id = system.start_run("test.exporter", "12")["id"]
+    # Waits long enough to outlast the failover on a loaded machine: the wait is looked at
+    # after it, while it still waits.
+    run_id = system.start_run("test.exporter", "30")["id"]
     waiting = system.wait_status(run_id, "retrying")
     slot = slot_of(tags(SHARDS)[Keys("layby", SHARDS).shard_number(run_id)])
     victim = cluster.owner(slot)
@@ -202,7 +204,7 @@ def test_a_wait_to_retry_outlives_a_failover_of_its_primary(loaded: Loaded) -> N
     after = system.run(run_id)
     assert after["status"] == "retrying", after
     assert after["retry"] == waiting["retry"] and after["retry"]["calls"][0]["attempt"] == 2
-    done = system.wait_status(run_id, "completed", timeout=60)
+    done = system.wait_status(run_id, "completed", timeout=90)
     assert done["result"] == f"exported on attempt 2 ({run_id}:export_day_0_0:1)"
 
 
