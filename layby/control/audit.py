@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from layby.control.runtime import Runtime
 from layby.errors import Invalid
 from layby.wire import AuditEntry, AuditPage
@@ -78,33 +80,40 @@ def refused(rt: Runtime, caller: str, tenant: str, action: str, outcome: str, *,
 
 
 _SINCE = re.compile(r"^(\d{1,6})([smhd])$")
+_NUMBER = re.compile(r"^[\d.eE+-]*$")
+_MOMENT = TypeAdapter(datetime)
 
 
-def since_ms(text: str | None) -> int | None:
-    """`1h`, `30m`, `2d`, `45s` ago, or an ISO 8601 time; in epoch ms."""
+def since_ms(text: str | None, *, relative: bool = True) -> int | None:
+    """An RFC 3339 time, or (with `relative`) `45s`, `30m`, `1h`, `2d` ago; in epoch ms."""
     if text is None:
         return None
-    found = _SINCE.match(text)
-    now = datetime.now(UTC)
+    found = _SINCE.match(text) if relative else None
     if found:
         unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[found.group(2)]
-        return int((now - timedelta(**{unit: int(found.group(1))})).timestamp() * 1000)
+        moment = datetime.now(UTC) - timedelta(**{unit: int(found.group(1))})
+        return int(moment.timestamp() * 1000)
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise Invalid(f"since {text[:40]!r} is neither a time ago (45s, 30m, 1h, 2d) nor an "
-                      "ISO 8601 time") from None
+        if _NUMBER.match(text):  # a time is written as one, not as seconds since 1970
+            raise ValueError(text)
+        moment = _MOMENT.validate_python(text)
+    except (ValueError, ValidationError):
+        ago = "a time ago (45s, 30m, 1h, 2d) nor " if relative else ""
+        raise Invalid(f"since {text[:40]!r} is neither {ago}an RFC 3339 time "
+                      "(2026-11-29T12:00:00Z)") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
 
 
 def read_page(rt: Runtime, *, run: str | None, caller: str | None, tenant: str | None,
-              since: str | None, cursor: str | None, limit: int) -> AuditPage:
+              since: str | None, cursor: str | None, limit: int,
+              relative: bool = True) -> AuditPage:
     def keep(e: dict[str, Any]) -> bool:
         return (caller is None or e.get("caller") == caller) and (
             tenant is None or e.get("tenant") == tenant)
 
-    found, after = rt.store.audit_page(run=run, keep=keep, since_ms=since_ms(since),
+    found, after = rt.store.audit_page(run=run, keep=keep,
+                                       since_ms=since_ms(since, relative=relative),
                                        cursor=cursor, limit=limit)
     return AuditPage(entries=[AuditEntry.of(e) for e in found], next_cursor=after)

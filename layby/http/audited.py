@@ -17,11 +17,13 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from layby.access.keys import TENANT
 from layby.access.rights import ADMIN, Identity
 from layby.control import Runtime, audit
 from layby.errors import Forbidden, LaybyError
 from layby.http.deps import Caller, Rt
 from layby.http.errors import documented
+from layby.parking.audit import CURSOR
 from layby.wire import AuditPage
 
 log = logging.getLogger(__name__)
@@ -78,13 +80,19 @@ router = APIRouter(prefix="/v1", tags=["audit"], responses=documented(401, 403, 
 @router.get("/audit", response_model=AuditPage, response_model_by_alias=True,
             response_model_exclude_none=True, operation_id="readAudit")
 async def read_audit(rt: Rt, caller: Caller,
-                     run: Annotated[str | None, Query(max_length=128)] = None,
-                     by: Annotated[str | None, Query(alias="caller", max_length=200)] = None,
-                     tenant: Annotated[str | None, Query(max_length=64)] = None,
+                     run: Annotated[str | None, Query(
+                         max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")] = None,
+                     by: Annotated[str | None, Query(alias="caller", max_length=200,
+                                                     description="api:<name>, "
+                                                     "reviewer:<id>, policy:<rule>")] = None,
+                     tenant: Annotated[str | None, Query(
+                         max_length=64, pattern=TENANT.pattern)] = None,
                      since: Annotated[str | None, Query(
-                         max_length=40, description="45s, 30m, 1h, 2d ago, or an ISO 8601 "
-                         "time")] = None,
-                     cursor: Annotated[str | None, Query(max_length=40)] = None,
+                         max_length=64, json_schema_extra={"format": "date-time"},
+                         description="only entries from this time on (RFC 3339)")] = None,
+                     cursor: Annotated[str | None, Query(
+                         max_length=40, pattern=CURSOR.pattern,
+                         description="the `nextCursor` of the page before")] = None,
                      limit: Annotated[int, Query(ge=1, le=500)] = 100) -> Response:
     """Who did what, newest first: every start, answer (on every channel), cancel, run token
     and refused attempt, with its time, caller, tenant, action, run, interrupt, channel,
@@ -93,6 +101,6 @@ async def read_audit(rt: Rt, caller: Caller,
         raise Forbidden(f"{caller.caller} may not read the audit trail: it takes `admin`",
                         detail={"right": ADMIN})
     page = await run_in_threadpool(audit.read_page, rt, run=run, caller=by, tenant=tenant,
-                                   since=since, cursor=cursor, limit=limit)
+                                   since=since, cursor=cursor, limit=limit, relative=False)
     return Response(page.wire_json(), media_type="application/json")
 

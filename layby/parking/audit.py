@@ -66,7 +66,9 @@ def page(client: Redis, shards: Sequence[ShardKeys], *, only: int | None = None,
             raise Invalid(f"the cursor {cursor[:80]!r} is not one an audit page gave: start "
                           "again without `cursor`, then pass each page's `nextCursor`",
                           code="invalid_cursor")
-        at = (f"{found.group(1)}-{found.group(2)}", int(found.group(3)))
+        at = (f"{int(found.group(1))}-{int(found.group(2))}", int(found.group(3)))
+        if at[0] == "0-0":
+            return [], None  # nothing comes before the first entry there can be
     numbers = [only] if only is not None else range(len(shards))
     streams = []
     for number in numbers:
