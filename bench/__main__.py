@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "runs it looks through (Store.open_interrupts) against reading them "
                         "whole (Store.views) in --rounds rounds (ABBA), and whole inbox pages "
                         "(waiting_for); no worker runs")
+    p.add_argument("--tenants", type=int, nargs="?", const=20_000, default=0, metavar="N",
+                   help="instead of the cycles: park N runs (20,000 if not given), a tenth by "
+                        "each of ten tenants, and time a page of one tenant's waiting runs "
+                        "against a page of every tenant's, the first and half way down; no "
+                        "worker runs")
     args = p.parse_args(argv)
     try:
         args.parked = sorted({int(x) for x in args.parked.split(",") if x.strip()})
@@ -103,6 +108,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 "out --parked with --broker-url or a cluster (they measure the cycles only)")
     if args.inbox < 0:
         p.error("--inbox takes a number of runs to park, at least 1")
+    if args.tenants < 0 or 0 < args.tenants < 2000:
+        p.error("--tenants takes a number of runs to park, at least 2,000 (ten tenants with "
+                "more than a page each half way down)")
+    if args.tenants and args.inbox:
+        p.error("--tenants and --inbox are two benches: give one")
+    if args.tenants and (args.parked or args.http or on_cluster or args.broker_url):
+        p.error("--tenants measures the store's reads alone, on one server and without a "
+                "worker: leave out --parked, --http, --broker-url and clusters")
     if args.inbox and (args.parked or args.http or on_cluster or args.broker_url):
         p.error("--inbox measures the store's reads alone, on one server and without a "
                 "worker: leave out --parked, --http, --broker-url and clusters")
@@ -127,16 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Parts(args.redis_url, cluster=args.cluster,
                    broker_url=args.broker_url) as parts:
-            result = _inbox(parts, args) if args.inbox else _bench(parts, args)
+            result = (_inbox(parts, args) if args.inbox else
+                      _tenants(parts, args) if args.tenants else _bench(parts, args))
     except KeyboardInterrupt:
         print("bench: interrupted; everything it started is stopped", file=sys.stderr)
         return 130
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
-    from bench.report import inbox_table, table
+    from bench.report import inbox_table, table, tenants_table
 
-    print(inbox_table(result) if args.inbox else table(result))
+    print(inbox_table(result) if args.inbox else
+          tenants_table(result) if args.tenants else table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
@@ -251,6 +266,33 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
 def _inbox(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     """`--inbox`: the runs parked at the bench's site, without a worker or a sweeper (the
     store's counters are the reads' alone), then the inbox's reads measured (`inbox`)."""
+    from bench import inbox
+
+    def measure(rt: Any) -> dict[str, Any]:
+        where = "an embedded Valkey" if parts.embedded else parts.redis_url
+        print(f"bench: parking {args.inbox} runs on {where}, then reading them as the "
+              f"inbox does and whole, in {args.rounds} round(s)", file=sys.stderr)
+        return {"inbox": inbox.measure(rt, args.inbox, args.rounds)}
+    return _reads(parts, measure, {"inbox": args.inbox, "rounds": args.rounds})
+
+
+def _tenants(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
+    """`--tenants`: the runs parked by eleven tenants at the bench's site, without a worker
+    or a sweeper, then one tenant's list pages timed against one index's (`tenants`)."""
+    from bench import tenants
+
+    def measure(rt: Any) -> dict[str, Any]:
+        print(f"bench: parking {args.tenants} runs and {args.tenants} more of ten tenants, "
+              "then reading list pages", file=sys.stderr)
+        return {"tenant_lists": tenants.measure(rt, args.tenants)}
+    return _reads(parts, measure, {"tenants": args.tenants})
+
+
+def _reads(parts: Parts, measure: Callable[[Any], dict[str, Any]],
+           given: dict[str, Any]) -> dict[str, Any]:
+    """A bench of the store's reads (`--inbox`, `--tenants`): a runtime at the bench's site
+    whose reviewer directory is the inbox bench's, no worker; its keys deleted afterwards
+    from a server that is not the bench's own."""
     from bench import inbox, report
     from layby.control import build
 
@@ -265,15 +307,11 @@ def _inbox(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     except Exception as exc:
         raise BenchError(f"cannot reach Redis at {parts.redis_url}: {exc}") from exc
     try:
-        where = "an embedded Valkey" if parts.embedded else parts.redis_url
-        print(f"bench: parking {args.inbox} runs on {where}, then reading them as the "
-              f"inbox does and whole, in {args.rounds} round(s)", file=sys.stderr)
-        figures = inbox.measure(rt, args.inbox, args.rounds)
-        settings = {"inbox": args.inbox, "rounds": args.rounds,
-                    "embedded": parts.embedded, "malloc": _allocator(parts),
+        figures = measure(rt)
+        settings = {**given, "embedded": parts.embedded, "malloc": _allocator(parts),
                     "redis": "embedded" if parts.embedded else parts.redis_url,
                     "redis_url": parts.redis_url, "key_prefix": prefix}
-        return {"inbox": figures, "settings": settings,
+        return {**figures, "settings": settings,
                 "machine": _machine(rt.store.redis, load_before)}
     finally:
         if not parts.embedded:

@@ -40,6 +40,7 @@ import redis
 from celery import Celery
 
 from bench import BenchError
+from layby.access.rights import OPERATOR, Identity
 from layby.broker_config import DELIVER_TASK
 from layby.control import Runtime, commands
 from layby.parking import OutboxEntry, Store
@@ -157,11 +158,11 @@ class Direct(Runtime):
 
 
 def parked(rt: Runtime, agent: str, count: int, label: str = "",
-           processes: int | None = None) -> float:
+           processes: int | None = None, who: Identity = OPERATOR) -> float:
     """Start `count` runs of `agent` at the site of `rt` and take each to its park (its
     announcements delivered), in this process and `processes` - 1 forked from it (by
     default PROCESSES, or this one alone for fewer than SMALL runs), each with THREADS runs
-    under way; returns runs parked a second."""
+    under way, started by `who` (in its tenant); returns runs parked a second."""
     if count <= 0:
         return 0.0
     if getattr(rt.store.redis, "nodes_manager", None) is not None:
@@ -176,13 +177,13 @@ def parked(rt: Runtime, agent: str, count: int, label: str = "",
     offset = shares[0]
     for k, share in enumerate(shares[1:], start=1):
         child = context.Process(target=_lanes, args=(rt, agent, share, offset,
-                                                     f"{label}share {k + 1}: "),
+                                                     f"{label}share {k + 1}: ", who),
                                 name=f"bench fill {k}", daemon=True)
         child.start()
         children.append(child)
         offset += share
     try:
-        _lanes(rt, agent, shares[0], 0, f"{label}share 1: " if children else label)
+        _lanes(rt, agent, shares[0], 0, f"{label}share 1: " if children else label, who)
     finally:
         for child in children:
             child.join()
@@ -194,7 +195,8 @@ def parked(rt: Runtime, agent: str, count: int, label: str = "",
     return round(count / took, 1) if took > 0 else 0.0
 
 
-def _lanes(rt: Runtime, agent: str, count: int, first: int, label: str) -> None:
+def _lanes(rt: Runtime, agent: str, count: int, first: int, label: str,
+           who: Identity = OPERATOR) -> None:
     """Runs `first` to `first + count` of the fill, THREADS at a time, in this process."""
     direct = Direct(rt)
     started = time.monotonic()
@@ -202,7 +204,7 @@ def _lanes(rt: Runtime, agent: str, count: int, first: int, label: str) -> None:
     done = 0
 
     def one(i: int) -> None:
-        view, _ = commands.start_run(direct, agent, input=f"parked {i}")
+        view, _ = commands.start_run(direct, agent, input=f"parked {i}", who=who)
         outcome = advance(direct, view.id, 1)
         if outcome != "park":
             raise BenchError(f"run {view.id} of {agent} did not park: {outcome}")

@@ -332,3 +332,34 @@ def inbox_table(result: dict[str, Any]) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
     return "\n".join(["layby bench: the reviewers' inbox", *lines])
+
+
+def tenants_table(result: dict[str, Any]) -> str:
+    """The table of `--tenants`: one tenant's list pages against every tenant's."""
+    t, s, m = result["tenant_lists"], result["settings"], result["machine"]
+
+    def side(f: dict[str, Any]) -> str:
+        return (f"p50 {f['p50']:.2f} ms, p99 {f['p99']:.2f} ms; store "
+                f"{f['server_us_per_page']:.0f} µs in its commands")
+
+    rows = [("parked runs", f"{t['baseline_runs']} of bench.approval by the default "
+                            f"tenant, {t['tenant_runs']} by each of {t['tenants']} more")]
+    for name, what in (("first", "the first page"), ("deep", "the page half way down")):
+        f = t["pages"][name]
+        rows += [(f"{what}, one tenant's", side(f["tenant"])),
+                 (f"{what}, one index (before)", side(f["baseline"]) + "  (the baseline)"),
+                 (f"{what}, every tenant's", side(f["every"]) + "  (an admin's)"),
+                 (f"{what}, over the baseline", ", ".join(
+                     f"{who} wall p50 {f[who + '_over_baseline']['p50']:.2f}, store "
+                     f"{f[who + '_over_baseline']['server_us']:.2f}"
+                     for who in ("tenant", "every")))]
+    rows += [
+        ("pages", f"{t['limit']} runs each, {t['samples']} of each, in turn (A B C A B C …)"),
+        ("machine", f"{m['cores']} cores ({m['usable_cores']} usable) {m['cpu']}".rstrip()),
+        ("load average (1 min)", f"{m['load_before']} before, {m['load_after']} after"),
+        ("server", f"{m['server']}, appendonly {m['appendonly']}, appendfsync "
+                   f"{m['appendfsync']} (" + _where(s) + ")"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
+    return "\n".join(["layby bench: tenants' lists", *lines])

@@ -49,6 +49,30 @@ from tests.test_reviewer_answers import (
 
 SMTP_LOGIN = ("layby-mailer", "smtp-pass-Rq47-never-logged")
 INBOUND_SECRET = "inbound-secret-Vt93-never-logged"
+# The keys file's keys (LAYBY_KEYS_FILE), beside LAYBY_API_KEYS' (every right, `default`):
+# a service that starts transfers, a second key of its tenant that approves them, a key
+# that only reads, and another tenant's.
+KEYS = {"shop": "lby_shop-Kx81-never-logged", "checker": "lby_checker-Pz27-never-logged",
+        "reader": "lby_reader-Wd56-never-logged", "rival": "lby_rival-Hm33-never-logged"}
+KEYS_FILE = f'''
+[keys.shop]
+secret = "{KEYS["shop"]}"
+tenant = "acme"
+
+[keys.checker]
+secret = "{KEYS["checker"]}"
+tenant = "acme"
+can = ["read", "approve"]
+
+[keys.reader]
+secret = "{KEYS["reader"]}"
+tenant = "acme"
+can = ["read"]
+
+[keys.rival]
+secret = "{KEYS["rival"]}"
+tenant = "rival"
+'''
 
 
 @contextmanager
@@ -62,6 +86,8 @@ def reviewed(folder: Path) -> Iterator[ReviewedSystem]:
     hooks = WebhookReceiver().start()
     directory = folder / "slack-reviewers.toml"
     directory.write_text(slack.directory_toml(hooks.url))
+    keys = folder / "keys.toml"
+    keys.write_text(KEYS_FILE)
     try:
         with own_reviewed(server, folder, 0, SmtpServer(login=SMTP_LOGIN).start(),
                           hooks, log_level="DEBUG",
@@ -69,6 +95,7 @@ def reviewed(folder: Path) -> Iterator[ReviewedSystem]:
                           LAYBY_SMTP_PASSWORD=SMTP_LOGIN[1],
                           LAYBY_INBOUND_MAIL_SECRET=INBOUND_SECRET,
                           LAYBY_REVIEWERS_FILE=str(directory),
+                          LAYBY_KEYS_FILE=str(keys),
                           LAYBY_SLACK_BOT_TOKEN=slack.BOT_TOKEN,
                           LAYBY_SLACK_SIGNING_SECRET=slack.SIGNING_SECRET,
                           LAYBY_SLACK_API_URL=api.url) as running:

@@ -296,6 +296,7 @@ class AuditEntry(Wire):
     channel: str | None = None
     outcome: str = "ok"
     source: str | None = None
+    subject: str | None = None  # whom it was about, when not a run: a reviewer (inbox.revoke)
 
     @classmethod
     def of(cls, entry: dict[str, Any]) -> AuditEntry:

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 KEYS = {
     "billing": "lby_billing_0123456789", "approver": "lby_approver_0123456789",
     "auditor": "lby_auditor_0123456789", "clerk": "lby_clerk_0123456789",
-    "bolt": "lby_bolt_0123456789",
+    "bolt": "lby_bolt_0123456789", "bolt-ops": "lby_boltops_0123456789",
 }
 KEYS_FILE = f'''
 [keys.billing]
@@ -53,6 +53,11 @@ can = ["read", "answer"]
 [keys.bolt]
 secret = "{KEYS["bolt"]}"
 tenant = "bolt"
+
+[keys.bolt-ops]
+secret = "{KEYS["bolt-ops"]}"
+tenant = "bolt"
+can = ["read", "approve"]
 '''
 
 
@@ -172,6 +177,29 @@ def test_the_key_that_started_a_transfer_cannot_approve_it(tenanted: LaybySystem
     assert done["result"] == "Sent 900 to Bob."
     [answered] = done["interrupts"]
     assert answered["answer"]["answeredBy"] == "api:approver"
+
+
+def test_a_tool_that_names_a_key_as_its_reviewer_is_answered_by_that_key_alone(
+        tenanted: LaybySystem) -> None:
+    """`reviewers=["api:bolt-ops"]`: a service made a reviewer on purpose. Another key of
+    the tenant, though it holds `approve`, is refused, naming the key; the named one
+    approves; keys are never asked of an interrupt that names none (the transfer above)."""
+    run_id = start(tenanted, "bolt", agent="test.named", text="api:bolt-ops").json()["id"]
+    intr = parked(tenanted, run_id)
+    assert intr["reviewers"] == ["api:bolt-ops"]
+    approval = {"status": "resolved", "payload": {"approved": True}}
+    with api(tenanted, "bolt") as bolt:
+        error = refused(bolt.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}",
+                                  json=approval), 403, "forbidden")
+    assert "api:bolt-ops" in error["message"] and "api:bolt is not one of them" in \
+        error["message"]
+    assert tenanted.run(run_id)["status"] == "interrupted"
+    with api(tenanted, "bolt-ops") as ops:
+        taken = ops.post(f"/v1/runs/{run_id}/interrupts/{intr['id']}", json=approval)
+    assert taken.status_code == 200, taken.text
+    done = tenanted.wait_status(run_id, "completed")
+    assert done["result"] == "Signed off."
+    assert done["interrupts"][0]["answer"]["answeredBy"] == "api:bolt-ops"
 
 
 def test_agui_threads_of_two_tenants_are_two_runs(tenanted: LaybySystem) -> None:

@@ -289,6 +289,48 @@ def test_bench_inbox_refuses_what_it_does_not_measure(
         assert "--inbox" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(240)
+def test_bench_tenants_reports_a_tenants_pages_against_one_index(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "bench", "--tenants", "2000", "--json",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=230)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = done.stdout
+    assert "layby bench: tenants' lists" in said
+    for page in ("the first page", "the page half way down"):
+        for side in ("one tenant's", "one index (before)", "every tenant's"):
+            assert re.search(rf"^  {re.escape(page)}, {re.escape(side)} +p50 [0-9.]+ ms, p99 "
+                             r"[0-9.]+ ms; store [0-9]+ µs in its commands", said, re.M), said
+    result = json.loads(out.read_text())
+    lists = result["tenant_lists"]
+    assert (lists["baseline_runs"], lists["tenants"], lists["tenant_runs"]) == (2000, 10, 200)
+    for page in ("first", "deep"):
+        figures = lists["pages"][page]
+        for side in ("tenant", "baseline", "every"):
+            assert figures[side]["count"] == lists["samples"] == 300
+            assert 0 < figures[side]["p50"] <= figures[side]["p99"]
+            assert figures[side]["server_us_per_page"] > 0
+        for side in ("tenant", "every"):
+            assert figures[f"{side}_over_baseline"]["p50"] == round(
+                figures[side]["p50"] / figures["baseline"]["p50"], 2)
+    # The embedded server is gone.
+    with pytest.raises(redis.exceptions.ConnectionError):
+        redis.Redis.from_url(result["settings"]["redis_url"], socket_connect_timeout=1).ping()
+
+
+def test_bench_tenants_refuses_what_it_does_not_measure(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import parse
+
+    assert parse(["--tenants"]).tenants == 20_000
+    for given in (["--tenants", "100"], ["--tenants", "5000", "--inbox"],
+                  ["--tenants", "5000", "--http"], ["--tenants", "5000", "--cluster"]):
+        with pytest.raises(SystemExit) as exited:
+            parse(given)
+        assert exited.value.code == 2
+        assert "--tenants" in capsys.readouterr().err
+
+
 def _alike(value: str) -> str:
     """A stored value with what differs from run to run (ids, tokens, times, numbers)
     made alike."""

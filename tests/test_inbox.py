@@ -8,6 +8,7 @@ own database of the reviewer tests' Valkey server, an SMTP server, a reply liste
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -441,7 +442,8 @@ def test_a_form_without_its_csrf_token_records_nothing(
     # With it, the same post is an approval.
     reply = page.request.post(f"{base}/inbox/answer", form={
         "_ref": f"{run_id}/{asks}", "decision": "approve", "_csrf": token})
-    assert reply.status == 200
+    assert reply.status == 200  # the inbox, after the redirect
+    assert "You approved" in reply.text()
     finished(inboxed, run_id)
 
 
@@ -502,8 +504,10 @@ def test_a_trusted_proxy_names_the_reviewer(inboxed: ReviewedSystem) -> None:
         token = re.search(r'name="_csrf" value="([^"]+)"', page.text)
         assert token is not None
         done = http.post("/inbox/answer", headers={TRUSTED_HEADER: "bob"}, data={
-            "_ref": f"{run_id}/{asks}", "_csrf": token.group(1), "decision": "approve"})
+            "_ref": f"{run_id}/{asks}", "_csrf": token.group(1), "decision": "approve"},
+            follow_redirects=True)
         assert done.status_code == 200, done.text
+        assert "You approved" in done.text
     answer = answer_of(inboxed, run_id, asks)
     assert answer is not None
     assert (answer["answeredBy"], answer["channel"]) == ("reviewer:bob", "inbox")
@@ -579,7 +583,7 @@ def test_an_approval_that_counts_cannot_be_handed_on(inboxed: ReviewedSystem) ->
         ref = f"{run_id}/{asks}"
         approved = http.post("/inbox/answer", headers={TRUSTED_HEADER: BOB}, data={
             "_ref": ref, "_csrf": token.group(1), "decision": "approve"})
-        assert approved.status_code == 200, approved.text
+        assert approved.status_code == 303, approved.text
         handed = http.post("/inbox/answer", headers={TRUSTED_HEADER: BOB}, data={
             "_ref": ref, "_csrf": token.group(1), "_action": "delegate",
             "delegate_to": "mallory"})
@@ -589,3 +593,135 @@ def test_an_approval_that_counts_cannot_be_handed_on(inboxed: ReviewedSystem) ->
     intr = next(i for i in run["interrupts"] if i["id"] == asks)
     assert [a["answeredBy"] for a in intr["approvals"]] == ["reviewer:bob"]
     assert intr["delegations"] == []
+
+
+# -- the inbox's open ends: redirect after an answer, sign-in limits, ending sessions ------
+
+
+def _csrf(page_text: str) -> str:
+    found = re.search(r'name="_csrf" value="([^"]+)"', page_text)
+    assert found is not None, page_text
+    return found.group(1)
+
+
+def test_an_answer_redirects_to_the_inbox_which_says_what_was_done_once(
+        inboxed: ReviewedSystem) -> None:
+    """Post/redirect/get: an answer is a 303 to the inbox, so a reload reads the list
+    instead of posting the answer again; the inbox then says what was done, once, to that
+    reviewer's session alone, and a notice nobody signed is not shown."""
+    run_id, asks = parked(inboxed, "test.named", "bob")
+    base = inboxed.system.base_url
+    as_bob = {TRUSTED_HEADER: BOB}
+    with httpx.Client(base_url=base, timeout=30) as http:
+        token = _csrf(http.get("/inbox", headers=as_bob).text)
+        done = http.post("/inbox/answer", headers=as_bob, data={
+            "_ref": f"{run_id}/{asks}", "_csrf": token, "decision": "approve"})
+        assert done.status_code == 303, done.text
+        assert done.headers["location"] == "/inbox"
+        flash = done.cookies["layby_inbox_flash"]
+        assert "HttpOnly" in done.headers["set-cookie"]
+
+        shown = http.get("/inbox", headers=as_bob)
+        assert said(shown.text) == "You approved “Sign off on the quarterly audit?”."
+        assert f'id="r-{asks}"' not in shown.text  # answered: no longer listed
+        assert "layby_inbox_flash" not in http.cookies  # the notice is spent
+        assert said(http.get("/inbox", headers=as_bob).text) is None
+
+    # Another reviewer's request carrying Bob's notice, and a notice nobody signed.
+    for cookie in (flash, flash[:-2] + "xx"):
+        with httpx.Client(base_url=base, timeout=30,
+                          cookies={"layby_inbox_flash": cookie}) as other:
+            seen = other.get("/inbox", headers={TRUSTED_HEADER: ALICE})
+            assert seen.status_code == 200
+            assert said(seen.text) is None
+    assert finished(inboxed, run_id)["status"] == "completed"
+
+
+def said(page: str) -> str | None:
+    """The inbox's notice of what was done, if it shows one."""
+    found = re.search(r'<p class="ok" role="status">([^<]*)</p>', page)
+    return found.group(1) if found else None
+
+
+def _asked(http: httpx.Client, address: str) -> httpx.Response:
+    return http.post("/inbox/sign-in", data={"email": address},
+                     headers={"Sec-Fetch-Site": "same-origin"})
+
+
+def test_sign_in_mails_are_limited_per_client_and_per_address(
+        inboxed: ReviewedSystem) -> None:
+    """At most 20 sign-in links asked for from one client and 5 for one address in ten
+    minutes, known reviewer or not: then 429 saying so."""
+    base = inboxed.system.base_url
+    # Clients of their own: other loopback addresses than the other tests'.
+    client = httpx.HTTPTransport(local_address="127.0.0.2")
+    with httpx.Client(base_url=base, timeout=30, transport=client) as http:
+        for n in range(20):
+            assert _asked(http, f"nobody-{n}@example.com").status_code == 200, n
+        refused = _asked(http, "nobody-20@example.com")
+        assert refused.status_code == 429
+        assert "too many sign-in links were asked for" in refused.text
+        assert "wait ten minutes" in refused.text
+    address = f"carol-{time.time_ns()}@example.com"  # one no other test asks for
+    with httpx.Client(base_url=base, timeout=30,
+                      transport=httpx.HTTPTransport(local_address="127.0.0.3")) as http:
+        for n in range(5):  # however it is spelt
+            assert _asked(http, address if n % 2 else address.upper()).status_code == 200
+        assert _asked(http, address).status_code == 429
+        assert _asked(http, "carol@example.com").status_code == 200  # another address
+    with httpx.Client(base_url=base, timeout=30,
+                      transport=httpx.HTTPTransport(local_address="127.0.0.4")) as http:
+        assert _asked(http, address).status_code == 429  # the address's limit, elsewhere
+
+
+@pytest.fixture
+def revoked(inboxed: ReviewedSystem) -> Iterator[str]:
+    """Mallory, whose sessions a test ends: the other tests' sessions of hers work again
+    after it (the revocation forgotten, as it would be after the longest session)."""
+    import redis
+
+    yield "mallory"
+    settings = inboxed.system.settings
+    with redis.Redis.from_url(settings.redis_url or "") as client:
+        client.delete(f"{settings.key_prefix}:seen:inbox-revoked:mallory")
+
+
+def test_layby_inbox_revoke_ends_a_reviewers_sessions_and_links(
+        inboxed: ReviewedSystem, revoked: str) -> None:
+    """`layby inbox revoke ADDRESS` ends every session and sign-in link of the reviewer
+    made until then, on the gateway already running; a new link signs them in again; the
+    audit trail records who did it; an unknown address is refused, naming the directory."""
+    base = inboxed.system.base_url
+    keys = parse_keys(TOKEN_KEYS)
+    session = signin.make(keys, "session", revoked, 3600)
+    link = signin.make(keys, "link", revoked, 900)
+    with httpx.Client(base_url=base, timeout=30, cookies={"layby_inbox": session}) as http:
+        assert "Signed in as" in http.get("/inbox").text
+
+        done = inboxed.system.layby("inbox", "revoke", MALLORY)
+        assert done.returncode == 0, done.stderr
+        assert "ended the inbox sessions and sign-in links of reviewer mallory" in done.stdout
+
+        after = http.get("/inbox")
+        assert after.status_code == 200
+        assert "Sign in to your inbox" in after.text and "Signed in as" not in after.text
+    with httpx.Client(base_url=base, timeout=30,
+                      headers={"Sec-Fetch-Site": "same-origin"}) as http:
+        old = http.post(f"/inbox/sign-in/{link}")
+        assert old.status_code == 403
+        assert "made before your sessions were ended" in old.text
+        time.sleep(0.01)
+        fresh = http.post(f"/inbox/sign-in/{signin.make(keys, 'link', revoked, 900)}")
+        assert fresh.status_code == 303, fresh.text
+        assert "Signed in as" in http.get("/inbox").text
+
+    unknown = inboxed.system.layby("inbox", "revoke", "eve@example.com")
+    assert unknown.returncode == 2
+    assert "no reviewer 'eve@example.com' in the reviewer directory" in unknown.stderr
+    trail = inboxed.system.layby("audit", "--since", "5m")
+    assert trail.returncode == 0, trail.stderr
+    [entry] = [e for e in map(json.loads, trail.stdout.splitlines())
+               if e["action"] == "inbox.revoke"]
+    assert entry["subject"] == "reviewer:mallory"
+    assert entry["caller"].startswith("cli:")
+    assert session not in trail.stdout and link not in trail.stdout

@@ -28,13 +28,27 @@ DB = 10  # the reviewer tests' Valkey server, a database of this module's own
 KEYED = ("/v1/", "/agui/")
 
 
+# Keys of the keys file besides LAYBY_API_KEYS' (every right): one that reads, in a tenant
+# of its own.
+READER = "lby_reader_0123456789abcdef"
+KEYS_FILE = f'''
+[keys.reader]
+secret = "{READER}"
+tenant = "reading"
+can = ["read"]
+'''
+
+
 @pytest.fixture(scope="module")
 def fuzzed(reviewer_redis: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[ReviewedSystem]:
     """A reviewed system of this module's own: the fuzzer starts, answers and cancels
     hundreds of runs, which no other test should see."""
-    with own_reviewed(reviewer_redis, tmp_path_factory.mktemp("fuzzed"), DB,
-                      SmtpServer().start(), WebhookReceiver().start()) as running:
+    tmp = tmp_path_factory.mktemp("fuzzed")
+    (tmp / "keys.toml").write_text(KEYS_FILE)
+    with own_reviewed(reviewer_redis, tmp, DB, SmtpServer().start(),
+                      WebhookReceiver().start(),
+                      LAYBY_KEYS_FILE=str(tmp / "keys.toml")) as running:
         yield running
 
 
@@ -91,10 +105,16 @@ def test_the_document_says_what_every_operation_takes_and_answers(
 EXAMPLES = int(os.environ.get("LAYBY_FUZZ_EXAMPLES", "10"))
 
 
-def _schemathesis(base_url: str, tmp: Path, *args: str, extra_config: str = ""
-                  ) -> subprocess.CompletedProcess[str]:
+def _schemathesis(base_url: str, tmp: Path, *args: str, extra_config: str = "",
+                  may_not_start: bool = False) -> subprocess.CompletedProcess[str]:
+    """`may_not_start`: a caller without the right to start, whose valid starts are 403."""
+    text = CONFIG.read_text()
+    if may_not_start:
+        start = text.index('include-operation-id = "startRun"')
+        text = text[:start] + text[start:].replace('["2xx", 401, 404, 409, 422]',
+                                                   '["2xx", 401, 403, 404, 409, 422]', 1)
     config = tmp / "schemathesis.toml"
-    config.write_text(CONFIG.read_text() + extra_config)
+    config.write_text(text + extra_config)
     # One worker: Hypothesis describes filters by parsing their source, and on CPython
     # 3.11 two threads parsing at once have failed with "AST constructor recursion depth
     # mismatch" (CPython gh-106905): a failure of the fuzzer, not of the API.
@@ -125,3 +145,29 @@ def test_schemathesis_finds_nothing_without_a_key(fuzzed: ReviewedSystem,
 
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert "passed" in done.stdout
+
+
+def test_schemathesis_finds_nothing_with_a_read_only_key_or_a_run_token(
+        fuzzed: ReviewedSystem, tmp_path: Path) -> None:
+    """The same, as the two narrowest callers: a key of another tenant that may only read
+    (every start, answer and cancel refused with a documented 403, every run of the
+    default tenant a 404), and a run token that may read and answer one run (every other
+    run, list and start refused)."""
+    run_id = fuzzed.start_run("demo.transfer", "Send 71 to Ida")["id"]
+    (interrupt,) = fuzzed.system.open_interrupts(fuzzed.parked(run_id))
+    ids = f'\n[parameters]\nrun_id = "{run_id}"\ninterrupt_id = "{interrupt["id"]}"\n'
+    with fuzzed.system.api() as api:
+        minted = api.post(f"/v1/runs/{run_id}/tokens", json={"can": ["read", "answer"],
+                                                            "ttlS": 3600})
+    assert minted.status_code == 201, minted.text
+    for name, credential in (("read-only key", READER), ("run token", minted.json()["token"])):
+        done = _schemathesis(fuzzed.system.base_url, tmp_path,
+                             "-H", f"Authorization: Bearer {credential}",
+                             extra_config=ids, may_not_start=True)
+        assert done.returncode == 0, name + "\n" + done.stdout[-6000:] + done.stderr[-3000:]
+        assert "passed" in done.stdout, name
+    # Neither may cancel, and the reader may not answer (nor see the run at all).
+    run = fuzzed.system.run(run_id)
+    assert run["status"] != "cancelled"
+    assert all((i.get("answer") or {}).get("answeredBy") != "api:reader"
+               for i in run["interrupts"])

@@ -19,6 +19,7 @@ SELF_APPROVE, ADMIN = "self-approve", "admin"
 DEFAULT_RIGHTS = frozenset({START, READ, ANSWER, APPROVE, CANCEL})
 RIGHTS = DEFAULT_RIGHTS | {SELF_APPROVE, ADMIN}
 SELF_APPROVAL = "self_approval"  # the code of a refused approval of one's own run
+KEY_REVIEWER = "api:"  # a tool's `reviewers=` naming a key: "api:<name>"
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,22 @@ class Identity:
                             "another caller must (four eyes), or give this key the right "
                             "`self-approve`", run_id=run_id, code=SELF_APPROVAL,
                             detail={"startedBy": started_by})
+
+
+def keys_named(names: list[str] | None) -> set[str]:
+    """The keys among an interrupt's reviewers (`api:<name>`): a service made a reviewer on
+    purpose."""
+    return {name for name in names or () if name.startswith(KEY_REVIEWER)}
+
+
+def may_review(who: Identity, interrupt_id: str, named: set[str]) -> None:
+    """An interrupt that names keys among its reviewers is answered through the API by
+    those keys alone (each still within its rights); one that names none, by any key with
+    the right."""
+    if named and who.caller not in named:
+        raise Forbidden(f"interrupt {interrupt_id} is for the reviewers it names, and of the "
+                        f"keys only {sorted(named)}: {who.caller} is not one of them",
+                        detail={"reviewers": sorted(named)})
 
 
 # Everything, in tenant `default`: the layby command on the store's own machine.

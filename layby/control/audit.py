@@ -58,6 +58,7 @@ class Entry:
     channel: str | None = None
     outcome: str = "ok"  # ok, or the refusal's code (forbidden, self_approval, notfound…)
     source: str | None = None
+    subject: str | None = None  # whom it was about, when not a run (inbox.revoke: a reviewer)
 
     def dumps(self) -> str:
         return json.dumps({k: v for k, v in asdict(self).items() if v is not None},
@@ -66,10 +67,10 @@ class Entry:
 
 def entry(caller: str, tenant: str, action: str, *, run: str | None = None,
           interrupt: str | None = None, outcome: str = "ok",
-          via: str | None = None) -> str:
+          via: str | None = None, subject: str | None = None) -> str:
     """One entry, as the store keeps it, of the request being served."""
     return Entry(caller, tenant, action, run, interrupt, via or channel(), outcome,
-                 _SOURCE.get()).dumps()
+                 _SOURCE.get(), subject).dumps()
 
 
 def refused(rt: Runtime, caller: str, tenant: str, action: str, outcome: str, *,

@@ -18,7 +18,16 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from layby.access import tokens
-from layby.access.rights import ADMIN, ANSWER, CANCEL, OPERATOR, READ, Identity
+from layby.access.rights import (
+    ADMIN,
+    ANSWER,
+    CANCEL,
+    OPERATOR,
+    READ,
+    Identity,
+    keys_named,
+    may_review,
+)
 from layby.broker_config import NOTIFY, SLACK_TASK
 from layby.control import audit
 from layby.control.runtime import Runtime
@@ -287,10 +296,15 @@ def answered_as(spec: Interrupt, entry: ResumeEntry) -> str:
 def _may_answer(who: Identity, record: RunRecord, specs: list[Interrupt],
                 entries: list[ResumeEntry]) -> None:
     """An approval (a yes to a confirmation) needs `approve` and four eyes; any other
-    answer `answer`. An entry naming no interrupt of the run is left to the checks after."""
+    answer `answer`; an interrupt naming keys among its reviewers (at any level), one of
+    them. An entry naming no interrupt of the run is left to the checks after."""
     by_id = {s.id: s for s in specs}
     for entry in entries:
         spec = by_id.get(entry.interrupt_id)
+        if spec is not None:
+            may_review(who, spec.id, keys_named([
+                *(spec.reviewers or ()),
+                *(name for step in spec.escalation or () for name in step.reviewers)]))
         if spec is not None and spec.reason == CONFIRMATION and approves(entry):
             who.may_approve(record.id, record.started_by)
         else:

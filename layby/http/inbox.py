@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import itertools
 import logging
 import time
@@ -32,7 +33,7 @@ from layby.errors import ConfigError, Invalid, LaybyError
 from layby.http.deps import Rt
 from layby.http.errors import status_of
 from layby.http.events import STREAM_HEADERS, EventStreamResponse
-from layby.inbox import answers, signin, waiting
+from layby.inbox import answers, revocation, signin, waiting
 from layby.inbox.forms import entry_from_form, input_from_form
 from layby.inbox.inbox_pages import SCRIPT as _SCRIPT
 from layby.inbox.inbox_pages import (
@@ -56,6 +57,8 @@ _T = TypeVar("_T")
 router = APIRouter(include_in_schema=False)
 
 COOKIE = "layby_inbox"
+# What an answer did, shown once by the page its post/redirect/get lands on.
+FLASH = "layby_inbox_flash"
 MAX_PICKS = 100  # requests approved at once
 POLL_S = 2.0  # how often a live inbox looks for new requests
 _FULL_EVERY = 15  # polls between full reads of the list when no run moved
@@ -65,6 +68,8 @@ Filter = Annotated[str | None, Query(max_length=200)]
 # Sign-in links mailed to one reviewer: at most this many per this long, so nobody can make
 # layby flood a reviewer's mailbox.
 _MAILS, _MAILS_PER_S = 5, 600
+# Sign-in links asked for from one client (its address) in _MAILS_PER_S.
+_ASKS = 20
 
 
 # The inbox's share of the gateway's worker threads: a slow store or a long look through
@@ -141,6 +146,8 @@ def _who(rt: Runtime, request: Request) -> Who | None:
         return None
     if rt.store.has_seen(f"inbox-out:{session.nonce}"):
         return None  # signed out
+    if revocation.is_revoked(rt, session.reviewer, session.issued_ms):
+        return None  # its reviewer's sessions were ended (`layby inbox revoke`)
     reviewer = directory.reviewers.get(session.reviewer)
     return Who(reviewer, session.nonce, False, session.expires) if reviewer else None
 
@@ -228,11 +235,31 @@ async def ask_for_link(request: Request, rt: Rt, background: BackgroundTasks) ->
     if "@" not in address:
         return _page(render_sign_in("ask", message="enter your email address, as the "
                                     "reviewer directory has it"), 422)
+    source = request.client.host if request.client else "?"
+    to = hashlib.sha256(address.lower().encode()).hexdigest()[:24]  # no address in a key
+    allowed = await _in_thread(_within_limits, rt, source, to)
+    if not allowed:
+        return _page(render_sign_in("ask", message="too many sign-in links were asked for "
+                                    "from here, or for this address, lately: wait ten minutes "
+                                    "and ask again"), 429)
     background.add_task(_mail_link, rt, address)
     # The same answer whether the address is known or not: the page tells nobody who the
     # reviewers are.
     return _page(render_sign_in("sent", message=f"If {address} is a reviewer's address, a "
                                 "sign-in link is on its way to it."))
+
+
+def _within_limits(rt: Runtime, source: str, to: str) -> bool:
+    """Whether one more sign-in mail may be asked for, from `source` (a client's address)
+    and for `to` (an address's hash, known reviewer or not): _ASKS from one client and
+    _MAILS for one address in _MAILS_PER_S, however many reviewers those are."""
+    for kind, who, most in (("from", source, _ASKS), ("to", to, _MAILS)):
+        if rt.store.tally(f"inbox-ask-{kind}:{who}", _MAILS_PER_S) > most:
+            log.warning("inbox sign-in refused: more than %d sign-in links asked for %s in "
+                        "%d s", most, f"from {who}" if kind == "from" else "one address",
+                        _MAILS_PER_S)
+            return False
+    return True
 
 
 def _mail_link(rt: Runtime, address: str) -> None:
@@ -263,6 +290,10 @@ def _link(rt: Runtime, link: str) -> signin.Signed:
     except signin.BadSignIn as exc:
         raise _Refused(_page(render_sign_in("refused", message=exc.message),
                              status_of(exc))) from None
+    if revocation.is_revoked(rt, signed.reviewer, signed.issued_ms):
+        raise _Refused(_page(render_sign_in(
+            "refused", message="this sign-in link was made before your sessions were "
+            "ended: ask for a new one"), 403))
     if rt.store.has_seen(f"inbox-link:{signed.nonce}"):
         raise _Refused(_page(render_sign_in(
             "refused", message="this sign-in link was used already: each link signs in "
@@ -370,8 +401,15 @@ async def inbox(request: Request, rt: Rt, agent: Filter = None, tool: Filter = N
         return _page(render_sign_in("continue"))
     if who is None:
         return _page(render_sign_in("ask"), 401 if partial else 200)
-    return await _in_thread(lambda: _inbox(rt, who, _filters(agent, tool, reason),
-                                                  partial=bool(partial)))
+    flashed = request.cookies.get(FLASH) if not partial else None
+    told = signin.read_flash(_keys(rt), flashed, who.session_id) if flashed else None
+    page = await _in_thread(lambda: _inbox(rt, who, _filters(agent, tool, reason),
+                                           partial=bool(partial),
+                                           notice=Notice(*told) if told else None))
+    if flashed:
+        page.delete_cookie(FLASH, path="/inbox", httponly=True, samesite="strict",
+                           secure=_secure(rt, request))
+    return page
 
 
 @router.post("/inbox/answer")
@@ -380,10 +418,12 @@ async def answer(request: Request, rt: Rt) -> Response:
     """Approve, decline, answer or hand on one request, then the list again."""
     form = await _form(request)
     who = await _signed_in(rt, request, form)
-    return await _in_thread(_answer, rt, who, form)
+    done = await _in_thread(_answer, rt, who, form)
+    return _after_post(rt, request, who, done) if isinstance(done, Notice) else done
 
 
-def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> HTMLResponse:
+def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> Response | Notice:
+    """The page that says why nothing was recorded, or the notice of what was."""
     ref = form.get("_ref", "")
     found = waiting.find(rt, who.reviewer, ref)
     if found is None:
@@ -398,8 +438,8 @@ def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> HTMLResponse:
             answers.delegate(rt, opened, to, channel="inbox",
                              note=form.get("delegate_note", "").strip() or None)
             target = rt.reviewers.get(to)
-            return _inbox(rt, who, NO_FILTERS, notice=Notice(
-                f"You handed “{_title(found)}” to {target.label if target else to}."))
+            return Notice(f"You handed “{_title(found)}” to "
+                          f"{target.label if target else to}.")
         entry = entry_from_form(found.interrupt, form)
         if commands.approves(entry) and commands.reviewers_may_edit(rt, found.run.agent,
                                                                     found.interrupt):
@@ -420,9 +460,20 @@ def _answer(rt: Runtime, who: Who, form: dict[str, str]) -> HTMLResponse:
     done = outcome(fresh.interrupt) if not fresh.is_open else "approved"
     more = (f" It waits for {fresh.interrupt.required_approvals - len(fresh.interrupt.approvals)}"
             " more approval(s) from other reviewers." if fresh.is_open else "")
-    return _inbox(rt, who, NO_FILTERS, notice=Notice(
-        f"You {done} “{_title(found)}”.{more}" if done in ("approved", "declined")
-        else f"Your answer to “{_title(found)}” was recorded.{more}"))
+    return Notice(f"You {done} “{_title(found)}”.{more}" if done in ("approved", "declined")
+                  else f"Your answer to “{_title(found)}” was recorded.{more}")
+
+
+def _after_post(rt: Runtime, request: Request, who: Who, notice: Notice) -> Response:
+    """Post/redirect/get: the answer taken, the browser is sent to the inbox (a reload
+    then reads the list again instead of posting the answer again), the notice riding in
+    a signed cookie for that one page."""
+    response = RedirectResponse("/inbox", status_code=303, headers=_HEADERS)
+    response.set_cookie(FLASH, signin.flash(_keys(rt), who.session_id, notice.text,
+                                            notice.kind),
+                        max_age=60, path="/inbox", httponly=True, samesite="strict",
+                        secure=_secure(rt, request))
+    return response
 
 
 def _title(w: waiting.Waiting) -> str:

@@ -1,14 +1,16 @@
 """Signing in to the reviewers' inbox: the mailed sign-in link, the session cookie it opens,
-and the CSRF token every inbox form carries.
+the CSRF token every inbox form carries, and the notice an answer's redirect carries.
 
 All three are HMAC-signed with the reviewer token keys (`LAYBY_TOKEN_KEYS`: the first key
 signs, every key verifies, so keys rotate as reviewer tokens do), each under its own purpose,
 so one can never pass for another. Nothing here touches the store: a link is made single-use,
-and a session ended early, by the caller recording its nonce (`Store.first_sight`).
+and a session ended early, by the caller recording its nonce (`Store.first_sight`); every session
+and link of a reviewer made before a time are refused by the caller (`layby inbox revoke`).
 
-    link     <kid>.<payload>.<signature>   payload: reviewer, expiry, nonce
-    session  <kid>.<payload>.<signature>   payload: reviewer, expiry, session id
+    link     <kid>.<payload>.<signature>   payload: reviewer, expiry, issued, nonce
+    session  <kid>.<payload>.<signature>   payload: reviewer, expiry, issued, session id
     csrf     <signature of the session id>
+    flash    <kid>.<payload>.<signature>   payload: text, kind, expiry; signed with the session
 
 A payload is URL-safe base64 of compact JSON; a signature is 16 bytes of HMAC-SHA256.
 """
@@ -30,6 +32,8 @@ from layby.errors import Forbidden
 Purpose = Literal["link", "session"]
 # Longer than any value this module makes: refused before anything is decoded.
 _MAX_LEN = 600
+# The longest a session may be given (LAYBY_INBOX_SESSION_TTL_S's bound).
+_LONGEST_S = 30 * 24 * 3600
 
 
 class BadSignIn(Forbidden):
@@ -49,6 +53,7 @@ class Signed:
     reviewer: str
     expires: int
     nonce: str
+    issued_ms: int  # epoch ms: `layby inbox revoke` refuses what was signed before it
 
 
 def _b64(raw: bytes) -> str:
@@ -68,8 +73,9 @@ def make(keys: dict[str, bytes], purpose: Purpose, reviewer: str, ttl_s: int, *,
          now: float | None = None) -> str:
     """A new link or session for `reviewer`, good for `ttl_s`."""
     kid, key = next(iter(keys.items()))
-    expires = int((time.time() if now is None else now) + ttl_s)
-    payload = _b64(json.dumps({"r": reviewer, "e": expires, "n": secrets.token_urlsafe(12)},
+    issued = time.time() if now is None else now
+    payload = _b64(json.dumps({"r": reviewer, "e": int(issued + ttl_s), "i": int(issued * 1000),
+                               "n": secrets.token_urlsafe(12)},
                               separators=(",", ":")).encode())
     return f"{kid}.{payload}.{_mac(key, purpose, f'{kid}.{payload}')}"
 
@@ -93,7 +99,11 @@ def read(keys: dict[str, bytes], purpose: Purpose, value: str, *,
         raise BadSignIn(f"this {what}'s signature does not match: it was altered or forged")
     try:
         fields = json.loads(_unb64(payload))
-        signed = Signed(str(fields["r"]), int(fields["e"]), str(fields["n"]))
+        expires = int(fields["e"])
+        # Made before sign-ins said when (0.2.0): taken as old as a session may be, so a
+        # revocation ends it too.
+        issued_ms = int(fields.get("i", (expires - _LONGEST_S) * 1000))
+        signed = Signed(str(fields["r"]), expires, str(fields["n"]), issued_ms)
     except (ValueError, KeyError, TypeError, binascii.Error):
         # Signed by us yet unreadable: made by another release's format. Refused all the same.
         raise BadSignIn(f"this {what} cannot be read: ask for a new sign-in link") from None
@@ -113,3 +123,33 @@ def csrf_ok(keys: dict[str, bytes], session_id: str, token: str) -> bool:
     given = token.encode("utf-8", "replace")
     return any(hmac.compare_digest(_mac(key, "csrf", session_id).encode(), given)
                for key in keys.values())
+
+
+def flash(keys: dict[str, bytes], session_id: str, text: str, kind: str,
+          ttl_s: int = 60) -> str:
+    """A notice for the page a redirect lands on (post/redirect/get): signed, so a link
+    cannot make the inbox say what layby did not, and bound to the session it was made
+    for, so the next reviewer at the same browser is not told it."""
+    kid, key = next(iter(keys.items()))
+    payload = _b64(json.dumps({"m": text[:500], "k": kind, "e": int(time.time() + ttl_s)},
+                              separators=(",", ":")).encode())
+    return f"{kid}.{payload}.{_mac(key, 'flash', f'{session_id}.{kid}.{payload}')}"
+
+
+def read_flash(keys: dict[str, bytes], value: str, session_id: str) -> tuple[str, str] | None:
+    """The notice `flash` made for this session, or None (none, forged, another session's,
+    out of date)."""
+    parts = value.split(".") if len(value) <= _MAX_LEN * 2 and value.isascii() else []
+    if len(parts) != 3 or parts[0] not in keys:
+        return None
+    kid, payload, signature = parts
+    expected = _mac(keys[kid], "flash", f"{session_id}.{kid}.{payload}")
+    if not hmac.compare_digest(expected.encode(), signature.encode()):
+        return None
+    try:
+        fields = json.loads(_unb64(payload))
+        if int(fields["e"]) <= time.time():
+            return None
+        return str(fields["m"]), str(fields["k"])
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return None

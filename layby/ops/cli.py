@@ -28,6 +28,7 @@ from layby.broker_config.settings import broker_shown, settings_problem
 from layby.control import Runtime, build
 from layby.errors import LaybyError
 from layby.generation.interrupts import CONFIRMATION, ResumeEntry
+from layby.ops.inbox_command import inbox as inbox_app
 from layby.ops.keys_command import audit as audit_command
 from layby.ops.keys_command import keys as keys_app
 from layby.parking import Store
@@ -45,6 +46,7 @@ ops = typer.Typer(help="On-call work: stuck runs, failed notifications, purging.
 cli.add_typer(ops, name="ops")
 cli.add_typer(keys_app, name="keys")
 cli.command("audit")(audit_command)
+cli.add_typer(inbox_app, name="inbox")
 policy = typer.Typer(help="Reviewer policy rules: check a file, explain a decision.",
                      no_args_is_help=True)
 cli.add_typer(policy, name="policy")

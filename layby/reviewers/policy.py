@@ -193,10 +193,12 @@ class Policy:
                               f"parse as CEL: {detail}") from None
 
     def check(self, directory: Directory) -> None:
-        """Refuse rules naming reviewers or groups the directory does not have."""
+        """Refuse rules naming reviewers or groups the directory does not have (a key,
+        `api:<name>`, is the keys file's)."""
         known = set(directory.reviewers) | set(directory.groups)
         for rule in self.rules:
-            unknown = sorted({n for n in rule.names() if n not in known})
+            unknown = sorted({n for n in rule.names()
+                              if n not in known and not n.startswith("api:")})
             if unknown:
                 raise ConfigError(f"rule {rule.name!r} names unknown reviewers or groups "
                                   f"{unknown}; the directory knows {sorted(known)}")
