@@ -30,8 +30,8 @@ from layby.generation.interrupts import (
 )
 from layby.generation.retries import RetryLater, RetryPolicy
 from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
+from layby.generation.stored_run import StoredRun
 from layby.generation.tools import Approval, Ask, ToolContext, interrupt_tool, tool
-from layby.generation.versions import StoredRun
 from layby.wire import Answer, Delegation, Event, InterruptView, RunSummary, RunView, Status
 
 try:

@@ -48,10 +48,10 @@ from layby.generation.turn import (
     model_turn,
     resume_turn,
 )
+from layby.generation.stored_run import StoredRun
 from layby.generation.versions import (
     AGENT_CHANGED,
     Changed,
-    StoredRun,
     migrated,
     parked_version,
     what_changed,

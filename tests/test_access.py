@@ -11,12 +11,14 @@ import json
 import os
 import subprocess
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from layby.ops.embedded import EmbeddedRedis, free_port
 from tests.harness import API_KEY, LAYBY, ROOT, LaybySystem, wait_until
@@ -123,6 +125,16 @@ def test_a_tenant_never_sees_another_tenants_run(tenanted: LaybySystem) -> None:
     with api(tenanted, "admin") as admin:  # LAYBY_API_KEYS: every tenant
         ids = {r["id"] for r in admin.get("/v1/runs", params={"limit": 500}).json()["runs"]}
         assert {run["id"], mine["id"]} <= ids
+        # /metrics counts each tenant's runs, by state, as its own list has them.
+        counted: Counter[str] = Counter()
+        for family in text_string_to_metric_families(admin.get("/metrics").text):
+            if family.name == "layby_tenant_runs":
+                for sample in family.samples:
+                    counted[sample.labels["tenant"]] += int(sample.value)
+    for who, tenant in (("bolt", "bolt"), ("auditor", "acme")):
+        with api(tenanted, who) as c:
+            listed = c.get("/v1/runs", params={"limit": 500}).json()["runs"]
+        assert counted[tenant] == len(listed) > 0, (tenant, counted)
 
 
 def test_an_idempotency_key_is_a_tenants_own(tenanted: LaybySystem) -> None:
@@ -221,6 +233,52 @@ def test_agui_threads_of_two_tenants_are_two_runs(tenanted: LaybySystem) -> None
         ours = [r["id"] for r in auditor.get("/v1/runs", params={"limit": 500}).json()["runs"]
                 if r["id"].startswith("agui")]
     assert len(mine) == 1 and len(ours) == 1 and mine != ours
+
+
+CROSSING = {"X-Layby-Tenant": "bolt", "X-Tenant": "bolt", "X-Tenant-Id": "bolt",
+            "Tenant": "bolt", "X-Forwarded-User": "api:bolt", "X-Layby-Caller": "api:admin"}
+
+
+def test_a_tenant_named_in_a_body_header_or_query_crosses_nothing(
+        tenanted: LaybySystem) -> None:
+    """A key's tenant is the keys file's, whatever a request says: a tenant (or a caller)
+    in headers, in the start's body or metadata, in a list's query or in an AG-UI body
+    neither starts a run in another tenant nor shows or reaches one of its runs."""
+    with api(tenanted, "bolt") as bolt:
+        theirs = bolt.post("/v1/runs", json={"agent": "demo.transfer",
+                                             "input": "Send 7 to Bo"}).json()["id"]
+    parked(tenanted, theirs)
+    before = _ids(tenanted, "bolt")
+    with api(tenanted, "billing") as billing:
+        billing.headers.update(CROSSING)
+        made = billing.post("/v1/runs", params={"tenant": "bolt"}, json={
+            "agent": "demo.transfer", "input": "Send 8 to Bo", "tenant": "bolt",
+            "metadata": {"tenant": "bolt", "layby": {"tenant": "bolt"}}})
+        if made.status_code == 202:
+            assert made.json()["tenant"] == "acme"
+        else:  # refused as a body it does not take: nothing started anywhere
+            refused(made, 422, "invalid")
+        refused(billing.get(f"/v1/runs/{theirs}", params={"tenant": "bolt"}), 404, "notfound")
+        listed = billing.get("/v1/runs", params={"limit": 500, "tenant": "bolt"})
+        assert listed.status_code in (200, 422), listed.text
+        if listed.status_code == 200:
+            assert {r["tenant"] for r in listed.json()["runs"]} == {"acme"}
+        refused(billing.get("/v1/audit", params={"tenant": "bolt"}), 403, "forbidden")
+        body = {"threadId": f"t-{uuid.uuid4().hex[:8]}", "runId": "r1",
+                "state": {"tenant": "bolt"}, "tools": [], "context": [],
+                "forwardedProps": {"tenant": "bolt", "runId": theirs},
+                "messages": [{"id": "u1", "role": "user", "content": "Send 6 to Bo"}]}
+        with billing.stream("POST", "/agui/demo.transfer", json=body) as reply:
+            assert reply.status_code == 200
+            said = "".join(reply.iter_text())
+        assert theirs not in said
+    assert _ids(tenanted, "bolt") == before  # nothing billing sent is bolt's
+    assert tenanted.run(theirs)["status"] == "interrupted"  # untouched
+
+
+def _ids(system: LaybySystem, who: str) -> set[str]:
+    with api(system, who) as c:
+        return {r["id"] for r in c.get("/v1/runs", params={"limit": 500}).json()["runs"]}
 
 
 def test_a_keys_file_that_does_not_parse_stops_layby_up_before_its_banner(

@@ -5,6 +5,7 @@ import."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -59,6 +60,69 @@ def test_a_room_importing_upwards_breaks_the_contracts(tmp_path: Path, room: str
     importer = room.replace("/", ".") if room.startswith("layby") else f"layby.{room}"
     assert f"{importer} is not allowed to import layby.http" in done.stdout
     assert f"- {importer}.sneaky -> layby.http.app" in done.stdout
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each module of the package → the modules of the package it imports (at its top, in
+    a function, or for type checking alike: a circle of any of them is one to a reader)."""
+    found = {}
+    for path in (ROOT / "layby").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {name: set() for name in found}
+    for name, path in found.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                graph[name] |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in found
+                                else node.module for a in node.names} & found.keys()
+            elif isinstance(node, ast.Import):
+                graph[name] |= {a.name for a in node.names} & found.keys()
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        order[name] = low[name] = len(order)
+        stack.append(name)
+        for other in graph[name] - {name}:
+            if other not in order:
+                visit(other)
+                low[name] = min(low[name], low[other])
+            elif other in stack:
+                low[name] = min(low[name], order[other])
+        if low[name] == order[name]:
+            group = stack[stack.index(name):]
+            del stack[stack.index(name):]
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for name in sorted(graph):
+        if name not in order:
+            visit(name)
+    return circles
+
+
+def test_no_module_imports_round_a_circle_nor_anothers_private_names() -> None:
+    graph = _imports()
+    assert "layby.generation.agents" in graph["layby.generation.turn"]  # the edges are read
+    assert _circles(graph) == []
+    # The check sees a circle when there is one: the turn's module imported back.
+    looped = {**graph, "layby.generation.agents": graph["layby.generation.agents"]
+              | {"layby.generation.turn"}}
+    assert ["layby.generation.agents", "layby.generation.turn"] in _circles(looped)
+    private = [f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{alias.name}"
+               for path in (ROOT / "layby").rglob("*.py")
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("layby")
+               for alias in node.names
+               if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert private == []
 
 
 def test_the_public_surface_is_small_and_complete() -> None:

@@ -59,6 +59,7 @@ from layby.generation.messages import (
 from layby.generation.models import Model, ModelRequest, ModelResponse
 from layby.generation.retries import DEFAULT_RETRY, RetryCall, RetryLater, RetryPolicy, Tried
 from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
+from layby.generation.stored_run import StoredRun
 from layby.generation.tools import (
     AGENT_RETRY,
     Approval,
@@ -86,7 +87,6 @@ from layby.generation.turn import (
 from layby.generation.versions import (
     AGENT_CHANGED,
     Changed,
-    StoredRun,
     migrated,
     parked_version,
     what_changed,

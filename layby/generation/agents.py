@@ -26,7 +26,7 @@ from layby.generation.retries import DEFAULT_RETRY, RetryPolicy
 from layby.generation.tools import AGENT_RETRY, Tool
 
 if TYPE_CHECKING:
-    from layby.generation.versions import StoredRun
+    from layby.generation.stored_run import StoredRun
 
 DEFAULT_MAX_TURNS = 10
 # A version names a queue (`layby.turns@<version>`) and is written into events whose JSON

@@ -63,7 +63,7 @@ def schema_errors(schema: dict[str, Any] | None, value: Any) -> list[dict[str, A
             for e in found]
 
 
-def _pydantic_errors(check: Any, value: Any) -> list[dict[str, Any]]:
+def pydantic_errors(check: Any, value: Any) -> list[dict[str, Any]]:
     """What `check` (a pydantic validation) finds wrong with `value`, as schema_errors
     lists it."""
     try:
@@ -86,11 +86,11 @@ def check_answer(interrupt: Interrupt, entry: ResumeEntry,
     errors = schema_errors(interrupt.response_schema, entry.payload)
     if not errors and tool is not None and tool.is_interrupt \
             and interrupt.mode is ResumeMode.RESPOND:
-        errors = _pydantic_errors(tool.output.validate_python, entry.payload)
+        errors = pydantic_errors(tool.output.validate_python, entry.payload)
     typed = answer_type(interrupt.response_type)
     if not errors and typed is not None and entry.payload is not None:
         # The tool will get the answer as this model: what it would refuse, refuse now.
-        errors = _pydantic_errors(typed.model_validate, entry.payload)
+        errors = pydantic_errors(typed.model_validate, entry.payload)
     replace = (entry.metadata or {}).get("replaceInput")
     if replace is not None:
         if interrupt.mode is not ResumeMode.RESTART:
@@ -101,7 +101,7 @@ def check_answer(interrupt: Interrupt, entry: ResumeEntry,
         else:
             found = schema_errors(interrupt.input_schema, replace)
             if not found and tool is not None:
-                found = _pydantic_errors(tool.parse_input, replace)
+                found = pydantic_errors(tool.parse_input, replace)
             errors += [{"path": "/metadata/replaceInput" + e["path"].rstrip("/"),
                         "message": e["message"]} for e in found]
     return errors

@@ -415,7 +415,7 @@ async def inbox(request: Request, rt: Rt, agent: Filter = None, tool: Filter = N
 @router.post("/inbox/answer")
 @_guarded
 async def answer(request: Request, rt: Rt) -> Response:
-    """Approve, decline, answer or hand on one request, then the list again."""
+    """Approve, decline, answer or hand on one request, then back to the list (303)."""
     form = await _form(request)
     who = await _signed_in(rt, request, form)
     done = await _in_thread(_answer, rt, who, form)

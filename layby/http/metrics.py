@@ -73,6 +73,13 @@ def _runs(g: gauges.Gauges) -> Iterator[Metric]:
     for status, count in g.runs.items():
         runs.add_metric([status.value], count)
     yield runs
+    by_tenant = GaugeMetricFamily(
+        "layby_tenant_runs", "Runs by tenant and state (finished ones until retention); a "
+        "tenant's count of a state it never had is 0", labels=["tenant", "state"])
+    for tenant, counts in g.by_tenant.items():
+        for status, count in counts.items():
+            by_tenant.add_metric([tenant, status.value], count)
+    yield by_tenant
     waiting = GaugeMetricFamily(
         "layby_runs_waiting_by_age",
         "Interrupted runs that have waited at most `le` seconds since they parked "

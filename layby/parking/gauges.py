@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis import Redis
 
 from layby.parking.formats import Layout
-from layby.parking.keys import ShardKeys
+from layby.parking.keys import DEFAULT_TENANT, ShardKeys
 from layby.parking.registries import families, first_scored, now_ms, tenants_in
 from layby.parking.scripts import standalone
 from layby.wire import Status
@@ -39,6 +39,8 @@ class Gauges:
     oldest_notification: tuple[str, int] | None
     stats: dict[str, str]              # the scripts' counters (see `layby.parking.keys`)
     last_sweep_ms: int | None = None   # when the sweeper last finished a sweep
+    # Runs by tenant and state: each tenant's indexes are counted anyway (`runs` sums them).
+    by_tenant: dict[str, dict[Status, int]] = field(default_factory=dict)
 
 
 def read(client: Redis, layout: Layout, wait_buckets_s: tuple[int, ...]) -> Gauges:
@@ -51,8 +53,8 @@ def read(client: Redis, layout: Layout, wait_buckets_s: tuple[int, ...]) -> Gaug
         _ask(pipe, shard, families([shard], tenants), now, wait_buckets_s)
     pipe.get(layout.keys.swept)
     replies = iter(pipe.execute())
-    each = [_told(replies, len(families([shard], tenants)), now, wait_buckets_s)
-            for shard in layout.shards]
+    each = [_told(replies, [DEFAULT_TENANT, *sorted(tenants.get(shard.base, ()))], now,
+                  wait_buckets_s) for shard in layout.shards]
     swept = next(replies)
     return _summed(each, int(swept) if swept else None)
 
@@ -77,14 +79,17 @@ def _ask(pipe: Any, shard: ShardKeys, indexes: list[ShardKeys], now: int,
     pipe.hgetall(shard.stats)
 
 
-def _told(replies: Iterator[Any], indexes: int, now: int,
+def _told(replies: Iterator[Any], tenants: list[str], now: int,
           wait_buckets_s: tuple[int, ...]) -> Gauges:
-    """One shard's gauges, from the replies of its `_ask` (over `indexes` index families)."""
+    """One shard's gauges, from the replies of its `_ask` (over the index families of
+    `tenants`, in the order of `families`)."""
     runs: Counter[Status] = Counter()
+    by_tenant: dict[str, dict[Status, int]] = {}
     parked_since: Counter[int] = Counter(dict.fromkeys(wait_buckets_s, 0))
     oldest: list[tuple[str, int] | None] = []
-    for _ in range(indexes):
-        runs.update({status: int(next(replies)) for status in Status})
+    for tenant in tenants:
+        by_tenant[tenant] = {status: int(next(replies)) for status in Status}
+        runs.update(by_tenant[tenant])
         parked_since.update({bound: int(next(replies)) for bound in wait_buckets_s})
         oldest.append(first_scored(next(replies)))
     oldest_outbox, oldest_note = (first_scored(next(replies)) for _ in range(2))
@@ -93,7 +98,7 @@ def _told(replies: Iterator[Any], indexes: int, now: int,
     outbox, stats = int(next(replies)), next(replies)
     return Gauges(now, {s: runs[s] for s in Status}, dict(parked_since), _oldest(oldest),
                   deadlines, overdue, lapsed, outbox, outbox_due, oldest_outbox, notes_due,
-                  oldest_note, stats)
+                  oldest_note, stats, by_tenant=by_tenant)
 
 
 def _summed(each: list[Gauges], last_sweep_ms: int | None) -> Gauges:
@@ -115,7 +120,9 @@ def _summed(each: list[Gauges], last_sweep_ms: int | None) -> Gauges:
         notifications_due=sum(g.notifications_due for g in each),
         oldest_notification=_oldest(g.oldest_notification for g in each),
         stats={name: str(n) for name, n in stats.items()},
-        last_sweep_ms=last_sweep_ms)
+        last_sweep_ms=last_sweep_ms,
+        by_tenant={t: {s: sum(g.by_tenant.get(t, {}).get(s, 0) for g in each) for s in Status}
+                   for t in sorted({t for g in each for t in g.by_tenant})})
 
 
 def _oldest(found: Iterable[tuple[str, int] | None]) -> tuple[str, int] | None:

@@ -8,19 +8,29 @@ when its agent pins, `pinned`: its turns and resumes then go to `<turns queue>@<
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from layby.parking.registries import RunIndex, cursor_of
 from layby.wire import RunSummary, Status
 
-if TYPE_CHECKING:
-    from layby.parking.store import Store
+
+class RunFields(Protocol):
+    """What these reads take of the store (`parking.store.Store` is one): its server, and
+    runs' fields and summaries read where each run is."""
+
+    redis: Any
+
+    def fields_of_runs(self, run_ids: Sequence[str], *fields: str
+                       ) -> list[list[str | None]]: ...
+
+    def summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]: ...
 
 # Runs of the index one page of a list by agent version reads at most.
 VERSION_SCAN = 5000
 
 
-def page_of_version(store: Store, runs: RunIndex, status: Status | None, limit: int,
+def page_of_version(store: RunFields, runs: RunIndex, status: Status | None, limit: int,
                     cursor: str | None, offset: int, agent_version: str
                     ) -> tuple[list[RunSummary], str | None]:
     """Runs of `runs` started on `agent_version`, newest first, `offset` of them skipped: the
@@ -42,23 +52,22 @@ def page_of_version(store: Store, runs: RunIndex, status: Status | None, limit: 
             elif version == agent_version:
                 found.append(item)
                 if len(found) == limit:
-                    return store._summaries(found), cursor_of(*item)
+                    return store.summaries(found), cursor_of(*item)
         if after is None:
-            return store._summaries(found), None
+            return store.summaries(found), None
         cursor = after
         if scanned >= VERSION_SCAN:
-            return store._summaries(found), cursor
+            return store.summaries(found), cursor
 
 
-def not_behind_pinned(store: Store, run_ids: list[str]) -> list[str]:
+def not_behind_pinned(store: RunFields, turns: str | None, run_ids: list[str]) -> list[str]:
     """`run_ids` but the pinned runs whose version's queue (`<turns>@<version>`) holds
     messages: theirs may wait there for as long as no worker hosts that version, and a
     copy each sweep would only lengthen it. (Known only when the broker is the store's
-    server.)"""
-    pushed = (store.config.messages or {}).get("turn")
-    if not pushed or not run_ids:
+    server: `turns`, the turns queue the scripts push to, is None otherwise.)"""
+    if not turns or not run_ids:
         return run_ids
-    queues = {run_id: f"{pushed[0]}@{version}"
+    queues = {run_id: f"{turns}@{version}"
               for run_id, (pinned, version) in zip(
                   run_ids, store.fields_of_runs(run_ids, "pinned", "agent_version"),
                   strict=True)

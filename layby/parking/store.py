@@ -1107,7 +1107,7 @@ class Store:
     def list_runs(self, status: Status | None = None, *, limit: int = 50,
                   offset: int = 0) -> list[RunSummary]:
         """Newest first; all states when `status` is None."""
-        return self._summaries(self.runs.newest(status, limit, offset))
+        return self.summaries(self.runs.newest(status, limit, offset))
 
     def list_page(self, status: Status | None = None, *, limit: int = 50,
                   cursor: str | None = None, offset: int = 0,
@@ -1125,12 +1125,12 @@ class Store:
         if offset and cursor is None:
             scored = runs.newest(status, limit + 1, offset)
             after = cursor_of(*scored[limit - 1]) if len(scored) > limit else None
-            return self._summaries(scored[:limit]), after
+            return self.summaries(scored[:limit]), after
         scored, after = runs.page(status, limit + offset, cursor)
         scored = scored[offset:]
         if after is not None and scored:
             after = cursor_of(*scored[-1])
-        return self._summaries(scored), after
+        return self.summaries(scored), after
 
     def fields_of_runs(self, run_ids: Sequence[str], *fields: str) -> list[list[str | None]]:
         """The `fields` of each run's hash (Nones for a run that is gone), each read where
@@ -1140,7 +1140,9 @@ class Store:
             pipe.hmget(keys.run(run_id), *fields)
         return cast("list[list[str | None]]", pipe.execute()) if run_ids else []
 
-    def _summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
+    def summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
+        """The runs of (run id, score)s as lists show them; runs gone past retention left
+        out."""
         found = self.fields_of_runs([run_id for run_id, _ in scored], "agent", "status",
                                     "version", "created_at", "updated_at", "open",
                                     "agent_version", "retry", "tenant")
@@ -1320,7 +1322,8 @@ class Store:
                 gone.append(run_id)
         if unnumbered:
             oldest = self.oldest_queued_ms()
-            gone.extend(pinning.not_behind_pinned(self, [
+            pushed = (self.config.messages or {}).get("turn")
+            gone.extend(pinning.not_behind_pinned(self, pushed[0] if pushed else None, [
                 run_id for run_id, updated_at in unnumbered
                 if headroom or oldest is None or updated_at is None or int(updated_at) < oldest]))
         return gone

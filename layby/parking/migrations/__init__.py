@@ -10,8 +10,8 @@ once the scan is through. A migration may also prepare the store before its scan
 (`prepare`), skip the scan when the store has nothing it rewrites (`scans`), and finish
 after it (`finish`: what no scanned key carries), idempotently too.
 
-Migrations live in this package as `m<number>_<what>.py` and register themselves here;
-code reads the newest format registered and the one before it.
+Migrations live in this package as `m<number>_<what>.py` and register themselves
+(`registry`); code reads the newest format registered and the one before it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import cast
 
 from redis import Redis, WatchError
@@ -29,38 +28,13 @@ from redis import Redis, WatchError
 from layby.errors import ConfigError
 from layby.parking import formats
 from layby.parking.keys import Keys
+from layby.parking.migrations.registry import Migration as Migration
+from layby.parking.migrations.registry import known
+from layby.parking.migrations.registry import register as register
 from layby.parking.shards import DEFAULT_COUNT
-
-# One key rewritten: (client, keys, the key, dry run) → whether it changed (or would).
-Rewrite = Callable[[Redis, Keys, str, bool], bool]
-# Before the scan: (client, keys, the shard count the store gets if it has none).
-Prepare = Callable[[Redis, Keys, int], None]
-# After the scan: (client, keys, dry run) → (what it looked at, what it changed or would).
-Finish = Callable[[Redis, Keys, bool], tuple[int, int]]
 
 LOCK_MS = 30_000
 DEFAULT_BATCH = 500
-
-
-@dataclass(frozen=True)
-class Migration:
-    number: int  # the format it brings records to
-    title: str
-    patterns: tuple[str, ...]  # the keys it rewrites, after "<prefix>:" (globs)
-    rewrite: Rewrite
-    prepare: Prepare | None = None
-    # Whether the store has keys it rewrites (False: the scan is skipped); asked after
-    # `prepare`.
-    scans: Callable[[Redis, Keys], bool] | None = None
-    finish: Finish | None = None
-
-    def needs_scan(self, client: Redis, keys: Keys) -> bool:
-        return self.scans is None or self.scans(client, keys)
-
-    def rewrites(self, keys: Keys, key: str) -> bool:
-        """Whether `key` is one of those it rewrites."""
-        name = key.removeprefix(f"{keys.prefix}:")
-        return name != key and any(fnmatchcase(name, p) for p in self.patterns)
 
 
 @dataclass
@@ -78,31 +52,16 @@ class MigrationBusy(ConfigError):
     """Another `layby migrate` holds the store's migration lock."""
 
 
-_REGISTRY: dict[int, Migration] = {}
-
-
-def register(migration: Migration) -> Migration:
-    """Add a migration; numbers follow each other from 1 (a gap would leave records of a
-    format nothing migrates)."""
-    known = _REGISTRY.get(migration.number)
-    if known is not None and known is not migration:
-        raise ConfigError(f"two migrations are numbered {migration.number}")
-    last = max(_REGISTRY, default=0)  # (not `newest`: the built-in ones register so)
-    if known is None and migration.number != last + 1:
-        raise ConfigError(f"migration {migration.number} is not the next one after {last}")
-    _REGISTRY[migration.number] = migration
-    return migration
-
-
 def registered() -> list[Migration]:
     _load_builtin()
-    return [_REGISTRY[n] for n in sorted(_REGISTRY)]
+    found = known()
+    return [found[n] for n in sorted(found)]
 
 
 def newest() -> int:
     """The newest format this code knows (the number of its last migration)."""
     _load_builtin()
-    return max(_REGISTRY, default=0)
+    return max(known(), default=0)
 
 
 def pending(state: formats.FormatState, until: int | None = None) -> list[Migration]:
@@ -113,9 +72,9 @@ def pending(state: formats.FormatState, until: int | None = None) -> list[Migrat
 
 def _load_builtin() -> None:
     """Import the migrations of this package, in order (each registers itself)."""
-    if not _REGISTRY:
+    if not known():
         from layby.parking.migrations import m0001_versioned  # noqa: F401
-    if max(_REGISTRY) < 2:
+    if max(known()) < 2:
         from layby.parking.migrations import m0002_sharded  # noqa: F401
 
 

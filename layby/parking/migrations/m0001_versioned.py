@@ -39,7 +39,7 @@ from layby.generation.messages import load_messages
 from layby.parking import codecs
 from layby.parking.events import STEP_EVENTS
 from layby.parking.keys import Keys
-from layby.parking.migrations import Migration, register
+from layby.parking.migrations.registry import Migration, register
 
 INTERRUPT, NOTE = "i:", "n:"
 # How 0.1.0 told a record under its wire names: a name every interrupt has (toolCallId is

@@ -41,7 +41,8 @@ from redis import Redis
 
 from layby.parking import formats
 from layby.parking.keys import Keys, ShardKeys
-from layby.parking.migrations import Migration, m0001_versioned, register
+from layby.parking.migrations import m0001_versioned
+from layby.parking.migrations.registry import Migration, register
 from layby.parking.scripts import standalone
 from layby.parking.shards import DEFAULT_COUNT
 from layby.wire import Status
