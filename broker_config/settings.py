@@ -266,8 +266,9 @@ class Settings(BaseSettings):
     notify_send_timeout_s: float = 300.0
     webhook_timeout_s: float = 10.0
     remind_before_s: float | None = None  # remind reviewers this long before expiry
-    # Slack (layby.notifier.slack, layby.inbox.slack): the bot token ("xoxb-…") that posts
-    # the messages and the app's signing secret that verifies clicks; both unset, no Slack.
+    # Slack (layby.notifier.slack_messages, layby.answering.slack_interactions): the bot
+    # token ("xoxb-…") that posts the messages and the app's signing secret that verifies
+    # clicks; both unset, no Slack.
     slack_bot_token: SecretStr | None = None
     slack_signing_secret: SecretStr | None = None
     # Slack's Web API; tests point it at a local server that answers as Slack does.

@@ -24,7 +24,7 @@ import httpx
 import psutil
 
 from faults.common import Outcome, Size, start_runs, system
-from layby.inbox.mime import MailTooLarge, check_shape
+from layby.answering.mime import MailTooLarge, check_shape
 from tests.harness import LaybySystem
 from tests.reviewers import TOKEN_KEYS
 from tests.test_hostile_input import MAIL_LIMIT, _many_parts

@@ -10,7 +10,7 @@ import random
 from celery import Celery
 
 from layby.broker_config import DELIVER_TASK, NOTIFY, Settings
-from layby.notifier import mail, slack, webhooks
+from layby.notifier import mail, slack_messages, webhooks
 from layby.notifier.mail import PermanentFailure
 from layby.parking import Store
 from layby.parking.failover import through_failover
@@ -101,7 +101,7 @@ def _send(settings: Settings, reviewers: Reviewers, run: RunView, note: Notifica
     if interrupt is None:
         raise PermanentFailure(f"interrupt {note.interrupt_id} is not in run {run.id}")
     if note.channel == "slack":  # to a reviewer, or to a group's channel
-        return slack.send(settings, reviewers, run, interrupt, note)
+        return slack_messages.send(settings, reviewers, run, interrupt, note)
     reviewer = reviewers.get(note.reviewer)
     if reviewer is None:
         raise PermanentFailure(f"reviewer {note.reviewer!r} is no longer in the directory")

@@ -1,5 +1,5 @@
 """Webhooks out, per the Standard Webhooks specification: the notification layby POSTs to a
-reviewer's system (answers coming back are `layby.inbox.callbacks`').
+reviewer's system (answers coming back are `layby.answering.callbacks`').
 
 Each notification is sent with its notification id as `webhook-id` (the same on every
 retry, so the receiver can drop duplicates), the send time as `webhook-timestamp`, and

@@ -31,7 +31,7 @@ from layby.broker_config import (
     TURNS,
 )
 from layby.control import Runtime, commands
-from layby.notifier import delivery, planning, slack
+from layby.notifier import delivery, planning, slack_messages
 from layby.parking import migrations
 from layby.parking.formats import FormatError
 from layby.tasks import context, jobs
@@ -84,7 +84,7 @@ def register(rt: Runtime) -> Celery:
         view = rt.store.view(run_id)
         if view is None or not rt.settings.slack:
             return 0
-        return slack.refresh(rt.settings, rt.reviewers, view, interrupt_ids,
+        return slack_messages.refresh(rt.settings, rt.reviewers, view, interrupt_ids,
                              approval=approval)
 
     jobs.connect(rt)

@@ -37,6 +37,7 @@ from layby.generation.interrupts import BACKGROUND_JOB, Interrupt, ResumeEntry
 from layby.generation.messages import Message, dump_messages
 from layby.generation.providers.common import ProviderError
 from layby.generation.retries import checkpoint_key
+from layby.generation.stored_run import StoredRun
 from layby.generation.turn import (
     Continue,
     Fail,
@@ -48,7 +49,6 @@ from layby.generation.turn import (
     model_turn,
     resume_turn,
 )
-from layby.generation.stored_run import StoredRun
 from layby.generation.versions import (
     AGENT_CHANGED,
     Changed,

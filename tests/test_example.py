@@ -81,7 +81,9 @@ def test_the_wheel_holds_one_package_layby(installed: Installed) -> None:
     # The design card's folders are inside the package, with their data files.
     for inside in ("layby/tasks/__init__.py", "layby/broker_config/settings.py",
                    "layby/notifier/delivery.py", "layby/parking/lua/claim_run.lua",
-                   "layby/notifier/templates/email.html", "layby/py.typed"):
+                   "layby/notifier/templates/email.html", "layby/py.typed",
+                   "layby/answering/templates/review.html",
+                   "layby/inbox/templates/inbox.html", "layby/inbox/templates/inbox.js"):
         assert inside in names, inside
     # Installed, nothing of layby's rooms sits at the top of site-packages.
     site = next(installed.venv.glob("lib/python*/site-packages"))

@@ -8,11 +8,7 @@ from typing import Any
 
 import pytest
 
-from layby.demo.agents import TRIVIA_CHOICES, Approval
-from layby.errors import Invalid
-from layby.generation.interrupts import Interrupt, OnExpire
-from layby.http.errors import status_of
-from layby.inbox.forms import (
+from layby.answering.forms import (
     Field,
     Form,
     entry_from_form,
@@ -20,7 +16,11 @@ from layby.inbox.forms import (
     input_fields,
     input_from_form,
 )
-from layby.inbox.pages import render_review
+from layby.answering.pages import render_review
+from layby.demo.agents import TRIVIA_CHOICES, Approval
+from layby.errors import Invalid
+from layby.generation.interrupts import Interrupt, OnExpire
+from layby.http.errors import status_of
 from layby.reviewers.schemas import is_confirmation
 from layby.wire import Answer, InterruptView
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from layby.answering.mime import MalformedMail, parse_mail, reply_text, token_from_address
+from layby.answering.reading import Unreadable, read_answer
 from layby.demo.agents import TRIVIA_CHOICES, Approval
 from layby.generation.answers import check_answer
 from layby.generation.interrupts import Interrupt, ResumeEntry
 from layby.http.errors import status_of
-from layby.inbox.mime import MalformedMail, parse_mail, reply_text, token_from_address
-from layby.inbox.reading import Unreadable, read_answer
 from layby.reviewers.schemas import how_to_answer, is_confirmation
 
 APPROVAL = Approval.model_json_schema()

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from layby.answering import slack_interactions
+from layby.answering.answers import Opened
+from layby.answering.forms import entry_from_form
 from layby.broker_config import Settings
 from layby.errors import ConfigError, Invalid
-from layby.inbox import slack as inbound
-from layby.inbox.answers import Opened
-from layby.inbox.forms import entry_from_form
-from layby.notifier import planning, slack
+from layby.notifier import planning, slack_messages
 from layby.ops.doctor import Check, check_slack
 from layby.reviewers.config import Reviewers
 from layby.reviewers.directory import load_directory
@@ -124,29 +124,30 @@ def elements(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_a_confirmation_has_approve_and_decline_and_shows_the_tool_input() -> None:
     intr = view(APPROVAL)
-    blocks = slack.open_blocks(run_of(intr), intr)
+    blocks = slack_messages.open_blocks(run_of(intr), intr)
     text = str(blocks)
     assert "demo.transfer" in text and "Send 250 to Bob?" in text
     assert "transfer_funds" in text and '"amount": 250' in text
     assert [(e["action_id"], e["text"]["text"], e["value"]) for e in elements(blocks)] == [
-        (slack.APPROVE, "Approve", "run_1 int_1"), (slack.DECLINE, "Decline", "run_1 int_1")]
+        (slack_messages.APPROVE, "Approve", "run_1 int_1"),
+        (slack_messages.DECLINE, "Decline", "run_1 int_1")]
 
 
 def test_a_question_has_an_answer_button() -> None:
     intr = view(TRIVIA, reason="input_required")
-    assert [e["action_id"] for e in elements(slack.open_blocks(run_of(intr), intr))] == [
-        slack.ANSWER]
+    assert [e["action_id"] for e in elements(slack_messages.open_blocks(run_of(intr), intr))] == [
+        slack_messages.ANSWER]
 
 
 def test_the_input_is_escaped_for_slack() -> None:
     intr = view(APPROVAL, tool_input={"to": "<!channel> & co"})
-    assert "<!channel>" not in str(slack.open_blocks(run_of(intr), intr))
+    assert "<!channel>" not in str(slack_messages.open_blocks(run_of(intr), intr))
 
 
 def test_an_answered_message_says_who_how_and_when_and_has_no_buttons() -> None:
     intr = view(APPROVAL, state="resolved",
                 answer=answer({"approved": True}, by="reviewer:alice", channel="email"))
-    blocks = slack.closed_blocks(run_of(intr), intr, lambda rid: rid.capitalize())
+    blocks = slack_messages.closed_blocks(run_of(intr), intr, lambda rid: rid.capitalize())
     assert not elements(blocks)
     assert "*Approved* by Alice via email <!date^" in str(blocks)
 
@@ -160,7 +161,7 @@ def inputs(modal: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_the_modal_has_a_control_per_field_of_the_answer_page() -> None:
     intr = view(ORDER, reason="input_required")
-    found = inputs(inbound.modal(opened(intr), "D0ALICE001"))
+    found = inputs(slack_interactions.modal(opened(intr), "D0ALICE001"))
     assert found["name"]["element"]["type"] == "plain_text_input"
     assert found["name"]["label"]["text"] == "Customer name" and not found["name"]["optional"]
     assert found["notes"]["element"]["multiline"] and found["notes"]["optional"]
@@ -179,16 +180,16 @@ def test_a_submitted_modal_reads_as_the_answer_page_reads_its_form() -> None:
         "grill": {"value": {"type": "radio_buttons", "selected_option": {"value": "gas"}}},
         "checked": {"value": {"type": "checkboxes", "selected_options": [{"value": "on"}]}},
         "notes": {"value": {"type": "plain_text_input", "value": None}}}}
-    entry = entry_from_form(intr, inbound.form_values(state))
+    entry = entry_from_form(intr, slack_interactions.form_values(state))
     assert entry.payload["name"] == "Ada" and entry.payload["guests"] == 12
     assert entry.payload["grill"] == "gas" and entry.payload["version"] == 2
     with pytest.raises(Invalid):
-        entry_from_form(intr, inbound.form_values({"values": {}}))
+        entry_from_form(intr, slack_interactions.form_values({"values": {}}))
 
 
 def test_the_modal_of_a_trivia_question_offers_its_choices() -> None:
     intr = view(TRIVIA, reason="input_required")
-    (field,) = inputs(inbound.modal(opened(intr))).values()
+    (field,) = inputs(slack_interactions.modal(opened(intr))).values()
     assert field["block_id"] == "payload"
     assert field["element"]["type"] == "radio_buttons"
     assert "Jaws" in [o["value"] for o in field["element"]["options"]]
@@ -202,7 +203,7 @@ def headers_of(body: str, **kwargs: Any) -> dict[str, str]:
 
 
 def test_a_signed_request_verifies() -> None:
-    inbound.verify(SIGNING_SECRET, b"payload=%7B%7D", headers_of("payload=%7B%7D"))
+    slack_interactions.verify(SIGNING_SECRET, b"payload=%7B%7D", headers_of("payload=%7B%7D"))
 
 
 @pytest.mark.parametrize("change, says", [
@@ -213,19 +214,20 @@ def test_a_signed_request_verifies() -> None:
 def test_a_forged_or_stale_request_is_refused(change: dict[str, Any], says: str) -> None:
     if "at" in change:  # from now, not from when the tests were collected
         change = {"at": time.time() + change["at"]}
-    with pytest.raises(inbound.BadSignature, match=says):
-        inbound.verify(SIGNING_SECRET, b"payload=%7B%7D",
+    with pytest.raises(slack_interactions.BadSignature, match=says):
+        slack_interactions.verify(SIGNING_SECRET, b"payload=%7B%7D",
                        headers_of("payload=%7B%7D", **change))
 
 
 def test_a_changed_body_is_refused() -> None:
-    with pytest.raises(inbound.BadSignature, match="does not verify"):
-        inbound.verify(SIGNING_SECRET, b"payload=%7B%22a%22%7D", headers_of("payload=%7B%7D"))
+    with pytest.raises(slack_interactions.BadSignature, match="does not verify"):
+        slack_interactions.verify(SIGNING_SECRET, b"payload=%7B%22a%22%7D",
+                                  headers_of("payload=%7B%7D"))
 
 
 def test_an_unsigned_request_is_refused() -> None:
-    with pytest.raises(inbound.BadSignature, match="X-Slack-Signature"):
-        inbound.verify(SIGNING_SECRET, b"payload=%7B%7D", {})
+    with pytest.raises(slack_interactions.BadSignature, match="X-Slack-Signature"):
+        slack_interactions.verify(SIGNING_SECRET, b"payload=%7B%7D", {})
 
 
 # -- layby doctor --------------------------------------------------------------------------
@@ -259,11 +261,11 @@ def test_doctor_says_whether_the_token_works_and_the_slack_users_exist(
 
 def test_the_modal_of_an_approval_asks_for_the_decision_and_the_note() -> None:
     intr = view(APPROVAL)
-    found = inputs(inbound.modal(opened(intr)))
+    found = inputs(slack_interactions.modal(opened(intr)))
     assert list(found) == ["decision", "note"]
     assert [(o["text"]["text"], o["value"]) for o in found["decision"]["element"]["options"]] \
         == [("Approve", "approve"), ("Decline", "decline")]
-    entry = entry_from_form(intr, inbound.form_values({"values": {
+    entry = entry_from_form(intr, slack_interactions.form_values({"values": {
         "decision": {"value": {"type": "radio_buttons",
                                "selected_option": {"value": "approve"}}},
         "note": {"value": {"type": "plain_text_input", "value": "fine"}}}}))

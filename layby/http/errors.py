@@ -9,6 +9,7 @@ from typing import Any
 import redis.sentinel
 from fastapi.responses import JSONResponse
 
+from layby.answering.mime import MalformedMail
 from layby.errors import (
     ConfigError,
     Conflict,
@@ -21,7 +22,6 @@ from layby.errors import (
     Unauthorized,
     Unavailable,
 )
-from layby.inbox.mime import MalformedMail
 
 # Looked up along the error's class hierarchy, most specific first.
 STATUS: dict[type[LaybyError], int] = {

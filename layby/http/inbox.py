@@ -4,11 +4,11 @@ A reviewer signs in with a link mailed to their directory address (`/inbox/sign-
 named by a trusted sign-in proxy's header (`LAYBY_INBOX_TRUSTED_HEADER`). The session is a
 signed cookie (`HttpOnly`, `SameSite=Strict`, `Secure` behind TLS); every form carries the
 session's CSRF token, and a POST without it records nothing. Answers go through the same
-`layby.inbox.answers` as the answer page, recorded with `channel: "inbox"`: the allow-list,
+`layby.answering.answers` as the answer page, recorded with `channel: "inbox"`: the allow-list,
 the quorum and exactly-once hold as on every channel.
 
 Routes only: sessions are `layby.inbox.signin`'s, the lists `layby.inbox.waiting`'s, the
-HTML `layby.inbox.inbox_pages`'.
+HTML `layby.inbox.pages`'.
 """
 
 from __future__ import annotations
@@ -28,15 +28,17 @@ import anyio
 from fastapi import APIRouter, BackgroundTasks, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from layby.answering import answers
+from layby.answering.forms import entry_from_form, input_from_form
+from layby.answering.pages import outcome
 from layby.control import Runtime, commands
 from layby.errors import ConfigError, Invalid, LaybyError
 from layby.http.deps import Rt
 from layby.http.errors import status_of
 from layby.http.events import STREAM_HEADERS, EventStreamResponse
-from layby.inbox import answers, revocation, signin, waiting
-from layby.inbox.forms import entry_from_form, input_from_form
-from layby.inbox.inbox_pages import SCRIPT as _SCRIPT
-from layby.inbox.inbox_pages import (
+from layby.inbox import revocation, signin, waiting
+from layby.inbox.pages import SCRIPT as _SCRIPT
+from layby.inbox.pages import (
     Notice,
     Signed,
     render_bulk_confirm,
@@ -45,7 +47,6 @@ from layby.inbox.inbox_pages import (
     render_inbox,
     render_sign_in,
 )
-from layby.inbox.pages import outcome
 from layby.notifier import mail
 from layby.reviewers import routing
 from layby.reviewers.directory import Reviewer

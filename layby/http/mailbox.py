@@ -14,11 +14,11 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from layby.answering import catcher
+from layby.answering.pages import render_mailbox
 from layby.broker_config import Settings
 from layby.errors import Forbidden, NotFound
 from layby.http.deps import Rt
-from layby.inbox import catcher
-from layby.inbox.pages import render_mailbox
 from layby.notifier.mail import LOOPBACK
 
 router = APIRouter(include_in_schema=False)

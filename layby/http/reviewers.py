@@ -24,6 +24,11 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from layby.answering import answers, callbacks
+from layby.answering import replies as inbox
+from layby.answering import slack_interactions as interactions
+from layby.answering.forms import DECISIONS, entry_from_form, form_for
+from layby.answering.pages import render_review
 from layby.control import Runtime
 from layby.control.commands import now_iso
 from layby.errors import (
@@ -36,10 +41,6 @@ from layby.errors import (
 )
 from layby.http.deps import Rt
 from layby.http.errors import ERROR_SCHEMA, documented, status_of
-from layby.inbox import answers, callbacks, slack
-from layby.inbox import replies as inbox
-from layby.inbox.forms import DECISIONS, entry_from_form, form_for
-from layby.inbox.pages import render_review
 from layby.reviewers.tokens import BadToken, ExpiredToken
 from layby.wire import CallbackTaken, InterruptState, MailIgnored, MailTaken
 
@@ -233,7 +234,7 @@ async def slack_interactions(request: Request, rt: Rt,
     `X-Slack-Request-Timestamp`); 404 when Slack is not configured."""
     raw = await request.body()
     headers = {k.lower(): v for k, v in request.headers.items()}
-    reply = await run_in_threadpool(slack.receive, rt, raw, headers)
+    reply = await run_in_threadpool(interactions.receive, rt, raw, headers)
     for later in reply.later:  # after Slack has its reply: it waits 3 seconds at most
         background.add_task(later)
     # A click's reply is not read; a modal's says what the modal does next.

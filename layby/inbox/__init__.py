@@ -1,3 +1,5 @@
-"""layby.inbox: answers from reviewers. The answer page's forms and pages, email replies (the
-SMTP listener and the inbound-mail webhook's reading of them), token checks, and the local
-mail catcher; every answer goes through `layby.control`."""
+"""layby.inbox: the reviewers' inbox (`/inbox`), every request waiting for a reviewer on one
+page. Signing in (`signin`) and ending a reviewer's sessions (`revocation`), the lists read
+from the waiting runs (`waiting`) and the pages (`pages`); its HTTP edge is
+`layby.http.inbox`, and its answers go through `layby.answering.answers` like the answer
+page's."""

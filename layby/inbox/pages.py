@@ -1,180 +1,174 @@
-"""The reviewer's page: one interrupt, where it stands, and the form that answers it.
+"""The reviewers' inbox as HTML: signing in, the requests waiting for a reviewer (each with
+its form), a selection approved at once, and the history.
 
-Rendering only: the caller verifies the link, loads the interrupt, records answers and picks
-the `state`. The page is plain HTML (a form POST, no JavaScript) so it works in any mail
-client's browser and with scripts off; GET renders, it never records.
-
-States:
-    open       the form
-    answered   someone already answered (who, how, when); no form
-    expired    the request ran out of time; no form
-    cancelled  the run was cancelled or is over; no form
-    done       thanks after a successful answer: what was recorded, and that the run goes on
-    approved   this reviewer's approval is recorded, and the request waits for more
-    handed     this reviewer handed the request on: to whom; no form
-    refused    the link is bad, expired or forged: `message` says why; no form
+Rendering only: the HTTP edge (`layby.http.inbox`) signs reviewers in, reads the lists
+(`layby.inbox.waiting`) and records answers. Pages work without JavaScript; with it, new
+requests appear as they arrive (`inbox.js`, over `/inbox/events`).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
-from layby.generation.interrupts import Interrupt
-from layby.inbox.forms import DECISIONS, PAYLOAD, Form
-from layby.reviewers.schemas import is_confirmation
-from layby.wire import InterruptView
+from layby.answering import pages as answer_pages
+from layby.answering.forms import EDIT, Form, form_for, input_fields
+from layby.answering.pages import field_controls
+from layby.generation.messages import Message
+from layby.inbox.waiting import Answered, Listing, Waiting
 
-STATES = frozenset({"open", "answered", "expired", "cancelled", "done", "approved", "handed",
-                    "refused"})
-
-templates = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-    autoescape=True,
-    undefined=jinja2.StrictUndefined,  # a misspelt name fails loudly instead of showing nothing
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-
-
-def render_review(*, agent: str, interrupt: InterruptView | None, reviewer_label: str | None,
-                  state: str, form: Form | None, errors: list[dict[str, Any]] | None = None,
-                  values: Mapping[str, str] | None = None, message: str | None = None,
-                  decision: str | None = None,
-                  handover_to: list[tuple[str, str]] | None = None) -> str:
-    """The review page as HTML.
-
-    `errors` are `{path, message}` items (from `notifier.forms.Invalid.detail["errors"]`);
-    `values` are what was posted, shown again so nothing typed is lost; `message` is the
-    reason on a `refused` page and an extra line elsewhere; `decision` is the button a link
-    preselected (`?decision=approve`); `handover_to` the (id, name) of the reviewers the
-    request can be handed to.
-    """
-    if state not in STATES:
-        raise ValueError(f"unknown review page state {state!r}; expected one of {sorted(STATES)}")
-    errors = list(errors or [])
-    chosen = decision if decision in DECISIONS else (form.decision if form else None)
-    return templates.get_template("review.html").render(
-        agent=agent,
-        interrupt=interrupt,
-        reviewer_label=reviewer_label,
-        state=state,
-        form=form if state == "open" else None,
-        controls=field_controls(form, errors, values) if form and state == "open" else [],
-        errors=errors,
-        message=message,
-        decision=chosen,
-        confirmation=interrupt is not None and is_confirmation(interrupt),
-        tool_input=interrupt.tool_input if interrupt is not None else None,
-        outcome=outcome(interrupt) if interrupt is not None else None,
-        answer=getattr(interrupt, "answer", None),
-        recorded=_recorded(interrupt),
-        handover_to=handover_to or [],
-    )
+# The inbox's templates, beside the answer page's: its base, its macros and its filters.
+templates = answer_pages.templates.overlay(loader=jinja2.ChoiceLoader([
+    jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+    jinja2.FileSystemLoader(answer_pages.TEMPLATES)]))
+# The page's script: new requests appear without a reload.
+SCRIPT = (Path(__file__).parent / "templates" / "inbox.js").read_text()
+SIGN_IN_STATES = frozenset({"ask", "sent", "confirm", "refused", "denied", "continue"})
+_CONVERSATION = 12  # the last messages shown of a run's history
+_SAID = 600  # characters of one message shown
 
 
-def field_controls(form: Form, errors: list[dict[str, Any]], values: Mapping[str, str] | None
-              ) -> list[dict[str, Any]]:
-    """Each field with what it shows now and the errors about it."""
-    controls = []
-    for field in form.fields:
-        # After a POST an unticked checkbox is simply absent: absent means unticked then.
-        current = field.value if values is None else values.get(field.name, "")
-        mine = [e["message"] for e in errors if _field_of(e.get("path", "")) == field.name]
-        controls.append({"field": field, "id": f"f-{field.name}", "value": current,
-                         "errors": mine})
-    return controls
+@dataclass
+class Signed:
+    """Who the page is for, and what its forms carry."""
+
+    label: str
+    csrf: str
+    can_sign_out: bool  # signed in by a link (a proxy's sign-in is the proxy's to end)
 
 
-def _field_of(path: str) -> str:
-    parts = path.split("/")
-    if len(parts) < 2 or not parts[1]:
-        return PAYLOAD  # the whole answer: the single field, if the form has one
-    return parts[1]
+@dataclass
+class Notice:
+    text: str
+    kind: str = "ok"  # "ok", "notice" or "errors"
 
 
-def outcome(interrupt: Interrupt) -> str:
-    """One word for how the interrupt was settled: approved, declined, answered, …"""
-    state = str(getattr(interrupt, "state", "open"))
-    answer = getattr(interrupt, "answer", None)
-    if state in ("open", "expired") or answer is None:
-        return state
-    if is_confirmation(interrupt):
-        if answer.status == "cancelled":
-            return "declined"
-        payload = answer.payload if isinstance(answer.payload, dict) else {}
-        return "declined" if payload.get("approved") is False else "approved"
-    return "cancelled" if answer.status == "cancelled" else "answered"
+def render_sign_in(state: str, *, message: str | None = None,
+                   signing_in_as: str | None = None) -> str:
+    """`ask` for an address, say a link was `sent`, `confirm` a link's sign-in, say why a
+    link was `refused` (and ask again) or a form `denied`, or `continue` to the inbox (a
+    page reached from another site, a mail's link, carries no session cookie: it is
+    `SameSite=Strict`; the next step, from this site, does)."""
+    if state not in SIGN_IN_STATES:
+        raise ValueError(f"unknown sign-in state {state!r}; expected one of "
+                         f"{sorted(SIGN_IN_STATES)}")
+    headline = {"ask": "Sign in to your inbox", "sent": "Check your mail",
+                "confirm": "Sign in to your inbox",
+                "refused": "This sign-in link cannot be used",
+                "denied": "Nothing was recorded", "continue": "Opening your inbox…"}[state]
+    return templates.get_template("inbox_sign_in.html").render(
+        state=state, headline=headline, message=message, signing_in_as=signing_in_as,
+        reviewer_label=None, live=False, refresh_to="/inbox" if state == "continue" else None)
 
 
-def _recorded(interrupt: Interrupt | None) -> dict[str, Any] | None:
-    """What the recorded answer said, for the thank-you page: the value and any note."""
-    answer = getattr(interrupt, "answer", None)
-    if interrupt is None or answer is None:
-        return None
-    payload, meta = answer.payload, answer.metadata or {}
-    note = meta.get("reason") or meta.get("note")
-    if is_confirmation(interrupt):
-        rest = payload if isinstance(payload, dict) else {}
-        note = rest.get("note") or note
-        # Approve / decline says it all unless the form asked for more than that.
-        extra = {k: v for k, v in rest.items() if k not in ("approved", "note")}
-        return {"value": _pretty(extra) if extra else None, "note": note}
-    if answer.status == "cancelled":
-        return {"value": None, "note": note}
-    return {"value": payload if isinstance(payload, str) else _pretty(payload), "note": note}
+def render_inbox(who: Signed, listing: Listing, *, filters: Mapping[str, str | None],
+                 handover_to: Mapping[str, list[tuple[str, str]]],
+                 notice: Notice | None = None,
+                 errors: Mapping[str, list[dict[str, Any]]] | None = None,
+                 values: Mapping[str, Mapping[str, str]] | None = None,
+                 editable: frozenset[str] = frozenset(),
+                 refresh_url: str = "/inbox?partial=1", partial: bool = False) -> str:
+    """The requests waiting for the reviewer, each with its form; `errors` and `values`
+    (by request ref) show a refused answer again beside what was typed; `editable`: the
+    requests whose arguments the reviewer may edit. `partial`: the list alone, for the
+    page's script to swap in."""
+    errors, values = errors or {}, values or {}
+    context = {
+        "items": [_item(w, errors.get(w.ref, []), values.get(w.ref), handover_to.get(w.ref, []),
+                        w.ref in editable)
+                  for w in listing.items],
+        "truncated": listing.truncated, "filtered": any(filters.values()),
+        "total": listing.total,
+        "csrf": who.csrf,
+    }
+    if partial:
+        return templates.get_template("inbox_items.html").render(context)
+    return templates.get_template("inbox.html").render(
+        context, listing=listing, filters={k: v or "" for k, v in filters.items()},
+        notice=notice, refresh_url=refresh_url, current="requests", live=True,
+        **_signed(who))
 
 
-def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+def render_history(who: Signed, history: list[Answered]) -> str:
+    return templates.get_template("inbox_history.html").render(
+        history=history, current="history", live=False, **_signed(who))
 
 
-def _when(value: str | None) -> str:
-    """An RFC 3339 time as people read it, in UTC; anything unparsable as it came."""
-    if not value:
-        return ""
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        return value
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime("%d %b %Y, %H:%M:%S UTC")
+def render_bulk_confirm(who: Signed, items: list[Waiting], skipped: str | None) -> str:
+    """The selection to approve, listed, and the button that approves it."""
+    return templates.get_template("inbox_bulk.html").render(
+        state="confirm", items=items, skipped=skipped, current="requests", live=False,
+        **_signed(who))
 
 
-def _label(key: object) -> str:
-    """A field name as a label: `amount` → Amount, `dueDate` and `due_date` → Due date."""
-    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", str(key)).replace("_", " ").strip()
-    return words[:1].upper() + words[1:].lower() if words else str(key)
+def render_bulk_done(who: Signed, results: list[tuple[str, str, str]], approved: int) -> str:
+    """How each approval of a selection went: (ref, label, outcome)."""
+    return templates.get_template("inbox_bulk.html").render(
+        state="done", results=results, approved=approved, current="requests", live=False,
+        **_signed(who))
 
 
-templates.filters["when"] = _when
-templates.filters["label"] = _label
-templates.filters["json"] = _pretty
+def _signed(who: Signed) -> dict[str, Any]:
+    return {"reviewer_label": who.label, "csrf": who.csrf, "can_sign_out": who.can_sign_out}
 
 
-def render_mailbox(messages: list[Any], current: Any | None,
-                   reply_outcome: str | None = None) -> str:
-    """The mail catcher's page (`layby up` only): the caught mails, one of them open with a
-    reply box."""
-    html = getattr(current, "html", None)
-    return templates.get_template("mailbox.html").render(
-        messages=messages, current=current, reply_outcome=reply_outcome,
-        mail_html=_links_in_new_tabs(html) if html else None)
+def _item(w: Waiting, errors: list[dict[str, Any]], values: Mapping[str, str] | None,
+          handover_to: list[tuple[str, str]], editable: bool) -> dict[str, Any]:
+    form = form_for(w.interrupt)
+    edit = Form("fields", input_fields(w.interrupt)) if editable else None
+    why = "; ".join(w.why)
+    return {"waiting": w, "why": why[:1].upper() + why[1:], "form": form,
+            "controls": _controls(w, form, errors, values), "errors": errors,
+            "left": time_left(w.left_s),
+            "soon": w.left_s is not None and w.left_s < 3600,
+            "conversation": conversation(w.run.messages), "handover_to": handover_to,
+            "edit_controls": _controls(w, edit, errors, values) if edit else [],
+            # Shown open again when an answer that carried an edit was refused.
+            "editing": bool(errors and values and any(k.startswith(EDIT) for k in values))}
 
 
-def _links_in_new_tabs(html: str) -> str:
-    """The mail's HTML with `<base target="_blank">` at the start of its head: in the
-    sandboxed frame, a link that opened in the frame itself would show the page inside
-    the mail."""
-    base = '<base target="_blank">'
-    head = re.search(r"<head(\s[^>]*)?>", html, flags=re.IGNORECASE)
-    if head is None:
-        return base + html
-    return html[:head.end()] + base + html[head.end():]
+def _controls(w: Waiting, form: Form, errors: list[dict[str, Any]],
+              values: Mapping[str, str] | None) -> list[dict[str, Any]]:
+    # Ids carry the interrupt's: every request on the page has its own form.
+    return [dict(c, id=f"f-{w.interrupt.id}-{c['field'].name}")
+            for c in field_controls(form, errors, values)]
+
+
+def time_left(seconds: float | None) -> str:
+    """How long a request has left, as people say it."""
+    if seconds is None:
+        return "no expiry"
+    if seconds <= 0:
+        return "expiring now"
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return "expires in under a minute"
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"expires in {days} d {hours} h"
+    return f"expires in {hours} h {minutes} min" if hours else f"expires in {minutes} min"
+
+
+def conversation(messages: list[Message]) -> list[tuple[str, str]]:
+    """The run's history as (who, what they said), the last messages only: text as it
+    was written, tool calls and their results named."""
+    said: list[tuple[str, str]] = []
+    for message in messages:
+        for part in message.content:
+            if part.text:
+                text = part.text
+            elif part.tool_request is not None:
+                text = f"asks to run {part.tool_request.name}"
+            elif part.tool_response is not None:
+                text = f"{part.tool_response.name} answered"
+            else:
+                continue
+            role = {"user": "User", "model": "Agent", "tool": "Tool",
+                    "system": "System"}.get(message.role, str(message.role))
+            said.append((role, text if len(text) <= _SAID else text[:_SAID - 1] + "…"))
+    return said[-_CONVERSATION:]

@@ -21,9 +21,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from layby.answering.forms import form_for
+from layby.answering.pages import outcome
 from layby.control import Runtime
-from layby.inbox.forms import form_for
-from layby.inbox.pages import outcome
 from layby.reviewers import routing
 from layby.reviewers.directory import Directory, Reviewer
 from layby.reviewers.schemas import is_confirmation

@@ -260,8 +260,8 @@ def reply_listener(host: Annotated[str | None, typer.Option()] = None,
                    port: Annotated[int | None, typer.Option()] = None) -> None:
     """Run the SMTP listener that takes reviewers' email replies (reply+<token>@…). Point
     the MX of LAYBY_INBOUND_DOMAIN (or your mail provider's forwarding) at it."""
+    from layby.answering.listener import ReplyHandler, serve
     from layby.control.announce import about, announce, process_name, withdraw
-    from layby.inbox.listener import ReplyHandler, serve
     from layby.parking import migrations
 
     rt = _rt()
@@ -282,8 +282,8 @@ def reply_listener(host: Annotated[str | None, typer.Option()] = None,
 def mail_catcher(port: Annotated[int | None, typer.Option()] = None) -> None:
     """Run a local SMTP server that keeps every mail (for trying layby on one machine;
     `layby up` starts it). Read them at <gateway>/mail."""
-    from layby.inbox.catcher import CatcherHandler
-    from layby.inbox.listener import serve
+    from layby.answering.catcher import CatcherHandler
+    from layby.answering.listener import serve
 
     settings = Settings()
     logs.configure(settings)

@@ -442,7 +442,7 @@ def check_inbox(settings: Settings) -> Check:
 def check_slack(settings: Settings) -> list[Check]:
     """Whether Slack's bot token works (`auth.test`) and every Slack user of the directory
     exists (`users.info`), when Slack is configured."""
-    from layby.notifier import slack
+    from layby.notifier import slack_messages
     from layby.notifier.mail import PermanentFailure
     from layby.reviewers.directory import load_directory
 
@@ -454,7 +454,7 @@ def check_slack(settings: Settings) -> list[Check]:
                             "verified and are refused; set LAYBY_SLACK_SIGNING_SECRET to the "
                             "app's signing secret"))
     try:
-        who = slack.call(settings, "auth.test")
+        who = slack_messages.call(settings, "auth.test")
     except (PermanentFailure, ConnectionError) as exc:
         return [*checks, Check("slack token", False, f"{exc}; check LAYBY_SLACK_BOT_TOKEN "
                                f"and LAYBY_SLACK_API_URL ({settings.slack_api_url})")]
@@ -468,7 +468,7 @@ def check_slack(settings: Settings) -> list[Check]:
     for reviewer in directory.reviewers.values():
         if reviewer.slack_id:
             try:
-                found = slack.call(settings, "users.info", user=reviewer.slack_id)
+                found = slack_messages.call(settings, "users.info", user=reviewer.slack_id)
                 if (found.get("user") or {}).get("deleted"):
                     missing.append(f"{reviewer.id} ({reviewer.slack_id}: deactivated)")
             except (PermanentFailure, ConnectionError) as exc:

@@ -136,7 +136,7 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
     doctor.
 <p>:seen:<what>                     string  its caller's
     something done once: "mailed-back:<message id>", a reply mail that was mailed back as
-    unreadable (a mail provider's retries are not; inbox.replies: 3 days).
+    unreadable (a mail provider's retries are not; answering.replies: 3 days).
 <p>:{<shard>}:queues                hash    none
     how far the queues of steps have come: "<queue>:sent" (the number the last task message
     queued to it took; each run's `sent` says its own) and "<queue>:taken" (the highest number a
@@ -440,7 +440,7 @@ KEY_SPECS: tuple[KeySpec, ...] = (
     KeySpec(
         "<p>:seen:<what>", "string", "its caller's",
         "something done once: \"mailed-back:<message id>\", a reply mail that was mailed "
-        "back as unreadable (a mail provider's retries are not; inbox.replies: 3 days)."),
+        "back as unreadable (a mail provider's retries are not; answering.replies: 3 days)."),
     KeySpec(
         "<p>:{<shard>}:queues", "hash", "none",
         "how far the queues of steps have come: \"<queue>:sent\" (the number the last task "

@@ -2,7 +2,7 @@
 anything parses it (`check_shape`), read into a `Mail` (`parse_mail`), the
 token among its recipients (`token_from_address`, the reply goes to `reply+<token>@…`), and
 the words the reviewer wrote, without the quoted notification or a signature
-(`reply_text`). What those words answer is `layby.inbox.reading`'s. Pure: no network, no
+(`reply_text`). What those words answer is `layby.answering.reading`'s. Pure: no network, no
 Redis.
 """
 

@@ -15,11 +15,11 @@ from typing import Any
 import redis
 from aiosmtpd.controller import Controller
 
+from layby.answering import replies as inbox
+from layby.answering.mime import MailTooLarge, MalformedMail, token_from_address
+from layby.answering.reading import Unreadable
 from layby.control import Runtime
 from layby.errors import ConfigError, Conflict, LaybyError, NotFound
-from layby.inbox import replies as inbox
-from layby.inbox.mime import MailTooLarge, MalformedMail, token_from_address
-from layby.inbox.reading import Unreadable
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """A reply's words as the answer to an interrupt: `read_answer` turns what the reviewer wrote
-(after `layby.inbox.mime.reply_text`) into a `ResumeEntry`, checked against the interrupt's
+(after `layby.answering.mime.reply_text`) into a `ResumeEntry`, checked against the interrupt's
 `responseSchema`. When a reply cannot be read, `Unreadable` says why and how to write one that
 can (`layby.reviewers.schemas.how_to_answer`): that text goes back to the reviewer as is.
 Pure: no network, no Redis.

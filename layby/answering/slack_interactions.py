@@ -27,11 +27,11 @@ from urllib.parse import parse_qs
 
 from slack_sdk.signature import SignatureVerifier
 
+from layby.answering import answers
+from layby.answering.forms import DECISION, Field, Form, entry_from_form, form_for
 from layby.control import Runtime, commands
 from layby.errors import Conflict, Invalid, LaybyError, NotFound, Unauthorized
-from layby.inbox import answers
-from layby.inbox.forms import DECISION, Field, Form, entry_from_form, form_for
-from layby.notifier import slack
+from layby.notifier import slack_messages
 from layby.notifier.mail import PermanentFailure
 from layby.reviewers.directory import Reviewer
 
@@ -128,7 +128,7 @@ def _clicked(rt: Runtime, payload: dict[str, Any]) -> Reply:
     actions = _seq(payload.get("actions"))
     action = _obj(actions[0] if actions else None)
     action_id = action.get("action_id")
-    if action_id not in (slack.APPROVE, slack.DECLINE, slack.ANSWER):
+    if action_id not in (slack_messages.APPROVE, slack_messages.DECLINE, slack_messages.ANSWER):
         return Reply()
     run_id, interrupt_id = _ids(action.get("value"))
     user = str(_obj(payload.get("user")).get("id") or "")
@@ -154,10 +154,10 @@ def _clicked(rt: Runtime, payload: dict[str, Any]) -> Reply:
         return reply
     if not opened.is_open:
         return _too_late(rt, opened, reply, tell)
-    if action_id == slack.ANSWER:
+    if action_id == slack_messages.ANSWER:
         _open_modal(rt, opened, str(payload.get("trigger_id") or ""), channel)
         return reply
-    decision = "approve" if action_id == slack.APPROVE else "decline"
+    decision = "approve" if action_id == slack_messages.APPROVE else "decline"
     key = f"slack:{user}:{action.get('action_ts') or payload.get('trigger_id') or ''}"
     try:
         entry = entry_from_form(opened.interrupt, {DECISION: decision})
@@ -189,7 +189,8 @@ def _too_late(rt: Runtime, opened: answers.Opened, reply: Reply,
 def ephemeral(rt: Runtime, channel: str, user: str, text: str) -> None:
     """A message only `user` sees, in the conversation they clicked in."""
     try:
-        slack.call(rt.settings, "chat.postEphemeral", channel=channel, user=user, text=text)
+        slack_messages.call(rt.settings, "chat.postEphemeral", channel=channel, user=user,
+                            text=text)
     except (PermanentFailure, ConnectionError) as exc:
         log.warning("could not tell Slack user %s why their click did nothing: %s", user, exc)
 
@@ -199,7 +200,7 @@ def refresh(rt: Runtime, run_id: str, interrupt_id: str) -> None:
         run = commands.get_run(rt, run_id)
     except NotFound:
         return
-    slack.refresh(rt.settings, rt.reviewers, run, [interrupt_id])
+    slack_messages.refresh(rt.settings, rt.reviewers, run, [interrupt_id])
 
 
 # -- the answer modal --------------------------------------------------------------------
@@ -207,10 +208,10 @@ def refresh(rt: Runtime, run_id: str, interrupt_id: str) -> None:
 
 def modal(opened: answers.Opened, channel: str = "") -> dict[str, Any]:
     """The modal that answers a question: the request, then a control per field of the
-    form the answer page shows (`layby.inbox.forms`)."""
+    form the answer page shows (`layby.answering.forms`)."""
     interrupt = opened.interrupt
     built = form_for(interrupt)
-    blocks = slack.request_blocks(opened.run, interrupt)
+    blocks = slack_messages.request_blocks(opened.run, interrupt)
     blocks.append({"type": "divider"})
     blocks += [_input(f) for f in _answer_fields(built)]
     meta = json.dumps({"run": opened.run.id, "interrupt": interrupt.id, "channel": channel})
@@ -265,7 +266,7 @@ def _input(f: Field) -> dict[str, Any]:
 def _open_modal(rt: Runtime, opened: answers.Opened, trigger_id: str, channel: str) -> None:
     """Open the answer modal now: a trigger id is good for 3 seconds."""
     try:
-        slack.call(rt.settings, "views.open", trigger_id=trigger_id,
+        slack_messages.call(rt.settings, "views.open", trigger_id=trigger_id,
                    view=modal(opened, channel))
     except (PermanentFailure, ConnectionError) as exc:
         log.warning("run %s: could not open the Slack answer modal: %s", opened.run.id, exc,

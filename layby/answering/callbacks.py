@@ -15,10 +15,10 @@ from pydantic import ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 from standardwebhooks import Webhook, WebhookVerificationError
 
+from layby.answering import answers
 from layby.control import Runtime, commands
 from layby.errors import Invalid, Unauthorized
 from layby.generation.interrupts import ResumeEntry
-from layby.inbox import answers
 from layby.parking import Transition, Verdict
 from layby.reviewers.directory import Reviewer
 from layby.reviewers.tokens import BadToken

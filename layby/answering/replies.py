@@ -9,10 +9,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from layby.control import Runtime
-from layby.errors import Conflict, Invalid, LaybyError
-from layby.inbox import answers
-from layby.inbox.mime import (
+from layby.answering import answers
+from layby.answering.mime import (
     Mail,
     MalformedMail,
     check_shape,
@@ -20,7 +18,9 @@ from layby.inbox.mime import (
     reply_text,
     token_from_address,
 )
-from layby.inbox.reading import Unreadable, read_answer, read_handover
+from layby.answering.reading import Unreadable, read_answer, read_handover
+from layby.control import Runtime
+from layby.errors import Conflict, Invalid, LaybyError
 from layby.notifier import mail
 from layby.reviewers.schemas import how_to_answer
 from layby.reviewers.tokens import BadToken

@@ -2,7 +2,7 @@
 to a group's channel, through Slack's Web API (`LAYBY_SLACK_API_URL`) with the bot token;
 then kept up to date: updated once the request is answered (on any channel), and quorum
 progress, reminders and escalations posted in its thread. Clicks on its buttons come back
-to `POST /slack/interactions` (`layby.inbox.slack`).
+to `POST /slack/interactions` (`layby.answering.slack_interactions`).
 
 A posted message is recorded with its notification as "<channel>/<ts>" (`message`), which
 is what an update needs. The buttons carry the run and interrupt ids, never a token: a
