@@ -271,9 +271,14 @@ def _by_inbox(reviewed: ReviewedSystem, run: Parked, note: str) -> Attempt:
                          "park(..., inbox=sign_in(system))")
     form = {"_ref": f"{run.run_id}/{run.interrupt_id}", "_csrf": session.csrf,
             "decision": "approve", "note": note}
-    return _http(INBOX, note, lambda: httpx.post(
-        f"{reviewed.system.base_url}/inbox/answer", data=form,
-        cookies={COOKIE: session.cookie}, timeout=60))
+
+    def send() -> httpx.Response:
+        # An answer taken redirects to the inbox, which says what was done (the browser
+        # follows, the session's cookie with it); one refused is the inbox saying why.
+        with httpx.Client(cookies={COOKIE: session.cookie}, timeout=60,
+                          follow_redirects=True) as browser:
+            return browser.post(f"{reviewed.system.base_url}/inbox/answer", data=form)
+    return _http(INBOX, note, send)
 
 
 SLACK_MODAL, INBOX = "slack modal", "inbox"
