@@ -108,9 +108,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 "out --parked with --broker-url or a cluster (they measure the cycles only)")
     if args.inbox < 0:
         p.error("--inbox takes a number of runs to park, at least 1")
-    if args.tenants < 0 or 0 < args.tenants < 2000:
-        p.error("--tenants takes a number of runs to park, at least 2,000 (ten tenants with "
-                "more than a page each half way down)")
+    if args.tenants < 0 or 0 < args.tenants < 1000:
+        p.error("--tenants takes a number of runs to park, at least 1,000 (ten tenants with "
+                "a page each half way down)")
     if args.tenants and args.inbox:
         p.error("--tenants and --inbox are two benches: give one")
     if args.tenants and (args.parked or args.http or on_cluster or args.broker_url):

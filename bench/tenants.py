@@ -94,7 +94,9 @@ def _server_us(servers: list[Any], call: Callable[[], Any]) -> float:
 
 def _half_way(store: Store, tenant: str | None, total: int) -> str:
     runs = store.runs if tenant is None else store.runs_of(tenant)
-    [(run_id, score)] = runs.newest(Status.INTERRUPTED, 1, offset=total // 2)
+    # Half way down, or as far as leaves a whole page after it.
+    [(run_id, score)] = runs.newest(Status.INTERRUPTED, 1,
+                                    offset=min(total // 2, total - LIMIT - 1))
     return cursor_of(run_id, score)
 
 

@@ -257,7 +257,7 @@ def test_a_tenant_named_in_a_body_header_or_query_crosses_nothing(
         if made.status_code == 202:
             assert made.json()["tenant"] == "acme"
         else:  # refused as a body it does not take: nothing started anywhere
-            refused(made, 422, "invalid")
+            refused(made, 422, "invalid_request")
         refused(billing.get(f"/v1/runs/{theirs}", params={"tenant": "bolt"}), 404, "notfound")
         listed = billing.get("/v1/runs", params={"limit": 500, "tenant": "bolt"})
         assert listed.status_code in (200, 422), listed.text

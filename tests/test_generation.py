@@ -918,11 +918,11 @@ INTERNAL = {
     "Wire", "Role", "dump_messages", "load_messages", "interrupt_id", "check_reason",
     "CORE_REASONS", "schema_of", "type_path", "typed_answer", "answer_type", "APPROVAL_MARK",
     "JobStarter", "DEFAULT_MAX_TURNS", "Checkpoints",
-    "NoCheckpoints", "CallResult", "DECLINED", "log",
+    "NoCheckpoints", "CallResult", "DECLINED", "log", "pydantic_errors",
     "Step",  # scripted.Step, the type of a script step; generation.Step is turn.Step
 }
 MODULES = ["agents", "answers", "interrupts", "messages", "models", "scripted",
-           "tools", "turn", "versions"]
+           "stored_run", "tools", "turn", "versions"]
 
 
 def test_all_lists_each_public_name_once_and_each_is_importable():
