@@ -63,9 +63,12 @@ def test_bench_runs_and_reports(tmp_path: Path) -> None:
     lay_cost, base_cost = result["costs"]["layby"], result["costs"]["baseline"]
     assert lay_cost["tasks_by_name"] == {"layby.resume_run": 1.0, "layby.run_turn": 1.0}
     assert lay_cost["task_messages_pushed_by_scripts"] == 2.0
-    assert lay_cost["evalsha_by_script"] == {"answer_interrupts": 1.0, "claim_run": 2.0,
-                                             "complete_run": 1.0, "create_run": 1.0,
-                                             "park_run": 1.0}
+    # (A worker's heartbeat, `beat_worker`, is the process's, not the cycle's: on a loaded
+    # machine one may land in the counted window.)
+    scripts = {name: n for name, n in lay_cost["evalsha_by_script"].items()
+               if name != "beat_worker"}
+    assert scripts == {"answer_interrupts": 1.0, "claim_run": 2.0, "complete_run": 1.0,
+                       "create_run": 1.0, "park_run": 1.0}
     assert base_cost["tasks_by_name"] == {"bench.hop": 2.0}
     for cost in (lay_cost, base_cost):
         assert cost["round_trips"] > 0 and cost["commands"] >= cost["round_trips"]
