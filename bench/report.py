@@ -323,15 +323,25 @@ def inbox_table(result: dict[str, Any]) -> str:
             + ("; says more wait than it looks through" if page["truncated"] else ""))),
         ("rounds", f"{ib['rounds']} (ABBA), each side over all {ib['parked']} runs, newest "
                    "first"),
+        *_setting_rows(m, s),
+    ]
+    return _titled("layby bench: the reviewers' inbox", rows)
+
+
+def _setting_rows(m: dict[str, Any], s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The machine and the server a table's figures were taken on."""
+    return [
         ("machine", f"{m['cores']} cores ({m['usable_cores']} usable) {m['cpu']}".rstrip()),
         ("load average (1 min)", f"{m['load_before']} before, {m['load_after']} after"),
         ("Python / redis-py", f"{m['python']} / {m['redis_py']}"),
         ("server", f"{m['server']}, appendonly {m['appendonly']}, appendfsync "
                    f"{m['appendfsync']} (" + _where(s) + ")"),
     ]
+
+
+def _titled(title: str, rows: list[tuple[str, str]]) -> str:
     width = max(len(k) for k, _ in rows)
-    lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
-    return "\n".join(["layby bench: the reviewers' inbox", *lines])
+    return "\n".join([title, *(f"  {k.ljust(width)}  {v}" for k, v in rows)])
 
 
 def tenants_table(result: dict[str, Any]) -> str:
@@ -355,11 +365,6 @@ def tenants_table(result: dict[str, Any]) -> str:
                      for who in ("tenant", "every")))]
     rows += [
         ("pages", f"{t['limit']} runs each, {t['samples']} of each, in turn (A B C A B C …)"),
-        ("machine", f"{m['cores']} cores ({m['usable_cores']} usable) {m['cpu']}".rstrip()),
-        ("load average (1 min)", f"{m['load_before']} before, {m['load_after']} after"),
-        ("server", f"{m['server']}, appendonly {m['appendonly']}, appendfsync "
-                   f"{m['appendfsync']} (" + _where(s) + ")"),
+        *_setting_rows(m, s),
     ]
-    width = max(len(k) for k, _ in rows)
-    lines = [f"  {k.ljust(width)}  {v}" for k, v in rows]
-    return "\n".join(["layby bench: tenants' lists", *lines])
+    return _titled("layby bench: tenants' lists", rows)
