@@ -76,8 +76,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--inbox", type=int, nargs="?", const=20_000, default=0, metavar="N",
                    help="instead of the cycles: park N runs (20,000 if not given), all for "
                         "one reviewer, and measure what the reviewers' inbox costs per 1,000 "
-                        "runs it looks through (Store.open_interrupts) against reading them "
-                        "whole (Store.views) in --rounds rounds (ABBA), and whole inbox pages "
+                        "runs it looks through (store.inbox.open_interrupts) against reading them "
+                        "whole (store.runs.views) in --rounds rounds (ABBA), and whole inbox pages "
                         "(waiting_for); no worker runs")
     p.add_argument("--tenants", type=int, nargs="?", const=20_000, default=0, metavar="N",
                    help="instead of the cycles: park N runs (20,000 if not given), a tenth by "

@@ -150,7 +150,7 @@ class Direct(Runtime):
 
     def publish(self, entries: Any) -> int:
         found: list[OutboxEntry] = list(entries)
-        self.direct.ack_outbox([(e.args[0], e.id) for e in found])
+        self.direct.outbox.ack_outbox([(e.args[0], e.id) for e in found])
         return len(found)
 
     def close(self) -> None:
@@ -211,13 +211,13 @@ def _lanes(rt: Runtime, agent: str, count: int, first: int, label: str,
         with direct.deliveries.lock:
             due = direct.deliveries.due.pop(view.id, [])
         for notification_id in due:
-            code, note = direct.store.start_delivery(
+            code, note = direct.store.outbox.start_delivery(
                 view.id, notification_id, deadline_ms=int(
                     rt.settings.notify_send_timeout_s * 1000),
                 max_attempts=rt.settings.notify_attempts)
             if code != "ok" or note is None:
                 raise BenchError(f"notification {notification_id} of run {view.id}: {code}")
-            direct.store.finish_delivery(view.id, note, "sent")
+            direct.store.outbox.finish_delivery(view.id, note, "sent")
 
     numbers = iter(range(first, first + count))
     lock = threading.Lock()

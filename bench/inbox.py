@@ -4,13 +4,13 @@ reading the same runs whole, in the same run on the same server.
 N runs of `bench.approval` are parked with `fill` (each asks the default group, whose one
 member is the bench's reviewer, announced by email: every parked request is theirs), their
 events folded into their hashes as the sweeper folds a parked run's 30 s after its park
-(`Store.fold_parked`, with the cutoff at now), and the server's append-only file rewrite, if
+(`store.lists.fold_parked`, with the cutoff at now), and the server's append-only file rewrite, if
 one started, waited out. Then, in R rounds whose order flips every round (ABBA), both sides
 go over the same N runs, newest first, in chunks of 500 as `layby.inbox.waiting` does:
 
-- the look-through: `Store.open_interrupts` (what an inbox page reads of each waiting run:
+- the look-through: `store.inbox.open_interrupts` (what an inbox page reads of each waiting run:
   its `agent` and `open` fields, then its open interrupts' specs and its review hash);
-- the baseline: `Store.views` (each run read whole, as the history and the API read them).
+- the baseline: `store.runs.views` (each run read whole, as the history and the API read them).
 
 For each: the store's time in its commands (`INFO commandstats`, `usec` summed over every
 command but the snapshots' own INFO; by the server's clock), the server main thread's CPU
@@ -69,7 +69,7 @@ def folded(store: Store) -> int:
     now = Store(store.redis, replace(store.config, fold_after_ms=0))
     now.writing = store.writing
     total = 0
-    while done := now.fold_parked():
+    while done := now.lists.fold_parked():
         total += done
     return total
 
@@ -120,13 +120,13 @@ def measure(rt: Runtime, count: int, rounds: int, pages: int = PAGES) -> dict[st
     built = fill.parked(rt, AGENT, count, label="inbox: ")
     folds = folded(store)
     scale.persisted(store)
-    run_ids = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, count)]
+    run_ids = [run_id for run_id, _ in store.all_runs.newest(Status.INTERRUPTED, count)]
     if len(run_ids) != count:
         raise BenchError(f"{len(run_ids)} of {count} runs parked")
     reviewer = rt.reviewers.directory().reviewers[REVIEWER]
     servers = costs.servers(store.redis)
     reads: dict[str, Callable[[Sequence[str]], Sequence[Any]]] = {
-        "look": store.open_interrupts, "whole": store.views}
+        "look": store.inbox.open_interrupts, "whole": store.runs.views}
 
     # Warm-up, untimed: a chunk of each, and a page.
     for read in reads.values():

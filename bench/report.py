@@ -307,9 +307,9 @@ def inbox_table(result: dict[str, Any]) -> str:
                         f"(built by fill at {ib['built_per_s']} runs/s; {ib['folded']} runs' "
                         "events folded)"),
         ("look-through, per 1,000", _inbox_side(look)
-         + f"  (Store.open_interrupts, {ib['chunk']} runs a call)"),
+         + f"  (store.inbox.open_interrupts, {ib['chunk']} runs a call)"),
         ("read whole, per 1,000", _inbox_side(whole)
-         + f"  (Store.views, {ib['chunk']} runs a call: the baseline)"),
+         + f"  (store.runs.views, {ib['chunk']} runs a call: the baseline)"),
         ("look-through / whole", ", ".join(
             f"{names[k]} {v:.3f} (rounds: {', '.join(f'{x:.3f}' for x in by_round[k])})"
             for k, v in ratios.items())),

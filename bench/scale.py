@@ -120,11 +120,11 @@ def build_up(site: Site, timeout_s: float) -> None:
     site.sent_before, site.tasks_before = site.sent(), deliveries_done(site.rt)
     finished = min(SAMPLES, site.level)
     _park_announced(site, finished, timeout_s)
-    answer_at_rest(site.rt, [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED,
-                                                                        finished)])
+    answer_at_rest(site.rt, [run_id for run_id, _
+                             in store.all_runs.newest(Status.INTERRUPTED, finished)])
     if not site.burst:
-        _filled(site, min(FILL_FIRST, site.level - store.runs.count(Status.INTERRUPTED)))
-    have = store.runs.count(Status.INTERRUPTED)
+        _filled(site, min(FILL_FIRST, site.level - store.all_runs.count(Status.INTERRUPTED)))
+    have = store.all_runs.count(Status.INTERRUPTED)
     used_before, rss_before = _memory(store)
     started = time.monotonic()
     if site.burst:
@@ -134,10 +134,10 @@ def build_up(site: Site, timeout_s: float) -> None:
     took = time.monotonic() - started
     folded(store, timeout_s)
     persisted(store)
-    parked = store.runs.count(Status.INTERRUPTED)
+    parked = store.all_runs.count(Status.INTERRUPTED)
     added = parked - have
     used_after, rss_after = _memory(store)
-    sample = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, 50)]
+    sample = [run_id for run_id, _ in store.all_runs.newest(Status.INTERRUPTED, 50)]
     history = history_bytes(store, sample)
     by_key = breakdown(store, sample)
     in_index = sum(store.redis.memory_usage(shard.keys.index(Status.INTERRUPTED), samples=0)
@@ -189,7 +189,7 @@ def turn_messages(store: Store) -> dict[str, int]:
     _prelude.lua) against those its runs needed: one to start each run, and one to resume
     each answered run (a bench run asks one question; every answered run has completed by
     now). Any more are copies the sweeper queued, taking a waiting run for lost."""
-    counts = {status: store.runs.count(status) for status in Status}
+    counts = {status: store.all_runs.count(status) for status in Status}
     needed = sum(counts.values()) + counts[Status.COMPLETED]
     sent = sum(int(store.redis.hget(shard.keys.queues, f"{store.tasks.turn_queue}:sent") or 0)
                for shard in store.shards)
@@ -200,7 +200,7 @@ def turn_messages(store: Store) -> dict[str, int]:
 def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:
     """Start `count` runs of `agent` and wait until they are all parked."""
     store = rt.store
-    target = store.runs.count(Status.INTERRUPTED) + count
+    target = store.all_runs.count(Status.INTERRUPTED) + count
 
     def start(i: int) -> None:
         commands.start_run(rt, agent, input=f"parked {i}")
@@ -208,10 +208,10 @@ def park(rt: Runtime, count: int, timeout_s: float, agent: str = AGENT) -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         for done in pool.map(start, range(count), chunksize=256):
             del done
-    last, last_change = store.runs.count(Status.INTERRUPTED), time.monotonic()
+    last, last_change = store.all_runs.count(Status.INTERRUPTED), time.monotonic()
     while last < target:
         time.sleep(0.05)
-        now = store.runs.count(Status.INTERRUPTED)
+        now = store.all_runs.count(Status.INTERRUPTED)
         if now != last:
             last, last_change = now, time.monotonic()
         elif time.monotonic() - last_change > timeout_s:
@@ -260,7 +260,7 @@ def park_ms(site: Site, count: int, timeout_s: float) -> float:
     store = site.store
     started = store.now_ms()
     _park_announced(site, count, timeout_s)
-    newest = store.runs.newest(Status.INTERRUPTED, 1)
+    newest = store.all_runs.newest(Status.INTERRUPTED, 1)
     return max(1.0, float(newest[0][1]) - started) if newest else 0.0
 
 
@@ -343,9 +343,8 @@ def memory_per_run(before: int, after: int, runs: int) -> float:
 
 def breakdown(store: Store, sample: list[str]) -> dict[str, float]:
     """Mean bytes per parked run by key (`MEMORY USAGE`), over `sample`."""
-    parts = {"run": store.keys.run, "interrupts": store.keys.interrupts,
-             "answers": store.keys.answers, "events": store.keys.events,
-             "notifications": store.keys.notifications, "review": store.keys.review}
+    parts = {"run": store.keys.run, "answers": store.keys.answers,
+             "events": store.keys.events, "review": store.keys.review}
     pipe = store.redis.pipeline(transaction=False)
     for run_id in sample:
         for key_of in parts.values():
@@ -377,17 +376,17 @@ def probe(sites: list[Site], answers: int) -> list[dict[str, Any]]:
     pages, victims = [], []
     for site in sites:
         store = site.store
-        parked = store.runs.count(Status.INTERRUPTED)
+        parked = store.all_runs.count(Status.INTERRUPTED)
         # Answered: runs a third deep in the index.
-        victims.append([run_id for run_id, _ in store.runs.newest(
+        victims.append([run_id for run_id, _ in store.all_runs.newest(
             Status.INTERRUPTED, answers, offset=parked // 3)])
-        deep = store.runs.newest(Status.INTERRUPTED, 1, offset=parked // 2)
+        deep = store.all_runs.newest(Status.INTERRUPTED, 1, offset=parked // 2)
         cursor = cursor_of(*deep[0]) if deep else None
         pages.append({
-            "list_first_page_ms": lambda s=store: s.list_page(Status.INTERRUPTED, limit=50),
-            "list_deep_page_ms": lambda s=store, c=cursor: s.list_page(
+            "list_first_page_ms": lambda s=store: s.lists.list_page(Status.INTERRUPTED, limit=50),
+            "list_deep_page_ms": lambda s=store, c=cursor: s.lists.list_page(
                 Status.INTERRUPTED, limit=50, cursor=c),
-            "list_all_states_ms": lambda s=store: s.list_page(None, limit=50)})
+            "list_all_states_ms": lambda s=store: s.lists.list_page(None, limit=50)})
     took: list[dict[str, list[float]]] = [{key: [] for key in TIMINGS} for _ in sites]
     for key in LISTS:
         for _ in range(SAMPLES):
@@ -414,7 +413,7 @@ def answer_at_rest(rt: Runtime, run_ids: list[str]) -> tuple[list[float], list[f
     answer took, and from each answer until its run completed."""
     answers, resumes = [], []
     for run_id in run_ids:
-        view = rt.store.view(run_id)
+        view = rt.store.runs.view(run_id)
         if view is None or not view.open_interrupts:
             continue
         entries = [ResumeEntry(interrupt_id=i.id, status="resolved", payload=True)

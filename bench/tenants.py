@@ -7,7 +7,7 @@ index holds N runs: the baseline, what the store's one list was), and N/10 by ea
 more tenants' keys (`t0` … `t9`, each in indexes of its own). Then the same pages are read
 in turn, one call of each side after the other (A B C A B C …), `SAMPLES` times:
 
-- `first`: the first page (50) of the waiting runs: `Store.list_page(INTERRUPTED, tenant=
+- `first`: the first page (50) of the waiting runs: `store.lists.list_page(INTERRUPTED, tenant=
   "t3")`, `…(tenant="default")` (the baseline), and `…()` every tenant's (an admin's list,
   which merges every tenant's indexes);
 - `deep`: the page half way down each list (by its cursor).
@@ -49,7 +49,7 @@ def measure(rt: Runtime, count: int) -> dict[str, Any]:
         who = Identity(f"api:bench-t{n}", f"t{n}", DEFAULT_RIGHTS)
         built.append(fill.parked(rt, AGENT, share, label=f"tenant t{n}: ", who=who))
     scale.persisted(store)
-    totals = {name: (store.runs if tenant is None else store.runs_of(tenant)).count(
+    totals = {name: (store.all_runs if tenant is None else store.runs_of(tenant)).count(
         Status.INTERRUPTED) for name, tenant in SIDES.items()}
     if totals != {"tenant": share, "baseline": count, "every": count + share * TENANTS}:
         raise BenchError(f"parked: {totals}; expected {share} of {ONE}, {count} of the "
@@ -93,7 +93,7 @@ def _server_us(servers: list[Any], call: Callable[[], Any]) -> float:
 
 
 def _half_way(store: Store, tenant: str | None, total: int) -> str:
-    runs = store.runs if tenant is None else store.runs_of(tenant)
+    runs = store.all_runs if tenant is None else store.runs_of(tenant)
     # Half way down, or as far as leaves a whole page after it.
     [(run_id, score)] = runs.newest(Status.INTERRUPTED, 1,
                                     offset=min(total // 2, total - LIMIT - 1))
@@ -102,8 +102,8 @@ def _half_way(store: Store, tenant: str | None, total: int) -> str:
 
 def _page(store: Store, tenant: str | None, cursor: str | None) -> Callable[[], Any]:
     def read() -> Any:
-        runs, _ = store.list_page(Status.INTERRUPTED, limit=LIMIT, cursor=cursor,
-                                  tenant=tenant)
+        runs, _ = store.lists.list_page(Status.INTERRUPTED, limit=LIMIT, cursor=cursor,
+                                        tenant=tenant)
         if len(runs) != LIMIT:
             raise BenchError(f"a page of {tenant or 'every tenant'}'s waiting runs held "
                              f"{len(runs)}, not {LIMIT}")

@@ -186,7 +186,7 @@ class Settings(BaseSettings):
     # Queued or resuming this long, its message no longer in the queue (a claim passed its
     # number, or the queue is empty), a run's task message is lost (a task that failed
     # before its claim, a queue purged): the sweeper queues its step again. A run whose
-    # message waits in a long queue is left to wait (`Store.waiting_too_long`).
+    # message waits in a long queue is left to wait (`store.deadlines.waiting_too_long`).
     lost_message_s: float = Field(300.0, gt=0)
     turn_budget_s: float = 30.0  # keep taking turns in one task for this long
     visibility_timeout_s: int = 3600  # above lease_s: kombu redelivers unacked after this

@@ -45,7 +45,7 @@ def dispatch(app: Celery, pairs: list[tuple[str, str]]) -> int:
 
 def dispatch_due(store: Store, app: Celery, settings: Settings) -> int:
     """The sweeper's part: queue deliveries that are due (retries, reminders, lost ones)."""
-    return dispatch(app, store.claim_due_notifications(
+    return dispatch(app, store.outbox.claim_due_notifications(
         retry_ms=int(settings.outbox_grace_s * 1000)))
 
 
@@ -54,11 +54,11 @@ def deliver(store: Store, settings: Settings, reviewers: Reviewers, run_id: str,
     """Send one notification if it is due; returns what happened (sent, retry, failed, or
     why nothing was sent: later, done, skipped…)."""
     deadline_ms = int(settings.notify_send_timeout_s * 1000)
-    code, note = store.start_delivery(run_id, notification_id, deadline_ms=deadline_ms,
-                                      max_attempts=settings.notify_attempts)
+    code, note = store.outbox.start_delivery(run_id, notification_id, deadline_ms=deadline_ms,
+                                             max_attempts=settings.notify_attempts)
     if code != "ok" or note is None:
         return code
-    run = store.view(run_id)
+    run = store.runs.view(run_id)
     try:
         if run is None:
             raise PermanentFailure(f"run {run_id} is gone")
@@ -74,7 +74,7 @@ def deliver(store: Store, settings: Settings, reviewers: Reviewers, run_id: str,
         log.warning("notification %s of run %s (%s to %s) failed, attempt %d; next in %.0f s: "
                     "%s", note.id, run_id, note.channel, note.reviewer, note.attempts, delay,
                     error)
-        through_failover(store.finish_delivery, run_id, note, "retry", error=error,
+        through_failover(store.outbox.finish_delivery, run_id, note, "retry", error=error,
                                  retry_in_ms=int(delay * 1000))
         return "retry"
     return _finish(store, run_id, note, "sent", message=message or "")
@@ -89,7 +89,7 @@ def _finish(store: Store, run_id: str, note: Notification, outcome: str,
         log.info("notification %s of run %s sent (%s to %s)", note.id, run_id, note.channel,
                  note.reviewer)
     # Sent is sent: recorded through a failover, or the notification would go out again.
-    through_failover(store.finish_delivery, run_id, note, outcome, error=error,
+    through_failover(store.outbox.finish_delivery, run_id, note, outcome, error=error,
                      message=message)
     return outcome
 

@@ -242,7 +242,7 @@ def plan(store: Store, settings: Settings, reviewers: Reviewers, run_id: str) ->
     """Record the notifications of a parked run's open interrupts (requests now, escalations
     and reminders at their time); returns the ids of requests whose delivery the caller
     must queue (with the broker on the store's server, the store queued them)."""
-    view = store.view(run_id)
+    view = store.runs.view(run_id)
     if view is None or view.status is not Status.INTERRUPTED:
         return []
     plan = announcements(settings, reviewers, run_id, view.version, view.interrupts,
@@ -250,5 +250,5 @@ def plan(store: Store, settings: Settings, reviewers: Reviewers, run_id: str) ->
                          slack=slack_stored(store))
     if not plan:
         return []
-    _, dispatch = store.plan_notifications(run_id, plan)
+    _, dispatch = store.outbox.plan_notifications(run_id, plan)
     return dispatch

@@ -71,7 +71,7 @@ def register(rt: Runtime) -> Celery:
         publishes it again, and planning twice plans nothing new."""
         planned = planning.plan(rt.store, rt.settings, rt.reviewers, run_id)
         sent = delivery.dispatch(app, [(run_id, n) for n in planned])
-        rt.store.ack_outbox([(run_id, self.request.id)])
+        rt.store.outbox.ack_outbox([(run_id, self.request.id)])
         return sent
 
     @app.task(name=DELIVER_TASK)
@@ -81,7 +81,7 @@ def register(rt: Runtime) -> Celery:
     @app.task(name=SLACK_TASK)
     def update_slack(run_id: str, interrupt_ids: list[str], approval: bool = False) -> int:
         """Bring the run's Slack messages up to date after answers (on any channel)."""
-        view = rt.store.view(run_id)
+        view = rt.store.runs.view(run_id)
         if view is None or not rt.settings.slack:
             return 0
         return slack_messages.refresh(rt.settings, rt.reviewers, view, interrupt_ids,
@@ -147,7 +147,7 @@ def _beat_while_up(rt: Runtime) -> None:
         # A warm shutdown gives reserved messages back to the queue: nothing to reap.
         stop.set()
         with suppress(Exception):
-            rt.store.forget_worker(f"{sender.hostname}:{os.getpid()}")
+            rt.store.processes.forget_worker(f"{sender.hostname}:{os.getpid()}")
 
     worker_ready.connect(ready, weak=False, dispatch_uid=f"layby.beat.{id(rt.celery)}")
     worker_shutdown.connect(shutdown, weak=False,

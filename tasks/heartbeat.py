@@ -45,7 +45,7 @@ def beat_worker(store_of: Callable[[], Store], name: str, newest_format: int, ev
         if not noted:
             # The first process up notes the server: a failover before the sweeper's first
             # sweep still shows to it as another server.
-            found.note_server(first=True)
+            found.processes.note_server(first=True)
             noted = True
         return found
 
@@ -88,7 +88,7 @@ class Heartbeat:
     def beat(self) -> None:
         version = self.version
         try:
-            renewed = self.store.renew(self.run_id, version, self.owner)
+            renewed = self.store.runs.renew(self.run_id, version, self.owner)
         except redis.RedisError as exc:  # the store away: the lease may lapse meanwhile
             log.warning("run %s: heartbeat failed (%s); trying again", self.run_id, exc)
             return

@@ -90,8 +90,8 @@ class StoreCheckpoints:
         return self.saved.get(key)
 
     def put(self, key: str, value: Any, *, durable: bool = True) -> None:
-        if durable and not self.store.save_checkpoint(self.run_id, self.version, self.owner,
-                                                      key, value):
+        if durable and not self.store.runs.save_checkpoint(self.run_id, self.version, self.owner,
+                                                           key, value):
             raise LostClaim(f"run {self.run_id} moved on while version {self.version} ran")
         self.saved[key] = value
         if durable:
@@ -108,14 +108,14 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
     """Take the run's pending steps; returns how it went (for logs and Flower)."""
     store = rt.store
     owner = f"{worker_name()}:{task_id or uuid.uuid4().hex}:{uuid.uuid4().hex[:8]}"
-    claim = store.claim(run_id, version, owner, rt.hosted)
+    claim = store.runs.claim(run_id, version, owner, rt.hosted)
     if claim.verdict is Verdict.ELSEWHERE:
         return _hand_back(rt, run_id, version, claim.agent_version)
     if claim.verdict is Verdict.EXHAUSTED:
-        store.fail(run_id, {"code": "attempts_exhausted",
-                            "message": f"gave up after {claim.attempt} attempts at version "
-                                       f"{version}; see the worker logs for the cause"},
-                   version=version)
+        store.runs.fail(run_id, {"code": "attempts_exhausted",
+                                 "message": f"gave up after {claim.attempt} attempts at version "
+                                            f"{version}; see the worker logs for the cause"},
+                        version=version)
         return "failed"
     if not claim.ok:
         log.info("run %s v%s: %s, nothing to do", run_id, version, claim.verdict)
@@ -130,7 +130,7 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
         return "stale"
     except Exception:
         # Give the step back at once rather than after the lease; attempts are bounded.
-        rt.publish(store.requeue(run_id, owner=owner).entries)
+        rt.publish(store.runs.requeue(run_id, owner=owner).entries)
         raise
 
 
@@ -139,7 +139,7 @@ def _hand_back(rt: Runtime, run_id: str, version: int, pinned_to: str | None) ->
     changing nothing): back on the run's own queue, `layby.turns@<version>`, for a worker
     that hosts it. Never run here."""
     time.sleep(HAND_BACK_PAUSE_S)
-    result = rt.store.requeue(run_id)
+    result = rt.store.runs.requeue(run_id)
     rt.publish(result.entries)
     log.warning("run %s v%s is pinned to version %s of its agent, which this worker does not "
                 "host; handed back to its queue", run_id, version, pinned_to)
@@ -151,10 +151,10 @@ def _loop(rt: Runtime, beat: Heartbeat, record: RunRecord) -> str:
     budget_ends = time.monotonic() + rt.settings.turn_budget_s
     agent = rt.agents.get(record.agent)
     if agent is None:
-        store.fail(run_id, {"code": "unknown_agent",
-                            "message": f"no agent named {record.agent!r} is loaded on "
-                                       "this worker; check LAYBY_AGENT_MODULES"},
-                   version=record.version, owner=owner)
+        store.runs.fail(run_id, {"code": "unknown_agent",
+                                 "message": f"no agent named {record.agent!r} is loaded on "
+                                            "this worker; check LAYBY_AGENT_MODULES"},
+                        version=record.version, owner=owner)
         return "failed"
     committed = record.messages  # the history as the store holds it
     step = _step(rt, record.version, owner, record.messages, record.metadata,
@@ -207,9 +207,9 @@ def _wait_to_retry(rt: Runtime, step: Step, owner: str, outcome: Retry) -> str:
     assert isinstance(checkpoints, StoreCheckpoints)
     kept = {**checkpoints.pending(),
             **{checkpoint_key(c.ref): c.tried.dump() for c in outcome.calls}}
-    result = rt.store.schedule_retry(step.run_id, step.version, owner, wait,
-                                     int(due.timestamp() * 1000), wait.wire(),
-                                     checkpoints=kept, tools=[c.tool for c in outcome.calls])
+    result = rt.store.runs.schedule_retry(step.run_id, step.version, owner, wait,
+                                          int(due.timestamp() * 1000), wait.wire(),
+                                          checkpoints=kept, tools=[c.tool for c in outcome.calls])
     if not result.ok:
         raise LostClaim(f"run {step.run_id}: the wait to retry at version {step.version} was "
                         f"refused ({result.verdict}: the run is {result.status or 'gone'})")
@@ -312,10 +312,10 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
                              "historyTo": len(outcome.messages)}
     match outcome:
         case Continue(messages=messages, exhausted=exhausted):
-            result = store.advance(step.run_id, step.version, owner, messages,
-                                   {**event, "agentVersion": agent.version,
-                                    "messages": dump_messages(added)}, inline=inline,
-                                   exhausted=exhausted)
+            result = store.runs.advance(step.run_id, step.version, owner, messages,
+                                        {**event, "agentVersion": agent.version,
+                                         "messages": dump_messages(added)}, inline=inline,
+                                        exhausted=exhausted)
         case Park(messages=messages, interrupts=interrupts):
             interrupts, by_rule = _under_policy(rt, agent, step, interrupts)
             # What the run waits on (ids and reasons: the interrupts themselves are the
@@ -340,19 +340,19 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
             kept = [audit.entry(a.answered_by, tenant, answered_as(i, a.entry()),
                                 run=step.run_id, interrupt=i.id, via="policy")
                     for i in interrupts if (a := by_rule.get(i.id)) is not None]
-            result = store.park(step.run_id, step.version, owner, messages, interrupts, event,
-                                plan=plan, by_rule=by_rule, exhausted=outcome.exhausted,
-                                audit=kept)
+            result = store.runs.park(step.run_id, step.version, owner, messages, interrupts, event,
+                                     plan=plan, by_rule=by_rule, exhausted=outcome.exhausted,
+                                     audit=kept)
         case Finish(messages=messages, result=text, exhausted=exhausted):
             event["result"] = text
-            result = store.complete(step.run_id, step.version, owner, messages, text,
-                                    {**event, "agentVersion": agent.version,
-                                     "messages": dump_messages(added)}, exhausted=exhausted)
+            result = store.runs.complete(step.run_id, step.version, owner, messages, text,
+                                         {**event, "agentVersion": agent.version,
+                                          "messages": dump_messages(added)}, exhausted=exhausted)
         case Fail(messages=messages, code=code, message=message, detail=detail,
                   exhausted=exhausted):
             error = {"code": code, "message": message, **({"detail": detail} if detail else {})}
-            result = store.fail(step.run_id, error, version=step.version, owner=owner,
-                                messages=messages, exhausted=exhausted)
+            result = store.runs.fail(step.run_id, error, version=step.version, owner=owner,
+                                     messages=messages, exhausted=exhausted)
         case Retry():
             raise AssertionError("a wait to retry commits nothing (_wait_to_retry)")
     if not result.ok:

@@ -12,7 +12,7 @@ Its clock (`tick`) runs in the sweeper's own process, a thread of the one-proces
 started from the sweeper's entry (`layby.tasks.clock`): not a Celery task a second, which
 would put a message on the broker and a row in Flower every second (370 of 391 tasks after
 six minutes), burying the runs' steps. Each sweep notes that it finished
-(`Store.note_sweep`): the sweeper's liveness, which `/metrics` and `layby doctor` show.
+(`store.deadlines.note_sweep`): the sweeper's liveness, which `/metrics` and `layby doctor` show.
 `layby.sweep` stays a task others may send."""
 
 from __future__ import annotations
@@ -87,32 +87,32 @@ def sweep(rt: Runtime) -> dict[str, int]:
     """One pass over everything the sweeper looks after; notes its end (liveness)."""
     with _one_at_a_time:
         counts = _sweep(rt)
-        rt.store.note_sweep()
+        rt.store.deadlines.note_sweep()
     return counts
 
 
 def _sweep(rt: Runtime) -> dict[str, int]:
     store = rt.store
-    counts = {"published": rt.publish(store.claim_outbox()), "expired": 0, "requeued": 0}
+    counts = {"published": rt.publish(store.outbox.claim_outbox()), "expired": 0, "requeued": 0}
     counts["requeued"] += _after_a_restart(rt) + _after_worker_deaths(rt) + _retry_failed(rt)
     counts["notifications"] = _guarded(delivery.dispatch_due, store, rt.celery, rt.settings)
-    for run_id, interrupt_id in store.due_deadlines():
+    for run_id, interrupt_id in store.deadlines.due_deadlines():
         with about(run_id=run_id, interrupt_id=interrupt_id):
             counts["expired"] += _guarded(expire, rt, run_id, interrupt_id)
-    for run_id in store.due_retries():
+    for run_id in store.deadlines.due_retries():
         with about(run_id=run_id):
             counts["retried"] = counts.get("retried", 0) + _guarded(_retry_due, rt, run_id)
-    for run_id in store.lapsed_leases():
+    for run_id in store.deadlines.lapsed_leases():
         with about(run_id=run_id):
             counts["requeued"] += _guarded(_requeue, rt, run_id,
                                            "its worker stopped answering")
-    for run_id in store.waiting_too_long(store.config.lost_message_ms):
+    for run_id in store.deadlines.waiting_too_long(store.config.lost_message_ms):
         with about(run_id=run_id):
             counts["requeued"] += _guarded(_requeue, rt, run_id,
                                            "its task message is overdue")
-    counts["folded"] = _guarded(store.fold_parked)
+    counts["folded"] = _guarded(store.lists.fold_parked)
     counts["switched"] = _guarded(_switch_format, rt)
-    counts["pruned"] = store.prune_finished()
+    counts["pruned"] = store.lists.prune_finished()
     return counts
 
 
@@ -124,7 +124,7 @@ def _switch_format(rt: Runtime) -> int:
     store, newest = rt.store, migrations.newest()
     if store.writing >= newest:
         return 0
-    reply = store.switch_format(store.writing + 1, shards=rt.settings.store_shards)
+    reply = store.processes.switch_format(store.writing + 1, shards=rt.settings.store_shards)
     if reply[0] != "switched":
         return 0
     log.warning("no process of an older release is left: the store writes format %d now; "
@@ -141,13 +141,13 @@ def _after_a_restart(rt: Runtime) -> int:
     done again at the next sweep."""
     store = rt.store
     changed = []
-    for what, server, broker in (("store", store.server_id(), False),
+    for what, server, broker in (("store", store.processes.server_id(), False),
                                  ("broker", rt.broker_server_id(), True)):
         if server is None:
             continue
-        noted = store.noted_server(broker=broker)
+        noted = store.processes.noted_server(broker=broker)
         if noted is None:  # data no layby process has seen yet
-            store.note_server(server, first=True, broker=broker)
+            store.processes.note_server(server, first=True, broker=broker)
         elif noted != server:
             changed.append((what, server, broker))
     if not changed:
@@ -157,16 +157,16 @@ def _after_a_restart(rt: Runtime) -> int:
                 "waiting run", which)
     requeued = _requeue_pass(rt, f"the {which} restarted")
     for _, server, broker in changed:
-        store.note_server(server, broker=broker)
+        store.processes.note_server(server, broker=broker)
     return requeued
 
 
 def _after_worker_deaths(rt: Runtime) -> int:
     """Requeue the waiting runs whose messages a dead worker may have reserved: they would
     otherwise come back after kombu's visibility timeout, or LAYBY_LOST_MESSAGE_S. Those
-    still in their queue are left there (`Store.maybe_reserved`): after a burst, a copy of
+    still in their queue are left there (`store.deadlines.maybe_reserved`): after a burst, a copy of
     each would only lengthen it. Deliveries of notifications are queued again too."""
-    for name, last_beat_ms, told in rt.store.reap_workers():
+    for name, last_beat_ms, told in rt.store.processes.reap_workers():
         ago = (rt.store.now_ms() - last_beat_ms) / 1000
         if told and not told.startswith("worker "):  # a gateway or a listener: no messages
             log.warning("%s stopped beating (last beat %.1f s ago)", name, ago)
@@ -177,14 +177,15 @@ def _after_worker_deaths(rt: Runtime) -> int:
     if not _owed:
         return 0
     why = "; ".join(dict.fromkeys(_owed))
-    rt.store.redue_queued_notifications()
-    requeued = sum(_requeue_or_owe(rt, run_id, why) for run_id in rt.store.maybe_reserved())
+    rt.store.outbox.redue_queued_notifications()
+    requeued = sum(_requeue_or_owe(rt, run_id, why)
+                   for run_id in rt.store.deadlines.maybe_reserved())
     _owed.clear()
     return requeued
 
 
 def _requeue_pass(rt: Runtime, why: str) -> int:
-    rt.store.redue_queued_notifications()
+    rt.store.outbox.redue_queued_notifications()
     return _requeue_waiting(rt, rt.store.now_ms(), why)
 
 
@@ -210,7 +211,7 @@ def _requeue_waiting(rt: Runtime, before_ms: int, why: str) -> int:
     requeued run's place moves to now, past the cutoff, so the next page is new runs).
     A run whose requeue fails is tried again at the next sweeps (`_failed`)."""
     requeued, tried, cutoff = 0, set(), before_ms - 1
-    while fresh := [r for r in rt.store.waiting(cutoff) if r not in tried]:
+    while fresh := [r for r in rt.store.deadlines.waiting(cutoff) if r not in tried]:
         for run_id in fresh:
             tried.add(run_id)
             requeued += _requeue_or_owe(rt, run_id, why)
@@ -241,7 +242,7 @@ def _guarded(step: Callable[..., int], *args: Any) -> int:
 
 
 def _requeue(rt: Runtime, run_id: str, why: str) -> int:
-    result = rt.store.requeue(run_id)
+    result = rt.store.runs.requeue(run_id)
     if not result.ok:
         return 0
     log.warning("run %s: %s; step requeued", run_id, why)
@@ -251,7 +252,7 @@ def _requeue(rt: Runtime, run_id: str, why: str) -> int:
 
 def _retry_due(rt: Runtime, run_id: str) -> int:
     """A retrying run whose next try is due: its step queued again, at the same version."""
-    result = rt.store.requeue(run_id)
+    result = rt.store.runs.requeue(run_id)
     if not result.ok:
         return 0
     log.info("run %s: its failed tool calls are due to be tried again; step queued", run_id)
@@ -261,9 +262,9 @@ def _retry_due(rt: Runtime, run_id: str) -> int:
 
 def expire(rt: Runtime, run_id: str, interrupt_id: str) -> int:
     store = rt.store
-    spec = store.interrupt(run_id, interrupt_id)
+    spec = store.answers.interrupt(run_id, interrupt_id)
     if spec is None:
-        store.expire(run_id, _expiry_answer(interrupt_id, "cancelled", None), None)
+        store.answers.expire(run_id, _expiry_answer(interrupt_id, "cancelled", None), None)
         return 0
     policy = spec.on_expire
     now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -276,7 +277,7 @@ def expire(rt: Runtime, run_id: str, interrupt_id: str) -> int:
         fail = ({"code": "interrupt_expired", "message": f"interrupt {interrupt_id} "
                  f"({spec.tool_name}) expired: {reason}"}
                 if policy.action is ExpiryAction.FAIL else None)
-    result = store.expire(run_id, answer, fail)
+    result = store.answers.expire(run_id, answer, fail)
     rt.publish(result.entries)
     if result.verdict in (Verdict.OK, Verdict.FAILED):
         log.info("run %s: interrupt %s expired (%s)", run_id, interrupt_id, policy.action.value)

@@ -28,6 +28,7 @@ from layby.ops.embedded import free_port
 from layby.ops.supervisor import gateway_argv, sweeper_argv, worker_argv
 from layby.parking import codecs, formats
 from layby.parking.keys import Keys
+from layby.parking.migrations.m0001_versioned import old_keys
 from layby.parking.scripts import standalone
 from layby.wire import Status
 
@@ -86,18 +87,19 @@ def as_0_1_0s_predecessors_kept_it(client: Any, prefix: str, run_id: str) -> dic
     back_to_the_legacy_layout(client, prefix)
     keys = Keys(prefix)
     run = keys.run(run_id)
+    interrupts, notifications, open_ids = old_keys(keys, run_id)
     held = client.hgetall(run)
     moved = {k: v for k, v in held.items() if k.startswith(("i:", "n:"))}
     for name, value in moved.items():
         if name.startswith("i:"):
             wire = codecs.interrupt(name[2:], value).model_dump_json(by_alias=True,
                                                                       exclude_none=True)
-            client.hset(keys.interrupts(run_id), name[2:], wire)
+            client.hset(interrupts, name[2:], wire)
         else:
-            client.hset(keys.notifications(run_id), name[2:],
+            client.hset(notifications, name[2:],
                         json.dumps(codecs.note(name[2:], value)))
     if held.get("open"):
-        client.sadd(keys.open(run_id), *held["open"].split())
+        client.sadd(open_ids, *held["open"].split())
     client.hdel(run, *moved, "open", "waiting", "noted", "checkpointed")
     client.hset(run, "id", run_id)
     client.delete(keys.format)

@@ -370,16 +370,16 @@ def test_fill_parks_runs_as_the_worker_parks_them(tmp_path: Path,
         # One run parked by the worker, its announcement delivered to the webhook.
         site = scale.Site(1, rt, sink)
         scale._park_announced(site, 1, 60)
-        [(by_worker, _)] = store.runs.newest(Status.INTERRUPTED, 1)
+        [(by_worker, _)] = store.all_runs.newest(Status.INTERRUPTED, 1)
         # And 300 built in this process and one forked from it.
         assert fill.parked(rt, ANNOUNCED, 300, processes=2) > 0
-        assert store.runs.count(Status.INTERRUPTED) == 301
+        assert store.all_runs.count(Status.INTERRUPTED) == 301
         scale.folded(store, 60)
 
-        built = [run_id for run_id, _ in store.runs.newest(Status.INTERRUPTED, 300)]
+        built = [run_id for run_id, _ in store.all_runs.newest(Status.INTERRUPTED, 300)]
         assert by_worker not in built and len(set(built)) == 300
         worker_hash = store.redis.hgetall(store.keys.run(by_worker))
-        worker_events = [e.type for e in store.events(by_worker)]
+        worker_events = [e.type for e in store.runs.events(by_worker)]
         assert worker_events[:3] == ["run.created", "run.started", "run.interrupted"]
         for run_id in built[::30]:
             # Stored as the worker stores it: the same keys, the same fields, the same
@@ -388,28 +388,28 @@ def test_fill_parks_runs_as_the_worker_parks_them(tmp_path: Path,
             stored = store.redis.hgetall(store.keys.run(run_id))
             assert {_alike(k): _alike(v) for k, v in stored.items()} == {
                 _alike(k): _alike(v) for k, v in worker_hash.items()}
-            assert [e.type for e in store.events(run_id)] == worker_events
+            assert [e.type for e in store.runs.events(run_id)] == worker_events
             # Read through the API's own reads: parked, asking its reviewer, told.
             view = commands.get_run(rt, run_id)
             assert view.status == Status.INTERRUPTED and len(view.open_interrupts) == 1
             assert view.open_interrupts[0].reviewers == ["bench-hook"]
-            [note] = store.notifications(run_id)
+            [note] = store.outbox.notifications(run_id)
             assert note.state == "sent" and note.attempts == 1
             ref = note.token.split("-")[1]
-            assert store.grant(ref) is not None
+            assert store.answers.grant(ref) is not None
         # A message numbered for each start, none copied; the outbox empty.
         assert scale.turn_messages(store)["duplicate_turn_messages"] == 0
-        assert store.overdue_outbox() == []
+        assert store.outbox.overdue_outbox() == []
         # A built run is answered and resumed by the worker, as any other.
         run_id = built[0]
-        view = store.view(run_id)
+        view = store.runs.view(run_id)
         assert view is not None
         answered = commands.answer(rt, run_id, [ResumeEntry(
             interrupt_id=view.open_interrupts[0].id, status="resolved", payload=True)],
             by="test", channel="test")
         scale._until_completed(store, run_id, answered.event_id or "0-0",
                                time.perf_counter())
-        done = store.view(run_id)
+        done = store.runs.view(run_id)
         assert done is not None and done.status == Status.COMPLETED
         # Only the worker's own park was announced over HTTP.
         assert sum(sink.ids.values()) == 1

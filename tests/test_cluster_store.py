@@ -43,12 +43,12 @@ def store(valkey_cluster: EmbeddedCluster) -> Store:
 
 
 def _parked(store: Store, run_id: str, *, expires_ms: int | None = None) -> None:
-    assert store.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES, metadata={},
-                            idempotency_key=None).ok
-    assert store.claim(run_id, 1, OWNER).ok
+    assert store.runs.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES, metadata={},
+                                 idempotency_key=None).ok
+    assert store.runs.claim(run_id, 1, OWNER).ok
     intrs = [interrupt("int_a", expires_ms=expires_ms)]
-    assert store.park(run_id, 1, OWNER, World.history(2), intrs, park_event(intrs),
-                      plan=Announcements()).ok
+    assert store.runs.park(run_id, 1, OWNER, World.history(2), intrs, park_event(intrs),
+                           plan=Announcements()).ok
 
 
 def test_runs_live_their_whole_life_on_the_cluster(store: Store) -> None:
@@ -57,35 +57,35 @@ def test_runs_live_their_whole_life_on_the_cluster(store: Store) -> None:
         _parked(store, run_id)
     assert len({store.keys.shard_number(r) for r in runs}) > 10
     # The parked list, newest first, page by page across shards on three primaries.
-    seen = [run_id for page in pages(store.runs, Status.INTERRUPTED, 7)
+    seen = [run_id for page in pages(store.all_runs, Status.INTERRUPTED, 7)
             for run_id, _ in page]
     assert sorted(seen) == sorted(runs) and len(seen) == len(runs)
     for run_id in runs[:10]:
         answered_to_the_end(store, run_id)
-    completed = {run_id for run_id, _ in store.runs.page(Status.COMPLETED, 50)[0]}
+    completed = {run_id for run_id, _ in store.all_runs.page(Status.COMPLETED, 50)[0]}
     assert completed == set(runs[:10])
-    assert store.status_of(runs[0])[0] is Status.COMPLETED
+    assert store.runs.status_of(runs[0])[0] is Status.COMPLETED
 
 
 def test_deadlines_and_lost_messages_are_found_across_the_cluster(store: Store) -> None:
     expiring = [f"run_{uuid.uuid4().hex}" for _ in range(8)]
     for run_id in expiring:
         _parked(store, run_id, expires_ms=1)
-    assert sorted(store.due_deadlines()) == sorted((r, "int_a") for r in expiring)
+    assert sorted(store.deadlines.due_deadlines()) == sorted((r, "int_a") for r in expiring)
     # Queued runs whose queue is empty (the broker says so): lost, in every shard.
     queued = [f"run_{uuid.uuid4().hex}" for _ in range(8)]
     for run_id in queued:
-        assert store.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
-                                metadata={}, idempotency_key=None).ok
+        assert store.runs.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
+                                     metadata={}, idempotency_key=None).ok
     store.length_of_queue = {"layby.turns": 0}.get
-    assert sorted(store.waiting_too_long(0)) == sorted(queued)
+    assert sorted(store.deadlines.waiting_too_long(0)) == sorted(queued)
 
 
 def test_the_runs_keys_spread_over_the_primaries(store: Store,
                                                  valkey_cluster: EmbeddedCluster) -> None:
     for _ in range(3000):
-        assert store.create_run(f"run_{uuid.uuid4().hex}", "demo.agent", input="hi",
-                                messages=MESSAGES, metadata={}, idempotency_key=None).ok
+        assert store.runs.create_run(f"run_{uuid.uuid4().hex}", "demo.agent", input="hi",
+                                     messages=MESSAGES, metadata={}, idempotency_key=None).ok
     held = {}
     for primary in valkey_cluster.primaries():
         with primary.client() as node:
@@ -131,8 +131,8 @@ def test_a_store_of_format_1_made_on_the_cluster_is_taken_to_format_2_without_a_
     runs = [f"run_{uuid.uuid4().hex}" for _ in range(6)]
     for run_id in runs:
         _parked(store, run_id)
-    before = {run_id: store.view(run_id) for run_id in runs}
-    assert store.switch_format(2, shards=16) == ["switched"]
+    before = {run_id: store.runs.view(run_id) for run_id in runs}
+    assert store.processes.switch_format(2, shards=16) == ["switched"]
     state = formats.read(store.redis, keys)
     assert (state.shards, state.sharded_at, state.written) == (48, None, 2)
     assert store.layout == formats.Layout(Keys(keys.prefix, 48))
@@ -142,5 +142,5 @@ def test_a_store_of_format_1_made_on_the_cluster_is_taken_to_format_2_without_a_
     assert (report.number, report.seen, report.changed, scanned) == (2, 0, 0, [])
     assert formats.read(store.redis, keys).version == 2
     again = Store(store.redis, StoreConfig(TASK_NAMES, prefix=keys.prefix, shards=48))
-    assert {run_id: again.view(run_id) for run_id in runs} == before
-    assert again.answer(runs[0], [answer("int_a")]).resumed
+    assert {run_id: again.runs.view(run_id) for run_id in runs} == before
+    assert again.answers.answer(runs[0], [answer("int_a")]).resumed

@@ -469,10 +469,10 @@ def _lost_message_run(store: Store) -> str:
     """A run created and queued whose task message is gone: its outbox entry acked as if
     published, and never published."""
     run_id = f"run_{uuid.uuid4().hex}"
-    created = store.create_run(run_id, "demo.trivia", input="quiz me",
-                               messages=[text_message("user", "quiz me")], metadata={},
-                               idempotency_key=None)
-    store.ack_outbox([(run_id, e.id) for e in created.entries])
+    created = store.runs.create_run(run_id, "demo.trivia", input="quiz me",
+                                    messages=[text_message("user", "quiz me")], metadata={},
+                                    idempotency_key=None)
+    store.outbox.ack_outbox([(run_id, e.id) for e in created.entries])
     return run_id
 
 
@@ -491,9 +491,9 @@ def test_commits_whose_publish_never_happened_are_published_by_the_sweeper(
     store = _store(durable)
     run_id = f"run_{uuid.uuid4().hex}"
     started = time.monotonic()
-    created = store.create_run(run_id, "demo.trivia", input="quiz me",
-                               messages=[text_message("user", "quiz me")], metadata={},
-                               idempotency_key=None)
+    created = store.runs.create_run(run_id, "demo.trivia", input="quiz me",
+                                    messages=[text_message("user", "quiz me")], metadata={},
+                                    idempotency_key=None)
     assert created.ok and len(created.entries) == 1  # and never published here
     assert durable.run(run_id)["status"] == "queued"
     assert _outbox_size(store) == 1
@@ -504,7 +504,7 @@ def test_commits_whose_publish_never_happened_are_published_by_the_sweeper(
     wait_until(lambda: _outbox_size(store) == 0, 10, what="the outbox to empty")
 
     # The answer that closes the interrupt commits the resume; nobody publishes it.
-    answered = store.answer(run_id, [Answer(
+    answered = store.answers.answer(run_id, [Answer(
         interrupt_id=question["id"], status="resolved", payload="Jaws",
         state=InterruptState.RESOLVED, answered_by="test", channel="test",
         answered_at="2025-01-01T00:00:00.000Z")])
@@ -547,24 +547,24 @@ def test_runs_whose_messages_still_wait_in_the_queue_are_not_taken_for_lost(
         run_ids = []
         for i in range(5):  # nobody takes them: no worker
             run_ids.append(f"run_{uuid.uuid4().hex}")
-            created = store.create_run(run_ids[-1], "demo.trivia", input=f"quiz {i}",
-                                       messages=[text_message("user", f"quiz {i}")],
-                                       metadata={}, idempotency_key=None)
+            created = store.runs.create_run(run_ids[-1], "demo.trivia", input=f"quiz {i}",
+                                            messages=[text_message("user", f"quiz {i}")],
+                                            metadata={}, idempotency_key=None)
             assert created.ok and not created.entries  # pushed by the script itself
             time.sleep(0.005)  # one moment each: the queue's order is the runs' order
         time.sleep(0.01)
-        assert store.waiting_too_long(0) == []
+        assert store.deadlines.waiting_too_long(0) == []
 
         queue = store.config.messages["turn"][0]
         taken = [json.loads(store.redis.rpop(queue)) for _ in range(3)]
         assert [json.loads(m["body"])[0][0] for m in taken] == run_ids[:3]
-        assert store.waiting_too_long(0) == []  # a live worker may be about to claim them
-        assert store.maybe_reserved()[:3] == run_ids[:3]  # a dead one may have held them
-        assert store.claim(run_ids[2], 1, "worker-1").ok
-        assert sorted(store.waiting_too_long(0)) == sorted(run_ids[:2])
+        assert store.deadlines.waiting_too_long(0) == []  # a live worker may be about to claim them
+        assert store.deadlines.maybe_reserved()[:3] == run_ids[:3]  # a dead one may have held them
+        assert store.runs.claim(run_ids[2], 1, "worker-1").ok
+        assert sorted(store.deadlines.waiting_too_long(0)) == sorted(run_ids[:2])
 
         store.redis.delete(queue)  # the server lost them all
-        assert sorted(store.waiting_too_long(0)) == sorted(run_ids[:2] + run_ids[3:])
+        assert sorted(store.deadlines.waiting_too_long(0)) == sorted(run_ids[:2] + run_ids[3:])
         store.redis.close()
     finally:
         server.stop()

@@ -30,6 +30,7 @@ from layby.ops.embedded import EmbeddedRedis
 from layby.ops.supervisor import worker_argv
 from layby.parking import BadCursor, Keys, Store
 from layby.parking.events import STEP_EVENTS
+from layby.parking.migrations.m0001_versioned import old_keys
 from layby.parking.registries import RunIndex
 from layby.parking.scripts import PLACEHOLDER
 from layby.wire import Status
@@ -117,8 +118,8 @@ def test_a_page_goes_on_past_runs_that_changed_in_the_same_millisecond(
         runs = RunIndex(client, *keys.shards)
         # Nine runs, three changing in each of three milliseconds; and in another state.
         for i in range(9):
-            client.zadd(keys.index(Status.INTERRUPTED), {f"run-{i}": 1000 + i // 3})
-        client.zadd(keys.index(Status.COMPLETED), {"run-x": 1001})
+            client.zadd(keys.legacy.index(Status.INTERRUPTED), {f"run-{i}": 1000 + i // 3})
+        client.zadd(keys.legacy.index(Status.COMPLETED), {"run-x": 1001})
         every = [run_id for run_id, _ in runs.newest(None, 20)]
         assert len(every) == 10
         for size in (1, 2, 4):
@@ -203,7 +204,7 @@ def test_a_transition_pushes_celerys_own_message_with_the_run_filled_in(
         store = Store(client, store_config(settings, celery))
         # A run id with what a substitution could take for a pattern or a placeholder.
         run_id = "run_%1@@V@@"
-        store.create_run(run_id, "demo.trivia", input="hi", messages=[
+        store.runs.create_run(run_id, "demo.trivia", input="hi", messages=[
             text_message("user", "hi")], metadata={}, idempotency_key=None)
         pushed = client.lrange(TURNS, 0, -1)
         assert len(pushed) == 1
@@ -243,7 +244,7 @@ def test_a_cycle_takes_two_tasks_and_a_parked_run_keeps_only_what_it_holds(
         # Nor does its hash keep what a parked run has no use for: its id (the key says
         # it), metadata it was not given, the claim of the step that parked it.
         # Its interrupt is a field of its hash, not a key of its own.
-        assert not client.exists(keys.interrupts(run_id), keys.notifications(run_id))
+        assert not client.exists(*old_keys(keys, run_id))
         kept = set(client.hkeys(keys.run(run_id)))
         # Nor what repeats another field: what it waits on is what is open.
         assert not kept & {"id", "metadata", "lease_owner", "lease_until", "attempts",
@@ -376,7 +377,7 @@ def test_a_fold_gives_back_any_event_as_it_was_and_keeps_the_newest(
         "created_at": 1000, "updated_at": 2000, "open": iid, "messages": "[]",
         f"i:{iid}": '{"c":"ask_0_0","n":"ask","m":"Which?","t":1500}',
         f"n:{nid}": '{"t":"k-x-y","i":"int_aaaa","s":"sent","a":2,"c":"email","r":"alice"}'})
-    client.zadd(keys.index(Status.INTERRUPTED), {run_id: 2000})
+    client.zadd(keys.shard_of(run_id).index(Status.INTERRUPTED), {run_id: 2000})
 
     def sent(attempts: int) -> str:
         """A send's event data as finish_delivery.lua writes it (cjson's order of keys)."""
@@ -394,7 +395,7 @@ def test_a_fold_gives_back_any_event_as_it_was_and_keeps_the_newest(
         newest = int(client.xrevrange(keys.events(run_id), count=1)[0][0].split("-")[0])
         while (lambda t: t[0] * 1000 + t[1] // 1000)(client.time()) <= newest:
             pass
-        return store.fold_parked()
+        return store.lists.fold_parked()
 
     add("run.created", '{"agent":"demo.trivia"}', 1)
     add("run.started", '{"from":"queued"}', 1)
@@ -403,13 +404,13 @@ def test_a_fold_gives_back_any_event_as_it_was_and_keeps_the_newest(
     add("notifications.planned", '{"ids":["ntf_bbbb"]}')
     add("notification.sent", sent(2))
     add("interrupt.answered", '{"payload":"it says \\"hi\\" — twice","by":"a b"}')
-    before = store.events(run_id)
+    before = store.runs.events(run_id)
     assert fold_later() == 1
     assert not client.exists(keys.events(run_id))
-    assert store.events(run_id) == before
-    assert store.events(run_id, before[2].id, count=2) == before[3:5]
+    assert store.runs.events(run_id) == before
+    assert store.runs.events(run_id, before[2].id, count=2) == before[3:5]
     # An id without its sequence (a Last-Event-ID may be one) is that id's first.
-    assert store.events(run_id, before[3].id.split("-")[0]) == [
+    assert store.runs.events(run_id, before[3].id.split("-")[0]) == [
         e for e in before if e.id > before[3].id.split("-")[0] + "-0"]
     folded = client.hget(keys.run(run_id), "events")
     assert "int_aaaa" in folded and folded.count("ntf_bbbb") == 1  # the send names its plan
@@ -419,7 +420,7 @@ def test_a_fold_gives_back_any_event_as_it_was_and_keeps_the_newest(
     add("run.resuming", "{}", 3, at="123")
     add("notification.sent", sent(2))
     add("run.started", '{"from":"resuming"}', 3)
-    whole = store.events(run_id)
+    whole = store.runs.events(run_id)
     assert [e.id for e in whole[:6]] == [e.id for e in before]
     # An entry with more than type, version and data stays in its stream.
     assert fold_later() == 0 and client.exists(keys.events(run_id))
@@ -427,11 +428,11 @@ def test_a_fold_gives_back_any_event_as_it_was_and_keeps_the_newest(
     add("notification.sent", sent(3))
     for n in range(5):
         add("interrupt.escalated", f'{{"interruptId":"int_aaaa","level":{n}}}')
-    whole = store.events(run_id)
+    whole = store.runs.events(run_id)
     assert len(whole) == 12
-    client.delete(keys.fold_cursor)
+    client.delete(keys.shard_of(run_id).fold_cursor)
     assert fold_later() == 1
-    kept = store.events(run_id)
+    kept = store.runs.events(run_id)
     # The newest LAYBY_EVENTS_MAX, the sends among them whole without their plan.
     assert kept == whole[-8:]
     assert [(e.type, e.data.get("id"), e.data.get("attempts")) for e in kept[:3:2]] == [
@@ -504,8 +505,7 @@ def test_a_run_parked_by_0_1_0s_predecessors_is_answered_and_finishes_once_migra
         assert migrated.returncode == 0, migrated.stderr
         assert ", 1 changed" in migrated.stdout, migrated.stdout
         # the older layout is gone
-        assert not client.exists(keys.open(run_id), keys.interrupts(run_id),
-                                 keys.notifications(run_id))
+        assert not client.exists(*old_keys(keys, run_id))
         # (And migration 2 moved it to the sharded layout.)
         assert not client.exists(keys.run(run_id))
         held = client.hkeys(keys_of(client, system.settings.key_prefix).run(run_id))

@@ -228,18 +228,19 @@ def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem)
                                                  "open": "i1"})
     note = Notification(id="n1", interrupt_id="i1", reviewer="alice", channel="email")
     # A store without the task messages (the broker elsewhere): the caller dispatches.
-    assert store.plan_notifications(run_id, Announcements(
+    assert store.outbox.plan_notifications(run_id, Announcements(
         [(note, None)], [("ref-1", "{}", 60_000)])) == (["n1"], ["n1"])
-    assert client.get(store.keys.grant("ref-1")) == "{}"
-    status, started = store.start_delivery(run_id, "n1", deadline_ms=60_000, max_attempts=1)
+    assert client.get(store.keys.shard_of("ref-1").grant("ref-1")) == "{}"
+    status, started = store.outbox.start_delivery(run_id, "n1", deadline_ms=60_000, max_attempts=1)
     assert status == "ok" and started is not None
-    assert store.finish_delivery(run_id, started, "failed", error="refused") == "ok"
-    assert client.hget(store.keys.stats, "notifications_failed") == "1"
+    assert store.outbox.finish_delivery(run_id, started, "failed", error="refused") == "ok"
+    assert client.hget(store.keys.shard_of(run_id).stats, "notifications_failed") == "1"
     # A sender that died on its last attempt: the next start records the failure.
     dead = Notification(id="n2", interrupt_id="i1", reviewer="bob", channel="email")
-    assert store.plan_notifications(run_id, Announcements([(dead, None)])) == (["n2"], ["n2"])
-    assert store.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "ok"
-    assert store.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "failed"
+    planned = store.outbox.plan_notifications(run_id, Announcements([(dead, None)]))
+    assert planned == (["n2"], ["n2"])
+    assert store.outbox.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "ok"
+    assert store.outbox.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "failed"
     text = render(client, store.layout).decode()
     assert "layby_notifications_failed_total 2.0" in text
     for key in client.scan_iter("metrics-test:*"):

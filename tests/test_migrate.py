@@ -26,6 +26,7 @@ import redis
 
 from layby.ops.embedded import EmbeddedRedis
 from layby.parking import Keys, formats
+from layby.parking.migrations.m0001_versioned import old_keys
 from tests.harness import ROOT
 from tests.store.conftest import MESSAGES, World
 from tests.store.test_migrations import _aged, _parked_with_a_note
@@ -131,7 +132,7 @@ def test_a_migration_killed_mid_way_goes_on_where_it_stopped(unversioned: Unvers
     migrating.communicate(timeout=30)
     state = formats.read(client, keys)
     assert state.version is None and state.migrating == 1, "killed after it finished"
-    legacy = sum(1 for n in range(runs) if client.exists(keys.interrupts(f"run_{n:03}")))
+    legacy = sum(1 for n in range(runs) if client.exists(old_keys(keys, f"run_{n:03}")[0]))
     assert 0 < legacy < runs
 
     # Its lock names a process of this machine that is gone: the next run takes it over.
@@ -139,12 +140,12 @@ def test_a_migration_killed_mid_way_goes_on_where_it_stopped(unversioned: Unvers
     done = u.layby("migrate", "--batch", "50")
     assert done.returncode == 0, done.stderr
     assert "the store is at format 2" in done.stdout
-    assert not any(client.exists(keys.interrupts(f"run_{n:03}")) for n in range(runs))
+    assert not any(client.exists(old_keys(keys, f"run_{n:03}")[0]) for n in range(runs))
     # (Migrated on to the sharded layout: a store that reads the format now finds them.)
     store = u.world.store_with()
     held = [client.hkeys(store.keys.run(f"run_{n:03}")) for n in range(runs)]
     assert all(fields and "id" not in fields for fields in held)
-    view = store.view("run_123")
+    view = store.runs.view("run_123")
     assert view is not None and [i.id for i in view.interrupts] == ["int_a", "int_b"]
     assert u.layby("migrate").stdout.startswith("nothing to do")
 
@@ -155,7 +156,7 @@ def _beating(store: Any, name: str, about: str) -> Iterator[None]:
 
     def beat() -> None:
         while not stop.wait(1.0):
-            store.beat_worker(name, about)
+            store.processes.beat_worker(name, about)
 
     beater = threading.Thread(target=beat, daemon=True)
     beater.start()
@@ -172,10 +173,10 @@ def test_the_next_format_waits_for_the_older_processes_or_for_finish(
     0.2.0 shares: `layby migrate` refuses, naming it; `--finish` switches at once, with a
     warning, waits for the layout instant, and moves the store to the sharded layout."""
     u = unversioned
-    assert u.world.store.create_run("run_1", "demo.agent", input="hi", messages=MESSAGES,
-                                    metadata={"team": "a"}, idempotency_key=None).ok
+    assert u.world.store.runs.create_run("run_1", "demo.agent", input="hi", messages=MESSAGES,
+                                         metadata={"team": "a"}, idempotency_key=None).ok
     u.world.client.hset(u.world.keys.format, "version", 1)
-    u.world.store.beat_worker("layby-1@old:42", "worker 1 0.2.0")
+    u.world.store.processes.beat_worker("layby-1@old:42", "worker 1 0.2.0")
     before = u.world.run_hash("run_1")
 
     # The old worker beats as a live one does, however long `layby` takes to start (on a
@@ -190,7 +191,7 @@ def test_the_next_format_waits_for_the_older_processes_or_for_finish(
     assert u.world.client.exists(u.world.keys.run("run_1"))
 
     # Still alive (each `layby` takes seconds to start: its beat would lapse meanwhile).
-    u.world.store.beat_worker("layby-1@old:42", "worker 1 0.2.0")
+    u.world.store.processes.beat_worker("layby-1@old:42", "worker 1 0.2.0")
     began = time.monotonic()
     with _beating(u.world.store, "layby-1@old:42", "worker 1 0.2.0"):
         done = u.layby("migrate", "--finish", timeout=120)

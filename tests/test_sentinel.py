@@ -197,9 +197,9 @@ def test_a_bad_sentinel_url_stops_the_layby_command_with_the_message(tmp_path: P
 
 
 def _create(store: Store, run_id: str) -> Any:
-    return store.create_run(run_id, "demo.transfer", input="hi",
-                            messages=[text_message("user", "hi")], metadata={},
-                            idempotency_key=None)
+    return store.runs.create_run(run_id, "demo.transfer", input="hi",
+                                 messages=[text_message("user", "hi")], metadata={},
+                                 idempotency_key=None)
 
 
 def test_min_replicas_ack_waits_for_a_replica_and_refuses_without_one(tmp_path: Path) -> None:
@@ -223,7 +223,7 @@ def test_min_replicas_ack_waits_for_a_replica_and_refuses_without_one(tmp_path: 
             assert "0 of the 1 replica(s)" in str(caught.value)
             assert "LAYBY_REDIS_MIN_REPLICAS_ACK" in str(caught.value)
             # Written on the primary all the same; a refused write is not an error.
-            assert store.view("run_alone") is not None
+            assert store.runs.view("run_alone") is not None
             assert _create(store, "run_alone").verdict is Verdict.EXISTS
     finally:
         replica.stop()

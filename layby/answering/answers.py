@@ -38,7 +38,7 @@ def verify_token(rt: Runtime, token: str) -> Grant:
     """The grant behind `token` (one read); BadToken says why not."""
 
     def lookup(ref: str) -> Grant | None:
-        raw = rt.store.grant(ref)
+        raw = rt.store.answers.grant(ref)
         return Grant.loads(raw) if raw else None
 
     return tokens.verify(rt.reviewers.token_keys(), token, lookup)

@@ -151,14 +151,14 @@ def _mail_back(rt: Runtime, message: Mail, reason: str) -> None:
     mark = f"mailed-back:{message.message_id or message.sender + message.subject}"
     # Taken before sending (one round trip, and two retries arriving together send one),
     # given back if the send fails.
-    if not store.first_sight(mark, 3 * 24 * 3600):
+    if not store.marks.first_sight(mark, 3 * 24 * 3600):
         return
     try:
         mail.send(settings, mail.unreadable_reply(settings, message.sender, message.subject,
                                                   message.message_id, reason))
     except Exception:  # the refusal stands whether or not the mail goes out
         log.exception("could not tell %s that their reply was unreadable", message.sender)
-        store.forget_sight(mark)
+        store.marks.forget_sight(mark)
 
 
 __all__ = ["AutomaticReply", "MalformedMail", "Received", "Unreadable", "WrongSender", "receive"]

@@ -1,5 +1,5 @@
 """A process announces itself while it lives: its beat in the store's registry of
-processes (`Store.beat_worker`) says its kind, the newest store format its code knows and
+processes (`store.processes.beat_worker`) says its kind, the newest store format its code knows and
 its release, every LAYBY_HEARTBEAT_S. The registry is how a rolling deployment knows when
 no process of the older release is left (`layby.parking.formats`: the switch to the newer
 format waits for that), and how `layby doctor` lists what runs.
@@ -39,7 +39,7 @@ def withdraw(store_of: Callable[[], Store], name: str) -> None:
     """Take `name` out of the registry now (a process that stops cleanly): a rolling
     deployment's switch need not wait for its beat to lapse."""
     try:
-        store_of().forget_worker(name)
+        store_of().processes.forget_worker(name)
     except redis.RedisError:
         pass  # its beat lapses instead
 
@@ -54,7 +54,7 @@ def announce(store_of: Callable[[], Store], name: str, told: str, newest_format:
     def beat_once() -> bool:
         try:
             store = store_of()
-            store.beat_worker(name, told, hosting)
+            store.processes.beat_worker(name, told, hosting)
         except redis.RedisError as exc:  # the store away: beat again when it is back
             log.warning("%s: heartbeat failed (%s); trying again", name, exc)
             return True

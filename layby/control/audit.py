@@ -76,7 +76,7 @@ def entry(caller: str, tenant: str, action: str, *, run: str | None = None,
 def refused(rt: Runtime, caller: str, tenant: str, action: str, outcome: str, *,
             run: str | None = None, interrupt: str | None = None) -> None:
     """Keep a refusal (it changes no run): in the run's shard, or the caller's."""
-    rt.store.record_audit([entry(caller, tenant, action, run=run, interrupt=interrupt,
+    rt.store.audit.record([entry(caller, tenant, action, run=run, interrupt=interrupt,
                                  outcome=outcome)], of=run or caller)
 
 
@@ -114,7 +114,7 @@ def read_page(rt: Runtime, *, run: str | None, caller: str | None, tenant: str |
         return (caller is None or e.get("caller") == caller) and (
             tenant is None or e.get("tenant") == tenant)
 
-    found, after = rt.store.audit_page(run=run, keep=keep,
+    found, after = rt.store.audit.page(run=run, keep=keep,
                                        since_ms=since_ms(since, relative=relative),
                                        cursor=cursor, limit=limit)
     return AuditPage(entries=[AuditEntry.of(e) for e in found], next_cursor=after)

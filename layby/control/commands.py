@@ -100,19 +100,19 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
                           "(`layby migrate`), then start it again")
     if idempotency_key is not None and tenant != DEFAULT_TENANT:
         idempotency_key = f"{tenant}/{idempotency_key}"
-    run_id = run_id or store.new_run_id(idempotency_key)
+    run_id = run_id or store.runs.new_run_id(idempotency_key)
     # The version it starts on is this process's; a run of an agent that pins keeps it.
     declared = rt.agents[agent]
     pinned = declared.on_change == "pin"
     # Who started it is kept where four eyes may apply: not for an admin's run.
     started_by = None if who.has(ADMIN) else who.caller
-    result = store.create_run(run_id, agent, input=input, messages=messages,
-                              metadata=metadata or {}, idempotency_key=idempotency_key,
-                              agent_version=declared.version, pinned=pinned,
-                              tenant=tenant, started_by=started_by,
-                              audit=[audit.entry(who.caller, tenant, "start", run=run_id)])
+    result = store.runs.create_run(run_id, agent, input=input, messages=messages,
+                                   metadata=metadata or {}, idempotency_key=idempotency_key,
+                                   agent_version=declared.version, pinned=pinned,
+                                   tenant=tenant, started_by=started_by,
+                                   audit=[audit.entry(who.caller, tenant, "start", run=run_id)])
     if result.verdict is Verdict.EXISTS:
-        existing = store.view(result.run_id or "")
+        existing = store.runs.view(result.run_id or "")
         if existing is None:
             raise Conflict(f"run {result.run_id} for this idempotency key has expired")
         if not who.sees(existing.id, existing.tenant):
@@ -142,7 +142,7 @@ def get_run(rt: Runtime, run_id: str, who: Identity = OPERATOR) -> RunView:
     """The run, when `who` may read it (another tenant's is NotFound, as one that is not)."""
     if who.run is not None:
         reach(rt, run_id, who, READ)  # a token: its run's state first
-    view = rt.store.view(run_id)
+    view = rt.store.runs.view(run_id)
     if view is None:
         not_found(run_id)
     who.reach(run_id, view.tenant)
@@ -154,7 +154,7 @@ def reach(rt: Runtime, run_id: str, who: Identity, right: str) -> Ownership:
     """NotFound unless the run exists for `who` (its tenant's, or `who` an admin), then
     Forbidden unless `who` holds `right`, and for a run token, Unauthorized once its run
     ended or its tokens were revoked: one read of the run."""
-    run = rt.store.whose(run_id)
+    run = rt.store.runs.whose(run_id)
     if not run.exists:
         not_found(run_id)
     who.reach(run_id, run.tenant)
@@ -204,7 +204,7 @@ def mint_token(rt: Runtime, run_id: str, who: Identity, can: list[str], ttl_s: i
     expires_s = now_ms // 1000 + ttl_s
     token = tokens.mint(keys, tokens.RunToken(
         run_id, run.tenant, who.caller, frozenset(can), now_ms, expires_s))
-    rt.store.record_audit([audit.entry(who.caller, run.tenant, "token.mint", run=run_id)],
+    rt.store.audit.record([audit.entry(who.caller, run.tenant, "token.mint", run=run_id)],
                           of=run_id)
     log.info("run token minted for run %s by %s: %s for %d s", run_id, who.caller,
              ",".join(sorted(can)), ttl_s, extra={"run_id": run_id})
@@ -216,7 +216,7 @@ def revoke_tokens(rt: Runtime, run_id: str, who: Identity) -> str:
     if who.run is not None:
         raise Forbidden("a run token revokes no tokens", detail={"right": "mint"})
     run = reach(rt, run_id, who, READ)
-    at = rt.store.revoke_tokens(run_id, who.caller, audit=[
+    at = rt.store.runs.revoke_tokens(run_id, who.caller, audit=[
         audit.entry(who.caller, run.tenant, "token.revoke", run=run_id)])
     if at is None:
         not_found(run_id)
@@ -238,13 +238,13 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     needs `approve`, and not from the key that started the run (four eyes); any other
     answer needs `answer`. Reviewers' channels give none: the directory decides there.
     """
-    record, specs, answers, open_ids = rt.store.answerable(run_id)
+    record, specs, answers, open_ids = rt.store.answers.answerable(run_id)
     if record is None:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if who is not None:
         who.reach(run_id, record.tenant)
         if who.run is not None:
-            admit_token(who, rt.store.whose(run_id))
+            admit_token(who, rt.store.runs.whose(run_id))
         _may_answer(who, record, specs, entries)
     if not entries:
         raise Invalid("no answers given: `resume` needs one entry per open interrupt")
@@ -269,9 +269,9 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     deadlines = {r.interrupt_id for r in records if by_id[r.interrupt_id].expires_at}
     kept = [audit.entry(by, record.tenant, answered_as(by_id[r.interrupt_id], r.entry()),
                         run=run_id, interrupt=r.interrupt_id, via=channel) for r in records]
-    result = _recorded(rt.store.answer(run_id, records, require_all=require_all,
-                                       votes=votes, deadlines=deadlines, view=view,
-                                       audit=kept),
+    result = _recorded(rt.store.answers.answer(run_id, records, require_all=require_all,
+                                               votes=votes, deadlines=deadlines, view=view,
+                                               audit=kept),
                        run_id, records, by_id)
     for rec in records:
         log.info("interrupt %s of run %s %s by %s via %s", rec.interrupt_id, run_id,
@@ -482,7 +482,7 @@ def delegate(rt: Runtime, run_id: str, interrupt_id: str, *, reviewer: str, to: 
                       "else", run_id=run_id)
     handover = Delegation(reviewer=reviewer, to=to, by=by, channel=channel, at=now_iso(),
                           note=note[:2000] if note else None)
-    result = rt.store.delegate(run_id, interrupt_id, handover)
+    result = rt.store.answers.delegate(run_id, interrupt_id, handover)
     if result.verdict is Verdict.AGAIN:
         raise Conflict(f"{reviewer} already handed this request to "
                        f"{routing.handed_to(intr, reviewer)}", run_id=run_id)
@@ -508,16 +508,16 @@ def answer_job(rt: Runtime, run_id: str, interrupt_id: str, *, task: str, result
     record = Answer(interrupt_id=interrupt_id, status="resolved", payload=payload,
                     state=InterruptState.RESOLVED, answered_by=f"job:{task}", channel="job",
                     answered_at=now_iso())
-    outcome = store.answer(run_id, [record], allow_early=True)
+    outcome = store.answers.answer(run_id, [record], allow_early=True)
     rt.publish(outcome.entries)
     return outcome.verdict.value
 
 
 def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None,
            who: Identity | None = None) -> RunView:
-    whose = reach(rt, run_id, who, CANCEL) if who is not None else rt.store.whose(run_id)
-    result = rt.store.cancel(run_id, by, reason,
-                             audit=[audit.entry(by, whose.tenant, "cancel", run=run_id)])
+    whose = reach(rt, run_id, who, CANCEL) if who is not None else rt.store.runs.whose(run_id)
+    result = rt.store.runs.cancel(run_id, by, reason,
+                                  audit=[audit.entry(by, whose.tenant, "cancel", run=run_id)])
     if result.verdict is Verdict.MISSING:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if result.verdict is Verdict.FINISHED:
@@ -531,7 +531,7 @@ def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None,
 def requeue(rt: Runtime, run_id: str) -> Transition:
     """Queue a run's pending step again (for a step whose message was lost; a retrying run's
     failed calls are tried now)."""
-    result = rt.store.requeue(run_id, owner="*")
+    result = rt.store.runs.requeue(run_id, owner="*")
     if result.verdict is Verdict.MISSING:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if result.verdict is Verdict.SKIPPED:

@@ -59,8 +59,8 @@ def stuck(rt: Runtime, *, limit: int = 200) -> list[Finding]:
 def lapsed(store: Store, limit: int = 200) -> list[Finding]:
     now = store.now_ms()
     found = []
-    for run_id in store.lapsed_leases(limit):
-        owner, until = store.lease_of(run_id)
+    for run_id in store.deadlines.lapsed_leases(limit):
+        owner, until = store.runs.lease_of(run_id)
         late = now - (until or now)
         found.append(Finding(
             LEASE_LAPSED, run_id,
@@ -74,8 +74,8 @@ def lapsed(store: Store, limit: int = 200) -> list[Finding]:
 def waiting(store: Store, limit: int = 200) -> list[Finding]:
     now = store.now_ms()
     found = []
-    for run_id in store.waiting_too_long(store.config.lost_message_ms, limit):
-        status, updated = store.status_of(run_id)
+    for run_id in store.deadlines.waiting_too_long(store.config.lost_message_ms, limit):
+        status, updated = store.runs.status_of(run_id)
         since = now - (updated or now)
         found.append(Finding(
             WAITING_TOO_LONG, run_id,
@@ -89,7 +89,7 @@ def waiting(store: Store, limit: int = 200) -> list[Finding]:
 
 def overdue_outbox(store: Store, limit: int = 200) -> list[Finding]:
     found = []
-    for entry_id, late in store.overdue_outbox(store.config.outbox_grace_ms, limit):
+    for entry_id, late in store.outbox.overdue_outbox(store.config.outbox_grace_ms, limit):
         run_id = entry_id.split(":", 1)[0]
         found.append(Finding(
             OUTBOX_OVERDUE, run_id,
@@ -105,7 +105,7 @@ def failed_notifications(store: Store, limit: int = 200) -> list[Finding]:
     """Failed notifications of parked runs, the first `limit` of them: every parked run is
     looked at, a page at a time."""
     found: list[Finding] = []
-    for run_id, notes in store.notifications_of_parked():
+    for run_id, notes in store.outbox.notifications_of_parked():
         for note in notes:
             if note.state != "failed":
                 continue
@@ -137,15 +137,15 @@ def requeue_stuck(rt: Runtime, *, limit: int = 200) -> tuple[list[Requeued], int
     """Requeue runs with a lapsed lease or waiting too long, and publish overdue outbox
     entries. Returns what came of each run, and how many outbox entries were published.
 
-    Runs are requeued as the sweeper does (`Store.requeue` without an owner): a lease that
+    Runs are requeued as the sweeper does (`store.runs.requeue` without an owner): a lease that
     a worker took again since the listing is left alone ("busy"), not taken over."""
     store = rt.store
     done = []
-    stuck = [*((run_id, LEASE_LAPSED) for run_id in store.lapsed_leases(limit)),
+    stuck = [*((run_id, LEASE_LAPSED) for run_id in store.deadlines.lapsed_leases(limit)),
              *((run_id, WAITING_TOO_LONG)
-               for run_id in store.waiting_too_long(store.config.lost_message_ms, limit))]
+               for run_id in store.deadlines.waiting_too_long(store.config.lost_message_ms, limit))]
     for run_id, why in stuck:
-        result = store.requeue(run_id)
+        result = store.runs.requeue(run_id)
         if result.ok:
             rt.publish(result.entries)
             outcome = "requeued"
@@ -154,14 +154,14 @@ def requeue_stuck(rt: Runtime, *, limit: int = 200) -> tuple[list[Requeued], int
         else:
             outcome = result.verdict.value
         done.append(Requeued(run_id, outcome, why))
-    published = rt.publish(store.claim_outbox(limit))
+    published = rt.publish(store.outbox.claim_outbox(limit))
     return done, published
 
 
 def retry_notifications(rt: Runtime, run_ids: list[str]) -> dict[str, list[str]]:
     """Failed notifications of these runs back to pending, and their deliveries queued.
     Returns run id → the notification ids sent again."""
-    found = {run_id: rt.store.retry_notifications(run_id) for run_id in run_ids}
+    found = {run_id: rt.store.outbox.retry_notifications(run_id) for run_id in run_ids}
     # The store queued the deliveries itself, unless the broker is elsewhere.
     dispatch = [(run_id, nid) for run_id, (_, ids) in found.items() for nid in ids]
     if dispatch:
@@ -177,16 +177,16 @@ def retry_notifications(rt: Runtime, run_ids: list[str]) -> dict[str, list[str]]
 
 def with_failed_notifications(store: Store) -> list[str]:
     """Every parked run with a failed notification."""
-    return [run_id for run_id, notes in store.notifications_of_parked()
+    return [run_id for run_id, notes in store.outbox.notifications_of_parked()
             if any(n.state == "failed" for n in notes)]
 
 
 def purge(store: Store, *, dry_run: bool = False) -> dict[str, int]:
     """Drop index entries of finished runs past retention; counts by status. With
     `dry_run`, count only."""
-    found = store.runs.finished_before(store.retention_cutoff_ms())
+    found = store.all_runs.finished_before(store.lists.retention_cutoff_ms())
     counts = {status.value: count for status, count in found.items()}
     if not dry_run:
-        counts["pruned"] = store.prune_finished()
+        counts["pruned"] = store.lists.prune_finished()
     return counts
 

@@ -232,10 +232,10 @@ class Runtime:
                           len(entries))
             return 0
         # Every task's first argument is its run's id.
-        self.store.ack_outbox([(e.args[0], e.id) for e in entries
-                               if e.task not in ACKED_BY_THE_TASK])
-        self.store.hold_outbox([(e.args[0], e.id) for e in entries
-                                if e.task in ACKED_BY_THE_TASK])
+        self.store.outbox.ack_outbox([(e.args[0], e.id) for e in entries
+                                      if e.task not in ACKED_BY_THE_TASK])
+        self.store.outbox.hold_outbox([(e.args[0], e.id) for e in entries
+                                       if e.task in ACKED_BY_THE_TASK])
         return len(entries)
 
 

@@ -302,7 +302,7 @@ def prepare(rt: Runtime, agent: str, body: RunAgentInput, caller: Identity) -> P
     run_id = caller.run or thread_run_id(body.thread_id, caller.tenant)
     if caller.run is not None:
         commands.reach(rt, run_id, caller, READ)
-    view = rt.store.view(run_id)
+    view = rt.store.runs.view(run_id)
     if view is not None:
         caller.reach(run_id, view.tenant)  # NotFound, as for a thread with no run
         caller.require(READ, f"run {run_id}")
@@ -335,11 +335,11 @@ def _resume(rt: Runtime, view: RunView, body: RunAgentInput, caller: Identity) -
     store, run_id = rt.store, view.id
     entries = [ResumeEntry(interrupt_id=e.interrupt_id, status=e.status,
                            payload=e.payload, metadata=e.metadata) for e in body.resume or []]
-    park = store.last_park(run_id, {e.interrupt_id for e in entries})
+    park = store.runs.last_park(run_id, {e.interrupt_id for e in entries})
     if park is None:
         raise NotFound(f"thread {body.thread_id!r} has no interrupt "
                        f"{[e.interrupt_id for e in entries]}", run_id=run_id)
-    specs, answers, open_ids = store.interrupts(run_id)
+    specs, answers, open_ids = store.answers.interrupts(run_id)
     fresh = [e for e in entries if e.interrupt_id in open_ids
              or e.interrupt_id not in answers or answers[e.interrupt_id].entry() != e]
     # Every open interrupt but background jobs, which answer themselves.
@@ -356,8 +356,8 @@ def _resume(rt: Runtime, view: RunView, body: RunAgentInput, caller: Identity) -
 def _reconnect(rt: Runtime, view: RunView, body: RunAgentInput) -> Plan:
     """Input without a resume on a thread that has a run: follow it from its last park,
     unless it waits on people (then they must be answered first)."""
-    park = rt.store.last_park(view.id)  # before the status: a newer park shows there
-    view = rt.store.view(view.id) or view
+    park = rt.store.runs.last_park(view.id)  # before the status: a newer park shows there
+    view = rt.store.runs.view(view.id) or view
     # A run waiting on background jobs only is followed, not refused: they answer themselves.
     waiting = [i.id for i in view.interrupts
                if i.state == InterruptState.OPEN and i.reason != BACKGROUND_JOB]

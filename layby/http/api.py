@@ -149,9 +149,9 @@ def list_runs(rt: Rt, caller: Caller, status: Status | None = None,
         raise Forbidden("a run token reads its run alone, not lists of runs",
                         detail={"right": READ})
     # A tenant's keys list its runs alone, read from its own indexes; an admin's, all.
-    runs, after = rt.store.list_page(status, limit=limit, cursor=cursor, offset=offset,
-                                     agent_version=agent_version,
-                                     tenant=None if caller.has(ADMIN) else caller.tenant)
+    runs, after = rt.store.lists.list_page(status, limit=limit, cursor=cursor, offset=offset,
+                                           agent_version=agent_version,
+                                           tenant=None if caller.has(ADMIN) else caller.tenant)
     return _json(RunList(runs=runs, next_cursor=after))
 
 

@@ -145,7 +145,7 @@ def _who(rt: Runtime, request: Request) -> Who | None:
         session = signin.read(_keys(rt), "session", cookie)
     except signin.BadSignIn:
         return None
-    if rt.store.has_seen(f"inbox-out:{session.nonce}"):
+    if rt.store.marks.has_seen(f"inbox-out:{session.nonce}"):
         return None  # signed out
     if revocation.is_revoked(rt, session.reviewer, session.issued_ms):
         return None  # its reviewer's sessions were ended (`layby inbox revoke`)
@@ -255,7 +255,7 @@ def _within_limits(rt: Runtime, source: str, to: str) -> bool:
     and for `to` (an address's hash, known reviewer or not): _ASKS from one client and
     _MAILS for one address in _MAILS_PER_S, however many reviewers those are."""
     for kind, who, most in (("from", source, _ASKS), ("to", to, _MAILS)):
-        if rt.store.tally(f"inbox-ask-{kind}:{who}", _MAILS_PER_S) > most:
+        if rt.store.marks.tally(f"inbox-ask-{kind}:{who}", _MAILS_PER_S) > most:
             log.warning("inbox sign-in refused: more than %d sign-in links asked for %s in "
                         "%d s", most, f"from {who}" if kind == "from" else "one address",
                         _MAILS_PER_S)
@@ -269,7 +269,8 @@ def _mail_link(rt: Runtime, address: str) -> None:
         log.info("inbox sign-in asked for an address that is not a reviewer's")
         return
     slot = next((f"inbox-mail:{reviewer.id}:{n}" for n in range(_MAILS)
-                 if rt.store.first_sight(f"inbox-mail:{reviewer.id}:{n}", _MAILS_PER_S)), None)
+                 if rt.store.marks.first_sight(f"inbox-mail:{reviewer.id}:{n}", _MAILS_PER_S)),
+                None)
     if slot is None:
         log.warning("inbox sign-in link for %s not sent: %d went out in the last %d s",
                     reviewer.id, _MAILS, _MAILS_PER_S)
@@ -279,7 +280,7 @@ def _mail_link(rt: Runtime, address: str) -> None:
     try:
         mail.send(settings, mail.sign_in_mail(settings, reviewer, link))
     except Exception as exc:  # noqa: BLE001  (the reviewer asks again; the reason is logged)
-        rt.store.forget_sight(slot)
+        rt.store.marks.forget_sight(slot)
         log.error("inbox sign-in link for %s not sent: %s", reviewer.id, exc)
         return
     log.info("inbox sign-in link sent to %s", reviewer.id)
@@ -295,7 +296,7 @@ def _link(rt: Runtime, link: str) -> signin.Signed:
         raise _Refused(_page(render_sign_in(
             "refused", message="this sign-in link was made before your sessions were "
             "ended: ask for a new one"), 403))
-    if rt.store.has_seen(f"inbox-link:{signed.nonce}"):
+    if rt.store.marks.has_seen(f"inbox-link:{signed.nonce}"):
         raise _Refused(_page(render_sign_in(
             "refused", message="this sign-in link was used already: each link signs in "
             "once; ask for a new one"), 403))
@@ -326,7 +327,7 @@ async def sign_in(link: Link, request: Request, rt: Rt) -> Response:
         signed = _link(rt, link)
         # Kept past the link's end, by the clock its end is checked with.
         left = max(1, int(signed.expires - time.time()) + 300)
-        if not rt.store.first_sight(f"inbox-link:{signed.nonce}", left):
+        if not rt.store.marks.first_sight(f"inbox-link:{signed.nonce}", left):
             raise _Refused(_page(render_sign_in(
                 "refused", message="this sign-in link was used already: each link signs "
                 "in once; ask for a new one"), 403))
@@ -353,7 +354,7 @@ async def sign_out(request: Request, rt: Rt) -> Response:
     if not who.by_header and who.expires is not None:
         # Kept until the session's own end: a signed-out cookie stays refused.
         left = max(1, int(who.expires - time.time()) + 300)
-        await _in_thread(rt.store.first_sight, f"inbox-out:{who.session_id}", left)
+        await _in_thread(rt.store.marks.first_sight, f"inbox-out:{who.session_id}", left)
     response = RedirectResponse("/inbox", status_code=303, headers=_HEADERS)
     response.delete_cookie(COOKIE, path="/inbox", httponly=True, samesite="strict",
                            secure=_secure(rt, request))
@@ -491,7 +492,7 @@ def _gone(rt: Runtime, who: Who, ref: str) -> str:
     if found is None:
         return mine
     run_id, interrupt_id = found
-    views = rt.store.views([run_id])
+    views = rt.store.runs.views([run_id])
     intr = next((i for run in views for i in run.interrupts if i.id == interrupt_id), None)
     by = f"reviewer:{who.reviewer.id}"
     if intr is None or not (
@@ -607,7 +608,7 @@ async def events(request: Request, rt: Rt) -> Response:
 
     def pulse() -> tuple[int, list[tuple[str, int]]]:
         # Two cheap reads: a run that parks, resumes or ends changes one or the other.
-        runs = rt.store.runs
+        runs = rt.store.all_runs
         return runs.count(Status.INTERRUPTED), runs.newest(Status.INTERRUPTED, 1)
 
     async def changes() -> AsyncIterator[str]:

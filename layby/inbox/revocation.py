@@ -18,8 +18,8 @@ def revoke(rt: Runtime, reviewer: Reviewer, *, by: str) -> int:
     """End every session and sign-in link of `reviewer` made until now; returns when (the
     store's clock, ms). Recorded in the audit trail as `by`'s."""
     ttl = max(rt.settings.inbox_session_ttl_s, rt.settings.inbox_link_ttl_s) + 60
-    since = rt.store.note_since(_key(reviewer.id), ttl)
-    rt.store.record_audit([audit.entry(by, "default", "inbox.revoke",
+    since = rt.store.marks.note_since(_key(reviewer.id), ttl)
+    rt.store.audit.record([audit.entry(by, "default", "inbox.revoke",
                                        subject=f"reviewer:{reviewer.id}")], of=reviewer.id)
     return since
 
@@ -27,5 +27,5 @@ def revoke(rt: Runtime, reviewer: Reviewer, *, by: str) -> int:
 def is_revoked(rt: Runtime, reviewer_id: str, issued_ms: int) -> bool:
     """Whether what was signed for the reviewer at `issued_ms` (a session, a link; the
     gateway's clock) was made before their sessions were ended (the store's clock)."""
-    since = rt.store.noted_since(_key(reviewer_id))
+    since = rt.store.marks.noted_since(_key(reviewer_id))
     return since is not None and issued_ms <= since

@@ -4,8 +4,9 @@ the CSRF token every inbox form carries, and the notice an answer's redirect car
 All three are HMAC-signed with the reviewer token keys (`LAYBY_TOKEN_KEYS`: the first key
 signs, every key verifies, so keys rotate as reviewer tokens do), each under its own purpose,
 so one can never pass for another. Nothing here touches the store: a link is made single-use,
-and a session ended early, by the caller recording its nonce (`Store.first_sight`); every session
-and link of a reviewer made before a time are refused by the caller (`layby inbox revoke`).
+and a session ended early, by the caller recording its nonce (`store.marks.first_sight`);
+every session and link of a reviewer made before a time are refused by the caller
+(`layby inbox revoke`).
 
     link     <kid>.<payload>.<signature>   payload: reviewer, expiry, issued, nonce
     session  <kid>.<payload>.<signature>   payload: reviewer, expiry, issued, session id

@@ -107,9 +107,9 @@ class Answered:
 
 
 def _runs(rt: Runtime, status: Status | None, limit: int) -> Iterator[RunView]:
-    run_ids = [run_id for run_id, _ in rt.store.runs.newest(status, limit)]
+    run_ids = [run_id for run_id, _ in rt.store.all_runs.newest(status, limit)]
     for at in range(0, len(run_ids), _CHUNK):
-        yield from rt.store.views(run_ids[at:at + _CHUNK])
+        yield from rt.store.runs.views(run_ids[at:at + _CHUNK])
 
 
 def why(directory: Directory, intr: InterruptView, reviewer_id: str, now: float) -> list[str]:
@@ -151,10 +151,10 @@ def _open_interrupts(rt: Runtime, max_age_s: float
         # The runs whose requests expire soonest, however old, then the newest: the most
         # urgent are looked at in a store of any size.
         run_ids = list(dict.fromkeys([
-            *rt.store.soonest_deadlines(URGENT),
-            *(run_id for run_id, _ in rt.store.runs.newest(Status.INTERRUPTED, SCAN))]))
+            *rt.store.deadlines.soonest_deadlines(URGENT),
+            *(run_id for run_id, _ in rt.store.all_runs.newest(Status.INTERRUPTED, SCAN))]))
         found = [item for at in range(0, len(run_ids), _CHUNK)
-                 for item in rt.store.open_interrupts(run_ids[at:at + _CHUNK])]
+                 for item in rt.store.inbox.open_interrupts(run_ids[at:at + _CHUNK])]
         _last_read[id(rt)] = (began, found)
         return found
 
@@ -192,7 +192,7 @@ def waiting_for(rt: Runtime, reviewer: Reviewer, *, agent: str | None = None,
             if (agent is None or o.agent == agent)
             and (tool is None or o.interrupt.tool_name == tool)
             and (reason is None or o.interrupt.reason == reason)]
-    runs = {run.id: run for run in rt.store.views(list(dict.fromkeys(
+    runs = {run.id: run for run in rt.store.runs.views(list(dict.fromkeys(
         o.run_id for o in kept[:PAGE])))}
     items = []
     for o in kept[:PAGE]:
@@ -206,7 +206,7 @@ def waiting_for(rt: Runtime, reviewer: Reviewer, *, agent: str | None = None,
                    agents=sorted({o.agent for o in everything}),
                    tools=sorted({o.interrupt.tool_name for o in everything}),
                    reasons=sorted({o.interrupt.reason for o in everything}),
-                   truncated=rt.store.runs.count(Status.INTERRUPTED) > SCAN)
+                   truncated=rt.store.all_runs.count(Status.INTERRUPTED) > SCAN)
 
 
 _REF = re.compile(r"^([A-Za-z0-9_.-]{1,128})/([A-Za-z0-9_.-]{1,128})$")
@@ -226,7 +226,7 @@ def find(rt: Runtime, reviewer: Reviewer, ref: str) -> Waiting | None:
     if parsed is None:
         return None
     run_id, interrupt_id = parsed
-    runs = rt.store.views([run_id])
+    runs = rt.store.runs.views([run_id])
     intr = next((i for run in runs for i in run.interrupts if i.id == interrupt_id), None)
     if intr is None or intr.state is not InterruptState.OPEN:
         return None

@@ -390,9 +390,9 @@ def _switch_to(format: int, force: bool) -> None:
     """The store writes `format` from now on: once no live process is older (or now,
     with `force`); else the command refuses, naming them."""
     store = _rt().store
-    older = {name: told for name, told in store.live_processes().items()
+    older = {name: told for name, told in store.processes.live_processes().items()
              if not told or int(told.split()[1]) < format}
-    reply = store.switch_format(format, force=force, shards=_rt().settings.store_shards)
+    reply = store.processes.switch_format(format, force=force, shards=_rt().settings.store_shards)
     if reply[0] == "older":
         names = ", ".join(f"{name} ({told or 'no version'})" for name, told in older.items())
         _fail(f"processes of an older release are alive: {names}; the store writes format "
@@ -433,7 +433,7 @@ def _follow(run_id: str) -> int:
     store = _rt().store
     after = "0-0"
     while True:
-        for event in store.events(run_id, after, block_ms=2000):
+        for event in store.runs.events(run_id, after, block_ms=2000):
             after = event.id
             _print_event(event.type, event.data)
             if event.type == "run.completed":
@@ -581,8 +581,8 @@ def _every_run(store: Store, status: Status | None, limit: int | None,
     left = limit
     while left is None or left > 0:
         size = 500 if left is None else min(500, left)
-        page, cursor = store.list_page(status, limit=size, cursor=cursor,
-                                       agent_version=agent_version)
+        page, cursor = store.lists.list_page(status, limit=size, cursor=cursor,
+                                             agent_version=agent_version)
         yield from page
         if left is not None:
             left -= len(page)
@@ -728,7 +728,7 @@ def runs_events(run_id: str, follow: bool = False,
     store = _rt().store
     after = "0-0"
     while True:
-        batch = store.events(run_id, after, block_ms=5000 if follow else None)
+        batch = store.runs.events(run_id, after, block_ms=5000 if follow else None)
         for event in batch:
             after = event.id
             if text:

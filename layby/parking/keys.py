@@ -610,9 +610,10 @@ def _sharded(prefix: str, count: int) -> tuple[ShardKeys, ...]:
 
 @dataclass(frozen=True)
 class Keys:
-    """Every key's name under `prefix`. The names of a shard's structures it gives itself
-    (`index`, `deadlines`, …) are the legacy shard's: what migration 1 and the tests name;
-    the store reads and writes them through `shards` and `shard_of`.
+    """Every key's name under `prefix`, in the layout `shard_count` says. A shard's
+    structures (its indexes, deadlines, outbox, …) are named by its `ShardKeys`: the run's
+    (`shard_of`), or every shard's (`shards`); a run's keys by the run (`run`, `events`, …).
+    The keys of records older than format 1 are named only by migration 1, which moves them.
 
     `shard_count` None is format 1's layout: one shard, the legacy one, and each run's keys
     tagged with its own id (`<p>:{<run>}:run`). A number is the sharded layout, that of a
@@ -666,16 +667,8 @@ class Keys:
     def run(self, run_id: str) -> str:
         return self._of(run_id, "run")
 
-    def interrupts(self, run_id: str) -> str:
-        """0.1.0's predecessors' (only migration 1 reads it)."""
-        return f"{self.prefix}:{{{run_id}}}:interrupts"
-
     def answers(self, run_id: str) -> str:
         return self._of(run_id, "answers")
-
-    def open(self, run_id: str) -> str:
-        """0.1.0's predecessors' (only migration 1 reads it)."""
-        return f"{self.prefix}:{{{run_id}}}:open"
 
     def checkpoints(self, run_id: str) -> str:
         return self._of(run_id, "checkpoints")
@@ -683,27 +676,8 @@ class Keys:
     def events(self, run_id: str) -> str:
         return self._of(run_id, "events")
 
-    def notifications(self, run_id: str) -> str:
-        """0.1.0's predecessors' (only migration 1 reads it)."""
-        return f"{self.prefix}:{{{run_id}}}:notifications"
-
     def review(self, run_id: str) -> str:
         return self._of(run_id, "review")
-
-    def index(self, status: Status) -> str:
-        return self.legacy.index(status)
-
-    @property
-    def deadlines(self) -> str:
-        return self.legacy.deadlines
-
-    @property
-    def leases(self) -> str:
-        return self.legacy.leases
-
-    @property
-    def retries(self) -> str:
-        return self.legacy.retries
 
     def _registry(self, name: str) -> str:
         """A key of the process registry: in the sharded layout, tagged with the format
@@ -733,17 +707,6 @@ class Keys:
         return self._registry("workers:hosting")
 
     @property
-    def outbox(self) -> str:
-        return self.legacy.outbox
-
-    @property
-    def outbox_entries(self) -> str:
-        return self.legacy.outbox_entries
-
-    def idempotency(self, key: str) -> str:
-        return self.legacy.idempotency(key)
-
-    @property
     def server(self) -> str:
         return f"{self.prefix}:server"
 
@@ -752,30 +715,11 @@ class Keys:
         return f"{self.prefix}:broker:server"
 
     @property
-    def notify_due(self) -> str:
-        return self.legacy.notify_due
-
-    def grant(self, ref: str) -> str:
-        return self.legacy.grant(ref)
-
-    @property
     def swept(self) -> str:
         return f"{self.prefix}:swept"
 
-    @property
-    def fold_cursor(self) -> str:
-        return self.legacy.fold_cursor
-
     def seen(self, what: str) -> str:
         return f"{self.prefix}:seen:{what}"
-
-    @property
-    def stats(self) -> str:
-        return self.legacy.stats
-
-    @property
-    def queues(self) -> str:
-        return self.legacy.queues
 
     def for_scripts(self, run_id: str) -> list[str]:
         """The KEYS every transition script receives, in the order of `lua/_prelude.lua`

@@ -1,6 +1,6 @@
 """The store's reads by agent version: a page of the runs started on one version (the list's
 filter), and the runs whose step waits on a pinned version's queue (which the sweeper must
-not take for lost). Kept apart from `store`, whose methods call them.
+not take for lost). Kept apart from `store`, whose parts (`lists`, `deadlines`) call them.
 
 A run records the version of its agent it started on in its hash (`agent_version`), and,
 when its agent pins, `pinned`: its turns and resumes then go to `<turns queue>@<version>`
@@ -8,7 +8,7 @@ when its agent pins, `pinned`: its turns and resumes then go to `<turns queue>@<
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from layby.parking.registries import RunIndex, cursor_of
@@ -17,22 +17,22 @@ from layby.wire import RunSummary, Status
 
 class RunFields(Protocol):
     """What these reads take of the store (`parking.store.Store` is one): its server, and
-    runs' fields and summaries read where each run is."""
+    runs' fields read where each run is."""
 
     redis: Any
 
     def fields_of_runs(self, run_ids: Sequence[str], *fields: str
                        ) -> list[list[str | None]]: ...
 
-    def summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]: ...
 
 # Runs of the index one page of a list by agent version reads at most.
 VERSION_SCAN = 5000
 
 
-def page_of_version(store: RunFields, runs: RunIndex, status: Status | None, limit: int,
-                    cursor: str | None, offset: int, agent_version: str
-                    ) -> tuple[list[RunSummary], str | None]:
+def page_of_version(store: RunFields, summaries: Callable[[list[tuple[str, int]]],
+                                                          list[RunSummary]],
+                    runs: RunIndex, status: Status | None, limit: int, cursor: str | None,
+                    offset: int, agent_version: str) -> tuple[list[RunSummary], str | None]:
     """Runs of `runs` started on `agent_version`, newest first, `offset` of them skipped: the
     index read from `cursor` on, each run's version looked at, until `limit` are found or
     VERSION_SCAN runs were read. Its cost is bounded, so a page may hold fewer than `limit`
@@ -52,12 +52,12 @@ def page_of_version(store: RunFields, runs: RunIndex, status: Status | None, lim
             elif version == agent_version:
                 found.append(item)
                 if len(found) == limit:
-                    return store.summaries(found), cursor_of(*item)
+                    return summaries(found), cursor_of(*item)
         if after is None:
-            return store.summaries(found), None
+            return summaries(found), None
         cursor = after
         if scanned >= VERSION_SCAN:
-            return store.summaries(found), cursor
+            return summaries(found), cursor
 
 
 def not_behind_pinned(store: RunFields, turns: str | None, run_ids: list[str]) -> list[str]:

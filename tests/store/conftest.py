@@ -31,6 +31,7 @@ from layby.generation.messages import Message, text_message
 from layby.ops.embedded import EmbeddedRedis
 from layby.parking import Announcements, Keys, Store, StoreConfig
 from layby.parking.clock import iso
+from layby.parking.keys import ShardKeys
 from layby.parking.registries import RunIndex
 from layby.wire import Answer, Delegation, InterruptState, Notification, Status
 
@@ -108,11 +109,11 @@ def handover(reviewer: str, to: str) -> Delegation:
 def answered_to_the_end(store: Store, run_id: str) -> None:
     """A run parked at version 2 on `int_a`: answered (it resumes), claimed at 3 and
     completed, each transition checked."""
-    done = store.answer(run_id, [answer("int_a")])
+    done = store.answers.answer(run_id, [answer("int_a")])
     assert done.resumed, done
-    assert store.claim(run_id, 3, OWNER).ok
-    assert store.complete(run_id, 3, OWNER, World.history(4), "done",
-                          {"from": 3, "historyTo": 4}).ok
+    assert store.runs.claim(run_id, 3, OWNER).ok
+    assert store.runs.complete(run_id, 3, OWNER, World.history(4), "done",
+                               {"from": 3, "historyTo": 4}).ok
 
 
 def pages(runs: RunIndex, status: Status | None, size: int) -> list[list[tuple[str, int]]]:
@@ -162,6 +163,13 @@ class World:
 
     # -- reads, as an operator would look ----------------------------------------------
 
+    @property
+    def shard(self) -> ShardKeys:
+        """The keys of the store's one shard (format 1's layout): a sharded world's tests
+        name the run's, `keys.shard_of(run_id)`."""
+        [one] = self.keys.shards
+        return one
+
     def now(self) -> int:
         return self.store.now_ms()
 
@@ -181,7 +189,7 @@ class World:
         """Status → score of each index holding the run (one, when all is well)."""
         found = {}
         for status in Status:
-            score = self.client.zscore(self.keys.index(status), run_id)
+            score = self.client.zscore(self.keys.shard_of(run_id).index(status), run_id)
             if score is not None:
                 found[status.value] = int(score)
         return found
@@ -203,13 +211,13 @@ class World:
 
     def outbox(self) -> dict[str, tuple[dict[str, Any], int]]:
         """Entry id → (entry, when it is due)."""
-        entries = self.client.hgetall(self.keys.outbox_entries)
-        due = self.zset(self.keys.outbox)
+        entries = self.client.hgetall(self.shard.outbox_entries)
+        due = self.zset(self.shard.outbox)
         assert set(entries) == set(due), "every outbox entry is scheduled, and only those"
         return {k: (json.loads(v), due[k]) for k, v in entries.items()}
 
     def stats(self) -> dict[str, int]:
-        return {k: int(v) for k, v in self.client.hgetall(self.keys.stats).items()}
+        return {k: int(v) for k, v in self.client.hgetall(self.shard.stats).items()}
 
     def queue(self, name: str) -> list[tuple[str, list[Any], str]]:
         """The messages pushed on this test's queue `name` (layby.turns, layby.notify),
@@ -223,7 +231,7 @@ class World:
         return out
 
     def notes(self, run_id: str) -> dict[str, Notification]:
-        return {n.id: n for n in self.store.notifications(run_id)}
+        return {n.id: n for n in self.store.outbox.notifications(run_id)}
 
     def raw_note(self, run_id: str, nid: str) -> dict[str, Any]:
         return json.loads(self.client.hget(self.keys.run(run_id), f"n:{nid}"))
@@ -263,35 +271,35 @@ class World:
         on `interrupts` (one, `int_a`, unless said), announced by `plan` (nothing)."""
         status = Status(status)
         store = store or self.store
-        made = store.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
-                                metadata={}, idempotency_key=None)
+        made = store.runs.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
+                                     metadata={}, idempotency_key=None)
         assert made.ok, made
         run = Run(run_id, 1)
         if status is Status.QUEUED:
             return run
         if status is Status.CANCELLED:
-            assert store.cancel(run_id, "api:ops", "no longer needed").ok
+            assert store.runs.cancel(run_id, "api:ops", "no longer needed").ok
             return Run(run_id, 2)
-        assert store.claim(run_id, 1, OWNER).ok
+        assert store.runs.claim(run_id, 1, OWNER).ok
         if status is Status.RUNNING:
             return run
         if status is Status.COMPLETED:
-            assert store.complete(run_id, 1, OWNER, self.history(2), "done",
-                                  {"from": 1, "historyTo": 2}).ok
+            assert store.runs.complete(run_id, 1, OWNER, self.history(2), "done",
+                                       {"from": 1, "historyTo": 2}).ok
             return Run(run_id, 2)
         if status is Status.FAILED:
-            assert store.fail(run_id, {"code": "boom", "message": "it broke"}, version=1,
-                              owner=OWNER).ok
+            assert store.runs.fail(run_id, {"code": "boom", "message": "it broke"}, version=1,
+                                   owner=OWNER).ok
             return Run(run_id, 2)
         intrs = interrupts if interrupts is not None else [interrupt("int_a")]
-        parked = store.park(run_id, 1, OWNER, self.history(2), intrs,
-                            park_event(intrs), plan=plan or Announcements())
+        parked = store.runs.park(run_id, 1, OWNER, self.history(2), intrs,
+                                 park_event(intrs), plan=plan or Announcements())
         assert parked.ok, parked
         run = Run(run_id, 2, interrupts=[i.id for i in intrs])
         if status is Status.INTERRUPTED:
             return run
         assert status is Status.RESUMING
-        done = store.answer(run_id, [answer(i) for i in run.interrupts])
+        done = store.answers.answer(run_id, [answer(i) for i in run.interrupts])
         assert done.resumed, done
         return Run(run_id, 3, interrupts=run.interrupts)
 
@@ -301,10 +309,10 @@ class World:
         returns the step's messages."""
         self.make("running", run_id)
         added = [{"role": "model", "content": [{"text": "message 1"}]}]
-        self.store.advance(run_id, 1, OWNER, self.history(2),
-                           {"from": 1, "historyTo": 2, "messages": added}, inline=True)
-        self.store.park(run_id, 2, OWNER, self.history(3), [interrupt("int_a")],
-                        park_event([interrupt("int_a")], 2, 3), plan=None)
+        self.store.runs.advance(run_id, 1, OWNER, self.history(2),
+                                {"from": 1, "historyTo": 2, "messages": added}, inline=True)
+        self.store.runs.park(run_id, 2, OWNER, self.history(3), [interrupt("int_a")],
+                             park_event([interrupt("int_a")], 2, 3), plan=None)
         return added
 
     @staticmethod

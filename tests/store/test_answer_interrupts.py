@@ -28,7 +28,7 @@ def test_an_answer_to_one_of_two_is_recorded_and_the_run_waits_on(world: World) 
                                                 interrupt("int_b", expires_ms=later)])
     parked_at = int(world.run_hash(run.id)["updated_at"])
     a = answer("int_a", channel="email")
-    done = world.store.answer(run.id, [a])
+    done = world.store.answers.answer(run.id, [a])
     assert done.verdict is Verdict.OK and done.version == 2 and not done.resumed
     assert done.entries == () and done.at is not None
     assert _stored(world, run.id) == {"int_a": a.wire()}
@@ -37,7 +37,7 @@ def test_an_answer_to_one_of_two_is_recorded_and_the_run_waits_on(world: World) 
     # What the park waited on, written by the first answer before it changed `open`.
     assert hash_["waiting"] == "int_a int_b"
     assert hash_["updated_at"] == str(parked_at)  # an answer is not a change of state
-    assert world.zset(world.keys.deadlines) == {"run_1 int_b": later}
+    assert world.zset(world.shard.deadlines) == {"run_1 int_b": later}
     assert world.events(run.id)[-1] == ("interrupt.answered", 2, a.wire())
     assert done.event_id == world.client.xrevrange(world.keys.events(run.id), count=1)[0][0]
     stats = world.stats()
@@ -48,8 +48,8 @@ def test_an_answer_to_one_of_two_is_recorded_and_the_run_waits_on(world: World) 
 
 def test_the_answer_that_closes_the_last_interrupt_queues_one_resume(world: World) -> None:
     run = world.make("interrupted", interrupts=TWO)
-    world.store.answer(run.id, [answer("int_a")])
-    done = world.store.answer(run.id, [answer("int_b", by="bob")])
+    world.store.answers.answer(run.id, [answer("int_a")])
+    done = world.store.answers.answer(run.id, [answer("int_b", by="bob")])
     assert done.ok and done.resumed and done.version == 3
     hash_ = world.run_hash(run.id)
     assert (hash_["status"], hash_["version"], hash_["open"], hash_["attempts"],
@@ -65,7 +65,7 @@ def test_the_answer_that_closes_the_last_interrupt_queues_one_resume(world: Worl
 
 def test_answers_to_every_open_interrupt_at_once_resume_the_run(world: World) -> None:
     run = world.make("interrupted", interrupts=TWO)
-    done = world.store.answer(run.id, [answer("int_a"), answer("int_b")], require_all=True)
+    done = world.store.answers.answer(run.id, [answer("int_a"), answer("int_b")], require_all=True)
     assert done.resumed and done.version == 3
     assert world.event_types(run.id)[-3:] == ["interrupt.answered", "interrupt.answered",
                                               "run.resuming"]
@@ -74,7 +74,7 @@ def test_answers_to_every_open_interrupt_at_once_resume_the_run(world: World) ->
 def test_with_the_broker_on_the_server_the_resume_is_pushed(world: World) -> None:
     store = world.store_with(pushing=True)
     run = world.make("interrupted", store=store)
-    done = store.answer(run.id, [answer("int_a")])
+    done = store.answers.answer(run.id, [answer("int_a")])
     assert done.resumed and done.entries == ()
     assert world.queue("layby.turns")[-1] == ("layby.resume_run", ["run_1", 3],
                                               "run_1:resume:3")
@@ -85,9 +85,9 @@ def test_a_second_answer_is_a_conflict_with_the_first_and_changes_nothing(
         world: World) -> None:
     run = world.make("interrupted", interrupts=TWO)
     first = answer("int_a", by="alice")
-    world.store.answer(run.id, [first])
+    world.store.answers.answer(run.id, [first])
     before = world.snapshot()
-    late = world.store.answer(run.id, [answer("int_a", by="bob", payload="no")])
+    late = world.store.answers.answer(run.id, [answer("int_a", by="bob", payload="no")])
     assert late.verdict is Verdict.CONFLICT and late.interrupt_id == "int_a"
     assert late.first == first and late.status is Status.INTERRUPTED
     assert world.snapshot() == before
@@ -97,7 +97,7 @@ def test_an_answer_after_the_run_resumed_is_a_conflict_and_queues_no_second_resu
         world: World) -> None:
     run = world.make("resuming")
     before = world.snapshot()
-    late = world.store.answer(run.id, [answer("int_a", by="bob")])
+    late = world.store.answers.answer(run.id, [answer("int_a", by="bob")])
     assert late.verdict is Verdict.CONFLICT and late.status is Status.RESUMING
     assert world.snapshot() == before
 
@@ -105,7 +105,7 @@ def test_an_answer_after_the_run_resumed_is_a_conflict_and_queues_no_second_resu
 def test_an_answer_to_an_interrupt_the_run_does_not_have_is_unknown(world: World) -> None:
     run = world.make("interrupted")
     before = world.snapshot()
-    refused = world.store.answer(run.id, [answer("int_zz")])
+    refused = world.store.answers.answer(run.id, [answer("int_zz")])
     assert refused.verdict is Verdict.UNKNOWN and refused.interrupt_id == "int_zz"
     assert world.snapshot() == before
 
@@ -113,7 +113,7 @@ def test_an_answer_to_an_interrupt_the_run_does_not_have_is_unknown(world: World
 def test_a_batch_with_one_bad_answer_records_none_of_them(world: World) -> None:
     run = world.make("interrupted", interrupts=TWO)
     before = world.snapshot()
-    refused = world.store.answer(run.id, [answer("int_a"), answer("int_zz")])
+    refused = world.store.answers.answer(run.id, [answer("int_a"), answer("int_zz")])
     assert refused.verdict is Verdict.UNKNOWN
     assert world.snapshot() == before
 
@@ -122,14 +122,14 @@ def test_a_resume_that_leaves_interrupts_open_is_incomplete_and_changes_nothing(
         world: World) -> None:
     run = world.make("interrupted", interrupts=TWO)
     before = world.snapshot()
-    refused = world.store.answer(run.id, [answer("int_a")], require_all=True)
+    refused = world.store.answers.answer(run.id, [answer("int_a")], require_all=True)
     assert refused.verdict is Verdict.INCOMPLETE
     assert refused.still_open == ("int_a", "int_b")
     assert world.snapshot() == before
 
 
 def test_an_answer_for_a_missing_run_writes_nothing(world: World) -> None:
-    assert world.store.answer("run_x", [answer("int_a")]).verdict is Verdict.MISSING
+    assert world.store.answers.answer("run_x", [answer("int_a")]).verdict is Verdict.MISSING
     assert world.snapshot() == {}
 
 
@@ -137,9 +137,9 @@ def test_a_jobs_answer_before_the_park_is_kept_and_the_first_one_stands(
         world: World) -> None:
     world.make("running")
     first = answer("int_a", by="job", payload={"rows": 1}, channel="job")
-    assert world.store.answer("run_1", [first], allow_early=True).verdict is Verdict.EARLY
-    assert world.store.answer("run_1", [answer("int_a", by="job", payload={"rows": 2})],
-                              allow_early=True).verdict is Verdict.EARLY
+    assert world.store.answers.answer("run_1", [first], allow_early=True).verdict is Verdict.EARLY
+    assert world.store.answers.answer("run_1", [answer("int_a", by="job", payload={"rows": 2})],
+                                      allow_early=True).verdict is Verdict.EARLY
     assert _stored(world, "run_1") == {"int_a": first.wire()}
     run = world.run_hash("run_1")
     assert (run["status"], run["version"], run["open"]) == ("running", "1", "")
@@ -149,7 +149,7 @@ def test_a_jobs_answer_before_the_park_is_kept_and_the_first_one_stands(
 def test_a_jobs_early_answer_for_a_finished_run_is_refused(world: World) -> None:
     run = world.make("cancelled")
     before = world.snapshot()
-    refused = world.store.answer(run.id, [answer("int_a")], allow_early=True)
+    refused = world.store.answers.answer(run.id, [answer("int_a")], allow_early=True)
     assert refused.verdict is Verdict.FINISHED and refused.status is Status.CANCELLED
     assert world.snapshot() == before
 
@@ -159,16 +159,16 @@ def test_an_answer_skips_the_unsent_notifications_of_its_interrupt_only(
     later = world.now() + 600_000
     run = world.make("interrupted", interrupts=TWO, plan=Announcements(notes=[
         (note("ntf_a", "int_a"), later), (note("ntf_b", "int_b"), later)]))
-    world.store.answer(run.id, [answer("int_a")])
+    world.store.answers.answer(run.id, [answer("int_a")])
     notes = world.notes(run.id)
     assert (notes["ntf_a"].state, notes["ntf_b"].state) == ("skipped", "pending")
-    assert world.zset(world.keys.notify_due) == {"run_1 ntf_b": later}
+    assert world.zset(world.shard.notify_due) == {"run_1 ntf_b": later}
 
 
 def test_approvals_count_once_per_reviewer_and_the_last_needed_closes(world: World) -> None:
     run = world.make("interrupted")
     votes = {"int_a": 2}
-    first = world.store.answer(run.id, [answer("int_a", by="alice")], votes=votes)
+    first = world.store.answers.answer(run.id, [answer("int_a", by="alice")], votes=votes)
     assert first.ok and not first.resumed and first.version == 2
     assert world.run_hash(run.id)["open"] == "int_a"
     assert world.events(run.id)[-1] == ("interrupt.approved", 2, {
@@ -179,11 +179,11 @@ def test_approvals_count_once_per_reviewer_and_the_last_needed_closes(world: Wor
     assert world.client.hget(world.keys.answers(run.id), "int_a") is None
     # The same reviewer again: refused with the approval given, and nothing moves.
     before = world.snapshot()
-    again = world.store.answer(run.id, [answer("int_a", by="alice")], votes=votes)
+    again = world.store.answers.answer(run.id, [answer("int_a", by="alice")], votes=votes)
     assert again.verdict is Verdict.AGAIN and again.interrupt_id == "int_a"
     assert again.first == answer("int_a", by="alice")
     assert world.snapshot() == before
-    last = world.store.answer(run.id, [answer("int_a", by="bob")], votes=votes)
+    last = world.store.answers.answer(run.id, [answer("int_a", by="bob")], votes=votes)
     assert last.resumed and last.version == 3
     assert world.client.hget(world.keys.review(run.id), "approvals:int_a") == "2"
     assert _stored(world, run.id)["int_a"]["answeredBy"] == "bob"
@@ -191,9 +191,9 @@ def test_approvals_count_once_per_reviewer_and_the_last_needed_closes(world: Wor
 
 def test_a_decline_closes_an_interrupt_that_needs_several_approvals(world: World) -> None:
     run = world.make("interrupted")
-    world.store.answer(run.id, [answer("int_a", by="alice")], votes={"int_a": 2})
+    world.store.answers.answer(run.id, [answer("int_a", by="alice")], votes={"int_a": 2})
     # A decline is an ordinary answer (not a vote): it closes the interrupt on its own.
-    done = world.store.answer(run.id, [answer("int_a", status="cancelled", by="carol")])
+    done = world.store.answers.answer(run.id, [answer("int_a", status="cancelled", by="carol")])
     assert done.resumed and done.version == 3
     assert _stored(world, run.id)["int_a"]["status"] == "cancelled"
     assert world.client.hget(world.keys.review(run.id), "approvals:int_a") == "1"

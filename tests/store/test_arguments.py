@@ -17,7 +17,7 @@ import redis
 from layby.parking import Announcements, Keys, Verdict, scripts
 from layby.parking.codecs import stored_interrupt
 from layby.parking.scripts import argv
-from layby.parking.store import _dumps
+from layby.parking.store.fields import dumps as _dumps
 from tests.store.conftest import OWNER, World, answer, interrupt, note, park_event
 
 pytestmark = pytest.mark.store
@@ -75,8 +75,8 @@ def _busy(world: World) -> None:
     notification due, an outbox entry, a worker whose beat lapsed."""
     world.make("interrupted", plan=Announcements(
         notes=[(note("ntf_1", "int_a"), world.now() - 1_000)]))
-    world.store_with(lease_ms=-1_000).beat_worker("celery@gone", "worker 1 0.2.0")
-    assert world.outbox() and world.zset(world.keys.notify_due)
+    world.store_with(lease_ms=-1_000).processes.beat_worker("celery@gone", "worker 1 0.2.0")
+    assert world.outbox() and world.zset(world.shard.notify_due)
 
 
 def _keys(world: World, name: str) -> list[str]:
@@ -84,9 +84,9 @@ def _keys(world: World, name: str) -> list[str]:
         return world.keys.for_scripts("run_1")
     if name in scripts.FOLDING_SCRIPTS:
         return [world.keys.run("run_1"), world.keys.events("run_1")]
-    return {"claim_outbox": [world.keys.outbox, world.keys.outbox_entries],
-            "ack_outbox": [world.keys.outbox, world.keys.outbox_entries],
-            "claim_due_notifications": [world.keys.notify_due],
+    return {"claim_outbox": [world.shard.outbox, world.shard.outbox_entries],
+            "ack_outbox": [world.shard.outbox, world.shard.outbox_entries],
+            "claim_due_notifications": [world.shard.notify_due],
             "beat_worker": [world.keys.workers, world.keys.workers_about, world.keys.format],
             "reap_workers": [world.keys.workers, world.keys.workers_about],
             "switch_format": [world.keys.workers, world.keys.workers_about,
@@ -94,9 +94,9 @@ def _keys(world: World, name: str) -> list[str]:
             "count_versions": [world.keys.run("run_1")],
             "move_run": [*world.keys.for_scripts("run_1"),
                          *Keys(world.prefix, 3).for_scripts("run_1")],
-            "move_members": [world.keys.outbox, Keys(world.prefix, 3).shards[0].outbox],
-            "move_key": [world.keys.grant("g"), Keys(world.prefix, 3).shards[0].grant("g")],
-            "merge_stats": [world.keys.stats, Keys(world.prefix, 3).shards[0].stats],
+            "move_members": [world.shard.outbox, Keys(world.prefix, 3).shards[0].outbox],
+            "move_key": [world.shard.grant("g"), Keys(world.prefix, 3).shards[0].grant("g")],
+            "merge_stats": [world.shard.stats, Keys(world.prefix, 3).shards[0].stats],
             "record_audit": [Keys(world.prefix, 3).shards[0].audit]}[name]
 
 
@@ -129,11 +129,11 @@ def test_a_park_without_its_plan_is_refused_and_the_claim_stands(world: World) -
     before = world.snapshot()
     intr = interrupt("int_a")
     with pytest.raises(redis.ResponseError, match=r"^park_run: argument plan is missing"):
-        world.store._run("park_run", "run_1", version=1, owner=OWNER, messages="[]",
-                         event="{}", announce=False,
-                         interrupts=[{"id": intr.id, "record": stored_interrupt(intr)}])
+        world.store.run_script("park_run", "run_1", version=1, owner=OWNER, messages="[]",
+                               event="{}", announce=False,
+                               interrupts=[{"id": intr.id, "record": stored_interrupt(intr)}])
     assert world.snapshot() == before
-    assert world.store.renew("run_1", 1, OWNER)
+    assert world.store.runs.renew("run_1", 1, OWNER)
 
 
 def test_arguments_as_the_scripts_took_them_before_names_are_refused(world: World) -> None:
@@ -155,8 +155,8 @@ def test_a_name_the_script_does_not_read_or_one_given_twice_is_refused(world: Wo
     before = world.snapshot()
     with pytest.raises(redis.ResponseError,
                        match=r"^renew_lease: argument lease is not one it reads"):
-        world.store._run("renew_lease", "run_1", version=1, owner=OWNER, lease_ms=6_000,
-                         lease=6_000)
+        world.store.run_script("renew_lease", "run_1", version=1, owner=OWNER, lease_ms=6_000,
+                               lease=6_000)
     with pytest.raises(redis.ResponseError, match=r"^renew_lease: argument owner is given twice"):
         world.store._scripts["renew_lease"](
             keys=world.keys.for_scripts("run_1"),
@@ -169,8 +169,8 @@ def test_a_group_that_is_not_json_is_refused(world: World) -> None:
     before = world.snapshot()
     with pytest.raises(redis.ResponseError,
                        match=r"^answer_interrupts: argument answers is not a JSON array"):
-        world.store._run("answer_interrupts", "run_1", require_all=False, allow_early=False,
-                         answers="int_a")
+        world.store.run_script("answer_interrupts", "run_1", require_all=False, allow_early=False,
+                               answers="int_a")
     assert world.snapshot() == before
 
 
@@ -189,9 +189,9 @@ def test_records_inside_a_group_are_stored_byte_for_byte(world: World) -> None:
     ruled = interrupt("int_r").model_copy(update={"rule": "small-orders"})
     by_rule = {"int_r": answer("int_r", payload={"note": AWKWARD, "big": 2**64},
                                channel="policy")}
-    parked = world.store.park("run_1", 1, OWNER, world.history(2), [intr, ruled],
-                              park_event([intr, ruled]), plan=Announcements(),
-                              by_rule=by_rule)
+    parked = world.store.runs.park("run_1", 1, OWNER, world.history(2), [intr, ruled],
+                                   park_event([intr, ruled]), plan=Announcements(),
+                                   by_rule=by_rule)
     assert parked.ok, parked
     held = world.run_hash("run_1")
     assert held["i:int_a"] == stored_interrupt(intr)
@@ -199,7 +199,7 @@ def test_records_inside_a_group_are_stored_byte_for_byte(world: World) -> None:
     answers = world.client.hgetall(world.keys.answers("run_1"))
     assert answers["int_r"] == _dumps(by_rule["int_r"].wire())
     early = answer("int_later", payload={"text": AWKWARD, "n": 10**20})
-    assert world.store.answer("run_1", [early], allow_early=True).verdict is Verdict.EARLY
+    assert world.store.answers.answer("run_1", [early], allow_early=True).verdict is Verdict.EARLY
     assert world.client.hget(world.keys.answers("run_1"), "int_later") == _dumps(early.wire())
 
 

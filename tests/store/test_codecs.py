@@ -107,8 +107,8 @@ def test_a_note_goes_round_python_and_lua(store_client: redis.Redis, rec: dict[s
     # …writes it back the same…
     again = _notes_eval(store_client, "return encode_note(decode_note(ARGV[1]))", stored)
     assert again == json.loads(stored)
-    # …and writes the long-name record the store hands it (parking.store._stored, with its
-    # id, as record_plan is given it) the same, which Python reads back whole.
+    # …and writes the long-name record the store hands it (parking.store.fields.stored_note,
+    # with its id, as record_plan is given it) the same, which Python reads back whole.
     written = _notes_eval(store_client, "return encode_note(cjson.decode(ARGV[1]))",
                           json.dumps(rec))
     assert written == json.loads(stored)
@@ -193,7 +193,7 @@ def test_an_interrupt_goes_round_the_scripts(world: World) -> None:
     held = world.run_hash(run.id)
     for intr in intrs:
         assert held[f"i:{intr.id}"] == codecs.stored_interrupt(intr)
-    claimed = world.store.claim(run.id, run.version, OWNER)
+    claimed = world.store.runs.claim(run.id, run.version, OWNER)
     assert claimed.ok, claimed
     assert claimed.record is not None
     assert claimed.record.parked_on == intrs
@@ -229,7 +229,7 @@ def test_lua_reads_an_interrupts_reason_as_compact_does(world: World, reason: st
         world.client.hset(run_key, f"i:{intr.id}", raws[intr.id])
     if migrated:
         world.client.hset(run_key, mapping={"status": "interrupted", "version": 2})
-        world.client.zadd(world.keys.index(Status.INTERRUPTED), {"run_r": 1})
+        world.client.zadd(world.shard.index(Status.INTERRUPTED), {"run_r": 1})
         migrations.migrate(world.client, world.keys, until=1)
         raws = {iid: world.client.hget(run_key, f"i:{iid}") for iid in raws}
         assert raws == {intr.id: codecs.stored_interrupt(intr) for intr in intrs}

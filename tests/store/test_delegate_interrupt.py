@@ -32,7 +32,7 @@ def _to_bob() -> Announcements:
 def test_a_hand_over_is_recorded_and_the_new_reviewer_asked_at_once(world: World) -> None:
     _parked(world)
     away = handover("alice", "bob")
-    done = world.store.delegate("run_1", "int_a", away, _to_bob())
+    done = world.store.answers.delegate("run_1", "int_a", away, _to_bob())
     assert done.verdict is Verdict.OK and done.version == 2
     assert (done.planned, done.dispatch, done.entries) == (("ntf_bob",), ("ntf_bob",), ())
     review = world.client.hgetall(world.keys.review("run_1"))
@@ -41,11 +41,11 @@ def test_a_hand_over_is_recorded_and_the_new_reviewer_asked_at_once(world: World
     # Alice's request for int_a is not sent; carol's, and alice's for int_b, still are.
     assert states == {"ntf_a1": "skipped", "ntf_a2": "pending", "ntf_b1": "pending",
                       "ntf_bob": "pending"}
-    assert "run_1 ntf_a1" not in world.zset(world.keys.notify_due)
-    assert world.store.grant("ref_bob") == "bob's grant"
+    assert "run_1 ntf_a1" not in world.zset(world.shard.notify_due)
+    assert world.store.answers.grant("ref_bob") == "bob's grant"
     assert world.event_types("run_1")[-2:] == ["interrupt.delegated", "notifications.planned"]
     assert world.events("run_1")[-2][2] == away.wire()
-    view = world.store.view("run_1")
+    view = world.store.runs.view("run_1")
     assert view.interrupts[0].delegations == [away]
     assert (world.run_hash("run_1")["status"], world.run_hash("run_1")["version"]) == (
         "interrupted", "2")
@@ -53,7 +53,7 @@ def test_a_hand_over_is_recorded_and_the_new_reviewer_asked_at_once(world: World
 
 def test_a_hand_over_without_a_plan_queues_the_announcement_task(world: World) -> None:
     _parked(world)
-    done = world.store.delegate("run_1", "int_a", handover("alice", "bob"), None)
+    done = world.store.answers.delegate("run_1", "int_a", handover("alice", "bob"), None)
     (entry,) = done.entries
     assert (entry.id, entry.task, entry.args) == ("run_1:notify:2", "layby.notify.interrupts",
                                                   ["run_1", 2])
@@ -62,7 +62,7 @@ def test_a_hand_over_without_a_plan_queues_the_announcement_task(world: World) -
 def test_with_the_broker_on_the_server_the_new_request_is_pushed(world: World) -> None:
     store = world.store_with(pushing=True)
     _parked(world, store=store)
-    done = store.delegate("run_1", "int_a", handover("alice", "bob"), _to_bob())
+    done = store.answers.delegate("run_1", "int_a", handover("alice", "bob"), _to_bob())
     assert done.planned == ("ntf_bob",) and done.dispatch == ()
     assert world.queue("layby.notify")[-1] == ("layby.notify.deliver", ["run_1", "ntf_bob"],
                                                "ntf_bob")
@@ -71,9 +71,9 @@ def test_with_the_broker_on_the_server_the_new_request_is_pushed(world: World) -
 def test_handing_the_same_interrupt_on_twice_is_refused_and_changes_nothing(
         world: World) -> None:
     _parked(world)
-    world.store.delegate("run_1", "int_a", handover("alice", "bob"), _to_bob())
+    world.store.answers.delegate("run_1", "int_a", handover("alice", "bob"), _to_bob())
     before = world.snapshot()
-    again = world.store.delegate("run_1", "int_a", handover("alice", "dave"), Announcements(
+    again = world.store.answers.delegate("run_1", "int_a", handover("alice", "dave"), Announcements(
         notes=[(note("ntf_dave", "int_a", reviewer="dave"), None)]))
     assert again.verdict is Verdict.AGAIN and again.interrupt_id == "int_a"
     assert world.snapshot() == before
@@ -82,9 +82,9 @@ def test_handing_the_same_interrupt_on_twice_is_refused_and_changes_nothing(
 def test_handing_on_an_answered_interrupt_is_a_conflict_with_its_answer(world: World) -> None:
     _parked(world)
     first = answer("int_a", by="carol")
-    world.store.answer("run_1", [first])
+    world.store.answers.answer("run_1", [first])
     before = world.snapshot()
-    refused = world.store.delegate("run_1", "int_a", handover("alice", "bob"), _to_bob())
+    refused = world.store.answers.delegate("run_1", "int_a", handover("alice", "bob"), _to_bob())
     assert refused.verdict is Verdict.CONFLICT and refused.first == first
     assert refused.status is Status.INTERRUPTED
     assert world.snapshot() == before
@@ -93,12 +93,12 @@ def test_handing_on_an_answered_interrupt_is_a_conflict_with_its_answer(world: W
 def test_handing_on_for_a_run_that_no_longer_waits_is_a_conflict(world: World) -> None:
     run = world.make("resuming")
     before = world.snapshot()
-    refused = world.store.delegate(run.id, "int_a", handover("alice", "bob"), _to_bob())
+    refused = world.store.answers.delegate(run.id, "int_a", handover("alice", "bob"), _to_bob())
     assert refused.verdict is Verdict.CONFLICT and refused.status is Status.RESUMING
     assert world.snapshot() == before
 
 
 def test_handing_on_for_a_missing_run_writes_nothing(world: World) -> None:
-    refused = world.store.delegate("run_x", "int_a", handover("alice", "bob"), _to_bob())
+    refused = world.store.answers.delegate("run_x", "int_a", handover("alice", "bob"), _to_bob())
     assert refused.verdict is Verdict.MISSING
     assert world.snapshot() == {}

@@ -19,12 +19,12 @@ def _fold(world: World, run_id: str = "run_1", keep: int = 2000) -> str:
     """The sweeper's fold, as it comes: long after the run's newest event (a fold in that
     very millisecond leaves the stream be: the last tests here)."""
     world.next_ms()
-    return world.store._call("fold_events", [world.keys.run(run_id), world.keys.events(run_id)],
-                             keep=keep)
+    return world.store.call("fold_events", [world.keys.run(run_id), world.keys.events(run_id)],
+                            keep=keep)
 
 
 def _answering(iid: str) -> list[str]:
-    """answer_interrupts' arguments for one answer, as Store.answer lays them out."""
+    """answer_interrupts' arguments for one answer, as store.answers.answer lays them out."""
     return argv({"require_all": False, "allow_early": False, "answers": [
         {"id": iid, "answer": answer(iid).model_dump_json(by_alias=True), "need": 1,
          "deadline": True}], "audit": []})
@@ -39,24 +39,24 @@ def _parked_with_history(world: World) -> None:
     """A parked run whose stream has every kind of event a park leaves: created, started,
     a step, the park, a plan, a notification sent, an answer (with spaces and quotes)."""
     world.make("running")
-    world.store.advance("run_1", 1, OWNER, world.history(2),
-                        {"from": 1, "historyTo": 2, "messages": []}, inline=True)
+    world.store.runs.advance("run_1", 1, OWNER, world.history(2),
+                             {"from": 1, "historyTo": 2, "messages": []}, inline=True)
     intrs = [interrupt("int_a"), interrupt("int_b", reason="confirmation")]
-    world.store.park("run_1", 2, OWNER, world.history(3), intrs,
-                     {"from": 2, "historyTo": 3,
-                      "interrupts": [{"id": i.id, "reason": i.reason} for i in intrs]},
-                     plan=Announcements(notes=[(note("ntf_1", "int_a"), world.now() - 1_000)]))
-    _, sending = world.store.start_delivery("run_1", "ntf_1", deadline_ms=30_000,
-                                            max_attempts=5)
-    world.store.finish_delivery("run_1", sending, "sent")
-    world.store.answer("run_1", [answer("int_b", payload={"note": 'say "yes", then go'})])
+    world.store.runs.park("run_1", 2, OWNER, world.history(3), intrs,
+                          {"from": 2, "historyTo": 3,
+                           "interrupts": [{"id": i.id, "reason": i.reason} for i in intrs]},
+                          plan=Announcements(notes=[(note("ntf_1", "int_a"), world.now() - 1_000)]))
+    _, sending = world.store.outbox.start_delivery("run_1", "ntf_1", deadline_ms=30_000,
+                                                   max_attempts=5)
+    world.store.outbox.finish_delivery("run_1", sending, "sent")
+    world.store.answers.answer("run_1", [answer("int_b", payload={"note": 'say "yes", then go'})])
 
 
 def test_a_parked_runs_events_fold_into_its_hash_and_read_back_as_they_were(
         world: World) -> None:
     _parked_with_history(world)
     stream = world.client.xrange(world.keys.events("run_1"))
-    as_read = world.store.events("run_1")
+    as_read = world.store.runs.events("run_1")
     assert [e.type for e in as_read] == [
         "run.created", "run.started", "turn.committed", "run.interrupted",
         "notifications.planned", "notification.sent", "interrupt.answered"]
@@ -64,7 +64,7 @@ def test_a_parked_runs_events_fold_into_its_hash_and_read_back_as_they_were(
     assert not world.client.exists(world.keys.events("run_1"))
     assert world.run_hash("run_1")["events"].count("\n") == len(stream) - 1
     assert _stored(world) == [(eid, fields) for eid, fields in stream]
-    assert world.store.events("run_1") == as_read
+    assert world.store.runs.events("run_1") == as_read
 
 
 def test_events_after_a_fold_go_to_a_new_stream_read_after_the_folded_ones(
@@ -73,7 +73,7 @@ def test_events_after_a_fold_go_to_a_new_stream_read_after_the_folded_ones(
     folded = _stored(world)
     _fold(world)
     world.next_ms()
-    world.store.answer("run_1", [answer("int_a")])
+    world.store.answers.answer("run_1", [answer("int_a")])
     after = _stored(world)
     assert after[:len(folded)] == folded
     assert [f["type"] for _, f in after[len(folded):]] == ["interrupt.answered", "run.resuming"]
@@ -84,7 +84,7 @@ def test_a_second_fold_appends_to_the_first(world: World) -> None:
     world.make("interrupted", interrupts=[interrupt("int_a"), interrupt("int_b")])
     assert _fold(world) == "folded"
     world.next_ms()
-    world.store.answer("run_1", [answer("int_a")])
+    world.store.answers.answer("run_1", [answer("int_a")])
     whole = _stored(world)
     assert _fold(world) == "folded"
     assert _stored(world) == whole
@@ -95,7 +95,7 @@ def test_reading_after_an_id_pages_through_folded_and_streamed_events(world: Wor
     world.make("interrupted", interrupts=[interrupt("int_a"), interrupt("int_b")])
     _fold(world)
     world.next_ms()
-    world.store.answer("run_1", [answer("int_a")])
+    world.store.answers.answer("run_1", [answer("int_a")])
     whole = _stored(world)
     assert len(whole) == 4
     # A page across the fold's edge, and one from its last id on.
@@ -147,13 +147,13 @@ def test_the_sweeper_folds_the_runs_parked_long_enough_from_where_it_stopped(
     world.make("running", "run_2")
     world.make("interrupted", "run_3")
     sweeping = world.store_with(fold_after_ms=0)
-    assert world.store_with(fold_after_ms=3_600_000).fold_parked() == 0
-    assert sweeping.fold_parked() == 2
+    assert world.store_with(fold_after_ms=3_600_000).lists.fold_parked() == 0
+    assert sweeping.lists.fold_parked() == 2
     assert not world.client.exists(world.keys.events("run_1"), world.keys.events("run_3"))
     assert world.client.exists(world.keys.events("run_2"))
-    assert int(world.client.get(world.keys.fold_cursor)) == world.indexes_of("run_3")[
+    assert int(world.client.get(world.shard.fold_cursor)) == world.indexes_of("run_3")[
         "interrupted"]
-    assert sweeping.fold_parked() == 0
+    assert sweeping.lists.fold_parked() == 0
 
 
 def test_an_event_in_the_millisecond_of_a_fold_is_read_after_the_folded_ones(
@@ -210,8 +210,8 @@ def test_a_fold_drops_a_steps_messages_which_readers_take_from_the_history(
     readers take them from the history: the same events."""
     added = world.stepped_then_parked_unplanned()
     assert [f for _, f in world.client.xrange(world.keys.events("run_1")) if "messages" in f]
-    before = world.store.events("run_1")
+    before = world.store.runs.events("run_1")
     assert [e.data["messages"] for e in before if e.type == "turn.committed"] == [added]
     assert _fold(world) == "folded"
     assert "message 1" not in world.run_hash("run_1")["events"]
-    assert world.store.events("run_1") == before
+    assert world.store.runs.events("run_1") == before

@@ -20,16 +20,16 @@ ERROR = {"code": "model_error", "message": "the model refused"}
 
 def test_the_worker_holding_the_claim_fails_the_run_with_its_error(world: World) -> None:
     world.make("running")
-    world.store.save_checkpoint("run_1", 1, OWNER, "model", {"text": "x"})
-    failed = world.store.fail("run_1", ERROR, version=1, owner=OWNER,
-                              messages=world.history(3))
+    world.store.runs.save_checkpoint("run_1", 1, OWNER, "model", {"text": "x"})
+    failed = world.store.runs.fail("run_1", ERROR, version=1, owner=OWNER,
+                                   messages=world.history(3))
     assert failed.verdict is Verdict.OK and failed.version == 2
     run = world.run_hash("run_1")
     assert (run["status"], run["version"], run["attempts"]) == ("failed", "2", "0")
     assert json.loads(run["error"]) == ERROR
     assert json.loads(run["messages"]) == [m.wire() for m in world.history(3)]
     assert "lease_owner" not in run and "lease_until" not in run
-    assert world.zset(world.keys.leases) == {}
+    assert world.zset(world.shard.leases) == {}
     assert not world.client.exists(world.keys.checkpoints("run_1"))
     assert world.indexes_of("run_1") == {"failed": int(run["updated_at"])}
     assert world.events("run_1")[-1] == ("run.failed", 2, ERROR)
@@ -45,19 +45,19 @@ def test_a_parked_run_failed_from_outside_drops_its_deadlines_and_unsent_notific
                      plan=Announcements(notes=[(note("ntf_1", "int_a"), later),
                                                (note("ntf_2", "int_b"), later)]))
     messages = world.run_hash(run.id)["messages"]
-    failed = world.store.fail(run.id, ERROR)
+    failed = world.store.runs.fail(run.id, ERROR)
     assert failed.ok and failed.version == 3
     hash_ = world.run_hash(run.id)
     assert (hash_["status"], hash_["open"], hash_["messages"]) == ("failed", "", messages)
-    assert world.zset(world.keys.deadlines) == {}
-    assert world.zset(world.keys.notify_due) == {}
+    assert world.zset(world.shard.deadlines) == {}
+    assert world.zset(world.shard.notify_due) == {}
     assert {n.state for n in world.notes(run.id).values()} == {"skipped"}
     assert world.indexes_of(run.id).keys() == {"failed"}
 
 
 def test_a_queued_run_is_failed_by_an_operator_at_its_version(world: World) -> None:
     world.make("queued")
-    failed = world.store.fail("run_1", ERROR, version=1)
+    failed = world.store.runs.fail("run_1", ERROR, version=1)
     assert failed.ok and failed.version == 2
     assert world.indexes_of("run_1").keys() == {"failed"}
 
@@ -66,16 +66,16 @@ def test_a_failure_at_a_version_the_run_left_is_stale_and_changes_nothing(
         world: World) -> None:
     run = world.make("interrupted")
     before = world.snapshot()
-    stale = world.store.fail(run.id, ERROR, version=1)
+    stale = world.store.runs.fail(run.id, ERROR, version=1)
     assert stale.verdict is Verdict.STALE and stale.status is Status.INTERRUPTED
     assert world.snapshot() == before
 
 
 def test_a_failure_by_a_worker_whose_claim_was_taken_over_is_stale(world: World) -> None:
     world.make("running", store=world.store_with(lease_ms=-1_000))
-    assert world.store.claim("run_1", 1, "worker-2").ok
+    assert world.store.runs.claim("run_1", 1, "worker-2").ok
     before = world.snapshot()
-    stale = world.store.fail("run_1", ERROR, version=1, owner=OWNER)
+    stale = world.store.runs.fail("run_1", ERROR, version=1, owner=OWNER)
     assert stale.verdict is Verdict.STALE and stale.status is Status.RUNNING
     assert world.snapshot() == before
 
@@ -84,11 +84,11 @@ def test_a_failure_by_a_worker_whose_claim_was_taken_over_is_stale(world: World)
 def test_a_finished_run_cannot_fail_and_is_left_as_it_is(world: World, status: str) -> None:
     run = world.make(status)
     before = world.snapshot()
-    refused = world.store.fail(run.id, ERROR)
+    refused = world.store.runs.fail(run.id, ERROR)
     assert refused.verdict is Verdict.FINISHED and refused.status is Status(status)
     assert world.snapshot() == before
 
 
 def test_failing_a_missing_run_writes_nothing(world: World) -> None:
-    assert world.store.fail("run_x", ERROR).verdict is Verdict.MISSING
+    assert world.store.runs.fail("run_x", ERROR).verdict is Verdict.MISSING
     assert world.snapshot() == {}

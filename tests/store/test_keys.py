@@ -33,6 +33,7 @@ from layby.parking import Announcements, Keys, formats, migrations
 from layby.parking import keys as keys_module
 from layby.parking.clock import iso
 from layby.parking.keys import KEY_SPECS, KeySpec, ShardKeys, table
+from layby.parking.migrations.m0001_versioned import old_keys
 from layby.wire import InterruptState, RetryWait, Status, ToolRetry
 from tests.store.conftest import (
     MESSAGES,
@@ -119,15 +120,15 @@ def _cycle(world: World) -> None:
     lapsing = world.store_with(lease_ms=-1_000)  # its leases and beats lapse at once
     now = world.now()
 
-    made = store.create_run("run_1", "demo.agent", input="hi", messages=MESSAGES,
-                            metadata={"team": "a"}, idempotency_key="start-1")
+    made = store.runs.create_run("run_1", "demo.agent", input="hi", messages=MESSAGES,
+                                 metadata={"team": "a"}, idempotency_key="start-1")
     assert made.ok, made
-    assert store.claim("run_1", 1, OWNER).ok
-    assert store.renew("run_1", 1, OWNER)
-    assert store.save_checkpoint("run_1", 1, OWNER, "model", {"text": "hello"})
-    assert store.checkpoints("run_1", 1) == {"model": {"text": "hello"}}
-    assert store.advance("run_1", 1, OWNER, world.history(2),
-                         {"from": 1, "historyTo": 2, "messages": []}, inline=True).ok
+    assert store.runs.claim("run_1", 1, OWNER).ok
+    assert store.runs.renew("run_1", 1, OWNER)
+    assert store.runs.save_checkpoint("run_1", 1, OWNER, "model", {"text": "hello"})
+    assert store.runs.checkpoints("run_1", 1) == {"model": {"text": "hello"}}
+    assert store.runs.advance("run_1", 1, OWNER, world.history(2),
+                              {"from": 1, "historyTo": 2, "messages": []}, inline=True).ok
 
     # The park: int_a expires, int_b needs two approvals, int_c is answered by a rule.
     intrs = [interrupt("int_a", expires_ms=now - 1_000),
@@ -141,124 +142,125 @@ def _cycle(world: World) -> None:
                      token="t3"), now - 1_000)],
         grants=[("ref_1", "grant one", 60_000)],
         handovers=[("int_b", handover("dave", "alice"))])
-    parked = store.park("run_1", 2, OWNER, world.history(3), intrs, park_event(intrs, 2, 3),
-                        plan=plan, by_rule={"int_c": answer("int_c", channel="policy")})
+    parked = store.runs.park("run_1", 2, OWNER, world.history(3), intrs, park_event(intrs, 2, 3),
+                             plan=plan, by_rule={"int_c": answer("int_c", channel="policy")})
     assert parked.ok and not parked.resumed, parked
 
     # Deliveries: one retried, failed and sent again by an operator; an escalation sent.
-    verdict, sending = store.start_delivery("run_1", "ntf_1", deadline_ms=30_000,
-                                            max_attempts=5)
+    verdict, sending = store.outbox.start_delivery("run_1", "ntf_1", deadline_ms=30_000,
+                                                   max_attempts=5)
     assert verdict == "ok" and sending is not None
-    assert store.finish_delivery("run_1", sending, "retry", error="421", retry_in_ms=0) == "ok"
+    assert store.outbox.finish_delivery("run_1", sending, "retry", error="421",
+                                        retry_in_ms=0) == "ok"
     world.next_ms()
-    verdict, sending = store.start_delivery("run_1", "ntf_1", deadline_ms=30_000,
-                                            max_attempts=5)
+    verdict, sending = store.outbox.start_delivery("run_1", "ntf_1", deadline_ms=30_000,
+                                                   max_attempts=5)
     assert verdict == "ok" and sending is not None
-    assert store.finish_delivery("run_1", sending, "failed", error="bounced") == "ok"
-    assert store.retry_notifications("run_1", ["ntf_1"])[0] == ["ntf_1"]
-    verdict, escalation = store.start_delivery("run_1", "ntf_3", deadline_ms=30_000,
-                                               max_attempts=5)
+    assert store.outbox.finish_delivery("run_1", sending, "failed", error="bounced") == "ok"
+    assert store.outbox.retry_notifications("run_1", ["ntf_1"])[0] == ["ntf_1"]
+    verdict, escalation = store.outbox.start_delivery("run_1", "ntf_3", deadline_ms=30_000,
+                                                      max_attempts=5)
     assert verdict == "ok" and escalation is not None
-    assert store.finish_delivery("run_1", escalation, "sent") == "ok"
+    assert store.outbox.finish_delivery("run_1", escalation, "sent") == "ok"
     # After a worker's death: what was queued is due now, and taken by the sweeper.
-    assert store.redue_queued_notifications() >= 1
-    assert ("run_1", "ntf_1") in store.claim_due_notifications()
+    assert store.outbox.redue_queued_notifications() >= 1
+    assert ("run_1", "ntf_1") in store.outbox.claim_due_notifications()
 
     # A hand-over, with the new reviewer's request and grant.
-    handed = store.delegate("run_1", "int_b", handover("alice", "erin"), Announcements(
+    handed = store.answers.delegate("run_1", "int_b", handover("alice", "erin"), Announcements(
         notes=[(note("ntf_4", "int_b", reviewer="erin", token="t4"), None)],
         grants=[("ref_2", "grant two", 60_000)]))
     assert handed.ok, handed
 
     # The sweeper folds the parked run's events; they are read back.
     world.next_ms()
-    assert world.store_with(fold_after_ms=0).fold_parked() == 1
-    assert store.events("run_1") and store.last_park("run_1") is not None
+    assert world.store_with(fold_after_ms=0).lists.fold_parked() == 1
+    assert store.runs.events("run_1") and store.runs.last_park("run_1") is not None
 
     # int_a expires (the run waits on), then int_b's two approvals resume the run.
     expired = answer("int_a", status="cancelled", payload=None, by="layby", channel="expiry",
                      state=InterruptState.EXPIRED)
-    assert store.due_deadlines() == [("run_1", "int_a")]
-    assert store.expire("run_1", expired, None).ok
+    assert store.deadlines.due_deadlines() == [("run_1", "int_a")]
+    assert store.answers.expire("run_1", expired, None).ok
     votes = {"int_b": 2}
-    assert not store.answer("run_1", [answer("int_b", by="alice")], votes=votes).resumed
-    resumed = store.answer("run_1", [answer("int_b", by="bob")], votes=votes, view=True)
+    assert not store.answers.answer("run_1", [answer("int_b", by="alice")], votes=votes).resumed
+    resumed = store.answers.answer("run_1", [answer("int_b", by="bob")], votes=votes, view=True)
     assert resumed.resumed and resumed.version is not None
-    assert store.claim("run_1", resumed.version, OWNER).ok
-    assert store.complete("run_1", resumed.version, OWNER, world.history(4), "done",
-                          {"from": 3, "historyTo": 4}).ok
+    assert store.runs.claim("run_1", resumed.version, OWNER).ok
+    assert store.runs.complete("run_1", resumed.version, OWNER, world.history(4), "done",
+                               {"from": 3, "historyTo": 4}).ok
 
     # run_2: its worker dies, it is requeued, then cancelled; run_3 fails.
     for run_id in ("run_2", "run_3"):
-        assert store.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
-                                metadata={}, idempotency_key=None).ok
-    assert lapsing.claim("run_2", 1, OWNER).ok
-    assert store.lapsed_leases() == ["run_2"]
+        assert store.runs.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
+                                     metadata={}, idempotency_key=None).ok
+    assert lapsing.runs.claim("run_2", 1, OWNER).ok
+    assert store.deadlines.lapsed_leases() == ["run_2"]
     # (Its turn's outbox entry overdue at once, for the sweeper to publish below.)
-    assert world.store_with(outbox_grace_ms=-1_000).requeue("run_2").ok
-    assert store.cancel("run_2", "api:ops", "no longer needed").ok
-    assert store.claim("run_3", 1, OWNER).ok
-    assert store.fail("run_3", {"code": "boom", "message": "it broke"}, version=1,
-                      owner=OWNER).ok
+    assert world.store_with(outbox_grace_ms=-1_000).runs.requeue("run_2").ok
+    assert store.runs.cancel("run_2", "api:ops", "no longer needed").ok
+    assert store.runs.claim("run_3", 1, OWNER).ok
+    assert store.runs.fail("run_3", {"code": "boom", "message": "it broke"}, version=1,
+                           owner=OWNER).ok
 
     # run_4: a tool call fails and waits to be tried again; due, the step is queued again
     # and completes, the call's attempts out (counted).
-    assert store.create_run("run_4", "demo.agent", input="hi", messages=MESSAGES,
-                            metadata={}, idempotency_key=None).ok
-    assert store.claim("run_4", 1, OWNER).ok
+    assert store.runs.create_run("run_4", "demo.agent", input="hi", messages=MESSAGES,
+                                 metadata={}, idempotency_key=None).ok
+    assert store.runs.claim("run_4", 1, OWNER).ok
     wait = RetryWait(calls=[ToolRetry(tool_call_id="call_1", tool_name="pay", attempt=2,
                                       max_attempts=2, last_error="ConnectionError: reset",
                                       first_attempt_at=iso(now))], next_attempt_at=iso(now))
-    assert store.schedule_retry("run_4", 1, OWNER, wait, now - 1_000, wait.wire(),
-                                checkpoints={"model": {"text": "pay"}}, tools=["pay"]).ok
-    assert store.due_retries() == ["run_4"]
-    assert store.requeue("run_4").ok
-    assert store.claim("run_4", 1, OWNER).ok
-    assert store.complete("run_4", 1, OWNER, world.history(3), "paid",
-                          {"from": 1, "historyTo": 3}, exhausted=["pay"]).ok
+    assert store.runs.schedule_retry("run_4", 1, OWNER, wait, now - 1_000, wait.wire(),
+                                     checkpoints={"model": {"text": "pay"}}, tools=["pay"]).ok
+    assert store.deadlines.due_retries() == ["run_4"]
+    assert store.runs.requeue("run_4").ok
+    assert store.runs.claim("run_4", 1, OWNER).ok
+    assert store.runs.complete("run_4", 1, OWNER, world.history(3), "paid",
+                               {"from": 1, "historyTo": 3}, exhausted=["pay"]).ok
 
     # run_5, a tenant's (in the sharded layout, where alone tenants' runs are made): in its
     # tenant's own indexes, from its start to its end.
     if world.keys.shard_count is not None:
-        assert store.create_run("run_5", "demo.agent", input="hi", messages=MESSAGES,
-                                metadata={}, idempotency_key=None, tenant="acme",
-                                started_by="api:billing",
-                                audit=['{"caller":"api:billing","action":"start"}']).ok
-        store.record_audit(['{"caller":"api:bolt","action":"read","outcome":"notfound"}'],
+        assert store.runs.create_run("run_5", "demo.agent", input="hi", messages=MESSAGES,
+                                     metadata={}, idempotency_key=None, tenant="acme",
+                                     started_by="api:billing",
+                                     audit=['{"caller":"api:billing","action":"start"}']).ok
+        store.audit.record(['{"caller":"api:bolt","action":"read","outcome":"notfound"}'],
                            of="run_5")
-        assert store.revoke_tokens("run_5", "api:billing") is not None
-        assert store.claim("run_5", 1, OWNER).ok
+        assert store.runs.revoke_tokens("run_5", "api:billing") is not None
+        assert store.runs.claim("run_5", 1, OWNER).ok
         intrs = [interrupt("int_t")]
-        assert store.park("run_5", 1, OWNER, world.history(2), intrs, park_event(intrs)).ok
+        assert store.runs.park("run_5", 1, OWNER, world.history(2), intrs, park_event(intrs)).ok
         world.next_ms()
-        assert world.store_with(fold_after_ms=0).fold_parked() == 1
-        assert store.answer("run_5", [answer("int_t")]).resumed
-        assert store.claim("run_5", 3, OWNER).ok
-        assert store.complete("run_5", 3, OWNER, world.history(4), "done",
-                              {"from": 3, "historyTo": 4}).ok
+        assert world.store_with(fold_after_ms=0).lists.fold_parked() == 1
+        assert store.answers.answer("run_5", [answer("int_t")]).resumed
+        assert store.runs.claim("run_5", 3, OWNER).ok
+        assert store.runs.complete("run_5", 3, OWNER, world.history(4), "done",
+                                   {"from": 3, "historyTo": 4}).ok
 
     # The outbox published and acked.
-    entries = store.claim_outbox(retry_ms=30_000)
+    entries = store.outbox.claim_outbox(retry_ms=30_000)
     assert entries
-    store.hold_outbox([(entries[0].args[0], entries[0].id)])
-    store.ack_outbox([(e.args[0], e.id) for e in entries])
+    store.outbox.hold_outbox([(entries[0].args[0], entries[0].id)])
+    store.outbox.ack_outbox([(e.args[0], e.id) for e in entries])
 
     # Workers beat, one dies and is reaped, one stops cleanly.
-    lapsing.beat_worker("celery@a:1", "worker 1 0.2.0")
-    store.beat_worker("celery@b:2", "worker 1 0.2.0", hosting=["demo.agent@0123abcd4567"])
-    assert [name for name, _, _ in store.reap_workers()] == ["celery@a:1"]
-    store.forget_worker("celery@b:2")
+    lapsing.processes.beat_worker("celery@a:1", "worker 1 0.2.0")
+    store.processes.beat_worker("celery@b:2", "worker 1 0.2.0", hosting=["demo.agent@0123abcd4567"])
+    assert [name for name, _, _ in store.processes.reap_workers()] == ["celery@a:1"]
+    store.processes.forget_worker("celery@b:2")
 
     # The sweeper's notes, and a reply mail mailed back once.
-    store.note_server(first=True)
-    store.note_server()
-    store.note_server("a broker's run id", broker=True)
-    store.note_sweep()
-    store.prune_finished()
-    assert store.first_sight("mailed-back:<m1@example.com>", 60)
-    store.forget_sight("mailed-back:<m1@example.com>")
+    store.processes.note_server(first=True)
+    store.processes.note_server()
+    store.processes.note_server("a broker's run id", broker=True)
+    store.deadlines.note_sweep()
+    store.lists.prune_finished()
+    assert store.marks.first_sight("mailed-back:<m1@example.com>", 60)
+    store.marks.forget_sight("mailed-back:<m1@example.com>")
 
-    assert {s for s in Status if store.runs.count(s)} == {
+    assert {s for s in Status if store.all_runs.count(s)} == {
         Status.COMPLETED, Status.CANCELLED, Status.FAILED}
     assert {s for s in Status if store.runs_of("default").count(s)} == {
         Status.COMPLETED, Status.CANCELLED, Status.FAILED}
@@ -270,14 +272,14 @@ def _legacy_end(world: World) -> None:
     shard count it will move to."""
     assert [r.number for r in migrations.migrate(world.client, world.keys, until=1)] == [1]
     assert formats.read(world.client, world.keys).version == 1
-    assert world.store.switch_format(2, shards=3) == ["switched"]
+    assert world.store.processes.switch_format(2, shards=3) == ["switched"]
 
 
 def _sharded_end(world: World) -> None:
     """`layby migrate` on a store of the newest format (its lock, and nothing to do), then
     a rolling deployment's switch to the next format."""
     assert migrations.migrate(world.client, world.keys) == []
-    assert world.store.switch_format(migrations.newest() + 1) == ["switched"]
+    assert world.store.processes.switch_format(migrations.newest() + 1) == ["switched"]
 
 
 def _matched(world: World, commands: list[list[str]]) -> dict[KeySpec, set[str]]:
@@ -324,20 +326,16 @@ def test_a_whole_cycle_of_a_store_of_format_1_writes_the_legacy_layouts_keys(
     assert [spec.pattern for spec in KEY_SPECS
             if spec.migrated_by == 2 and spec not in matched] == []
     written = set().union(*matched.values())
-    assert {world.keys.index(s) for s in Status} <= written
+    assert {world.shard.index(s) for s in Status} <= written
     assert f"{world.keys.events('run_1')}:compact" in written
 
 
 @pytest.mark.parametrize("shards", [None, 48])
 def test_every_key_the_keys_methods_name_is_one_of_the_list(shards: int | None) -> None:
     keys = Keys("p", shards)
-    named = [*keys.of_run("r"), *keys.for_scripts("r"), keys.interrupts("r"), keys.open("r"),
-             keys.notifications("r"), keys.review("r"), *(keys.index(s) for s in Status),
-             keys.deadlines, keys.leases, keys.workers, keys.workers_about, keys.hosting,
-             keys.outbox, keys.outbox_entries, keys.idempotency("k:1"), keys.server,
-             keys.broker_server, keys.notify_due, keys.grant("g"),
-             keys.swept, keys.fold_cursor, keys.seen("mailed-back:x"), keys.stats,
-             keys.format, keys.migrate_lock]
+    named = [*keys.of_run("r"), *keys.for_scripts("r"), *old_keys(keys, "r"), keys.review("r"),
+             keys.workers, keys.workers_about, keys.hosting, keys.server, keys.broker_server,
+             keys.swept, keys.seen("mailed-back:x"), keys.format, keys.migrate_lock]
     for shard in keys.shards:
         named += [*(shard.index(s) for s in Status), shard.deadlines, shard.leases,
                   shard.outbox, shard.outbox_entries, shard.notify_due, shard.stats,

@@ -49,8 +49,8 @@ def _as_0_2_0_left_it(world: World) -> None:
     counters, and a gateway of this layby in the registry."""
     world.client.hset(world.keys.format, "version", 1)
     store = world.store
-    assert store.create_run(QUEUED, "demo.agent", input="hi", messages=MESSAGES,
-                            metadata={"team": "a"}, idempotency_key="start-q").ok
+    assert store.runs.create_run(QUEUED, "demo.agent", input="hi", messages=MESSAGES,
+                                 metadata={"team": "a"}, idempotency_key="start-q").ok
     world.next_ms()
     world.make("running", RUNNING, store=world.store_with(lease_ms=600_000))  # (not lapsing)
     world.next_ms()
@@ -75,16 +75,16 @@ def _as_0_2_0_left_it(world: World) -> None:
     world.next_ms()
     # Its worker died: its lease lapsed.
     world.make("running", LAPSED, store=world.store_with(lease_ms=-1_000))
-    store.beat_worker("gateway h:1", "gateway 2 0.3.0")
+    store.processes.beat_worker("gateway h:1", "gateway 2 0.3.0")
 
 
 def _views(store: Store) -> dict[str, RunView | None]:
-    return {run_id: store.view(run_id) for run_id in EVERY}
+    return {run_id: store.runs.view(run_id) for run_id in EVERY}
 
 
 def _switched(world: World) -> None:
     """The switch to format 2 (no process of 0.2.0 left), with this layby's shard count."""
-    assert world.store.switch_format(2, shards=SHARDS) == ["switched"]
+    assert world.store.processes.switch_format(2, shards=SHARDS) == ["switched"]
     state = formats.read(world.client, world.keys)
     assert (state.version, state.written, state.shards) == (1, 2, SHARDS)
     assert state.sharded_at is not None
@@ -129,10 +129,10 @@ def test_before_the_layout_instant_every_process_keeps_the_legacy_layout(
         world: World) -> None:
     _as_0_2_0_left_it(world)
     # A process of 0.2.0 alive: no switch.
-    world.store.beat_worker("celery@old:1", OLD)
-    assert world.store.switch_format(2, shards=SHARDS)[:2] == ["older", "celery@old:1"]
+    world.store.processes.beat_worker("celery@old:1", OLD)
+    assert world.store.processes.switch_format(2, shards=SHARDS)[:2] == ["older", "celery@old:1"]
     assert formats.read(world.client, world.keys).shards is None
-    world.store.forget_worker("celery@old:1")
+    world.store.processes.forget_worker("celery@old:1")
     before = world.now()
     _switched(world)
     state = formats.read(world.client, world.keys)
@@ -144,9 +144,9 @@ def test_before_the_layout_instant_every_process_keeps_the_legacy_layout(
     store = world.store_with()
     assert store.layout == formats.Layout(Keys(world.prefix), next=Keys(world.prefix, SHARDS))
     assert store.writing == 2
-    assert store.create_run("run_n", "demo.agent", input="hi", messages=MESSAGES,
-                            metadata={}, idempotency_key=None).ok
-    assert store.claim(QUEUED, 1, OWNER).ok
+    assert store.runs.create_run("run_n", "demo.agent", input="hi", messages=MESSAGES,
+                                 metadata={}, idempotency_key=None).ok
+    assert store.runs.claim(QUEUED, 1, OWNER).ok
     assert world.client.hget(world.keys.run(QUEUED), "status") == "running"
     assert world.client.exists(world.keys.run("run_n"))
     assert _of_the_sharded_layout(world) == []
@@ -164,30 +164,30 @@ def test_from_the_instant_a_run_of_the_legacy_layout_moves_before_it_is_touched(
     store = _at_the_instant(world)
     sharded = Keys(world.prefix, SHARDS)
     # A view moves it, and reads it as it was.
-    assert store.view(PARKED) == before[PARKED]
+    assert store.runs.view(PARKED) == before[PARKED]
     assert not world.client.exists(world.keys.run(PARKED))
     assert world.client.exists(sharded.run(PARKED))
     # Its step claimed, committed, parked again; another answered, resumed, completed.
-    claimed = store.claim(QUEUED, 1, OWNER)
+    claimed = store.runs.claim(QUEUED, 1, OWNER)
     assert claimed.ok and claimed.record is not None
     assert claimed.record.metadata == {"team": "a"}
-    assert store.park(RUNNING, 1, OWNER, world.history(3), [interrupt("int_z")],
-                      {"from": 1, "historyTo": 3,
-                       "interrupts": [{"id": "int_z", "reason": "input_required"}]}).ok
-    assert store.answer(PARKED, [answer("int_b")]).ok
-    done = store.answer(PARKED, [answer("int_a")])
+    assert store.runs.park(RUNNING, 1, OWNER, world.history(3), [interrupt("int_z")],
+                           {"from": 1, "historyTo": 3,
+                            "interrupts": [{"id": "int_z", "reason": "input_required"}]}).ok
+    assert store.answers.answer(PARKED, [answer("int_b")]).ok
+    done = store.answers.answer(PARKED, [answer("int_a")])
     assert done.resumed and done.version == 3
-    assert store.claim(PARKED, 3, OWNER).ok
-    assert store.complete(PARKED, 3, OWNER, world.history(4), "done",
-                          {"from": 3, "historyTo": 4}).ok
-    assert store.claim(RESUMING, 3, OWNER).ok
-    assert store.fail(RESUMING, {"code": "boom", "message": "it broke"}, version=3,
-                      owner=OWNER).ok
-    assert store.cancel(UNPLANNED, "api:ops", "no longer needed").ok
+    assert store.runs.claim(PARKED, 3, OWNER).ok
+    assert store.runs.complete(PARKED, 3, OWNER, world.history(4), "done",
+                               {"from": 3, "historyTo": 4}).ok
+    assert store.runs.claim(RESUMING, 3, OWNER).ok
+    assert store.runs.fail(RESUMING, {"code": "boom", "message": "it broke"}, version=3,
+                           owner=OWNER).ok
+    assert store.runs.cancel(UNPLANNED, "api:ops", "no longer needed").ok
     for run_id, status in ((QUEUED, "running"), (RUNNING, "interrupted"),
                            (PARKED, "completed"), (RESUMING, "failed"),
                            (UNPLANNED, "cancelled")):
-        view = store.view(run_id)
+        view = store.runs.view(run_id)
         assert view is not None and view.status == status, run_id
         assert not world.client.exists(world.keys.run(run_id)), run_id
         assert world.client.zscore(sharded.shard_of(run_id).index(Status(status)),
@@ -195,8 +195,8 @@ def test_from_the_instant_a_run_of_the_legacy_layout_moves_before_it_is_touched(
     # The other runs are where they were, untouched.
     assert {DONE, CANCELLED, EXPIRING, LAPSED} <= _legacy_runs(world)
     # A new run is made in the sharded layout.
-    assert store.create_run("run_n", "demo.agent", input="hi", messages=MESSAGES,
-                            metadata={}, idempotency_key=None).ok
+    assert store.runs.create_run("run_n", "demo.agent", input="hi", messages=MESSAGES,
+                                 metadata={}, idempotency_key=None).ok
     assert world.client.exists(sharded.run("run_n"))
     assert not world.client.exists(world.keys.run("run_n"))
 
@@ -257,43 +257,43 @@ def test_move_run_moves_everything_of_a_run_at_once_and_once(world: World) -> No
 
 def test_scans_read_the_legacy_shard_too_while_the_store_moves(world: World) -> None:
     _as_0_2_0_left_it(world)
-    order = [run_id for page in pages(world.store.runs, None, 3) for run_id, _ in page]
+    order = [run_id for page in pages(world.store.all_runs, None, 3) for run_id, _ in page]
     gauged = gauges.read(world.client, world.store.layout, (60,))
     _switched(world)
     store = _at_the_instant(world)
     # A new run, then runs moved: list pages merge both layouts, in the order they had.
     world.next_ms()
-    assert store.create_run("run_n", "demo.agent", input="hi", messages=MESSAGES,
-                            metadata={}, idempotency_key=None).ok
-    store.view(PARKED)
-    store.view(DONE)
-    assert [run_id for page in pages(store.runs, None, 3)
+    assert store.runs.create_run("run_n", "demo.agent", input="hi", messages=MESSAGES,
+                                 metadata={}, idempotency_key=None).ok
+    store.runs.view(PARKED)
+    store.runs.view(DONE)
+    assert [run_id for page in pages(store.all_runs, None, 3)
             for run_id, _ in page] == ["run_n", *order]
-    assert [s.id for s in store.list_runs(Status.INTERRUPTED)] == [UNPLANNED, EXPIRING,
-                                                                    PARKED]
+    assert [s.id for s in store.lists.list_runs(Status.INTERRUPTED)] == [UNPLANNED, EXPIRING,
+                                                                         PARKED]
     # /metrics sums the legacy shard's gauges and counters with the others'.
     now = gauges.read(world.client, store.layout, (60,))
     assert now.runs == {**gauged.runs, Status.QUEUED: gauged.runs[Status.QUEUED] + 1}
     assert now.stats == gauged.stats and now.deadlines == gauged.deadlines
     # The sweeper: a deadline past, a lease lapsed, the outbox, notifications due.
-    assert store.due_deadlines() == [(EXPIRING, "int_a")]
-    assert store.expire(EXPIRING, answer("int_a", status="cancelled", payload=None,
-                                         by="layby:expiry", channel="expiry"), None).ok
-    assert store.lapsed_leases() == [LAPSED]
-    assert store.requeue(LAPSED).ok
+    assert store.deadlines.due_deadlines() == [(EXPIRING, "int_a")]
+    assert store.answers.expire(EXPIRING, answer("int_a", status="cancelled", payload=None,
+                                                 by="layby:expiry", channel="expiry"), None).ok
+    assert store.deadlines.lapsed_leases() == [LAPSED]
+    assert store.runs.requeue(LAPSED).ok
     assert world.client.exists(Keys(world.prefix, SHARDS).run(LAPSED))
     for shard in store.shards:  # (every entry overdue: past the grace time)
         waiting = world.client.zrange(shard.keys.outbox, 0, -1)
         if waiting:
             world.client.zadd(shard.keys.outbox, dict.fromkeys(waiting, 1))
-    entries = store.claim_outbox(limit=100, retry_ms=60_000)
+    entries = store.outbox.claim_outbox(limit=100, retry_ms=60_000)
     runs = {e.args[0] for e in entries}
     assert {UNPLANNED, QUEUED, "run_n"} <= runs  # legacy and sharded
-    store.ack_outbox([(e.args[0], e.id) for e in entries])
+    store.outbox.ack_outbox([(e.args[0], e.id) for e in entries])
     assert all(world.client.zcard(shard.keys.outbox) == 0 for shard in store.shards)
-    world.client.zadd(world.keys.notify_due, {f"{PARKED} ntf_2": 1}, xx=True)  # (moved)
+    world.client.zadd(world.shard.notify_due, {f"{PARKED} ntf_2": 1}, xx=True)  # (moved)
     world.client.zadd(world.keys.legacy.notify_due, {f"{CANCELLED} ntf_9": 1})
-    assert (CANCELLED, "ntf_9") in store.claim_due_notifications()
+    assert (CANCELLED, "ntf_9") in store.outbox.claim_due_notifications()
 
 
 def test_a_start_retried_and_a_grant_find_what_was_written_before_the_move(
@@ -306,22 +306,23 @@ def test_a_start_retried_and_a_grant_find_what_was_written_before_the_move(
     assert behind.layout.next is not None
     world.client.hset(world.keys.format, "sharded_at", world.now())
     ahead = world.store_with()
-    assert ahead.view(QUEUED) is not None  # moved
+    assert ahead.runs.view(QUEUED) is not None  # moved
     assert behind.layout.next is not None  # (it has not read the format again)
-    assert behind.view(QUEUED) is not None
-    assert behind.claim(QUEUED, 1, OWNER).ok
-    assert ahead.status_of(QUEUED)[0] is Status.RUNNING
+    assert behind.runs.view(QUEUED) is not None
+    assert behind.runs.claim(QUEUED, 1, OWNER).ok
+    assert ahead.runs.status_of(QUEUED)[0] is Status.RUNNING
     store = _at_the_instant(world)
     for retried in (store, behind):
-        again = retried.create_run(retried.new_run_id("start-q"), "demo.agent", input="hi",
-                                   messages=MESSAGES, metadata={}, idempotency_key="start-q")
+        again = retried.runs.create_run(retried.runs.new_run_id("start-q"), "demo.agent",
+                                        input="hi", messages=MESSAGES, metadata={},
+                                        idempotency_key="start-q")
         assert again.verdict is Verdict.EXISTS and again.run_id == QUEUED
         # A run id given again (AG-UI's, a task's) is not made twice either.
-        given = retried.create_run(DONE, "demo.agent", input="hi", messages=MESSAGES,
-                                   metadata={}, idempotency_key=None)
+        given = retried.runs.create_run(DONE, "demo.agent", input="hi", messages=MESSAGES,
+                                        metadata={}, idempotency_key=None)
         assert given.verdict is Verdict.EXISTS
-    assert store.grant("ref_1") == "grant one"
-    assert store.grant("ref_none") is None
+    assert store.answers.grant("ref_1") == "grant one"
+    assert store.answers.grant("ref_none") is None
 
 
 def test_a_follower_of_a_run_that_moves_goes_on_where_it_is(world: World) -> None:
@@ -332,7 +333,7 @@ def test_a_follower_of_a_run_that_moves_goes_on_where_it_is(world: World) -> Non
     legacy = world.store_with()
     key = legacy.keys_of(PARKED).events(PARKED)
     assert key == world.keys.events(PARKED)
-    seen = [e.id for e in legacy.events(PARKED)]
+    seen = [e.id for e in legacy.runs.events(PARKED)]
     mover: list[Store] = []
 
     async def follow() -> list[str]:
@@ -359,7 +360,7 @@ def test_a_follower_of_a_run_that_moves_goes_on_where_it_is(world: World) -> Non
         task = asyncio.ensure_future(follow())
         await asyncio.sleep(0.3)
         mover.append(_at_the_instant(world))
-        await asyncio.to_thread(mover[0].answer, PARKED, [answer("int_a"), answer("int_b")])
+        await asyncio.to_thread(mover[0].answers.answer, PARKED, [answer("int_a"), answer("int_b")])
         return await asyncio.wait_for(task, 10)
 
     found = asyncio.run(scenario())
@@ -372,12 +373,13 @@ def test_layby_migrate_moves_the_rest_and_leaves_no_key_of_the_legacy_layout(
     _as_0_2_0_left_it(world)
     for n in range(20):  # runs enough for the scan to be killed mid-way
         world.make("interrupted", f"run_{n:02}")
-    world.store.beat_worker("gateway h:2", "gateway 2 0.3.0")  # beats in the legacy registry
-    before = {run_id: world.store.view(run_id) for run_id in (*EVERY, "run_05")}
+    # beats in the legacy registry
+    world.store.processes.beat_worker("gateway h:2", "gateway 2 0.3.0")
+    before = {run_id: world.store.runs.view(run_id) for run_id in (*EVERY, "run_05")}
     counters = gauges.read(world.client, world.store.layout, (60,)).stats
     _switched(world)
     store = _at_the_instant(world)
-    assert store.view(PARKED) == before[PARKED]  # one moved already
+    assert store.runs.view(PARKED) == before[PARKED]  # one moved already
     legacy = _legacy_runs(world)
     assert len(legacy) == len(EVERY) - 1 + 20
 
@@ -406,7 +408,7 @@ def test_layby_migrate_moves_the_rest_and_leaves_no_key_of_the_legacy_layout(
     left = _legacy_runs(world)
     assert 0 < len(left) < len(legacy), (left, legacy)
     # Meanwhile the store serves both.
-    assert store.view("run_05") == before["run_05"]
+    assert store.runs.view("run_05") == before["run_05"]
 
     [report] = migrations.migrate(world.client, world.keys, batch=5)
     assert report.finished and report.number == 2
@@ -420,11 +422,11 @@ def test_layby_migrate_moves_the_rest_and_leaves_no_key_of_the_legacy_layout(
 
     after = world.store_with()
     assert after.layout == formats.Layout(Keys(world.prefix, SHARDS))
-    assert {run_id: after.view(run_id) for run_id in before} == before
+    assert {run_id: after.runs.view(run_id) for run_id in before} == before
     assert gauges.read(world.client, after.layout, (60,)).stats == counters
-    assert after.grant("ref_1") == "grant one"
-    again = after.create_run(after.new_run_id("start-q"), "demo.agent", input="hi",
-                             messages=MESSAGES, metadata={}, idempotency_key="start-q")
+    assert after.answers.grant("ref_1") == "grant one"
+    again = after.runs.create_run(after.runs.new_run_id("start-q"), "demo.agent", input="hi",
+                                  messages=MESSAGES, metadata={}, idempotency_key="start-q")
     assert again.run_id == QUEUED
     # The registry of processes merged into the sharded layout's (leases as they were).
     assert set(world.client.zrange(after.keys.workers, 0, -1)) == {"gateway h:1",
@@ -432,15 +434,15 @@ def test_layby_migrate_moves_the_rest_and_leaves_no_key_of_the_legacy_layout(
     assert set(world.client.hgetall(after.keys.workers_about)) == {"gateway h:1",
                                                                    "gateway h:2"}
     # What waited in the legacy shard waits in its run's.
-    assert after.due_deadlines() == [(EXPIRING, "int_a")]
-    assert after.lapsed_leases() == [LAPSED]
+    assert after.deadlines.due_deadlines() == [(EXPIRING, "int_a")]
+    assert after.deadlines.lapsed_leases() == [LAPSED]
     sharded = Keys(world.prefix, SHARDS)
     for run_id in (QUEUED, UNPLANNED):
         shard = sharded.shard_of(run_id)
         waiting = [e for e in world.client.zrange(shard.outbox, 0, -1)
                    if e.startswith(f"{run_id}:")]
         assert waiting and world.client.hget(shard.outbox_entries, waiting[0])
-    assert [s.id for s in after.list_runs(Status.INTERRUPTED, limit=3)] == [
+    assert [s.id for s in after.lists.list_runs(Status.INTERRUPTED, limit=3)] == [
         "run_19", "run_18", "run_17"]
 
 
@@ -459,7 +461,7 @@ def test_a_store_sharded_from_the_start_has_nothing_to_move(sharded: World) -> N
     assert {k: v for k, v in sharded.snapshot().items() if k != sharded.keys.format} \
         == snapshot
     assert formats.read(sharded.client, sharded.keys).version == 2
-    assert sharded.store_with().view("run_1") is not None
+    assert sharded.store_with().runs.view("run_1") is not None
 
 
 def test_an_unversioned_store_of_0_1_0_is_migrated_on_to_the_sharded_layout(
@@ -467,12 +469,12 @@ def test_an_unversioned_store_of_0_1_0_is_migrated_on_to_the_sharded_layout(
     """No process serves a store without a version: migration 2 gives it a shard count and
     moves it at once, after migration 1."""
     world.make("interrupted", interrupts=[interrupt("int_a", expires_ms=world.now() + 60_000)])
-    before = world.store.view("run_1")
+    before = world.store.runs.view("run_1")
     reports = migrations.migrate(world.client, world.keys, shards=SHARDS)
     assert [r.number for r in reports] == [1, 2]
     assert _of_the_legacy_layout(world) == []
     store = world.store_with()
-    assert store.view("run_1") == before
+    assert store.runs.view("run_1") == before
     assert store.layout == formats.Layout(Keys(world.prefix, SHARDS))
 
 
@@ -491,7 +493,7 @@ def test_the_layout_instant_is_read_with_the_servers_clock(
         seen.append(world.now())
         assert len(seen) < 10_000
     assert world.now() >= int(world.client.hget(world.keys.format, "sharded_at") or 0) - 50
-    assert store.view(QUEUED) is not None and not world.client.exists(world.keys.run(QUEUED))
+    assert store.runs.view(QUEUED) is not None and not world.client.exists(world.keys.run(QUEUED))
 
 
 def test_a_client_error_while_reading_the_format_keeps_the_layout(world: World) -> None:

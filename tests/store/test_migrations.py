@@ -15,6 +15,7 @@ import pytest
 from layby.generation.messages import Message, Part, ToolRequest, dump_messages
 from layby.parking import Announcements, Keys, codecs, formats, migrations
 from layby.parking.formats import FormatError
+from layby.parking.migrations.m0001_versioned import old_keys
 from layby.reviewers.tokens import Grant
 from layby.wire import Status
 from tests.store.conftest import OWNER, World, answer, interrupt, note
@@ -30,20 +31,21 @@ def _aged(world: World, run_id: str) -> dict[str, str]:
     old_interrupts, old_notes = {}, {}
     for name, value in before.items():
         if name.startswith("i:"):
-            spec = world.store.interrupt(run_id, name[2:])
+            spec = world.store.answers.interrupt(run_id, name[2:])
             assert spec is not None
             old_interrupts[name[2:]] = spec.model_dump_json(by_alias=True, exclude_none=True)
         elif name.startswith("n:"):
             old_notes[name[2:]] = json.dumps(codecs.note(name[2:], value))
+    interrupts, notifications, open_ids = old_keys(world.keys, run_id)
     pipe = world.client.pipeline()
     pipe.hdel(key, *[n for n in before if n[:2] in ("i:", "n:")], "open")
     pipe.hset(key, "id", run_id)
     if old_interrupts:
-        pipe.hset(world.keys.interrupts(run_id), mapping=old_interrupts)
+        pipe.hset(interrupts, mapping=old_interrupts)
     if old_notes:
-        pipe.hset(world.keys.notifications(run_id), mapping=old_notes)
+        pipe.hset(notifications, mapping=old_notes)
     if before.get("open"):
-        pipe.sadd(world.keys.open(run_id), *before["open"].split())
+        pipe.sadd(open_ids, *before["open"].split())
     pipe.execute()
     return before
 
@@ -97,7 +99,7 @@ def test_migration_1_gives_back_the_runs_format_1_writes(world: World) -> None:
     _parked_with_a_note(world, "run_1")
     world.make("completed", "run_2")
     expected = _aged(world, "run_1")
-    grant = world.keys.grant("ref_1")
+    grant = world.shard.grant("ref_1")
     world.client.set(grant, json.dumps({"run_id": "run_1", "interrupt_id": "int_a",
                                         "reviewer": "Alice Smith", "version": 2,
                                         "expires": 1900000000}), ex=3600)
@@ -108,12 +110,11 @@ def test_migration_1_gives_back_the_runs_format_1_writes(world: World) -> None:
     [report] = migrations.migrate(world.client, world.keys, until=1)
     assert report.changed == 2 and report.seen == 5  # two runs, their streams, one grant
     assert _decoded(world.run_hash("run_1")) == _decoded(expected)
-    for gone in (world.keys.interrupts, world.keys.notifications, world.keys.open):
-        assert not world.client.exists(gone("run_1"))
+    assert not world.client.exists(*old_keys(world.keys, "run_1"))
     assert world.client.get(grant) == "run_1 int_a 2 1900000000 Alice Smith"
     assert 0 < world.client.ttl(grant) <= 3600
     # Read as format 1 reads it: both interrupts open, the request planned.
-    view = world.store.view("run_1")
+    view = world.store.runs.view("run_1")
     assert view is not None
     assert [(i.id, i.state) for i in view.interrupts] == [("int_a", "open"), ("int_b", "open")]
     assert [(n.id, n.state) for n in view.notifications] == [("ntf_1", "pending")]
@@ -168,7 +169,7 @@ def test_a_migration_stopped_mid_way_goes_on_where_it_stopped(world: World) -> N
     [report] = migrations.migrate(world.client, world.keys, batch=5, until=1)
     assert report.finished and formats.read(world.client, world.keys).version == 1
     for n in range(30):
-        assert not world.client.exists(world.keys.interrupts(f"run_{n:02}"))
+        assert not world.client.exists(old_keys(world.keys, f"run_{n:02}")[0])
         assert "id" not in world.run_hash(f"run_{n:02}")
     assert report.changed == 30
 
@@ -193,7 +194,7 @@ def test_a_resumed_run_without_waiting_gets_it_from_its_history(world: World) ->
     world.client.hdel(world.keys.run("run_1"), "waiting")
     migrations.migrate(world.client, world.keys, until=1)
     assert world.run_hash("run_1")["waiting"] == "int_a"
-    assert world.client.zscore(world.keys.index(Status.RESUMING), "run_1") is not None
+    assert world.client.zscore(world.shard.index(Status.RESUMING), "run_1") is not None
 
 
 @pytest.mark.parametrize("form", ["object", "array"])
@@ -206,7 +207,7 @@ def test_a_grant_stored_as_json_reads_back_the_same_once_migrated(world: World,
     given = Grant("run_1", "int_a", "Ops team (EU) <ops@example.com>", 4, 1_900_000_000)
     stored = given.dumps() if form == "object" else json.dumps(
         [given.run_id, given.interrupt_id, given.reviewer, given.version, given.expires])
-    key = world.keys.grant("ref_1")
+    key = world.shard.grant("ref_1")
     world.client.set(key, stored, ex=3600)
     migrations.migrate(world.client, world.keys, until=1)
     assert world.client.get(key) == given.stored()
@@ -239,9 +240,9 @@ def test_a_parked_run_without_waiting_gets_it_when_its_open_interrupts_say_less(
     migrations.migrate(world.client, world.keys, until=1)
     assert world.run_hash("run_1")["waiting"] == "int_a int_b"
     assert "waiting" not in world.run_hash("run_2")
-    done = world.store.answer("run_1", [answer("int_a")])
+    done = world.store.answers.answer("run_1", [answer("int_a")])
     assert done.resumed and done.version is not None
-    claimed = world.store.claim("run_1", done.version, OWNER)
+    claimed = world.store.runs.claim("run_1", done.version, OWNER)
     assert claimed.record is not None
     assert [i.id for i in claimed.record.parked_on] == ["int_a", "int_b"]
     assert claimed.record.answers["int_b"].answered_by == "job"
@@ -274,15 +275,15 @@ def test_a_stream_of_0_1_0_holds_its_steps_messages_apart_once_migrated(
     event's, not the history's)."""
     world.make("running")
     told = [{"role": "model", "content": [{"text": "as the step wrote it"}]}]
-    assert world.store.advance("run_1", 1, OWNER, world.history(2),
-                               {"from": 1, "historyTo": 2, "messages": told}, inline=True).ok
-    assert world.store.complete("run_1", 2, OWNER, world.history(3), "done",
-                                {"from": 2, "historyTo": 3, "result": "done",
-                                 "messages": told}).ok
+    assert world.store.runs.advance("run_1", 1, OWNER, world.history(2),
+                                    {"from": 1, "historyTo": 2, "messages": told}, inline=True).ok
+    assert world.store.runs.complete("run_1", 2, OWNER, world.history(3), "done",
+                                     {"from": 2, "historyTo": 3, "result": "done",
+                                      "messages": told}).ok
     key = world.keys.events("run_1")
     # An entry of 0.1.0's predecessors too: its time in `at` (read by nothing).
     world.client.xadd(key, {"type": "custom", "version": 3, "data": "{}", "at": 1})
-    stream, events = world.client.xrange(key), world.store.events("run_1")
+    stream, events = world.client.xrange(key), world.store.runs.events("run_1")
     assert [e.data["messages"] for e in events if "messages" in e.data] == [told, told]
     _as_0_1_0_wrote_it(world, "run_1")
     assert not [f for _, f in world.client.xrange(key) if "messages" in f]
@@ -290,7 +291,7 @@ def test_a_stream_of_0_1_0_holds_its_steps_messages_apart_once_migrated(
     [report] = migrations.migrate(world.client, world.keys, until=1)
     assert report.changed == 1  # the stream (the run's hash has nothing to change)
     assert world.client.xrange(key) == stream
-    assert world.store.events("run_1") == events
+    assert world.store.runs.events("run_1") == events
     assert 0 < world.client.pttl(key) <= world.store.config.retention_s * 1000
 
 
@@ -302,10 +303,10 @@ def test_a_parked_runs_folded_steps_of_0_1_0_lose_the_messages_the_history_holds
     added = world.stepped_then_parked_unplanned()
     _as_0_1_0_wrote_it(world, "run_1")
     world.next_ms()
-    assert world.store_with(fold_after_ms=0).fold_parked() == 1
+    assert world.store_with(fold_after_ms=0).lists.fold_parked() == 1
     folded = world.run_hash("run_1")["events"]
     assert folded.count('"messages"') == 1
-    events = world.store.events("run_1")
+    events = world.store.runs.events("run_1")
     assert [e.data["messages"] for e in events if e.type == "turn.committed"] == [added]
 
     migrations.migrate(world.client, world.keys, until=1)
@@ -313,7 +314,7 @@ def test_a_parked_runs_folded_steps_of_0_1_0_lose_the_messages_the_history_holds
     assert '"messages"' not in now and now.count("\n") == folded.count("\n")
     assert now == folded.replace(',"messages":' + json.dumps(added, separators=(",", ":")),
                                  "")
-    assert world.store.events("run_1") == events
+    assert world.store.runs.events("run_1") == events
 
 
 def test_a_cursor_saved_on_another_server_starts_the_scan_again(world: World) -> None:
@@ -326,6 +327,7 @@ def test_a_cursor_saved_on_another_server_starts_the_scan_again(world: World) ->
         "migrating": 1, "m1:cursor": "done", "m1:server": "a-server-gone-since"})
     [report] = migrations.migrate(world.client, world.keys, batch=5, until=1)
     assert report.finished and report.changed == 12
-    assert not any(world.client.exists(world.keys.interrupts(f"run_{n:02}")) for n in range(12))
+    assert not any(world.client.exists(old_keys(world.keys, f"run_{n:02}")[0])
+               for n in range(12))
     assert set(world.client.hgetall(world.keys.format)) == {"version", "m1:done", "m1:seen",
                                                             "m1:changed"}

@@ -71,7 +71,7 @@ def test_a_store_of_the_legacy_layout_reads_and_writes_one_shard(world: World) -
     store = world.store
     assert [shard.keys for shard in store.shards] == [store.keys.legacy]
     assert store.shard_of("run_1") is store.shards[0]
-    assert store.runs.sets == {s: (store.keys.index(s),) for s in Status}
+    assert store.all_runs.sets == {s: (store.keys.legacy.index(s),) for s in Status}
 
 
 def test_pages_over_many_shards_spread_unevenly_are_those_of_one(world: World) -> None:

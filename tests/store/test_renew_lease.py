@@ -13,18 +13,18 @@ pytestmark = pytest.mark.store
 
 def _renew(world: World, version: int, owner: str, run_id: str = "run_1",
            lease_ms: int = 6_000) -> list:
-    return world.store._run("renew_lease", run_id, version=version, owner=owner,
-                            lease_ms=lease_ms)
+    return world.store.run_script("renew_lease", run_id, version=version, owner=owner,
+                                  lease_ms=lease_ms)
 
 
 def test_a_heartbeat_pushes_the_lease_on(world: World) -> None:
     world.make("running", store=world.store_with(lease_ms=-1_000))
     assert int(world.run_hash("run_1")["lease_until"]) < world.now()
     before = world.now()
-    assert world.store.renew("run_1", 1, OWNER) is True
+    assert world.store.runs.renew("run_1", 1, OWNER) is True
     until = int(world.run_hash("run_1")["lease_until"])
     assert before + 6_000 <= until <= world.now() + 6_000
-    assert world.zset(world.keys.leases) == {"run_1": until}
+    assert world.zset(world.shard.leases) == {"run_1": until}
 
 
 def test_a_heartbeat_returns_the_new_lease_end(world: World) -> None:
@@ -38,16 +38,16 @@ def test_a_heartbeat_returns_the_new_lease_end(world: World) -> None:
 def test_a_heartbeat_of_a_worker_whose_claim_was_taken_over_is_stale_and_changes_nothing(
         world: World) -> None:
     world.make("running", store=world.store_with(lease_ms=-1_000))
-    assert world.store.claim("run_1", 1, "worker-2").ok
+    assert world.store.runs.claim("run_1", 1, "worker-2").ok
     before = world.snapshot()
     assert _renew(world, 1, OWNER) == ["stale", "running", "1", "worker-2"]
-    assert world.store.renew("run_1", 1, OWNER) is False
+    assert world.store.runs.renew("run_1", 1, OWNER) is False
     assert world.snapshot() == before
 
 
 def test_a_heartbeat_at_a_version_committed_since_is_stale(world: World) -> None:
     world.make("running")
-    assert world.store.advance("run_1", 1, OWNER, world.history(2), {}, inline=False).ok
+    assert world.store.runs.advance("run_1", 1, OWNER, world.history(2), {}, inline=False).ok
     before = world.snapshot()
     assert _renew(world, 1, OWNER)[0] == Verdict.STALE
     assert world.snapshot() == before

@@ -13,7 +13,7 @@ from redis.crc import key_slot
 from layby.control.commands import RUN_ID, new_run_id
 from layby.parking import Announcements, Keys, Verdict, generated_run_id
 from layby.parking.shards import tags
-from layby.parking.store import RUN_ID_ALPHABET
+from layby.parking.store.core import RUN_ID_ALPHABET
 from layby.reviewers import tokens
 from layby.wire import Status
 from tests.store.conftest import (
@@ -59,14 +59,14 @@ def test_runs_over_three_shards_live_their_whole_life(sharded: World) -> None:
         assert store.keys.run(run_id).startswith(shard.base + ":")
         assert sharded.client.zscore(shard.index(Status.INTERRUPTED), run_id) is not None
     # Listed newest first across the shards, page by page.
-    seen = [run_id for page in pages(store.runs, Status.INTERRUPTED, 5)
+    seen = [run_id for page in pages(store.all_runs, Status.INTERRUPTED, 5)
             for run_id, _ in page]
     assert seen == RUNS[::-1]
     # Answered, resumed, claimed and completed, each in its own shard.
     for run_id in RUNS[:4]:
         answered_to_the_end(store, run_id)
-        assert store.status_of(run_id)[0] is Status.COMPLETED
-    assert {run_id for run_id, _ in store.runs.page(Status.COMPLETED, 10)[0]} == set(RUNS[:4])
+        assert store.runs.status_of(run_id)[0] is Status.COMPLETED
+    assert {run_id for run_id, _ in store.all_runs.page(Status.COMPLETED, 10)[0]} == set(RUNS[:4])
 
 
 def test_deadlines_and_lost_messages_are_found_in_every_shard(sharded: World) -> None:
@@ -74,32 +74,33 @@ def test_deadlines_and_lost_messages_are_found_in_every_shard(sharded: World) ->
     for run_id in RUNS[:6]:
         sharded.make("interrupted", run_id, interrupts=[interrupt("int_a", expires_ms=1)])
     sharded.next_ms()
-    assert sorted(store.due_deadlines()) == sorted((run_id, "int_a") for run_id in RUNS[:6])
+    assert sorted(store.deadlines.due_deadlines()) == sorted((run_id, "int_a")
+                                                             for run_id in RUNS[:6])
     # Queued runs of every shard, their queue empty (nobody pushed their messages): lost.
     pushing = sharded.store_with(pushing=True)
     for run_id in RUNS[6:]:
-        assert pushing.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
-                                  metadata={}, idempotency_key=None).ok
+        assert pushing.runs.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
+                                       metadata={}, idempotency_key=None).ok
     sharded.client.delete(f"{sharded.prefix}:broker:layby.turns")
     sharded.next_ms()
-    assert sorted(pushing.waiting_too_long(0)) == sorted(RUNS[6:])
+    assert sorted(pushing.deadlines.waiting_too_long(0)) == sorted(RUNS[6:])
 
 
 def test_an_idempotency_key_finds_its_run_in_any_shard(sharded: World) -> None:
     store = sharded.store
     # A retry of a start comes with another fresh id: each is drawn in the key's shard.
     for key in ("order-1", "order-2", "order-3", "order-4"):
-        first, again = store.new_run_id(key), store.new_run_id(key)
+        first, again = store.runs.new_run_id(key), store.runs.new_run_id(key)
         assert store.keys.shard_number(first) == store.keys.shard_number(again)
-        assert store.create_run(first, "demo.agent", input="hi", messages=MESSAGES,
-                                metadata={}, idempotency_key=key).ok
-        retried = store.create_run(again, "demo.agent", input="hi", messages=MESSAGES,
-                                   metadata={}, idempotency_key=key)
+        assert store.runs.create_run(first, "demo.agent", input="hi", messages=MESSAGES,
+                                     metadata={}, idempotency_key=key).ok
+        retried = store.runs.create_run(again, "demo.agent", input="hi", messages=MESSAGES,
+                                        metadata={}, idempotency_key=key)
         assert retried.verdict is Verdict.EXISTS and retried.run_id == first
-    assert len({store.keys.shard_number(store.new_run_id(k))
+    assert len({store.keys.shard_number(store.runs.new_run_id(k))
                 for k in ("order-1", "order-2", "order-3", "order-4")}) > 1
     # Drawn in the key's shard, and of the shape of every generated id.
-    assert all(re.fullmatch(r"run_[0-9A-Za-z]{22}", store.new_run_id(k))
+    assert all(re.fullmatch(r"run_[0-9A-Za-z]{22}", store.runs.new_run_id(k))
                for k in ("order-1", "order-2", "order-3", "order-4"))
 
 
@@ -132,20 +133,20 @@ def test_a_grant_and_an_outbox_ack_touch_their_runs_shard_alone(sharded: World) 
     assert all(store.keys.shard_number(ref) == store.keys.shard_number(run_id) for ref in refs)
     plan = Announcements(notes=[(note("ntf_1", "int_a"), None)],
                          grants=[(ref, f"grant {n}", 60_000) for n, ref in enumerate(refs)])
-    store.plan_notifications(run_id, plan)
+    store.outbox.plan_notifications(run_id, plan)
     # Found with one read, in the ref's own shard.
-    assert [store.grant(ref) for ref in refs] == [f"grant {n}" for n in range(6)]
-    assert store.grant("not-a-ref") is None
+    assert [store.answers.grant(ref) for ref in refs] == [f"grant {n}" for n in range(6)]
+    assert store.answers.grant("not-a-ref") is None
     # Entries of runs in every shard, acked by run: each shard loses its own.
     others = [r for r in RUNS[1:] if store.keys.shard_number(r) != store.keys.shard_number(run_id)]
     sharded.client.delete(*(shard.keys.outbox for shard in store.shards))  # the park's
     entries = []
     for other in (run_id, *others[:2]):
-        created = store.create_run(f"{other}_new", "demo.agent", input="hi",
-                                   messages=MESSAGES, metadata={}, idempotency_key=None)
+        created = store.runs.create_run(f"{other}_new", "demo.agent", input="hi",
+                                        messages=MESSAGES, metadata={}, idempotency_key=None)
         entries.extend(created.entries)
     assert len(entries) == 3
-    store.ack_outbox([(e.args[0], e.id) for e in entries[:2]])
+    store.outbox.ack_outbox([(e.args[0], e.id) for e in entries[:2]])
     left = {shard.keys.outbox: sharded.client.zrange(shard.keys.outbox, 0, -1)
             for shard in store.shards if sharded.client.zcard(shard.keys.outbox)}
     assert left == {store.keys.shard_of(entries[2].args[0]).outbox: [entries[2].id]}

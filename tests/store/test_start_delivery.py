@@ -20,8 +20,8 @@ def _parked(world: World, *notes_: tuple, intrs: list | None = None) -> None:
 
 def _start(world: World, nid: str = "ntf_1", *, deadline_ms: int = 30_000,
            max_attempts: int = 5) -> tuple:
-    return world.store.start_delivery("run_1", nid, deadline_ms=deadline_ms,
-                                      max_attempts=max_attempts)
+    return world.store.outbox.start_delivery("run_1", nid, deadline_ms=deadline_ms,
+                                             max_attempts=max_attempts)
 
 
 def test_a_pending_notification_due_now_starts_sending_under_a_deadline(world: World) -> None:
@@ -33,7 +33,7 @@ def test_a_pending_notification_due_now_starts_sending_under_a_deadline(world: W
         "sending", 1, "alice", "secret")
     stored = world.raw_note("run_1", "ntf_1")
     assert stored["s"] == "sending" and "a" not in stored  # one attempt: left out
-    due = world.zset(world.keys.notify_due)["run_1 ntf_1"]
+    due = world.zset(world.shard.notify_due)["run_1 ntf_1"]
     assert before + 30_000 <= due <= world.now() + 30_000 and stored["d"] == due
 
 
@@ -41,9 +41,9 @@ def test_a_notification_not_due_yet_goes_back_to_its_time(world: World) -> None:
     at = world.now() + 600_000
     _parked(world, (note("ntf_1", "int_a", kind="reminder"), at))
     # A sweep after a restart made it due now, in case its message was lost.
-    world.client.zadd(world.keys.notify_due, {"run_1 ntf_1": world.now()})
+    world.client.zadd(world.shard.notify_due, {"run_1 ntf_1": world.now()})
     assert _start(world) == ("later", None)
-    assert world.zset(world.keys.notify_due) == {"run_1 ntf_1": at}
+    assert world.zset(world.shard.notify_due) == {"run_1 ntf_1": at}
     assert world.notes("run_1")["ntf_1"].state == "pending"
 
 
@@ -67,7 +67,7 @@ def test_a_sent_notification_is_done_and_a_late_copy_of_its_message_changes_noth
         world: World) -> None:
     _parked(world, (note("ntf_1", "int_a"), world.now() - 1_000))
     _, sending = _start(world)
-    assert world.store.finish_delivery("run_1", sending, "sent") == "ok"
+    assert world.store.outbox.finish_delivery("run_1", sending, "sent") == "ok"
     before = world.snapshot()
     assert _start(world) == ("done", None)
     assert world.snapshot() == before
@@ -79,35 +79,35 @@ def test_a_failed_or_skipped_notification_is_done_and_leaves_the_due_set(
     _parked(world, (note("ntf_1", "int_a"), world.now() - 1_000))
     if state == "failed":
         _, sending = _start(world)
-        world.store.finish_delivery("run_1", sending, "failed", error="bounced")
+        world.store.outbox.finish_delivery("run_1", sending, "failed", error="bounced")
     else:
-        world.store.answer("run_1", [answer("int_a")])  # skips what was not sent
+        world.store.answers.answer("run_1", [answer("int_a")])  # skips what was not sent
     assert world.notes("run_1")["ntf_1"].state == state
-    world.client.zadd(world.keys.notify_due, {"run_1 ntf_1": world.now()})  # a stray copy
+    world.client.zadd(world.shard.notify_due, {"run_1 ntf_1": world.now()})  # a stray copy
     assert _start(world) == ("done", None)
     assert world.notes("run_1")["ntf_1"].state == state
-    assert world.zset(world.keys.notify_due) == {}
+    assert world.zset(world.shard.notify_due) == {}
 
 
 def test_a_notification_the_run_does_not_have_is_gone_from_the_due_set(world: World) -> None:
     _parked(world)
-    world.client.zadd(world.keys.notify_due, {"run_1 ntf_x": world.now()})
-    assert world.store._run("start_delivery", "run_1", notification_id="ntf_x",
-                            deadline_ms=30_000, max_attempts=5,
-                            run_id="run_1") == ["done", "gone"]
-    assert world.zset(world.keys.notify_due) == {}
+    world.client.zadd(world.shard.notify_due, {"run_1 ntf_x": world.now()})
+    assert world.store.run_script("start_delivery", "run_1", notification_id="ntf_x",
+                                  deadline_ms=30_000, max_attempts=5,
+                                  run_id="run_1") == ["done", "gone"]
+    assert world.zset(world.shard.notify_due) == {}
 
 
 def test_a_send_for_an_interrupt_answered_meanwhile_is_skipped_not_sent(world: World) -> None:
     _parked(world, (note("ntf_1", "int_a"), world.now() - 1_000))
     _start(world, deadline_ms=-1_000)  # its sender died while sending
-    world.store.answer("run_1", [answer("int_a", by="bob")])
+    world.store.answers.answer("run_1", [answer("int_a", by="bob")])
     assert world.notes("run_1")["ntf_1"].state == "sending"  # an answer skips unsent ones
-    assert world.store._run("start_delivery", "run_1", notification_id="ntf_1",
-                            deadline_ms=30_000, max_attempts=5,
-                            run_id="run_1") == ["done", "skipped"]
+    assert world.store.run_script("start_delivery", "run_1", notification_id="ntf_1",
+                                  deadline_ms=30_000, max_attempts=5,
+                                  run_id="run_1") == ["done", "skipped"]
     assert world.notes("run_1")["ntf_1"].state == "skipped"
-    assert world.zset(world.keys.notify_due) == {}
+    assert world.zset(world.shard.notify_due) == {}
 
 
 def test_a_notification_out_of_attempts_fails_for_good_and_the_run_stays_parked(
@@ -119,7 +119,7 @@ def test_a_notification_out_of_attempts_fails_for_good_and_the_run_stays_parked(
     assert failed.state == "failed" and failed.attempts == 1
     assert failed.last_error == ("gave up after 1 attempts; the last never finished "
                                  "(the sender stopped)")
-    assert world.zset(world.keys.notify_due) == {}
+    assert world.zset(world.shard.notify_due) == {}
     assert world.stats()["notifications_failed"] == 1
     assert world.events("run_1")[-1] == ("notification.failed", 2, {
         "id": "ntf_1", "interruptId": "int_a", "reviewer": "alice", "channel": "email",
@@ -142,13 +142,13 @@ def test_the_first_escalation_of_a_level_to_go_out_marks_the_level_once(world: W
     assert world.stats() == {"escalations:1": 1}
     assert [d for t, _, d in world.events("run_1") if t == "interrupt.escalated"] == [
         {"interruptId": "int_a", "level": 1}]
-    assert world.store.view("run_1").interrupts[0].escalation_level == 1
+    assert world.store.runs.view("run_1").interrupts[0].escalation_level == 1
 
 
 def test_two_interrupts_notifications_are_told_apart(world: World) -> None:
     past = world.now() - 1_000
     _parked(world, (note("ntf_1", "int_a"), past), (note("ntf_2", "int_b"), past),
             intrs=[interrupt("int_a"), interrupt("int_b")])
-    world.store.answer("run_1", [answer("int_a")])
+    world.store.answers.answer("run_1", [answer("int_a")])
     assert _start(world, "ntf_1") == ("done", None)
     assert _start(world, "ntf_2")[0] == "ok"

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.store
 
 def _start(store: Store, run_id: str, tenant: str = "default",
            by: str | None = None) -> None:
-    assert store.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES, metadata={},
-                            idempotency_key=None, tenant=tenant, started_by=by).ok
+    assert store.runs.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES, metadata={},
+                                 idempotency_key=None, tenant=tenant, started_by=by).ok
 
 
 def test_a_tenants_run_lives_in_its_tenants_indexes_through_its_life(sharded: World) -> None:
@@ -29,22 +29,22 @@ def test_a_tenants_run_lives_in_its_tenants_indexes_through_its_life(sharded: Wo
     assert sharded.client.smembers(shard.tenants) == {"acme"}
     assert sharded.zset(mine.index(Status.QUEUED)).keys() == {"run_a"}
     assert sharded.zset(shard.index(Status.QUEUED)) == {}
-    assert store.claim("run_a", 1, OWNER).ok
+    assert store.runs.claim("run_a", 1, OWNER).ok
     intrs = [interrupt("int_a")]
-    assert store.park("run_a", 1, OWNER, World.history(2), intrs, park_event(intrs)).ok
-    assert store.answer("run_a", [answer("int_a")]).resumed
+    assert store.runs.park("run_a", 1, OWNER, World.history(2), intrs, park_event(intrs)).ok
+    assert store.answers.answer("run_a", [answer("int_a")]).resumed
     for status in Status:
         assert sharded.zset(shard.index(status)) == {}, status
     assert sharded.zset(mine.index(Status.RESUMING)).keys() == {"run_a"}
-    assert store.cancel("run_a", "api:billing", None).ok
+    assert store.runs.cancel("run_a", "api:billing", None).ok
     assert sharded.zset(mine.index(Status.CANCELLED)).keys() == {"run_a"}
     assert sum(len(sharded.zset(mine.index(s))) for s in Status) == 1
-    view = store.view("run_a")
+    view = store.runs.view("run_a")
     assert view is not None and (view.tenant, view.started_by) == ("acme", "api:billing")
-    whose = store.whose("run_a")
+    whose = store.runs.whose("run_a")
     assert (whose.exists, whose.tenant, whose.started_by, whose.status) == (
         True, "acme", "api:billing", Status.CANCELLED)
-    assert not store.whose("run_x").exists
+    assert not store.runs.whose("run_x").exists
 
 
 def test_each_tenant_lists_its_own_runs_and_every_run_is_scanned(sharded: World) -> None:
@@ -57,13 +57,13 @@ def test_each_tenant_lists_its_own_runs_and_every_run_is_scanned(sharded: World)
         sharded.next_ms()
     acme = [s.id for s in _every_page(store, "acme")]
     assert acme == [f"run_a{i:02}" for i in reversed(range(30))]
-    assert {s.tenant for s in store.list_page(tenant="acme", limit=500)[0]} == {"acme"}
+    assert {s.tenant for s in store.lists.list_page(tenant="acme", limit=500)[0]} == {"acme"}
     assert [s.id for s in _every_page(store, "default")] == [
         f"run_d{i:02}" for i in reversed(range(30))]
     assert len(_every_page(store, None)) == 70  # an admin's: every tenant's
     # The scans of every run (the sweeper's, the gauges) read the tenants' indexes too.
-    assert store.runs.count(Status.QUEUED) == 70
-    assert len(store.waiting(store.now_ms() + 1, limit=500)) == 70
+    assert store.all_runs.count(Status.QUEUED) == 70
+    assert len(store.deadlines.waiting(store.now_ms() + 1, limit=500)) == 70
     counted = gauges.read(sharded.client, store.layout, (60,))
     assert counted.runs[Status.QUEUED] == 70
 
@@ -75,7 +75,7 @@ def test_a_tenants_page_reads_its_own_sets_alone(sharded: World) -> None:
     _start(store, "run_a", "acme")
     store.tenants()  # known, as a gateway that listed before knows them
     before = _calls(sharded, "zrevrangebyscore")
-    page, _ = store.list_page(Status.QUEUED, tenant="acme", limit=10)
+    page, _ = store.lists.list_page(Status.QUEUED, tenant="acme", limit=10)
     assert [s.id for s in page] == ["run_a"]
     # One read of each of the tenant's 3 shards' sets: none of default's.
     assert _calls(sharded, "zrevrangebyscore") - before == 3
@@ -84,7 +84,7 @@ def test_a_tenants_page_reads_its_own_sets_alone(sharded: World) -> None:
 def _every_page(store: Store, tenant: str | None) -> list:  # type: ignore[type-arg]
     found, cursor = [], None
     while True:
-        page, cursor = store.list_page(tenant=tenant, limit=7, cursor=cursor)
+        page, cursor = store.lists.list_page(tenant=tenant, limit=7, cursor=cursor)
         found += page
         if cursor is None:
             return found

@@ -17,7 +17,7 @@ WORKER = "worker 1 0.2.0"
 
 def test_a_beat_pushes_the_workers_lease_on(world: World) -> None:
     def beat(worker: str, lease_ms: int) -> list[str]:
-        return [str(r) for r in world.store._call(
+        return [str(r) for r in world.store.call(
             "beat_worker", [world.keys.workers, world.keys.workers_about, world.keys.format],
             worker=worker, lease_ms=lease_ms, about=WORKER)]
 
@@ -41,84 +41,84 @@ def test_a_beat_pushes_the_workers_lease_on(world: World) -> None:
 
 def test_a_beat_brings_the_format_the_store_writes(world: World) -> None:
     world.client.hset(world.keys.format, "version", 1)
-    world.store.beat_worker("celery@a", WORKER)
+    world.store.processes.beat_worker("celery@a", WORKER)
     assert world.store.writing == 1
     world.client.hset(world.keys.format, "writing", 2)
-    world.store.beat_worker("celery@a", WORKER)
+    world.store.processes.beat_worker("celery@a", WORKER)
     assert world.store.writing == 2
 
 
 def test_a_worker_whose_beat_lapsed_is_reaped_once_with_its_last_beat(world: World) -> None:
     lapsing = world.store_with(lease_ms=-1_000)  # its beats lapse as they are made
     before = world.now()
-    lapsing.beat_worker("celery@dead", WORKER)
-    world.store.beat_worker("celery@alive", WORKER)
-    reaped = lapsing.reap_workers()
+    lapsing.processes.beat_worker("celery@dead", WORKER)
+    world.store.processes.beat_worker("celery@alive", WORKER)
+    reaped = lapsing.processes.reap_workers()
     assert [(name, told) for name, _, told in reaped] == [("celery@dead", WORKER)]
     assert before <= reaped[0][1] <= world.now()
     assert list(world.zset(world.keys.workers)) == ["celery@alive"]
     assert list(world.client.hgetall(world.keys.workers_about)) == ["celery@alive"]
     snapshot = world.snapshot()
-    assert lapsing.reap_workers() == []
+    assert lapsing.processes.reap_workers() == []
     assert world.snapshot() == snapshot
 
 
 def test_a_worker_that_beats_again_is_not_reaped(world: World) -> None:
-    world.store_with(lease_ms=-1_000).beat_worker("celery@a", WORKER)
-    world.store.beat_worker("celery@a", WORKER)
-    assert world.store.reap_workers() == []
+    world.store_with(lease_ms=-1_000).processes.beat_worker("celery@a", WORKER)
+    world.store.processes.beat_worker("celery@a", WORKER)
+    assert world.store.processes.reap_workers() == []
     assert list(world.zset(world.keys.workers)) == ["celery@a"]
 
 
 def test_a_reap_takes_at_most_a_hundred_at_once(world: World) -> None:
     lapsing = world.store_with(lease_ms=-1_000)
     for i in range(101):
-        lapsing.beat_worker(f"celery@{i}", WORKER)
-    assert len(lapsing.reap_workers()) == 100
-    assert len(lapsing.reap_workers()) == 1
+        lapsing.processes.beat_worker(f"celery@{i}", WORKER)
+    assert len(lapsing.processes.reap_workers()) == 100
+    assert len(lapsing.processes.reap_workers()) == 1
     assert world.zset(world.keys.workers) == {}
     assert world.client.hgetall(world.keys.workers_about) == {}
 
 
 def test_a_process_that_stops_takes_itself_out(world: World) -> None:
-    world.store.beat_worker("gateway h:1", "gateway 1 0.2.0")
-    world.store.forget_worker("gateway h:1")
+    world.store.processes.beat_worker("gateway h:1", "gateway 1 0.2.0")
+    world.store.processes.forget_worker("gateway h:1")
     assert world.zset(world.keys.workers) == {}
     assert world.client.hgetall(world.keys.workers_about) == {}
 
 
 def test_the_switch_waits_for_the_last_older_process(world: World) -> None:
     world.client.hset(world.keys.format, "version", 1)
-    world.store.beat_worker("celery@old", WORKER)  # its code knows format 1 only
-    world.store.beat_worker("gateway h:2", "gateway 2 0.3.0")
+    world.store.processes.beat_worker("celery@old", WORKER)  # its code knows format 1 only
+    world.store.processes.beat_worker("gateway h:2", "gateway 2 0.3.0")
     before = world.snapshot()
-    assert world.store.switch_format(2) == ["older", "celery@old", WORKER]
+    assert world.store.processes.switch_format(2) == ["older", "celery@old", WORKER]
     assert world.snapshot() == before
     # A process of a release before formats were announced counts as older too.
-    world.store.forget_worker("celery@old")
-    world.store.beat_worker("celery@ancient", "")
-    assert world.store.switch_format(2)[:2] == ["older", "celery@ancient"]
-    world.store.forget_worker("celery@ancient")
-    assert world.store.switch_format(2) == ["switched"]
+    world.store.processes.forget_worker("celery@old")
+    world.store.processes.beat_worker("celery@ancient", "")
+    assert world.store.processes.switch_format(2)[:2] == ["older", "celery@ancient"]
+    world.store.processes.forget_worker("celery@ancient")
+    assert world.store.processes.switch_format(2) == ["switched"]
     before = world.now()
     format = world.client.hgetall(world.keys.format)
     assert (format["version"], format["writing"]) == ("1", "2")
     assert before - 1_000 <= int(format["switched_at"]) <= world.now()
     assert world.store.writing == 2
-    assert world.store.switch_format(2) == ["already", "2"]
-    assert world.store.switch_format(4) == ["not_next", "2"]
+    assert world.store.processes.switch_format(2) == ["already", "2"]
+    assert world.store.processes.switch_format(4) == ["not_next", "2"]
 
 
 def test_a_lapsed_older_process_does_not_hold_the_switch_and_force_does_not_wait(
         world: World) -> None:
     world.client.hset(world.keys.format, "version", 1)
-    world.store_with(lease_ms=-1_000).beat_worker("celery@gone", WORKER)
-    assert world.store.switch_format(2) == ["switched"]
+    world.store_with(lease_ms=-1_000).processes.beat_worker("celery@gone", WORKER)
+    assert world.store.processes.switch_format(2) == ["switched"]
     world.client.hset(world.keys.format, mapping={"version": 1, "writing": 1})
-    world.store.beat_worker("celery@old", WORKER)
-    assert world.store.switch_format(2, force=True) == ["switched"]
+    world.store.processes.beat_worker("celery@old", WORKER)
+    assert world.store.processes.switch_format(2, force=True) == ["switched"]
 
 
 def test_a_store_without_a_format_does_not_switch(world: World) -> None:
-    assert world.store.switch_format(2) == ["unversioned"]
+    assert world.store.processes.switch_format(2) == ["unversioned"]
     assert world.client.exists(world.keys.format) == 0

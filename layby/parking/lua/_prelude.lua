@@ -391,7 +391,7 @@ local function apply_answers(answers, now, run)
 end
 
 -- Record `plan`, the announcements planned for the run's open interrupts (one argument of
--- the script, decoded; `Store._plan` in parking.store makes it): {notes: each {id, record:
+-- the script, decoded; `parking.store.outbox:plan_args` in parking.store makes it): {notes: each {id, record:
 -- Notification JSON (a string), at: when to send (ms; left out for now)}, grants: each
 -- {grant: Grant.stored (a string), ttl_ms: its lifetime}, handovers: each {interrupt_id,
 -- reviewer: the one away, record: Delegation JSON (a string)}}, the grants' keys from

@@ -5,7 +5,7 @@
 -- outbox entries (its steps', "<run>:<kind>:<version>", and its deliveries', the
 -- notifications' ids). Its `sent` is dropped: the number its step's message took counts
 -- in the legacy shard's queues, not in its new shard's, and a waiting run without one is
--- judged as one queued by a layby before 0.3.0 (`Store.gone_from_queue`). What no run
+-- judged as one queued by a layby before 0.3.0 (`store.deadlines.gone_from_queue`). What no run
 -- carries (idempotency keys, grants, counters) `layby migrate` moves (migration 2).
 -- Every process moves a run so before anything else it does with it, once the store is
 -- past its layout instant (`parking.formats`); `layby migrate` moves the rest.

@@ -57,6 +57,14 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+def old_keys(keys: Keys, run_id: str) -> tuple[str, str, str]:
+    """The keys a run of 0.1.0's predecessors kept its interrupts, notifications and open
+    interrupts in (a hash, a hash, a set): named here alone, as this migration moves them
+    into the run's hash and nothing else reads them."""
+    return (f"{keys.prefix}:{{{run_id}}}:interrupts", f"{keys.prefix}:{{{run_id}}}:notifications",
+            f"{keys.prefix}:{{{run_id}}}:open")
+
+
 def _run_id(key: str) -> str:
     return key[key.index("{") + 1:key.rindex("}")]
 
@@ -146,7 +154,7 @@ def _waited_on(messages: str | None) -> list[str]:
 
 def rewrite_run(client: Redis, keys: Keys, key: str, dry: bool) -> bool:
     run_id = _run_id(key)
-    legacy = (keys.interrupts(run_id), keys.notifications(run_id), keys.open(run_id))
+    legacy = old_keys(keys, run_id)
     with client.pipeline(transaction=True) as pipe:
         while True:
             try:
