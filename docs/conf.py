@@ -1,7 +1,7 @@
 """Sphinx configuration for layby's documentation: Markdown pages (MyST), the API reference
 from the docstrings (autodoc), the Furo theme.
 
-Built strictly, as `./dev docs` and tests/test_docs.py do:
+Built strictly, as `./dev docs` and tests/journeys/test_docs.py do:
 
     python -m sphinx -W --keep-going -n -b html docs docs/_build/html
 

@@ -6,5 +6,5 @@ runs the scenarios of issue "recovery in seconds": a SIGKILL storm on the worker
 killed in each phase of a run, fifty concurrent answers per interrupt over every channel,
 hostile mail under load, a log scan for secrets, and a Sentinel failover. Each scenario is
 bounded in time and prints its figures against its targets; `--short` is the version CI
-runs (tests/test_faults.py). Nothing here is imported by the product.
+runs (tests/faults/test_faults.py). Nothing here is imported by the product.
 """

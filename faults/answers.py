@@ -26,9 +26,9 @@ from faults.reviewing import (
     reviewed,
     sign_in,
 )
-from tests.reviewers import ReviewedSystem
-from tests.sse import history
-from tests.test_reviewer_answers import finished
+from tests.answering.test_reviewer_answers import finished
+from tests.support.reviewers import ReviewedSystem
+from tests.support.sse import history
 
 NAME = "concurrent answers"
 PER_INTERRUPT = 50

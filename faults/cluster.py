@@ -28,7 +28,7 @@ from faults.common import (
 from layby.ops.embedded import ClusterMember, EmbeddedCluster, EmbeddedRedis
 from layby.parking.keys import Keys
 from layby.parking.shards import DEFAULT_COUNT, slot_of, tags
-from tests.harness import LaybySystem
+from tests.support.harness import LaybySystem
 
 NAME = "cluster failover"
 AFTER_PROMOTION_S = 30  # every run finished this soon after the replica took over

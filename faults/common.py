@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from layby.ops.embedded import EmbeddedRedis
-from tests.harness import LaybySystem
+from tests.support.harness import LaybySystem
 
 FINISHED = {"completed", "failed", "cancelled"}
 

@@ -23,8 +23,8 @@ from faults.common import (
     run_figures,
     start_runs,
 )
-from tests.harness import LaybySystem
-from tests.sentinels import SentinelSetup
+from tests.support.harness import LaybySystem
+from tests.support.sentinels import SentinelSetup
 
 NAME = "sentinel failover"
 

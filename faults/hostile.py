@@ -25,9 +25,9 @@ import psutil
 
 from faults.common import Outcome, Size, start_runs, system
 from layby.answering.mime import MailTooLarge, check_shape
-from tests.harness import LaybySystem
-from tests.reviewers import TOKEN_KEYS
-from tests.test_hostile_input import MAIL_LIMIT, _many_parts
+from tests.http.test_hostile_input import MAIL_LIMIT, _many_parts
+from tests.support.harness import LaybySystem
+from tests.support.reviewers import TOKEN_KEYS
 
 NAME = "hostile mail"
 SENDERS = 10

@@ -31,10 +31,7 @@ from faults.reviewing import (
     park,
     reviewed,
 )
-from tests import slack
-from tests.harness import API_KEY
-from tests.reviewers import HOOK_SECRET, TOKEN_KEYS, ReviewedSystem, issued_tokens
-from tests.test_reviewer_answers import (
+from tests.answering.test_reviewer_answers import (
     callback_body,
     compose,
     finished,
@@ -44,6 +41,9 @@ from tests.test_reviewer_answers import (
     reply_address,
     token_of,
 )
+from tests.support import slack
+from tests.support.harness import API_KEY
+from tests.support.reviewers import HOOK_SECRET, TOKEN_KEYS, ReviewedSystem, issued_tokens
 
 NAME = "secrets in logs"
 

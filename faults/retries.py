@@ -21,7 +21,7 @@ import httpx
 from faults.common import AS_SHIPPED, Approver, Outcome, Size, listed, run_figures, start_runs
 from layby.ops.embedded import EmbeddedCluster, EmbeddedRedis
 from layby.parking.shards import slot_of
-from tests.harness import LaybySystem
+from tests.support.harness import LaybySystem
 
 NAME = "tools meet a failover"
 AFTER_PROMOTION_S = 60  # every run finished this soon after the replica took over

@@ -24,16 +24,7 @@ import httpx
 
 from layby.http.inbox import COOKIE
 from layby.ops.embedded import EmbeddedRedis
-from tests import slack
-from tests.harness import wait_until
-from tests.reviewers import (
-    ReviewedSystem,
-    SmtpServer,
-    WebhookReceiver,
-    link_in,
-    own_reviewed,
-)
-from tests.test_reviewer_answers import (
+from tests.answering.test_reviewer_answers import (
     ALICE,
     callback_body,
     compose,
@@ -45,6 +36,15 @@ from tests.test_reviewer_answers import (
     smtp_refusal,
     smtp_send,
     token_of,
+)
+from tests.support import slack
+from tests.support.harness import wait_until
+from tests.support.reviewers import (
+    ReviewedSystem,
+    SmtpServer,
+    WebhookReceiver,
+    link_in,
+    own_reviewed,
 )
 
 SMTP_LOGIN = ("layby-mailer", "smtp-pass-Rq47-never-logged")

@@ -15,7 +15,7 @@ import httpx
 
 from faults.common import Approver, Outcome, Size, listed, run_figures, start_runs, system
 from layby.ops.embedded import EmbeddedRedis
-from tests.harness import LaybySystem
+from tests.support.harness import LaybySystem
 
 NAME = "store restarts"
 AWAY_S = 2.0  # how long the store stays down

@@ -19,10 +19,10 @@ from pathlib import Path
 import psutil
 
 from faults.common import Approver, Outcome, Size, run_figures, start_runs, system
-from tests.harness import LaybySystem
+from tests.support.harness import LaybySystem
 
 NAME = "sigkill storm"
-AGENTS = "layby.demo.agents,tests.agents,tests.agents_durability"
+AGENTS = "layby.demo.agents,tests.support.agents,tests.support.agents_durability"
 
 
 def run(size: Size, folder: Path) -> Outcome:

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from layby.ops.embedded import EmbeddedCluster, EmbeddedRedis
-from tests.harness import LaybySystem
-from tests.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewed_system
+from tests.support.harness import LaybySystem
+from tests.support.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewed_system
 
 # Fixtures (here and in test modules) that start layby's processes or other programs; a
 # test is marked by any of them it uses, however indirectly. A cluster's six servers take

@@ -17,14 +17,12 @@ taken.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
 import threading
 import weakref
 from collections.abc import Iterable
-from typing import Any
 
 from celery import Celery
 
@@ -41,6 +39,7 @@ from layby.broker_config import (
     pinned_queue,
 )
 from layby.broker_config.messages import shown_args, templates
+from layby.control.broker_probe import BrokerProbe
 from layby.control.connections import redis_client
 from layby.generation.agents import Agent, hosted, hosted_versions, load_agents
 from layby.generation.importing import import_user_module
@@ -93,6 +92,7 @@ class Runtime:
         self.celery = celery
         self.reviewers = Reviewers(settings)
         self._store: tuple[int, Store] | None = None
+        self._broker_probe: BrokerProbe | None = None
         self._agents = agents
         self._keyring: Keyring | None = None
         self._hosted: tuple[str, ...] | None = None
@@ -178,43 +178,27 @@ class Runtime:
         now (asked again at the next sweep; never waited for: the sweep goes on)."""
         if self.settings.broker_is_store or self.settings.broker_is_amqp:
             return None
-        with self.celery.connection_for_write() as conn:
-            errors: tuple[type[BaseException], ...] = (
-                *conn.connection_errors, *conn.channel_errors, OSError)
-            try:
-                # A channel of its own: the connection's default one would retry for ever.
-                channel: Any = conn.channel()
-                try:
-                    # kombu's Redis channel holds redis-py's client of the primary.
-                    return str(channel.client.info("server").get("run_id", ""))
-                finally:
-                    with contextlib.suppress(*errors):
-                        channel.close()
-            except errors as exc:
-                log.warning("the broker does not answer (%s); its server is looked at again "
-                            "at the next sweep", exc)
-                return None
+        # kombu's Redis channel holds redis-py's client of the primary.
+        return self.broker_probe.ask(
+            lambda channel: str(channel.client.info("server").get("run_id", "")),
+            "its server")
 
     def queue_length(self, queue: str) -> int | None:
         """How many messages wait in `queue` on the broker; None when it does not answer
-        now (the queue is not looked at this time)."""
-        with self.celery.connection_for_write() as conn:
-            lost: tuple[type[BaseException], ...] = (*conn.connection_errors, OSError)
-            try:
-                channel: Any = conn.channel()  # kombu types it as StdChannel, without these
-            except lost as exc:
-                log.warning("could not ask the broker about queue %s (%s)", queue, exc)
-                return None
-            try:
-                return int(channel.queue_declare(queue=queue, passive=True).message_count)
-            except tuple(conn.channel_errors):
-                return 0  # no such queue (on Redis, an empty one is no key): none waits
-            except lost as exc:
-                log.warning("could not ask the broker about queue %s (%s)", queue, exc)
-                return None
-            finally:
-                with contextlib.suppress(*lost, *conn.channel_errors):
-                    channel.close()
+        now (the queue is not looked at this time). No such queue (on Redis, an empty one
+        is no key): none waits."""
+        return self.broker_probe.ask(
+            lambda channel: int(channel.queue_declare(queue=queue, passive=True).message_count),
+            f"queue {queue}", refused=0)
+
+    @property
+    def broker_probe(self) -> BrokerProbe:
+        """The connection the process keeps for its questions to the broker."""
+        if self._broker_probe is None:
+            with self._store_lock:
+                if self._broker_probe is None:
+                    self._broker_probe = BrokerProbe(self.celery)
+        return self._broker_probe
 
     def publish(self, entries: Iterable[OutboxEntry]) -> int:
         """Send entries to the broker and ack them; returns how many were sent."""
