@@ -28,7 +28,6 @@ from typing import Any, Literal
 import redis
 
 from layby.broker_config.logs import about
-from layby.control import commands
 from layby.control.runtime import Runtime
 from layby.generation.interrupts import ExpiryAction
 from layby.notifier import delivery
@@ -277,11 +276,10 @@ def expire(rt: Runtime, run_id: str, interrupt_id: str) -> int:
         fail = ({"code": "interrupt_expired", "message": f"interrupt {interrupt_id} "
                  f"({spec.tool_name}) expired: {reason}"}
                 if policy.action is ExpiryAction.FAIL else None)
-    result = store.answers.expire(run_id, answer, fail)
+    result = store.answers.expire(run_id, answer, fail, slack=bool(rt.settings.slack))
     rt.publish(result.entries)
     if result.verdict in (Verdict.OK, Verdict.FAILED):
         log.info("run %s: interrupt %s expired (%s)", run_id, interrupt_id, policy.action.value)
-        commands.update_slack(rt, run_id, [interrupt_id])
         return 1
     return 0
 

@@ -28,7 +28,6 @@ from layby.access.rights import (
     keys_named,
     may_review,
 )
-from layby.broker_config import NOTIFY, SLACK_TASK
 from layby.control import audit
 from layby.control.runtime import Runtime
 from layby.errors import (
@@ -271,15 +270,15 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
                         run=run_id, interrupt=r.interrupt_id, via=channel) for r in records]
     result = _recorded(rt.store.answers.answer(run_id, records, require_all=require_all,
                                                votes=votes, deadlines=deadlines, view=view,
-                                               audit=kept),
+                                               audit=kept, slack=bool(rt.settings.slack)),
                        run_id, records, by_id)
     for rec in records:
         log.info("interrupt %s of run %s %s by %s via %s", rec.interrupt_id, run_id,
                  rec.state.value, by, channel,
                  extra={"run_id": run_id, "interrupt_id": rec.interrupt_id})
+    # The resume's message, when the broker is elsewhere, and the update of the run's
+    # Slack messages: both in the outbox since the answer's commit.
     rt.publish(result.entries)
-    if result.verdict is Verdict.OK:
-        update_slack(rt, run_id, [r.interrupt_id for r in records], approval=bool(votes))
     return result
 
 
@@ -309,20 +308,6 @@ def _may_answer(who: Identity, record: RunRecord, specs: list[Interrupt],
             who.may_approve(record.id, record.started_by)
         else:
             who.require(ANSWER, f"(interrupt {entry.interrupt_id})")
-
-
-def update_slack(rt: Runtime, run_id: str, interrupt_ids: list[str], *,
-                 approval: bool = False) -> None:
-    """Queue the update of the run's Slack messages (answered now, on whatever channel),
-    where Slack is configured. A message left stale by a lost task still refuses a click:
-    every click is checked against the stored request."""
-    if not rt.settings.slack:
-        return
-    try:
-        rt.celery.send_task(SLACK_TASK, args=[run_id, interrupt_ids, approval], queue=NOTIFY)
-    except Exception:
-        log.warning("run %s: could not queue the update of its Slack messages", run_id,
-                    exc_info=True, extra={"run_id": run_id})
 
 
 def approves(entry: ResumeEntry) -> bool:
@@ -482,7 +467,9 @@ def delegate(rt: Runtime, run_id: str, interrupt_id: str, *, reviewer: str, to: 
                       "else", run_id=run_id)
     handover = Delegation(reviewer=reviewer, to=to, by=by, channel=channel, at=now_iso(),
                           note=note[:2000] if note else None)
-    result = rt.store.answers.delegate(run_id, interrupt_id, handover)
+    # The giver's Slack message no longer answers it: its update says so, without buttons.
+    result = rt.store.answers.delegate(run_id, interrupt_id, handover,
+                                       slack=bool(rt.settings.slack))
     if result.verdict is Verdict.AGAIN:
         raise Conflict(f"{reviewer} already handed this request to "
                        f"{routing.handed_to(intr, reviewer)}", run_id=run_id)
@@ -494,8 +481,6 @@ def delegate(rt: Runtime, run_id: str, interrupt_id: str, *, reviewer: str, to: 
     log.info("interrupt %s of run %s handed from %s to %s via %s", interrupt_id, run_id,
              reviewer, to, channel, extra={"run_id": run_id, "interrupt_id": interrupt_id})
     rt.publish(result.entries)
-    # The giver's Slack message no longer answers it: it says so, without its buttons.
-    update_slack(rt, run_id, [interrupt_id])
     return result
 
 
@@ -517,15 +502,15 @@ def cancel(rt: Runtime, run_id: str, *, by: str, reason: str | None = None,
            who: Identity | None = None) -> RunView:
     whose = reach(rt, run_id, who, CANCEL) if who is not None else rt.store.runs.whose(run_id)
     result = rt.store.runs.cancel(run_id, by, reason,
-                                  audit=[audit.entry(by, whose.tenant, "cancel", run=run_id)])
+                                  audit=[audit.entry(by, whose.tenant, "cancel", run=run_id)],
+                                  slack=bool(rt.settings.slack))
     if result.verdict is Verdict.MISSING:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if result.verdict is Verdict.FINISHED:
         raise Conflict(f"run {run_id} is already {result.status}", run_id=run_id,
                        detail={"status": result.status})
-    run = get_run(rt, run_id)
-    update_slack(rt, run_id, [i.id for i in run.interrupts])
-    return run
+    rt.publish(result.entries)  # the update of its Slack messages
+    return get_run(rt, run_id)
 
 
 def requeue(rt: Runtime, run_id: str) -> Transition:

@@ -33,6 +33,7 @@ from layby.broker_config import (
     NOTIFY_TASK,
     RESUME_RUN,
     RUN_TURN,
+    SLACK_TASK,
     TURNS,
     Settings,
     make_celery,
@@ -58,7 +59,8 @@ ACKED_BY_THE_TASK = frozenset({NOTIFY_TASK})
 
 
 TASK_NAMES = TaskNames(turn_task=RUN_TURN, resume_task=RESUME_RUN, turn_queue=TURNS,
-                       notify_task=NOTIFY_TASK, notify_queue=NOTIFY, deliver_task=DELIVER_TASK)
+                       notify_task=NOTIFY_TASK, notify_queue=NOTIFY, deliver_task=DELIVER_TASK,
+                       slack_task=SLACK_TASK)
 
 
 def store_config(settings: Settings, celery: Celery | None = None, *,

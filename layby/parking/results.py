@@ -109,7 +109,8 @@ def committed(reply: list[Any]) -> Transition:
     """`{'ok' | 'failed', version, entry or '', {planned…}, {to dispatch…}, resumed}`
     (those after the entry when the transition has them), or a refusal."""
     if reply[0] in (Verdict.OK, Verdict.FAILED):
-        entries = entries_of(reply[2:3])
+        # The step's task message, and the Slack update's (answers, hand-overs, a cancel).
+        entries = entries_of([*reply[2:3], *reply[8:9]])
         planned = tuple(str(x) for x in reply[3]) if len(reply) > 3 else ()
         dispatch = tuple(str(x) for x in reply[4]) if len(reply) > 4 else ()
         return Transition(Verdict(reply[0]), int(reply[1]), entries, planned=planned,

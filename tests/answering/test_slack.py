@@ -20,8 +20,13 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
+from layby.broker_config import make_celery
+from layby.control.runtime import store_config
 from layby.ops.embedded import EmbeddedRedis
+from layby.parking import Store, iso
+from layby.wire import Answer, InterruptState
 from tests.answering.test_reviewer_answers import assert_answered, notification, reply, transfers_of
 from tests.support.harness import wait_until
 from tests.support.reviewers import ReviewedSystem, wait_gone
@@ -629,6 +634,27 @@ def test_a_cancelled_run_updates_its_message_and_a_click_records_nothing(
     interaction(slacked.system.base_url, click(ALICE, "layby_approve", run_id, interrupt_id))
     assert "no longer open" in wait_ephemeral(api, ALICE, before)
     assert slacked.system.run(run_id)["status"] == "cancelled"
+
+
+def test_an_answer_whose_caller_died_after_its_commit_still_updates_the_message(
+        slacked: ReviewedSystem, api: SlackApi) -> None:
+    """The Slack update is written with the answer, in its script: a gateway killed right
+    after the commit (here, the answer committed through the store, and nothing published
+    after it) leaves it in the outbox, and the sweeper publishes it after the grace time."""
+    run_id, interrupt_id = parked(slacked, "demo.transfer", "Send 350 to Bob")
+    message = message_of(slacked, run_id)
+    settings = slacked.system.settings
+    store = Store(redis.Redis.from_url(slacked.system.redis_url, decode_responses=True),
+                  store_config(settings, make_celery(settings)))
+    done = store.answers.answer(run_id, [Answer(
+        interrupt_id=interrupt_id, status="resolved", payload={"approved": True},
+        state=InterruptState.RESOLVED, answered_by="reviewer:alice", channel="api",
+        answered_at=iso(store.now_ms()))], slack=True)
+    assert done.resumed and [e.task for e in done.entries] == ["layby.notify.slack"]
+    update = wait_update(api, message)  # published by the sweeper alone
+    assert "*Approved* by <@U0ALICE001> via api" in json.dumps(update.params["blocks"])
+    assert actions(update) == []
+    assert slacked.system.wait_status(run_id, "completed", timeout=60)["status"] == "completed"
 
 
 def test_a_body_past_the_limit_is_refused_before_its_signature_is_read(

@@ -11,7 +11,7 @@ import pytest
 
 from layby.parking import Announcements, Verdict
 from layby.wire import Status
-from tests.store.conftest import World, answer, interrupt, note
+from tests.store.conftest import World, answer, handover, interrupt, note
 
 pytestmark = pytest.mark.store
 
@@ -79,6 +79,50 @@ def test_with_the_broker_on_the_server_the_resume_is_pushed(world: World) -> Non
     assert world.queue("layby.turns")[-1] == ("layby.resume_run", ["run_1", 3],
                                               "run_1:resume:3")
     assert world.outbox() == {}
+
+
+def test_with_slack_the_update_of_its_messages_is_in_the_outbox_with_the_answer(
+        world: World) -> None:
+    """The Slack update is written by the answer's own script, the broker on this server or
+    not: a caller that dies after the commit leaves it for the sweeper to publish."""
+    store = world.store_with(pushing=True)
+    run = world.make("interrupted", store=store, interrupts=TWO)
+    votes = {"int_a": 2}
+    counted = store.answers.answer(run.id, [answer("int_a", by="alice")], votes=votes,
+                                   slack=True)
+    (update,) = counted.entries
+    assert (update.task, update.queue, update.args) == (
+        "layby.notify.slack", "layby.notify", ["run_1", ["int_a"], True])
+    assert world.outbox() == {update.id: (update.wire(), world.outbox()[update.id][1])}
+    store.outbox.ack_outbox([(run.id, update.id)])
+    closing = store.answers.answer(run.id, [answer("int_a", by="bob"), answer("int_b")],
+                                   votes=votes, slack=True)
+    assert closing.resumed  # the resume pushed, the Slack update in the outbox
+    assert [e.args for e in closing.entries] == [["run_1", ["int_a", "int_b"], True]]
+    assert world.queue("layby.turns")[-1][0] == "layby.resume_run"
+    # Without Slack (a job's answer), or refused: none.
+    other = world.make("interrupted", "run_2", store=store)
+    assert store.answers.answer(other.id, [answer("int_a")]).entries == ()
+    refused = store.answers.answer(other.id, [answer("int_a")], slack=True)
+    assert refused.verdict is Verdict.CONFLICT and refused.entries == ()
+    assert [entry["args"][0] for entry, _ in world.outbox().values()] == ["run_1"]
+
+
+def test_a_hand_over_a_cancel_and_an_expiry_queue_the_slack_update_too(world: World) -> None:
+    handed = world.make("interrupted", "run_h")
+    moved = world.store.answers.delegate(handed.id, "int_a", handover("alice", "bob"),
+                                         slack=True)
+    assert [(e.task, e.args) for e in moved.entries] == [  # (announcing the new reviewer)
+        ("layby.notify.interrupts", ["run_h", 2]),
+        ("layby.notify.slack", ["run_h", ["int_a"], False])]
+    world.make("interrupted", "run_c", interrupts=TWO)
+    cancelled = world.store.runs.cancel("run_c", "api:ops", "not needed", slack=True)
+    assert [e.args for e in cancelled.entries] == [["run_c", ["int_a", "int_b"], False]]
+    world.make("interrupted", "run_e", interrupts=[interrupt("int_a", expires_ms=1)])
+    expired = world.store.answers.expire("run_e", answer("int_a"), None, slack=True)
+    assert ["run_e", ["int_a"], False] in [e.args for e in expired.entries]
+    assert {entry["args"][0] for entry, _ in world.outbox().values()
+            if entry["task"] == "layby.notify.slack"} == {"run_h", "run_c", "run_e"}
 
 
 def test_a_second_answer_is_a_conflict_with_the_first_and_changes_nothing(

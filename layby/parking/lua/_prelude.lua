@@ -169,6 +169,24 @@ local function enqueue(kind, version, now, note)
   return pushed and '' or entry
 end
 
+-- The update of the run's Slack messages after a change to its interrupts `ids` (a
+-- non-empty array; `approval`: an approval of a quorum was counted), when the caller wants
+-- it (`wanted`, '1': Slack is configured) and the store knows the task: an outbox entry in
+-- the transition's own step, so that a caller that dies after the commit loses no update
+-- (the sweeper publishes it after the grace time). Never pushed here, whoever the broker
+-- is: its arguments are no message made ahead. Returns the entry, or ''.
+local function slack_update(wanted, ids, approval, now)
+  local task = TASKS['slack']
+  if wanted ~= '1' or not task or #ids == 0 then return '' end
+  local entry_id = ID .. ':slack:' .. (LAST_EVENT ~= '' and LAST_EVENT or now)
+  local entry = cjson.encode({id = entry_id, task = task.task, queue = task.queue,
+                              args = {ID, ids, approval},
+                              agent = redis.call('HGET', RUN, 'agent') or nil})
+  redis.call('HSET', OUTBOX_ENTRIES, entry_id, entry)
+  redis.call('ZADD', OUTBOX, now + OUTBOX_GRACE_MS, entry_id)
+  return entry
+end
+
 -- A notification due now: its delivery pushed (due again only if the message was lost) and
 -- true, or, with the broker elsewhere, false: the caller dispatches it, and the sweeper's
 -- copy waits out the grace time.

@@ -10,14 +10,16 @@
 --   first), answers (JSON, each {id: the interrupt's, answer: Answer JSON (a string), need:
 --   the approvals it needs, voter: who approves (left out, or '', when the answer is not an
 --   approval counted toward several), deadline: false when the interrupt has none to drop}),
---   audit (JSON: the answers' audit entries, strings; written when they are recorded)
+--   audit (JSON: the answers' audit entries, strings; written when they are recorded),
+--   slack ('1' to queue the update of the run's Slack messages: `slack_update`)
 -- Returns {'ok', version, outbox entry or '', {}, {}, '1' if the run resumes, when (ms),
---          the id of the last event written} | {'early'} |
+--          the id of the last event written, the Slack update's outbox entry or ''} |
+--         {'early'} |
 --         {'missing'} | {'finished', status} |
 --         {'unknown', id} |
 --         {'conflict', id, first answer JSON or '', run status} | {'incomplete', open ids…}
 --         | {'again', id, this reviewer's earlier approval JSON}
-local A = args({'require_all', 'allow_early'}, {'answers', 'audit'})
+local A = args({'require_all', 'allow_early', 'slack'}, {'answers', 'audit'})
 local require_all, allow_early, given = A.require_all, A.allow_early, A.answers
 local run = redis.call('HMGET', RUN, 'status', 'version', 'updated_at', 'open', 'noted',
                       'waiting')
@@ -51,7 +53,11 @@ if require_all == '1' and #open_ids ~= n then
 end
 local now = now_ms()
 audit(A.audit, now)
-local answers = {}
+local answers, ids, counted = {}, {}, false
+for _, a in ipairs(given) do
+  table.insert(ids, a.id)
+  counted = counted or (a.voter or '') ~= ''
+end
 for _, a in ipairs(given) do
   local iid, answer, need, voter = a.id, a.answer, a.need, a.voter or ''
   local closes = true
@@ -67,6 +73,10 @@ for _, a in ipairs(given) do
   end
   if closes then table.insert(answers, {iid, answer, a.deadline ~= false}) end
 end
-if #answers == 0 then return {'ok', run[2], '', {}, {}, '0', now, LAST_EVENT} end
+if #answers == 0 then
+  return {'ok', run[2], '', {}, {}, '0', now, LAST_EVENT,
+          slack_update(A.slack, ids, counted, now)}
+end
 local v, entry, resumed = apply_answers(answers, now, run)
-return {'ok', v, entry, {}, {}, resumed and '1' or '0', now, LAST_EVENT}
+return {'ok', v, entry, {}, {}, resumed and '1' or '0', now, LAST_EVENT,
+        slack_update(A.slack, ids, counted, now)}

@@ -7,11 +7,13 @@
 -- KEYS from EXTRA: the plan's grant keys.
 -- Arguments: interrupt_id, reviewer (the one handing it on), handover (Delegation JSON),
 --   announce ('1' to queue the announcement task instead of a plan), plan (JSON, as
---   record_plan reads it)
+--   record_plan reads it), slack ('1' to queue the update of the giver's Slack message:
+--   `slack_update`)
 -- Returns {'ok', version, outbox entry or '', {notifications planned},
---          {notifications the caller must dispatch}} | {'missing'} | {'again', id} (handed
+--          {notifications the caller must dispatch}, '0', when (ms), the event's id, the
+--          Slack update's outbox entry or ''} | {'missing'} | {'again', id} (handed
 --          on before) | {'conflict', id, first answer JSON or '', run status}
-local A = args({'interrupt_id', 'reviewer', 'handover', 'announce'}, {'plan'})
+local A = args({'interrupt_id', 'reviewer', 'handover', 'announce', 'slack'}, {'plan'})
 local iid, from, record, announce = A.interrupt_id, A.reviewer, A.handover, A.announce
 local st = redis.call('HMGET', RUN, 'status', 'version', 'open', 'noted')
 local status, v = st[1], st[2]
@@ -26,6 +28,9 @@ end
 local now = now_ms()
 skip_notifications({[iid] = true}, from, st[4])
 event('interrupt.delegated', v, record, now)
-if announce == '1' then return {'ok', v, enqueue('notify', v, now), {}, {}} end
+local slack = slack_update(A.slack, {iid}, false, now)
+if announce == '1' then
+  return {'ok', v, enqueue('notify', v, now), {}, {}, '0', now, LAST_EVENT, slack}
+end
 local planned, dispatch = record_plan(A.plan, EXTRA, v, now, open, true)
-return {'ok', v, '', planned, dispatch}
+return {'ok', v, '', planned, dispatch, '0', now, LAST_EVENT, slack}

@@ -53,12 +53,13 @@ class Answers(Part):
     def answer(self, run_id: str, answers: list[Answer], *, require_all: bool = False,
                allow_early: bool = False, votes: dict[str, int] | None = None,
                deadlines: set[str] | None = None, view: bool = False,
-               audit: Sequence[str] = ()) -> Transition:
+               audit: Sequence[str] = (), slack: bool = False) -> Transition:
         """Record answers. `votes`: the interrupts whose answer here is an approval counted
         toward several, with the approvals each needs (each reviewer's counts once).
         `deadlines`: the interrupts that expire, when the caller knows (None: any may).
         With `view`, the result's `view` is the run as the answers left it, read in the
-        same round trip."""
+        same round trip. With `slack`, the update of the run's Slack messages is among the
+        result's `entries` (in the outbox, for the caller to publish)."""
         given: list[dict[str, Any]] = []
         for a in answers:
             need = (votes or {}).get(a.interrupt_id, 1)
@@ -66,7 +67,7 @@ class Answers(Part):
                           "voter": a.answered_by if need > 1 else None,
                           "deadline": deadlines is None or a.interrupt_id in deadlines})
         named: dict[str, Any] = {"require_all": require_all, "allow_early": allow_early,
-                                 "answers": given, "audit": list(audit)}
+                                 "answers": given, "audit": list(audit), "slack": slack}
         if not view or self.config.min_replicas_ack:
             return results.committed(self.core.run_script("answer_interrupts", run_id, **named))
         reply, read = self._run_then_read("answer_interrupts", run_id, named, read_view)
@@ -87,23 +88,27 @@ class Answers(Part):
         return reply, found
 
     def delegate(self, run_id: str, interrupt_id: str, handover: Delegation,
-                 plan: Announcements | None = None) -> Transition:
+                 plan: Announcements | None = None, *, slack: bool = False) -> Transition:
         """Hand an open interrupt from `handover.reviewer` to `handover.to`, recording
         `plan`, the new reviewer's announcements (None: queue the announcement task to plan
-        them). AGAIN: handed on before."""
+        them). AGAIN: handed on before. `slack`: as for `answer`."""
         given, grant_keys = plan_args(plan or Announcements())
         reply = self.core.run_script("delegate_interrupt", run_id, interrupt_id=interrupt_id,
                                      reviewer=handover.reviewer, handover=dumps(handover.wire()),
-                                     announce=plan is None, plan=given, extra_keys=grant_keys)
+                                     announce=plan is None, plan=given, slack=slack,
+                                     extra_keys=grant_keys)
         if reply[0] == Verdict.AGAIN:
             return Transition(Verdict.AGAIN, interrupt_id=interrupt_id)
         return results.committed(reply)
 
-    def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None) -> Transition:
+    def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None, *,
+               slack: bool = False) -> Transition:
+        """Apply an interrupt's expiry: `answer`, or `fail_error` to fail the run.
+        `slack`: as for `answer`."""
         reply = self.core.run_script("expire_interrupt", run_id, interrupt_id=answer.interrupt_id,
                                      answer=dumps(answer.wire()),
                                      fail_error=dumps(fail_error) if fail_error else "",
-                                     retention_s=self.config.retention_s)
+                                     retention_s=self.config.retention_s, slack=slack)
         return results.committed(reply)
 
     def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:

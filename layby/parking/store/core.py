@@ -75,6 +75,9 @@ class TaskNames:
     notify_task: str
     notify_queue: str
     deliver_task: str
+    # The update of a run's Slack messages after answers, a hand-over or a cancel (an
+    # outbox entry of the transition, never pushed); '': none queued.
+    slack_task: str = ""
 
     def queued(self, messages: Mapping[str, tuple[str, str]] | None) -> dict[str, QueuedTask]:
         """The tasks as the scripts queue them, by kind; `messages` (kind → queue key,
@@ -83,6 +86,8 @@ class TaskNames:
                  "resume": (self.resume_task, self.turn_queue),
                  "notify": (self.notify_task, self.notify_queue),
                  "deliver": (self.deliver_task, self.notify_queue)}
+        if self.slack_task:
+            named["slack"] = (self.slack_task, self.notify_queue)
         return {kind: QueuedTask(task, queue, *(messages or {}).get(kind, (None, None)))
                 for kind, (task, queue) in named.items()}
 

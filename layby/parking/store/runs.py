@@ -200,10 +200,13 @@ class Runs(Part):
         return results.committed(reply)
 
     def cancel(self, run_id: str, by: str, reason: str | None,
-               audit: Sequence[str] = ()) -> Transition:
+               audit: Sequence[str] = (), *, slack: bool = False) -> Transition:
+        """`slack`: the update of the Slack messages of what it leaves unanswered is among
+        the result's `entries` (`answers.answer`)."""
         data = {"code": "cancelled", "message": reason or "cancelled", "by": by}
         reply = self.core.run_script("cancel_run", run_id, event=dumps(data),
-                                     retention_s=self.config.retention_s, audit=list(audit))
+                                     retention_s=self.config.retention_s, audit=list(audit),
+                                     slack=slack)
         return results.committed(reply)
 
     def requeue(self, run_id: str, *, owner: str = "") -> Transition:
