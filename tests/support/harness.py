@@ -70,7 +70,8 @@ def back_to_the_legacy_layout(client: Any, prefix: str) -> None:
         for status in Status:
             for run_id in client.zrange(shard.index(status), 0, -1):
                 move(keys=[*sharded.for_scripts(run_id), *legacy.for_scripts(run_id)])
-        for kind, named in (("grant", legacy.grant), ("idem", legacy.idempotency)):
+        for kind, named in (("grant", legacy.legacy.grant),
+                            ("idem", legacy.legacy.idempotency)):
             for key in client.scan_iter(match=f"{shard.base}:{kind}:*"):
                 client.rename(key, named(key.removeprefix(f"{shard.base}:{kind}:")))
     client.hdel(legacy.format, "shards", "sharded_at")
