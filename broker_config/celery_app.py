@@ -91,10 +91,7 @@ def celery_config(settings: Settings) -> dict[str, object]:
         "task_ignore_result": True,
         "task_serializer": "json",
         "accept_content": ["json"],
-        "task_queues": [Queue(q, exchange, routing_key=q, queue_arguments=queue_arguments)
-                        for q in QUEUES]
-                       + ([Queue(settings.intake_queue, queue_arguments=queue_arguments)]
-                          if settings.intake_queue else []),
+        "task_queues": _task_queues(settings, exchange, queue_arguments),
         "task_default_queue": JOBS,
         "task_default_exchange": "layby",
         "task_default_exchange_type": exchange.type,
@@ -102,16 +99,30 @@ def celery_config(settings: Settings) -> dict[str, object]:
         # the same kind as the others.
         **({"task_create_missing_queue_type": "quorum"} if amqp else {}),
         "task_default_routing_key": JOBS,
-        "task_routes": {
-            START_RUN: {"queue": TURNS, "routing_key": TURNS},
-            RUN_TURN: {"queue": TURNS, "routing_key": TURNS},
-            RESUME_RUN: {"queue": TURNS, "routing_key": TURNS},
-            SWEEP_TASK: {"queue": SWEEP, "routing_key": SWEEP},
-            "layby.notify.*": {"queue": NOTIFY, "routing_key": NOTIFY},
-        },
+        "task_routes": _task_routes(),
         # No beat schedule: the sweeper sweeps on its own clock (`layby.tasks`), so no task
         # goes through the broker, and into Flower's task list, every second.
         "worker_hijack_root_logger": False,
+    }
+
+
+def _task_queues(settings: Settings, exchange: Exchange,
+                 queue_arguments: dict[str, str] | None) -> list[Queue]:
+    """layby's queues, and the intake queue where one is set, all of one kind."""
+    return ([Queue(q, exchange, routing_key=q, queue_arguments=queue_arguments)
+             for q in QUEUES]
+            + ([Queue(settings.intake_queue, queue_arguments=queue_arguments)]
+               if settings.intake_queue else []))
+
+
+def _task_routes() -> dict[str, dict[str, str]]:
+    """The queues layby's own tasks go to, unless their sender names one."""
+    return {
+        START_RUN: {"queue": TURNS, "routing_key": TURNS},
+        RUN_TURN: {"queue": TURNS, "routing_key": TURNS},
+        RESUME_RUN: {"queue": TURNS, "routing_key": TURNS},
+        SWEEP_TASK: {"queue": SWEEP, "routing_key": SWEEP},
+        "layby.notify.*": {"queue": NOTIFY, "routing_key": NOTIFY},
     }
 
 

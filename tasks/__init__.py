@@ -44,6 +44,22 @@ def register(rt: Runtime) -> Celery:
     """layby's tasks on `rt.celery`, the handlers that record background jobs' results, and
     the run ids on log lines. Returns the app."""
     app = rt.celery
+    _step_tasks(rt)
+    _notification_tasks(rt)
+    jobs.connect(rt)
+    context.connect()
+    _refuse_an_unreadable_store(rt)
+    _read_pinned_queues(rt)
+    _beat_while_up(rt)
+    # The reviewer policy, read now in the main process: pool children forked from it start
+    # with these rules, so a rules file broken later leaves every child the rules it had.
+    rt.reviewers.policy()
+    return app
+
+
+def _step_tasks(rt: Runtime) -> None:
+    """The tasks of the turns and sweep queues: a run's start, its steps, the sweep."""
+    app = rt.celery
 
     @app.task(name=START_RUN, bind=True)
     def start_run(self: Any, agent: str, input: Any = None,
@@ -63,6 +79,12 @@ def register(rt: Runtime) -> Celery:
     @app.task(name=SWEEP_TASK, ignore_result=True)
     def sweep_task() -> dict[str, int]:
         return sweep(rt)
+
+
+def _notification_tasks(rt: Runtime) -> None:
+    """The tasks of the notify queue (`layby.notify.*`): a park's announcements planned,
+    one notification delivered, a run's Slack messages brought up to date."""
+    app = rt.celery
 
     @app.task(name=NOTIFY_TASK, bind=True)
     def notify_interrupts(self: Any, run_id: str, version: int) -> int:
@@ -86,16 +108,6 @@ def register(rt: Runtime) -> Celery:
             return 0
         return slack_messages.refresh(rt.settings, rt.reviewers, view, interrupt_ids,
                              approval=approval)
-
-    jobs.connect(rt)
-    context.connect()
-    _refuse_an_unreadable_store(rt)
-    _read_pinned_queues(rt)
-    _beat_while_up(rt)
-    # The reviewer policy, read now in the main process: pool children forked from it start
-    # with these rules, so a rules file broken later leaves every child the rules it had.
-    rt.reviewers.policy()
-    return app
 
 
 def _refuse_an_unreadable_store(rt: Runtime) -> None:

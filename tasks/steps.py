@@ -57,7 +57,7 @@ from layby.generation.versions import (
     what_changed,
 )
 from layby.notifier import delivery, planning
-from layby.parking import Announcements, RunRecord, Store, Verdict, formats
+from layby.parking import Announcements, RunRecord, Store, Transition, Verdict, formats
 from layby.parking.clock import iso
 from layby.tasks.heartbeat import Heartbeat
 from layby.tasks.jobs import starter
@@ -316,33 +316,8 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
                                         {**event, "agentVersion": agent.version,
                                          "messages": dump_messages(added)}, inline=inline,
                                         exhausted=exhausted)
-        case Park(messages=messages, interrupts=interrupts):
-            interrupts, by_rule = _under_policy(rt, agent, step, interrupts)
-            # What the run waits on (ids and reasons: the interrupts themselves are the
-            # run's, read with it); those a rule answered are listed apart (each also has
-            # its `interrupt.auto_answered` event).
-            event["interrupts"] = [{"id": i.id, "reason": i.reason} for i in interrupts
-                                   if i.id not in by_rule]
-            if by_rule:
-                event["answeredByRule"] = [
-                    {"id": i.id, "rule": i.rule, "status": by_rule[i.id].status}
-                    for i in interrupts if i.id in by_rule]
-            # The park's event carries no messages: a parked run's history is held once,
-            # in the run, and readers of the event fill them in from there.
-            # Background jobs answer themselves, rules answer what they answer; the rest
-            # waits on people, told in the park itself.
-            asking = [i for i in interrupts if i.reason != BACKGROUND_JOB and i.id not in by_rule]
-            plan = planning.for_park(rt.settings, rt.reviewers, step.run_id, step.version + 1,
-                                     asking, fits=store.fits_with(step.run_id),
-                                     slack=planning.slack_stored(store)
-                                     ) if asking else Announcements()
-            # A rule's answer is in the audit trail as any answer, its caller the rule.
-            kept = [audit.entry(a.answered_by, tenant, answered_as(i, a.entry()),
-                                run=step.run_id, interrupt=i.id, via="policy")
-                    for i in interrupts if (a := by_rule.get(i.id)) is not None]
-            result = store.runs.park(step.run_id, step.version, owner, messages, interrupts, event,
-                                     plan=plan, by_rule=by_rule, exhausted=outcome.exhausted,
-                                     audit=kept)
+        case Park():
+            result = _park(rt, agent, step, owner, outcome, event, tenant)
         case Finish(messages=messages, result=text, exhausted=exhausted):
             event["result"] = text
             result = store.runs.complete(step.run_id, step.version, owner, messages, text,
@@ -363,6 +338,40 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
         delivery.dispatch(rt.celery, [(step.run_id, n) for n in result.dispatch])
     keep_going = isinstance(outcome, Continue) and inline
     return not keep_going, result.version or step.version
+
+
+def _park(rt: Runtime, agent: Agent, step: Step, owner: str, outcome: Park,
+          event: dict[str, Any], tenant: str) -> Transition:
+    """Park the run on the outcome's interrupts as the reviewer policy routes them; the
+    answers its rules give, and the announcements to the people the rest wait on, are
+    recorded by the park itself."""
+    store = rt.store
+    interrupts, by_rule = _under_policy(rt, agent, step, outcome.interrupts)
+    # What the run waits on (ids and reasons: the interrupts themselves are the
+    # run's, read with it); those a rule answered are listed apart (each also has
+    # its `interrupt.auto_answered` event).
+    event["interrupts"] = [{"id": i.id, "reason": i.reason} for i in interrupts
+                           if i.id not in by_rule]
+    if by_rule:
+        event["answeredByRule"] = [
+            {"id": i.id, "rule": i.rule, "status": by_rule[i.id].status}
+            for i in interrupts if i.id in by_rule]
+    # The park's event carries no messages: a parked run's history is held once,
+    # in the run, and readers of the event fill them in from there.
+    # Background jobs answer themselves, rules answer what they answer; the rest
+    # waits on people, told in the park itself.
+    asking = [i for i in interrupts if i.reason != BACKGROUND_JOB and i.id not in by_rule]
+    plan = planning.for_park(rt.settings, rt.reviewers, step.run_id, step.version + 1,
+                             asking, fits=store.fits_with(step.run_id),
+                             slack=planning.slack_stored(store)
+                             ) if asking else Announcements()
+    # A rule's answer is in the audit trail as any answer, its caller the rule.
+    kept = [audit.entry(a.answered_by, tenant, answered_as(i, a.entry()),
+                        run=step.run_id, interrupt=i.id, via="policy")
+            for i in interrupts if (a := by_rule.get(i.id)) is not None]
+    return store.runs.park(step.run_id, step.version, owner, outcome.messages, interrupts,
+                           event, plan=plan, by_rule=by_rule, exhausted=outcome.exhausted,
+                           audit=kept)
 
 
 def _under_policy(rt: Runtime, agent: Agent, step: Step, interrupts: list[Interrupt]

@@ -139,13 +139,8 @@ def _clicked(rt: Runtime, payload: dict[str, Any]) -> Reply:
     def tell(text: str) -> None:
         reply.later.append(lambda: ephemeral(rt, channel, user, text))
 
-    reviewer = rt.reviewers.directory().by_slack_id(user)
+    reviewer = _clicking_reviewer(rt, user, run_id, interrupt_id, tell)
     if reviewer is None:
-        log.warning("a Slack click on run %s by %s, who is no reviewer, refused", run_id,
-                    user, extra={"run_id": run_id, "interrupt_id": interrupt_id})
-        tell(":no_entry: You are not a reviewer in layby's reviewer directory, so your "
-             "click records nothing. Ask an operator to add your Slack id "
-             f"(`{user}`) as a reviewer's `slack_id`.")
         return reply
     try:
         opened = answers.open_for(rt, reviewer, run_id, interrupt_id)
@@ -170,6 +165,20 @@ def _clicked(rt: Runtime, payload: dict[str, Any]) -> Reply:
     except LaybyError as exc:
         tell(f":warning: {exc.message}. Your click records nothing.")
     return reply
+
+
+def _clicking_reviewer(rt: Runtime, user: str, run_id: str, interrupt_id: str,
+                       tell: Callable[[str], None]) -> Reviewer | None:
+    """The reviewer whose `slack_id` clicked; None for a Slack user who is none, told how
+    to become one."""
+    reviewer = rt.reviewers.directory().by_slack_id(user)
+    if reviewer is None:
+        log.warning("a Slack click on run %s by %s, who is no reviewer, refused", run_id,
+                    user, extra={"run_id": run_id, "interrupt_id": interrupt_id})
+        tell(":no_entry: You are not a reviewer in layby's reviewer directory, so your "
+             "click records nothing. Ask an operator to add your Slack id "
+             f"(`{user}`) as a reviewer's `slack_id`.")
+    return reviewer
 
 
 def _too_late(rt: Runtime, opened: answers.Opened, reply: Reply,

@@ -44,7 +44,7 @@ from layby.generation.answers import check_answer, check_storable
 from layby.generation.interrupts import CONFIRMATION, Interrupt, ResumeEntry
 from layby.generation.messages import Message, text_message, why_not_a_start
 from layby.generation.tools import Tool
-from layby.parking import RunRecord, Transition, Verdict, generated_run_id, iso
+from layby.parking import RunRecord, Store, Transition, Verdict, generated_run_id, iso
 from layby.parking.keys import DEFAULT_TENANT
 from layby.parking.records import Ownership
 from layby.reviewers import routing
@@ -78,20 +78,8 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
         raise Invalid(f"run id {run_id[:80]!r} is not usable: use 1 to 128 letters, digits, "
                       "'_', '-' or '.'")
     store = rt.store
-    names = set(rt.agents)
-    if agent not in names:
-        raise NotFound(f"no agent named {agent!r}; known agents: {sorted(names)}",
-                       detail={"agents": sorted(names)})
-    if (input is None) == (messages is None):
-        raise Invalid("give either `input` (the user's request) or `messages` (a history), "
-                      "not both and not neither")
-    if messages is None:
-        text = input if isinstance(input, str) else json.dumps(input)
-        messages = [text_message("user", text)]
-    elif not messages:
-        raise Invalid("`messages` is empty: give at least one user message")
-    elif (why := why_not_a_start(messages)) is not None:
-        raise Invalid(why, detail=[{"path": "/messages", "message": why}])
+    _check_agent(rt, agent)
+    messages = _first_messages(input, messages)
     tenant = who.tenant
     if tenant != DEFAULT_TENANT and store.layout.keys.shard_count is None:
         raise Unavailable("runs of a tenant other than `default` need the store's sharded "
@@ -111,16 +99,7 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
                                    tenant=tenant, started_by=started_by,
                                    audit=[audit.entry(who.caller, tenant, "start", run=run_id)])
     if result.verdict is Verdict.EXISTS:
-        existing = store.runs.view(result.run_id or "")
-        if existing is None:
-            raise Conflict(f"run {result.run_id} for this idempotency key has expired")
-        if not who.sees(existing.id, existing.tenant):
-            # A run id taken by another tenant: said as any taken id, nothing of the run.
-            raise Conflict(f"run id {run_id!r} is already taken", run_id=run_id)
-        if idempotency_key is None or existing.agent != agent:
-            raise Conflict(f"run id {run_id!r} is already taken",
-                           run_id=run_id, detail={"runId": result.run_id})
-        return existing, False
+        return _started_before(store, result, run_id, agent, idempotency_key, who), False
     rt.publish(result.entries)
     # The run as accepted, from what was written (a read could show a quick worker's
     # first turn in the reply to the request that created the run).
@@ -130,6 +109,47 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
                    messages=messages, interrupts=[], metadata=metadata or {},
                    tenant=tenant, started_by=started_by, created_at=created,
                    updated_at=created), True
+
+
+def _check_agent(rt: Runtime, agent: str) -> None:
+    """NotFound, naming the agents loaded here, for one this process does not load: a run
+    starts on this process's version of its agent."""
+    names = set(rt.agents)
+    if agent not in names:
+        raise NotFound(f"no agent named {agent!r}; known agents: {sorted(names)}",
+                       detail={"agents": sorted(names)})
+
+
+def _first_messages(input: Any, messages: list[Message] | None) -> list[Message]:
+    """The history a run starts with: the user's request as one message, or the history
+    given, when it can start a run."""
+    if (input is None) == (messages is None):
+        raise Invalid("give either `input` (the user's request) or `messages` (a history), "
+                      "not both and not neither")
+    if messages is None:
+        text = input if isinstance(input, str) else json.dumps(input)
+        messages = [text_message("user", text)]
+    elif not messages:
+        raise Invalid("`messages` is empty: give at least one user message")
+    elif (why := why_not_a_start(messages)) is not None:
+        raise Invalid(why, detail=[{"path": "/messages", "message": why}])
+    return messages
+
+
+def _started_before(store: Store, result: Transition, run_id: str, agent: str,
+                    idempotency_key: str | None, who: Identity) -> RunView:
+    """The run an earlier start with the same idempotency key made, given back to a caller
+    who may see it; any other taken run id is a Conflict."""
+    existing = store.runs.view(result.run_id or "")
+    if existing is None:
+        raise Conflict(f"run {result.run_id} for this idempotency key has expired")
+    if not who.sees(existing.id, existing.tenant):
+        # A run id taken by another tenant: said as any taken id, nothing of the run.
+        raise Conflict(f"run id {run_id!r} is already taken", run_id=run_id)
+    if idempotency_key is None or existing.agent != agent:
+        raise Conflict(f"run id {run_id!r} is already taken",
+                       run_id=run_id, detail={"runId": result.run_id})
+    return existing
 
 
 def not_found(run_id: str) -> NoReturn:
@@ -241,30 +261,16 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     if record is None:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
     if who is not None:
-        who.reach(run_id, record.tenant)
-        if who.run is not None:
-            admit_token(who, rt.store.runs.whose(run_id))
-        _may_answer(who, record, specs, entries)
+        _admit_answerer(rt, who, record, specs, entries)
     if not entries:
         raise Invalid("no answers given: `resume` needs one entry per open interrupt")
     by_id = {s.id: s for s in specs}
     request_id = _request_id(by, idempotency_key)
     if idempotency_key is not None and _already_given(run_id, entries, answers, request_id):
         return Transition(Verdict.EXISTS, record.version)  # taken before: nothing new
-    records: list[Answer] = []
-    for entry in entries:
-        spec = _answerable(rt, record, entry, by_id, answers, open_ids)
-        if any(r.interrupt_id == spec.id for r in records):
-            raise Invalid(f"interrupt {spec.id} is answered twice in one request",
-                          run_id=run_id)
-        records.append(Answer(interrupt_id=spec.id, status=entry.status, payload=entry.payload,
-                              metadata=entry.metadata, state=InterruptState(entry.status),
-                              answered_by=by, channel=channel, answered_at=now_iso(),
-                              answer_id=request_id))
-    # Approvals of requests that need several are counted, each reviewer's once; a
-    # decline is an ordinary answer and closes the request.
-    votes = {r.interrupt_id: by_id[r.interrupt_id].required_approvals for r in records
-             if by_id[r.interrupt_id].required_approvals > 1 and approves(r.entry())}
+    records = _answer_records(rt, record, entries, by_id, answers, open_ids, by=by,
+                              channel=channel, request_id=request_id)
+    votes = _counted_approvals(records, by_id)
     deadlines = {r.interrupt_id for r in records if by_id[r.interrupt_id].expires_at}
     kept = [audit.entry(by, record.tenant, answered_as(by_id[r.interrupt_id], r.entry()),
                         run=run_id, interrupt=r.interrupt_id, via=channel) for r in records]
@@ -280,6 +286,44 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     # Slack messages: both in the outbox since the answer's commit.
     rt.publish(result.entries)
     return result
+
+
+def _admit_answerer(rt: Runtime, who: Identity, record: RunRecord, specs: list[Interrupt],
+                    entries: list[ResumeEntry]) -> None:
+    """A key's identity answers only a run it reaches (a run token, only while it is still
+    good), and only with the rights these answers need (`_may_answer`)."""
+    who.reach(record.id, record.tenant)
+    if who.run is not None:
+        admit_token(who, rt.store.runs.whose(record.id))
+    _may_answer(who, record, specs, entries)
+
+
+def _answer_records(rt: Runtime, record: RunRecord, entries: list[ResumeEntry],
+                    by_id: dict[str, Interrupt], answers: dict[str, Answer],
+                    open_ids: set[str], *, by: str, channel: str,
+                    request_id: str) -> list[Answer]:
+    """The answers to store, one an entry, each checked first (`_answerable`): a request
+    answers an interrupt once."""
+    records: list[Answer] = []
+    for entry in entries:
+        spec = _answerable(rt, record, entry, by_id, answers, open_ids)
+        if any(r.interrupt_id == spec.id for r in records):
+            raise Invalid(f"interrupt {spec.id} is answered twice in one request",
+                          run_id=record.id)
+        records.append(Answer(interrupt_id=spec.id, status=entry.status, payload=entry.payload,
+                              metadata=entry.metadata, state=InterruptState(entry.status),
+                              answered_by=by, channel=channel, answered_at=now_iso(),
+                              answer_id=request_id))
+    return records
+
+
+def _counted_approvals(records: list[Answer], by_id: dict[str, Interrupt]) -> dict[str, int]:
+    """The interrupts `records` approve that need several approvals, with how many each
+    needs (the store's `votes`)."""
+    # Approvals of requests that need several are counted, each reviewer's once; a
+    # decline is an ordinary answer and closes the request.
+    return {r.interrupt_id: by_id[r.interrupt_id].required_approvals for r in records
+            if by_id[r.interrupt_id].required_approvals > 1 and approves(r.entry())}
 
 
 def answered_as(spec: Interrupt, entry: ResumeEntry) -> str:

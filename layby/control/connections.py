@@ -72,32 +72,7 @@ def sentinel_group(url: str) -> SentinelGroup:
     sentinels: list[tuple[str, int]] = []
     first: tuple[str | None, str | None, int] | None = None
     for i, part in enumerate(parts):
-        if not is_sentinel_url(part):
-            raise ConfigError(
-                f"{_nth(i)} is not a sentinel:// address: a Sentinel URL lists sentinels "
-                f"only, separated by ';' ({SENTINEL_FORM}); the primary and replicas are "
-                "found through them")
-        found = urlsplit(part)
-        try:
-            port = found.port or SENTINEL_PORT
-        except ValueError:
-            raise ConfigError(f"{_nth(i)} has a port that is not a number from 1 to "
-                              "65535") from None
-        if not found.hostname:
-            raise ConfigError(f"{_nth(i)} has no host: give {SENTINEL_FORM}")
-        if found.query or found.fragment:
-            # kombu would drop them; say so rather than pretend they apply.
-            raise ConfigError(
-                f"{_nth(i)} has URL options (?…): a Sentinel URL takes none; the master name "
-                "is LAYBY_REDIS_SENTINEL_MASTER and the sentinels' password "
-                "LAYBY_REDIS_SENTINEL_PASSWORD")
-        path = found.path.strip("/")
-        if path and not path.isdigit():
-            raise ConfigError(f"{_nth(i)} names database {path[:20]!r}: the path must be a "
-                              "database number, as in sentinel://host:26379/0")
-        login = (unquote(found.username) if found.username else None,
-                 unquote(found.password) if found.password else None)
-        db = int(path) if path else None
+        address, login, db = _sentinel_address(i, part)
         if first is None:
             first = (*login, db or 0)
         elif login not in ((None, None), first[:2]) or db not in (None, first[2]):
@@ -107,10 +82,42 @@ def sentinel_group(url: str) -> SentinelGroup:
                 f"{_nth(i)} gives a user, password or database other than the first "
                 "address's: the broker reads them from the first address only; give them "
                 "there, and the same or none in the others")
-        sentinels.append((found.hostname, port))
+        sentinels.append(address)
     assert first is not None
     return SentinelGroup(sentinels=sentinels, username=first[0],
                          password=SecretStr(first[1]) if first[1] else None, db=first[2])
+
+
+def _sentinel_address(i: int, part: str
+                      ) -> tuple[tuple[str, int], tuple[str | None, str | None], int | None]:
+    """One address of a Sentinel URL (`i`: its place, from 0), checked on its own: its
+    host and port, its user and password, and its database (None where it gives none)."""
+    if not is_sentinel_url(part):
+        raise ConfigError(
+            f"{_nth(i)} is not a sentinel:// address: a Sentinel URL lists sentinels "
+            f"only, separated by ';' ({SENTINEL_FORM}); the primary and replicas are "
+            "found through them")
+    found = urlsplit(part)
+    try:
+        port = found.port or SENTINEL_PORT
+    except ValueError:
+        raise ConfigError(f"{_nth(i)} has a port that is not a number from 1 to "
+                          "65535") from None
+    if not found.hostname:
+        raise ConfigError(f"{_nth(i)} has no host: give {SENTINEL_FORM}")
+    if found.query or found.fragment:
+        # kombu would drop them; say so rather than pretend they apply.
+        raise ConfigError(
+            f"{_nth(i)} has URL options (?…): a Sentinel URL takes none; the master name "
+            "is LAYBY_REDIS_SENTINEL_MASTER and the sentinels' password "
+            "LAYBY_REDIS_SENTINEL_PASSWORD")
+    path = found.path.strip("/")
+    if path and not path.isdigit():
+        raise ConfigError(f"{_nth(i)} names database {path[:20]!r}: the path must be a "
+                          "database number, as in sentinel://host:26379/0")
+    login = (unquote(found.username) if found.username else None,
+             unquote(found.password) if found.password else None)
+    return (found.hostname, port), login, int(path) if path else None
 
 
 class ClusterNodes(BaseModel):

@@ -466,23 +466,7 @@ def resume_turn(agent: Agent, step: Step, resume: Resume) -> Outcome:
     if message is None or message.role != "model":
         raise UnresolvedToolCall("there is no parked model turn to resume", run_id=step.run_id)
     calls = message.tool_requests
-    by_ref = {p.tool_request.ref: p for p in calls if p.tool_request is not None}
-    for entry in [*resume.respond, *resume.restart]:
-        target = entry.tool_response or entry.tool_request
-        assert target is not None
-        waiting = by_ref.get(target.ref)
-        waiting_call = waiting.tool_request if waiting is not None else None
-        if waiting is None or waiting_call is None or waiting_call.name != target.name \
-                or "interrupt" not in (waiting.metadata or {}):
-            raise UnknownToolCall(f"no interrupted tool call {target.name!r} with ref "
-                                  f"{target.ref!r} is waiting in this run",
-                                  run_id=step.run_id, ref=target.ref)
-    for ref in resume.decline:
-        # a finished call has nothing to decline: its pending output would win silently
-        declined = by_ref.get(ref)
-        if declined is None or "interrupt" not in (declined.metadata or {}):
-            raise UnknownToolCall(f"no interrupted tool call with ref {ref!r} is waiting",
-                                  ref=ref, run_id=step.run_id)
+    _check_waiting(step, calls, resume)
     responds = {p.tool_response.ref: p for p in resume.respond}  # type: ignore[union-attr]
     restarts = {p.tool_request.ref: p for p in resume.restart}  # type: ignore[union-attr]
     known: dict[str, Part] = {}
@@ -513,6 +497,28 @@ def resume_turn(agent: Agent, step: Step, resume: Resume) -> Outcome:
     if isinstance(outcome, Continue) and not to_run:
         outcome.replayable = True
     return outcome
+
+
+def _check_waiting(step: Step, calls: list[Part], resume: Resume) -> None:
+    """UnknownToolCall unless every call `resume` answers, restarts or declines is one of
+    the parked message's `calls` still waiting on its interrupt."""
+    by_ref = {p.tool_request.ref: p for p in calls if p.tool_request is not None}
+    for entry in [*resume.respond, *resume.restart]:
+        target = entry.tool_response or entry.tool_request
+        assert target is not None
+        waiting = by_ref.get(target.ref)
+        waiting_call = waiting.tool_request if waiting is not None else None
+        if waiting is None or waiting_call is None or waiting_call.name != target.name \
+                or "interrupt" not in (waiting.metadata or {}):
+            raise UnknownToolCall(f"no interrupted tool call {target.name!r} with ref "
+                                  f"{target.ref!r} is waiting in this run",
+                                  run_id=step.run_id, ref=target.ref)
+    for ref in resume.decline:
+        # a finished call has nothing to decline: its pending output would win silently
+        declined = by_ref.get(ref)
+        if declined is None or "interrupt" not in (declined.metadata or {}):
+            raise UnknownToolCall(f"no interrupted tool call with ref {ref!r} is waiting",
+                                  ref=ref, run_id=step.run_id)
 
 
 def _replace_inputs(message: Message, requests: dict[str, ToolRequest]) -> Message:

@@ -14,8 +14,8 @@ import re
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from http import HTTPStatus
 from typing import Any, NoReturn
 
@@ -71,6 +71,31 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     rt = runtime
 
     drain = Drain()
+    lifespan = _lifespan(rt, drain)
+    on = rt.settings.telemetry
+    # Never the reviewer routes: their paths and bodies carry tokens and answers. No log
+    # records either: exceptions' messages are not scrubbed there as layby's logs are.
+    telemetry: TelemetryConfig = {"tracing": on, "metrics": on, "logs": False,
+                                  "operation_spans": on, "exclude": _carries_tokens}
+    app = FastAPI(title="layby", version=__version__, lifespan=lifespan, telemetry=telemetry,
+                  description="Durable interrupts for agent runs: start runs, answer their "
+                              "interrupts, follow their events.")
+    app.state.runtime = rt
+    app.state.drain = drain
+    _handle_errors(app)
+    _middleware(app, rt)
+    for router in (api.router, audited.router, agui.router, reviewers.router, inbox.router,
+                   mailbox.router):
+        app.include_router(router)
+    _plain_routes(app)
+    _document(app, rt)
+    return app
+
+
+def _lifespan(rt: Runtime, drain: Drain
+              ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """What the gateway does while it serves, and once it stops: it drains on SIGTERM, is
+    in the registry of processes, and serves /metrics on its own port when one is set."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -94,24 +119,7 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
                 exporter.shutdown()
                 exporter.server_close()
 
-    on = rt.settings.telemetry
-    # Never the reviewer routes: their paths and bodies carry tokens and answers. No log
-    # records either: exceptions' messages are not scrubbed there as layby's logs are.
-    telemetry: TelemetryConfig = {"tracing": on, "metrics": on, "logs": False,
-                                  "operation_spans": on, "exclude": _carries_tokens}
-    app = FastAPI(title="layby", version=__version__, lifespan=lifespan, telemetry=telemetry,
-                  description="Durable interrupts for agent runs: start runs, answer their "
-                              "interrupts, follow their events.")
-    app.state.runtime = rt
-    app.state.drain = drain
-    _handle_errors(app)
-    _middleware(app, rt)
-    for router in (api.router, audited.router, agui.router, reviewers.router, inbox.router,
-                   mailbox.router):
-        app.include_router(router)
-    _plain_routes(app)
-    _document(app, rt)
-    return app
+    return lifespan
 
 
 def _checked_runtime() -> Runtime:
@@ -255,20 +263,26 @@ def _handle_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        found = exc.errors()
-        problem = body_problem(request.headers.get("content-type"), list(found), exc.body)
-        if problem is not None:
-            return error_response(422, "invalid_request", *problem)
-        errors = [{"path": "/" + "/".join(str(p) for p in e["loc"][1:]), "message": e["msg"]}
-                  for e in found]
-        # The message names the first problem (a header, a query parameter, the body…), so
-        # a client that shows only the message still says what to fix.
-        first = found[0] if found else {"loc": ("request",), "msg": "invalid"}
-        kind, *at = (str(p) for p in first["loc"])
-        label = " ".join([_PLACES.get(kind, kind), *at[:1]])
-        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        return error_response(422, "invalid_request",
-                              f"the request is invalid: {label}: {first['msg']}{more}", errors)
+        return _invalid_request(request, exc)
+
+
+def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """The 422 for a request FastAPI's validation refused: every problem listed, the first
+    named in the message."""
+    found = exc.errors()
+    problem = body_problem(request.headers.get("content-type"), list(found), exc.body)
+    if problem is not None:
+        return error_response(422, "invalid_request", *problem)
+    errors = [{"path": "/" + "/".join(str(p) for p in e["loc"][1:]), "message": e["msg"]}
+              for e in found]
+    # The message names the first problem (a header, a query parameter, the body…), so
+    # a client that shows only the message still says what to fix.
+    first = found[0] if found else {"loc": ("request",), "msg": "invalid"}
+    kind, *at = (str(p) for p in first["loc"])
+    label = " ".join([_PLACES.get(kind, kind), *at[:1]])
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return error_response(422, "invalid_request",
+                          f"the request is invalid: {label}: {first['msg']}{more}", errors)
 
 
 _PLACES = {"header": "the header", "query": "the query parameter",

@@ -17,7 +17,7 @@ import shlex
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import redis
 import typer
@@ -34,6 +34,11 @@ from layby.ops.keys_command import keys as keys_app
 from layby.parking import Store
 from layby.parking.formats import FormatError
 from layby.wire import InterruptView, RetryWait, RunSummary, RunView, Status
+
+if TYPE_CHECKING:
+    from layby.ops.supervisor import System
+    from layby.parking.formats import FormatState
+    from layby.parking.keys import Keys
 
 # No locals in tracebacks: they would print settings and keys.
 cli = typer.Typer(help="layby: durable interrupts for agent runs on Celery and Redis.",
@@ -138,28 +143,7 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
         system.stop()
         raise
     try:
-        typer.echo(
-            f"layby is up\n"
-            f"  gateway   {where['gateway']}   (API docs at {where['gateway']}/docs)\n"
-            f"  api key   {where['api_key']}\n"
-            f"  redis     {where['redis']}"
-            + (f"   (embedded, append-only, malloc {system.redis.allocator})"
-               if system.redis else "") + "\n"
-            + (f"  broker    {broker_shown(settings.broker_url)}   (LAYBY_BROKER_URL)\n"
-               if settings.broker_url and not settings.broker_is_store else "") +
-            f"  data      {where['data_dir']}\n"
-            f"  queues    {', '.join(worker_queues(settings))} (worker); {SWEEP} (sweeper)\n"
-            f"  reviewers {where['reviewers']}\n"
-            f"  inbox     {where['gateway']}/inbox   (reviewers sign in with a mailed link)\n"
-            f"  replies   {where['replies']}   (the reply listener)\n"
-            + (f"  flower    {where['flower']}   (basic auth {where['flower_auth']})\n"
-               if where["flower"] else "")
-            + (f"  mail      {where['gateway']}/mail   (the mail catcher keeps every "
-               f"notification in {where['mail']})\n" if where["mail"] else "")
-            + _try_line(settings) +
-            f"      curl -H 'Authorization: Bearer {where['api_key']}' "
-            f"{where['gateway']}/v1/runs\n"
-            f"Ctrl-C stops everything.")
+        typer.echo(_up_banner(settings, system, where))
         code = system.wait()
     finally:
         try:
@@ -168,6 +152,33 @@ def up(port: Annotated[int, typer.Option(help="gateway port")] = 0,
             pass
         system.stop()
     raise SystemExit(code)
+
+
+def _up_banner(settings: Settings, system: System, where: dict[str, str]) -> str:
+    """What `layby up` prints once every part started: where each is, and a first thing
+    to try."""
+    return (
+        f"layby is up\n"
+        f"  gateway   {where['gateway']}   (API docs at {where['gateway']}/docs)\n"
+        f"  api key   {where['api_key']}\n"
+        f"  redis     {where['redis']}"
+        + (f"   (embedded, append-only, malloc {system.redis.allocator})"
+           if system.redis else "") + "\n"
+        + (f"  broker    {broker_shown(settings.broker_url)}   (LAYBY_BROKER_URL)\n"
+           if settings.broker_url and not settings.broker_is_store else "") +
+        f"  data      {where['data_dir']}\n"
+        f"  queues    {', '.join(worker_queues(settings))} (worker); {SWEEP} (sweeper)\n"
+        f"  reviewers {where['reviewers']}\n"
+        f"  inbox     {where['gateway']}/inbox   (reviewers sign in with a mailed link)\n"
+        f"  replies   {where['replies']}   (the reply listener)\n"
+        + (f"  flower    {where['flower']}   (basic auth {where['flower_auth']})\n"
+           if where["flower"] else "")
+        + (f"  mail      {where['gateway']}/mail   (the mail catcher keeps every "
+           f"notification in {where['mail']})\n" if where["mail"] else "")
+        + _try_line(settings) +
+        f"      curl -H 'Authorization: Bearer {where['api_key']}' "
+        f"{where['gateway']}/v1/runs\n"
+        f"Ctrl-C stops everything.")
 
 
 def _try_line(settings: Settings) -> str:
@@ -363,12 +374,7 @@ def migrate(dry_run: Annotated[bool, typer.Option(
                    f"layby knows")
         return
     if not dry_run and state.version is not None:
-        if (state.written or 0) < todo[0].number:
-            _switch_to(todo[0].number, finish)
-        waited = formats.settle_after_switch(client, keys)
-        if waited:
-            typer.echo(f"waited {waited:.1f} s for every process to write format "
-                       f"{todo[0].number}", err=True)
+        _write_from_now(client, keys, state, todo[0].number, finish)
     total = int(client.dbsize())
     label = "counting" if dry_run else "migrating"
     with typer.progressbar(length=max(1, total * len(todo)), label=label, file=sys.stderr,
@@ -384,6 +390,20 @@ def migrate(dry_run: Annotated[bool, typer.Option(
     if not dry_run:
         after = formats.read(client, keys)
         typer.echo(f"the store is at format {after.version}")
+
+
+def _write_from_now(client: redis.Redis, keys: Keys, state: FormatState, format: int,
+                    force: bool) -> None:
+    """Before a migration moves records: the store writes `format` (switched to it unless
+    it does already), and every process does too, which it waits for."""
+    from layby.parking import formats
+
+    if (state.written or 0) < format:
+        _switch_to(format, force)
+    waited = formats.settle_after_switch(client, keys)
+    if waited:
+        typer.echo(f"waited {waited:.1f} s for every process to write format "
+                   f"{format}", err=True)
 
 
 def _switch_to(format: int, force: bool) -> None:
@@ -608,6 +628,18 @@ def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
         typer.echo(f"  agent version {view.agent_version}"
                    + (" (pinned: its steps run only where it is hosted)" if view.pinned
                       else ""))
+    _show_history(view)
+    for intr in view.interrupts:
+        _show_interrupt(intr, view)
+    if view.result:
+        typer.echo(f"result: {view.result}")
+    if view.error:
+        typer.echo(f"error [{view.error.get('code')}]: {view.error.get('message')}")
+
+
+def _show_history(view: RunView) -> None:
+    """The run's messages, a line a part: text, a tool call with its input, a tool's
+    output."""
     for message in view.messages:
         for part in message.content:
             if part.text:
@@ -618,28 +650,28 @@ def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
             elif part.tool_response:
                 typer.echo(f"  {part.tool_response.name} → "
                            f"{json.dumps(part.tool_response.output)}")
-    for intr in view.interrupts:
-        who = (f" by {intr.answer.answered_by} via {intr.answer.channel} at "
-               f"{intr.answer.answered_at}" if intr.answer else "")
-        typer.echo(f"  interrupt {intr.id} [{intr.reason}] {intr.state.value}{who}: "
-                   f"{intr.message or ''}")
-        if intr.agent_version and intr.agent_version != view.agent_version:
-            typer.echo(f"    asked on agent version {intr.agent_version}")
-        if intr.rule:
-            typer.echo(f"    rule {intr.rule}")
-        if intr.required_approvals > 1:
-            typer.echo(f"    approvals {len(intr.approvals)} of {intr.required_approvals}: "
-                       + (", ".join(f"{a.answered_by} via {a.channel}" for a in intr.approvals)
-                          or "none yet"))
-        if intr.escalation_level:
-            typer.echo(f"    escalated to level {intr.escalation_level}")
-        for handed in intr.delegations:
-            typer.echo(f"    handed from {handed.reviewer} to {handed.to} by {handed.by} "
-                       f"via {handed.channel} at {handed.at}")
-    if view.result:
-        typer.echo(f"result: {view.result}")
-    if view.error:
-        typer.echo(f"error [{view.error.get('code')}]: {view.error.get('message')}")
+
+
+def _show_interrupt(intr: InterruptView, view: RunView) -> None:
+    """One interrupt of the run: its state and who answered, then what else is known of
+    its review (the agent version that asked, the rule, approvals, escalation, hand-overs)."""
+    who = (f" by {intr.answer.answered_by} via {intr.answer.channel} at "
+           f"{intr.answer.answered_at}" if intr.answer else "")
+    typer.echo(f"  interrupt {intr.id} [{intr.reason}] {intr.state.value}{who}: "
+               f"{intr.message or ''}")
+    if intr.agent_version and intr.agent_version != view.agent_version:
+        typer.echo(f"    asked on agent version {intr.agent_version}")
+    if intr.rule:
+        typer.echo(f"    rule {intr.rule}")
+    if intr.required_approvals > 1:
+        typer.echo(f"    approvals {len(intr.approvals)} of {intr.required_approvals}: "
+                   + (", ".join(f"{a.answered_by} via {a.channel}" for a in intr.approvals)
+                      or "none yet"))
+    if intr.escalation_level:
+        typer.echo(f"    escalated to level {intr.escalation_level}")
+    for handed in intr.delegations:
+        typer.echo(f"    handed from {handed.reviewer} to {handed.to} by {handed.by} "
+                   f"via {handed.channel} at {handed.at}")
 
 
 @runs.command("answer")

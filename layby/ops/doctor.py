@@ -308,24 +308,35 @@ def check_cluster(client: redis.cluster.RedisCluster, settings: Settings) -> lis
                         if not bare else
                         f"no replica for {', '.join(bare)}: its failure would leave its "
                         "slots unserved; attach one (CLUSTER REPLICATE)"))
+    checks.append(_store_shards(client, settings))
+    checks.append(_broker_apart(nodes, settings))
+    return checks
+
+
+def _store_shards(client: redis.cluster.RedisCluster, settings: Settings) -> Check:
+    """The store's shard count, as its format key says, against the one set here."""
     state = formats.read(cast("redis.Redis", client), Keys(settings.key_prefix))
     why = formats.layout_problem(state, settings.wanted_shards)
-    checks.append(Check("store shards", why is None, why or (
+    return Check("store shards", why is None, why or (
         f"{state.shards} (LAYBY_STORE_SHARDS)" if state.shards is not None
-        else f"none yet (an empty store: the first process makes {settings.store_shards})")))
+        else f"none yet (an empty store: the first process makes {settings.store_shards})"))
+
+
+def _broker_apart(nodes: dict[str, dict[str, Any]], settings: Settings) -> Check:
+    """The broker is none of the cluster's `nodes` (CLUSTER NODES): Celery's queues cannot
+    live on a cluster."""
     broker = urlsplit((settings.resolved_broker_url() or "").split(";")[0])
     # A node is named by its address or, announced, by its hostname (on Compose, say).
     names = {addr.split("@")[0] for addr in nodes} | {
         f"{n['hostname']}:{addr.split('@')[0].rpartition(':')[2]}"
         for addr, n in nodes.items() if n.get("hostname")}
     on_it = names & {f"{broker.hostname}:{broker.port or 6379}"}
-    checks.append(Check("broker apart", not on_it,
-                        f"{broker_shown(settings.resolved_broker_url() or '')}, not a node "
-                        "of the cluster" if not on_it else
-                        f"LAYBY_BROKER_URL names {on_it.pop()}, a node of the cluster: "
-                        "Celery's queues cannot live on a cluster (kombu has no cluster "
-                        "transport); give a Redis, Sentinel or RabbitMQ beside it"))
-    return checks
+    return Check("broker apart", not on_it,
+                 f"{broker_shown(settings.resolved_broker_url() or '')}, not a node "
+                 "of the cluster" if not on_it else
+                 f"LAYBY_BROKER_URL names {on_it.pop()}, a node of the cluster: "
+                 "Celery's queues cannot live on a cluster (kombu has no cluster "
+                 "transport); give a Redis, Sentinel or RabbitMQ beside it")
 
 
 def per_node(client: redis.cluster.RedisCluster, settings: Settings,
@@ -560,34 +571,7 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
         checks.append(Check("redis", False, redis_error
                             or "no Redis server configured: set LAYBY_REDIS_URL"))
     else:
-        try:
-            client.ping()
-            checks.append(Check("redis", True, "answers"))
-            redis_checks: list[Callable[[redis.Redis], Check]] = [
-                check_version, check_appendonly, check_appendfsync, check_eviction,
-                check_clock]
-            cluster = cast("redis.cluster.RedisCluster", client) if on_cluster(client) \
-                else None
-            if cluster is not None:
-                checks.extend(check_cluster(cluster, settings))
-            for check in redis_checks:
-                try:
-                    # A cluster's nodes each have their own configuration (one clock).
-                    checks.append(check(client) if cluster is None or check is check_clock
-                                  else per_node(cluster, settings, check))
-                except redis.ResponseError as exc:  # CONFIG renamed or refused by a host
-                    checks.append(Check(check.__name__.removeprefix("check_"), False,
-                                        f"cannot read it: {exc}; check it by hand"))
-            checks.append(check_sweeper(client, settings))
-            checks.append(check_format(client, settings))
-            checks.extend(check_pinned_versions(client, settings))
-            checks.append(check_processes(client, settings))
-        except redis.sentinel.MasterNotFoundError:
-            # Its text lists every sentinel client's settings; the checks above say why.
-            checks.append(Check("redis", False, "does not answer: the sentinels name no "
-                                f"primary for {settings.redis_sentinel_master!r}"))
-        except redis.RedisError as exc:
-            checks.append(Check("redis", False, f"does not answer: {exc}"))
+        checks.extend(_store_checks(settings, client))
     checks.append(check_broker(settings, conf))
     checks.extend(check_celery(conf, settings))
     checks.append(check_smtp(settings))
@@ -595,4 +579,40 @@ def run_checks(settings: Settings, client: redis.Redis | None, conf: object, *,
     checks.append(check_keys(settings))
     checks.extend(check_reviewers(settings))
     checks.extend(check_slack(settings))
+    return checks
+
+
+def _store_checks(settings: Settings, client: redis.Redis) -> list[Check]:
+    """The checks of the store's server, each of its nodes' on a cluster, and of what the
+    store records (the sweeper, the format, the processes); a server that stops answering
+    ends them with why."""
+    checks: list[Check] = []
+    try:
+        client.ping()
+        checks.append(Check("redis", True, "answers"))
+        redis_checks: list[Callable[[redis.Redis], Check]] = [
+            check_version, check_appendonly, check_appendfsync, check_eviction,
+            check_clock]
+        cluster = cast("redis.cluster.RedisCluster", client) if on_cluster(client) \
+            else None
+        if cluster is not None:
+            checks.extend(check_cluster(cluster, settings))
+        for check in redis_checks:
+            try:
+                # A cluster's nodes each have their own configuration (one clock).
+                checks.append(check(client) if cluster is None or check is check_clock
+                              else per_node(cluster, settings, check))
+            except redis.ResponseError as exc:  # CONFIG renamed or refused by a host
+                checks.append(Check(check.__name__.removeprefix("check_"), False,
+                                    f"cannot read it: {exc}; check it by hand"))
+        checks.append(check_sweeper(client, settings))
+        checks.append(check_format(client, settings))
+        checks.extend(check_pinned_versions(client, settings))
+        checks.append(check_processes(client, settings))
+    except redis.sentinel.MasterNotFoundError:
+        # Its text lists every sentinel client's settings; the sentinels' checks say why.
+        checks.append(Check("redis", False, "does not answer: the sentinels name no "
+                            f"primary for {settings.redis_sentinel_master!r}"))
+    except redis.RedisError as exc:
+        checks.append(Check("redis", False, f"does not answer: {exc}"))
     return checks

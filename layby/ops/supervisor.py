@@ -183,29 +183,10 @@ class System:
             env["LAYBY_API_KEYS"] = key
         env.update(self._reviewer_env(data_dir))
         self._check(env)
-        url = self.settings.redis_url
-        if not url:
-            # Kept before it starts: stopped with the rest if a signal comes while it does.
-            self.redis = EmbeddedRedis(data_dir / "valkey",
-                                       malloc=self.settings.embedded_malloc)
-            try:
-                self.redis.start()
-            except RuntimeError as exc:
-                raise NotStarted(str(exc)) from None
-            url = self.redis.url
-            self.settings.url_file.write_text(url + "\n")
+        url = self.settings.redis_url or self._start_embedded(data_dir)
         env["LAYBY_REDIS_URL"] = url
         self._store_format(url, owned=not self.settings.redis_url)
-        self.children = [
-            Child("worker", worker_argv(self.settings, worker_queues(self.settings),
-                                        self.concurrency, "INFO")),
-            Child("sweeper", sweeper_argv(self.settings)),
-            Child("gateway", gateway_argv(self.settings.host, self.port)),
-            Child("replies", [sys.executable, "-m", "layby", "reply-listener"]),
-        ]
-        if "LAYBY_MAIL_CATCHER_DIR" in env:
-            self.children.append(Child("mail", [sys.executable, "-m", "layby",
-                                                "mail-catcher"]))
+        self.children = self._parts(env)
         flower_url, flower_auth = "", ""
         if self.flower:
             flower_auth = ensure_credentials(self.settings)
@@ -226,6 +207,34 @@ class System:
                            f"{self.settings.reply_listener_port}",
                 "mail": env.get("LAYBY_MAIL_CATCHER_DIR", ""),
                 "flower": flower_url, "flower_auth": flower_auth}
+
+    def _start_embedded(self, data_dir: Path) -> str:
+        """The embedded server, started in the data folder; its URL, written there too for
+        the commands started in the same folder (`Settings.resolved_redis_url`)."""
+        # Kept before it starts: stopped with the rest if a signal comes while it does.
+        self.redis = EmbeddedRedis(data_dir / "valkey",
+                                   malloc=self.settings.embedded_malloc)
+        try:
+            self.redis.start()
+        except RuntimeError as exc:
+            raise NotStarted(str(exc)) from None
+        url = self.redis.url
+        self.settings.url_file.write_text(url + "\n")
+        return url
+
+    def _parts(self, env: dict[str, str]) -> list[Child]:
+        """Every part but Flower: the worker, the sweeper, the gateway, the reply listener,
+        and, with no SMTP server configured, the mail catcher (`_reviewer_env`)."""
+        children = [
+            Child("worker", worker_argv(self.settings, worker_queues(self.settings),
+                                        self.concurrency, "INFO")),
+            Child("sweeper", sweeper_argv(self.settings)),
+            Child("gateway", gateway_argv(self.settings.host, self.port)),
+            Child("replies", [sys.executable, "-m", "layby", "reply-listener"]),
+        ]
+        if "LAYBY_MAIL_CATCHER_DIR" in env:
+            children.append(Child("mail", [sys.executable, "-m", "layby", "mail-catcher"]))
+        return children
 
     def _store_format(self, url: str, *, owned: bool) -> None:
         """Whether this layby reads the store's format, before any part starts. The

@@ -130,11 +130,7 @@ def map_error(exc: Exception, sdk: Any, *, provider: str, label: str, where: str
     `env` the settings prefix whose variables fix the problem (`LAYBY_OPENAI`).
     """
     status = getattr(exc, "status_code", None)
-    response = getattr(exc, "response", None)
-    request_id = None
-    if response is not None:
-        headers = getattr(response, "headers", {}) or {}
-        request_id = headers.get("x-request-id") or headers.get("request-id")
+    request_id = _request_id(exc)
     at = f"the {label} at {where}"
     tries = f"{retries + 1} {'try' if retries == 0 else 'tries'}"
 
@@ -155,29 +151,46 @@ def map_error(exc: Exception, sdk: Any, *, provider: str, label: str, where: str
     if not isinstance(exc, sdk.APIStatusError) or not isinstance(status, int):
         return err(f"{at} failed for model {model!r}: {type(exc).__name__}: "
                    f"{redact(str(exc), key)}", False)
-    detail = _server_detail(exc, key)
+    return err(*_status_problem(status, _server_detail(exc, key), at=at, model=model, env=env,
+                                tries=tries))
+
+
+def _request_id(exc: Exception) -> str | None:
+    """The provider's id of the failed request, when its reply has one (OpenAI's
+    `x-request-id`, Anthropic's `request-id`)."""
+    response = getattr(exc, "response", None)
+    if response is None:
+        return None
+    headers = getattr(response, "headers", {}) or {}
+    return headers.get("x-request-id") or headers.get("request-id")
+
+
+def _status_problem(status: int, detail: str, *, at: str, model: str, env: str,
+                    tries: str) -> tuple[str, bool]:
+    """What a refused request's HTTP status means, with what to change, and whether it
+    may pass (`transient`)."""
     said = f' (it said: "{detail}")' if detail else ""
     if status == 401:
-        return err(f"{at} refused the API key (401){said}: set {env}_API_KEY to a valid key",
-                   False)
+        return (f"{at} refused the API key (401){said}: set {env}_API_KEY to a valid key",
+                False)
     if status == 403:
-        return err(f"{at} denied this API key access to model {model!r} (403){said}: check the "
-                   f"key's permissions, or set {env}_API_KEY to a key that has them", False)
+        return (f"{at} denied this API key access to model {model!r} (403){said}: check the "
+                f"key's permissions, or set {env}_API_KEY to a key that has them", False)
     if status == 404 or (status in (400, 422) and _MODEL_MISSING.search(detail)):
-        return err(f"{at} has no model {model!r}, or no such endpoint ({status}){said}: check "
-                   f"{env}_MODEL (on Ollama, `ollama pull` it first) and that {env}_BASE_URL "
-                   "is the API's root (for OpenAI-compatible servers it usually ends in /v1)",
-                   False)
+        return (f"{at} has no model {model!r}, or no such endpoint ({status}){said}: check "
+                f"{env}_MODEL (on Ollama, `ollama pull` it first) and that {env}_BASE_URL "
+                "is the API's root (for OpenAI-compatible servers it usually ends in /v1)",
+                False)
     if status in (400, 413, 422):
-        return err(f"{at} rejected the request for model {model!r} ({status}){said}: check that "
-                   "the model supports tool calling and the agent's config and options", False)
+        return (f"{at} rejected the request for model {model!r} ({status}){said}: check that "
+                "the model supports tool calling and the agent's config and options", False)
     if status == 429:
-        return err(f"{at} is rate limiting requests (429){said}, still after {tries}: try again "
-                   "later, or lower the number of concurrent runs", True)
+        return (f"{at} is rate limiting requests (429){said}, still after {tries}: try again "
+                "later, or lower the number of concurrent runs", True)
     if status >= 500 or status in (408, 409):
-        return err(f"{at} failed with a server error ({status}){said}, still after {tries}: "
-                   "try again later", True)
-    return err(f"{at} answered {status}{said} for model {model!r}", False)
+        return (f"{at} failed with a server error ({status}){said}, still after {tries}: "
+                "try again later", True)
+    return f"{at} answered {status}{said} for model {model!r}", False
 
 
 class ProviderModel(BaseModel):

@@ -131,12 +131,20 @@ class Deadlines(Part):
             elif int(number) <= int(progress.get(f"{queue}:taken", 0)) + headroom or empty(queue):
                 gone.append(run_id)
         if unnumbered:
-            oldest = self.oldest_queued_ms()
-            pushed = (self.config.messages or {}).get("turn")
-            gone.extend(pinning.not_behind_pinned(self.core, pushed[0] if pushed else None, [
-                run_id for run_id, updated_at in unnumbered
-                if headroom or oldest is None or updated_at is None or int(updated_at) < oldest]))
+            gone.extend(self._unnumbered_gone(unnumbered, headroom))
         return gone
+
+    def _unnumbered_gone(self, unnumbered: list[tuple[str, str | None]],
+                         headroom: int) -> list[str]:
+        """Of the runs with no number (queued by a layby before 0.3.0; each with when it
+        was last updated), those gone as that layby judged it: older than the oldest
+        message of the turns queue, or all when that is not known or with `headroom`; but
+        not the pinned runs still behind their version's queue (`not_behind_pinned`)."""
+        oldest = self.oldest_queued_ms()
+        pushed = (self.config.messages or {}).get("turn")
+        return pinning.not_behind_pinned(self.core, pushed[0] if pushed else None, [
+            run_id for run_id, updated_at in unnumbered
+            if headroom or oldest is None or updated_at is None or int(updated_at) < oldest])
 
     def queue_length(self, queue: str) -> int | None:
         """How many messages wait in `queue` on the broker, or None when that is not known
