@@ -134,6 +134,32 @@ def test_no_module_imports_round_a_circle_nor_anothers_private_names() -> None:
     assert private == []
 
 
+# How big a class or a function of the package may grow before a reader loses its thread:
+# a class holds one concern (the store is a core and a part per concern), a function
+# reads on one screen (split where a name explains a step).
+MOST_PUBLIC_METHODS = 30
+MOST_LINES = 45
+
+
+def test_classes_hold_one_concern_and_functions_fit_on_a_screen() -> None:
+    crowded, long = [], []
+    for path in _sources():
+        where = path.relative_to(ROOT)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                public = {f.name for f in node.body
+                          if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                          and not f.name.startswith("_")}
+                if len(public) > MOST_PUBLIC_METHODS:
+                    crowded.append(f"{where}:{node.lineno} {node.name}: {len(public)}")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MOST_LINES:
+                    long.append(f"{where}:{node.lineno} {node.name}: {lines} lines")
+    assert crowded == [], f"more than {MOST_PUBLIC_METHODS} public methods: split by concern"
+    assert long == [], f"over {MOST_LINES} lines: split where a name explains a step"
+
+
 def test_the_public_surface_is_small_and_complete() -> None:
     names = layby.__all__
     assert len(names) == len(set(names)) and 20 <= len(names) <= 34, names
