@@ -145,10 +145,9 @@ def _who(rt: Runtime, request: Request) -> Who | None:
         session = signin.read(_keys(rt), "session", cookie)
     except signin.BadSignIn:
         return None
-    if rt.store.marks.has_seen(f"inbox-out:{session.nonce}"):
-        return None  # signed out
-    if revocation.is_revoked(rt, session.reviewer, session.issued_ms):
-        return None  # its reviewer's sessions were ended (`layby inbox revoke`)
+    if revocation.session_over(rt, f"inbox-out:{session.nonce}", session.reviewer,
+                               session.issued_ms):
+        return None  # signed out, or its reviewer's sessions ended (`layby inbox revoke`)
     reviewer = directory.reviewers.get(session.reviewer)
     return Who(reviewer, session.nonce, False, session.expires) if reviewer else None
 

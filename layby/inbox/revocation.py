@@ -27,5 +27,16 @@ def revoke(rt: Runtime, reviewer: Reviewer, *, by: str) -> int:
 def is_revoked(rt: Runtime, reviewer_id: str, issued_ms: int) -> bool:
     """Whether what was signed for the reviewer at `issued_ms` (a session, a link; the
     gateway's clock) was made before their sessions were ended (the store's clock)."""
-    since = rt.store.marks.noted_since(_key(reviewer_id))
+    return _before(rt.store.marks.noted_since(_key(reviewer_id)), issued_ms)
+
+
+def session_over(rt: Runtime, signed_out: str, reviewer_id: str, issued_ms: int) -> bool:
+    """Whether a session signed at `issued_ms` is over before its time: signed out
+    (`signed_out`, what its sign-out marked as seen) or revoked (`is_revoked`). One round
+    trip: a signed-in reviewer's every request asks it, the live inbox's every 2 s."""
+    out, since = rt.store.marks.seen_and_since(signed_out, _key(reviewer_id))
+    return out or _before(since, issued_ms)
+
+
+def _before(since: int | None, issued_ms: int) -> bool:
     return since is not None and issued_ms <= since

@@ -20,6 +20,7 @@ README = ROOT / "README.md"
 # models built after it fail), so the build is not for the quick tier's process.
 # `./dev check` builds the site as its own step.
 @pytest.mark.integration
+@pytest.mark.timeout(330)  # the build's own limit (300 s) speaks first: a whole site, -E
 def test_docs_build_strictly(tmp_path: Path) -> None:
     out = tmp_path / "html"
     build = subprocess.run(

@@ -504,12 +504,15 @@ class Deployment:
 
 
 def mount_agents(tmp: Path) -> Path:
-    """tests/support/agents.py as the package `tests`, alone in a folder on PYTHONPATH, as a user
-    mounts their agents into the containers (the checkout itself stays off the path)."""
+    """tests/support/agents.py as the module `tests.support.agents`, alone in a folder on
+    PYTHONPATH, as a user mounts their agents into the containers (the checkout itself
+    stays off the path)."""
     folder = tmp / "mounted"
-    (folder / "tests").mkdir(parents=True)
-    (folder / "tests" / "__init__.py").write_text("")
-    shutil.copy(ROOT / "tests" / "agents.py", folder / "tests" / "agents.py")
+    package = folder / "tests" / "support"
+    package.mkdir(parents=True)
+    for made in (folder / "tests", package):
+        (made / "__init__.py").write_text("")
+    shutil.copy(ROOT / "tests" / "support" / "agents.py", package / "agents.py")
     return folder
 
 

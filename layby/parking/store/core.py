@@ -196,6 +196,9 @@ def _found_nothing(reply: list[Any]) -> bool:
 
 
 class Core:
+    """What the store's parts share: its server and config, where the runs are (the layout,
+    read again from the format key), and how a script or a pipeline runs on them (moved
+    first, WAITed for replicas, retried through a cluster's slot moves)."""
 
     def __init__(self, client: Redis, config: StoreConfig) -> None:
         self.redis = client

@@ -40,6 +40,15 @@ class Marks(Part):
         self.redis.set(self.core.keys.seen(what), str(now), ex=max(1, ttl_s))
         return now
 
+    def seen_and_since(self, seen: str, since: str) -> tuple[bool, int | None]:
+        """Whether `seen` was seen (`first_sight`), and since when `since` holds
+        (`note_since`): one round trip, for what a request asks on every page."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.exists(self.core.keys.seen(seen))
+        pipe.get(self.core.keys.seen(since))
+        found, noted = pipe.execute()
+        return bool(found), int(noted) if noted and str(noted).isdigit() else None
+
     def noted_since(self, what: str) -> int | None:
         """Since when `what` holds (`note_since`), or None."""
         found = cast("str | None", self.redis.get(self.core.keys.seen(what)))
