@@ -409,8 +409,8 @@ local function apply_answers(answers, now, run)
 end
 
 -- Record `plan`, the announcements planned for the run's open interrupts (one argument of
--- the script, decoded; `parking.store.outbox:plan_args` in parking.store makes it): {notes: each {id, record:
--- Notification JSON (a string), at: when to send (ms; left out for now)}, grants: each
+-- the script, decoded; `parking.store.outbox:plan_args` makes it): {notes: each {id,
+-- record: Notification JSON (a string), at: when to send (ms; left out for now)}, grants: each
 -- {grant: Grant.stored (a string), ttl_ms: its lifetime}, handovers: each {interrupt_id,
 -- reviewer: the one away, record: Delegation JSON (a string)}}, the grants' keys from
 -- KEYS[grant_key] on, in the order of `grants`. A notification planned before (same id) is
