@@ -18,6 +18,7 @@ die with it, even when it is killed outright (`layby.ops.lifetime`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -366,17 +367,25 @@ class System:
             time.sleep(0.2)
         return 0
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM to every part at once; what still runs `grace_s` later is killed, with
+        whatever it started (its pool), saying so. Then the embedded server (it saves),
+        then the folder's lock. So a stop takes at most `grace_s` and the server's save,
+        however many parts are slow."""
         for child in reversed(self.children):
             if child.process and child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
         for child in reversed(self.children):
             if child.process is None:
                 continue
             try:
-                child.process.wait(timeout=30)
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                child.process.kill()
+                _say(f"layby: the {child.name} did not stop within {grace_s:.0f} s of SIGTERM; "
+                     "killing it")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGKILL)  # its own session's group
                 child.process.wait()
         if self.redis is not None:
             self.redis.stop()

@@ -128,6 +128,7 @@ def _schemathesis(base_url: str, tmp: Path, *args: str, extra_config: str = "",
         capture_output=True, text=True, timeout=600 + 30 * EXAMPLES, cwd=tmp, check=False)
 
 
+@pytest.mark.timeout(600 + 30 * EXAMPLES)
 def test_schemathesis_finds_nothing_with_the_key_and_real_ids(
         fuzzed: ReviewedSystem, tmp_path: Path) -> None:
     run_id = fuzzed.start_run("demo.transfer", "Send 70 to Ida")["id"]
@@ -142,6 +143,7 @@ def test_schemathesis_finds_nothing_with_the_key_and_real_ids(
     assert "passed" in done.stdout and "Stateful" in done.stdout
 
 
+@pytest.mark.timeout(600 + 30 * EXAMPLES)
 def test_schemathesis_finds_nothing_without_a_key(fuzzed: ReviewedSystem,
                                                   tmp_path: Path) -> None:
     done = _schemathesis(fuzzed.system.base_url, tmp_path)
