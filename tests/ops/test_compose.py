@@ -46,7 +46,9 @@ from tests.answering.test_reviewer_answers import smtp_send
 from tests.support.harness import API_KEY, ROOT, Proc, wait_until
 from tests.support.reviewers import SmtpServer, link_in
 
-pytestmark = pytest.mark.integration
+# The image's fixture installs the package into a fresh virtualenv, counted in the first
+# test's time: minutes on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 BIN = Path(sys.executable).parent
 FLOWER_AUTH = ("ops", "compose-flower-pw-51c2")

@@ -54,7 +54,9 @@ from tests.ops.test_compose import (
 from tests.support.harness import ROOT, wait_until
 from tests.support.reviewers import SmtpServer, link_in
 
-pytestmark = pytest.mark.integration
+# The image's fixture installs the package into a fresh virtualenv, counted in the first
+# test's time: minutes on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 __all__ = ["image"]  # the simulated image, a fixture of tests/ops/test_compose.py
 

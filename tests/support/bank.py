@@ -29,6 +29,17 @@ class Ledger:
             self.drop, self.dropped, self.requests = drop, 0, 0
             self.charges.clear()
 
+    def down(self) -> None:
+        """Drop every connection from now on, until `up`: a test sees a run wait to try
+        again for as long as it takes to look, however slow the machine."""
+        with self.lock:
+            self.drop = 1_000_000
+
+    def up(self) -> None:
+        """Answer every connection from now on."""
+        with self.lock:
+            self.drop = 0
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
