@@ -22,7 +22,8 @@ and the models built from them are the gateway's work). Figures are per 1,000 ru
 over the rounds; the ratios are look-through over whole, of the sums and round by round.
 
 Last, a few whole inbox pages: `layby.inbox.waiting.waiting_for(rt, reviewer)`, which looks
-through the newest `SCAN` (5,000) waiting runs, picks and orders the reviewer's requests,
+through the `SCAN` (5,000) waiting runs most recently asked of the reviewer (found through
+the reviewers' request index: here, every run), picks and orders the reviewer's requests,
 and reads the `PAGE` (100) most urgent in full: what a page costs, the store and this
 process.
 """

@@ -6,11 +6,15 @@ reaches them has come, or someone handed it to them. The same rule lets them ans
 the list never shows what the reviewer cannot answer, nor hides what they can.
 
 The lists are read from the runs themselves. The inbox reads the open interrupts of the
-`URGENT` runs whose requests expire soonest and of the newest `SCAN` waiting runs (their
-specs and reviews, not their histories; for the live inboxes at most once per `FRESH_S`
-for the whole process), picks the reviewer's, orders them by urgency, and reads in full
-only the `PAGE` most urgent, which also drops any answered since. The history reads the
-newest `HISTORY_SCAN` runs of any state.
+waiting runs the reviewers' request index holds under the reviewer's names (`names_of`:
+their id, their groups; up to `SCAN` of them, the most recently asked;
+`parking.store.inbox`), or, in a store still moving from layby 0.2.0's layout (before
+migration 2 is through), of the newest `SCAN` waiting runs of all; where there are more,
+also of the `URGENT` runs whose requests expire soonest. It reads their specs and reviews,
+not their histories (for the live inboxes at most once per `FRESH_S`), picks the
+reviewer's, orders them by urgency, and reads in full only the `PAGE` most urgent, which
+also drops any answered since. The history reads the newest `HISTORY_SCAN` runs of any
+state.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from dataclasses import dataclass, field
 from layby.answering.forms import form_for
 from layby.answering.pages import outcome
 from layby.control import Runtime
+from layby.parking import formats
+from layby.parking.store.inbox import DEFAULT_GROUP
 from layby.reviewers import routing
 from layby.reviewers.directory import Directory, Reviewer
 from layby.reviewers.schemas import is_confirmation
@@ -133,52 +139,76 @@ def why(directory: Directory, intr: InterruptView, reviewer_id: str, now: float)
     return found
 
 
+# What one read of the waiting runs found: (run id, agent, open interrupts), and whether
+# there were more runs than it read.
+_Read = tuple[list[tuple[str, str, list[InterruptView]]], bool]
 _read_lock = threading.Lock()
-_last_read: dict[int, tuple[float, list[tuple[str, str, list[InterruptView]]]]] = {}
+_last_read: dict[tuple[int, tuple[str, ...]], tuple[float, _Read]] = {}
 
 
-def _open_interrupts(rt: Runtime, max_age_s: float
-                     ) -> list[tuple[str, str, list[InterruptView]]]:
-    """(run id, agent, open interrupts) of the newest `SCAN` waiting runs, as read at most
-    `max_age_s` ago. One read at a time: whoever asks meanwhile waits for it, and takes a
-    read that began after they asked (as fresh as one of their own) instead of another."""
+def names_of(directory: Directory, reviewer: Reviewer) -> list[str]:
+    """The names under which the request index holds what may be `reviewer`'s: their own
+    id (asked, or handed to them), their groups', and the default group's."""
+    groups = [name for name, members in directory.groups.items() if reviewer.id in members]
+    default = [DEFAULT_GROUP] if directory.default_group in groups else []
+    return [reviewer.id, *groups, *default]
+
+
+def _read_waiting(rt: Runtime, names: tuple[str, ...]) -> _Read:
+    """The waiting runs that may hold requests for the reviewer of `names`: those the
+    request index holds under them, else (no names: a store without the index yet) the
+    newest `SCAN` of all; and, where those are not all there are, the runs whose requests
+    expire soonest, however old."""
+    if names:
+        run_ids, more = rt.store.inbox.asking(names, SCAN)
+    else:
+        run_ids = [run_id for run_id, _ in rt.store.all_runs.newest(Status.INTERRUPTED, SCAN)]
+        more = rt.store.all_runs.count(Status.INTERRUPTED) > SCAN
+    if more:  # the most urgent are looked at in a store of any size
+        run_ids = list(dict.fromkeys([*rt.store.deadlines.soonest_deadlines(URGENT), *run_ids]))
+    return [item for at in range(0, len(run_ids), _CHUNK)
+            for item in rt.store.inbox.open_interrupts(run_ids[at:at + _CHUNK])], more
+
+
+def _open_interrupts(rt: Runtime, reviewer: Reviewer, max_age_s: float) -> _Read:
+    """What `_read_waiting` finds for `reviewer`, as read at most `max_age_s` ago. One read
+    at a time: whoever asks meanwhile waits for it, and takes a read that began after they
+    asked (as fresh as one of their own) instead of another. Without the request index, one
+    read serves every reviewer."""
+    indexed = (rt.store.version or 0) >= formats.SHARDED
+    names = tuple(names_of(rt.reviewers.directory(), reviewer)) if indexed else ()
     asked = time.monotonic()
     with _read_lock:
-        last = _last_read.get(id(rt))
+        last = _last_read.get((id(rt), names))
         if last is not None and (last[0] >= asked or time.monotonic() - last[0] < max_age_s):
             return last[1]
         began = time.monotonic()
-        # The runs whose requests expire soonest, however old, then the newest: the most
-        # urgent are looked at in a store of any size.
-        run_ids = list(dict.fromkeys([
-            *rt.store.deadlines.soonest_deadlines(URGENT),
-            *(run_id for run_id, _ in rt.store.all_runs.newest(Status.INTERRUPTED, SCAN))]))
-        found = [item for at in range(0, len(run_ids), _CHUNK)
-                 for item in rt.store.inbox.open_interrupts(run_ids[at:at + _CHUNK])]
-        _last_read[id(rt)] = (began, found)
+        found = _read_waiting(rt, names)
+        _last_read[(id(rt), names)] = (began, found)
         return found
 
 
 def _open_for(rt: Runtime, reviewer: Reviewer, now: float, max_age_s: float = 0.0
-              ) -> list[_Open]:
+              ) -> tuple[list[_Open], bool]:
     """Every open request `reviewer` may answer now, the most urgent first: the soonest to
-    expire, then the longest waiting."""
+    expire, then the longest waiting; and whether there were more waiting runs than read."""
     directory = rt.reviewers.directory()
     found: list[_Open] = []
-    for run_id, agent, interrupts in _open_interrupts(rt, max_age_s):
+    read, more = _open_interrupts(rt, reviewer, max_age_s)
+    for run_id, agent, interrupts in read:
         for intr in interrupts:
             reasons = why(directory, intr, reviewer.id, now)
             if reasons:
                 found.append(_Open(run_id, agent, intr, reasons, _left(intr, now)))
     found.sort(key=lambda o: (o.left_s is None, o.left_s or 0.0,
                               o.interrupt.created_at or ""))
-    return found
+    return found, more
 
 
 def refs_for(rt: Runtime, reviewer: Reviewer) -> frozenset[str]:
     """The requests (`<run id>/<interrupt id>`) waiting for `reviewer` now: what a live
     inbox compares to see whether its list changed."""
-    return frozenset(o.ref for o in _open_for(rt, reviewer, time.time(), FRESH_S))
+    return frozenset(o.ref for o in _open_for(rt, reviewer, time.time(), FRESH_S)[0])
 
 
 def waiting_for(rt: Runtime, reviewer: Reviewer, *, agent: str | None = None,
@@ -187,7 +217,7 @@ def waiting_for(rt: Runtime, reviewer: Reviewer, *, agent: str | None = None,
     """The open requests `reviewer` may answer now that the filters keep, the most urgent
     `PAGE` of them read whole; `max_age_s`: how old a look at the waiting runs will do."""
     now = time.time() if now is None else now
-    everything = _open_for(rt, reviewer, now, max_age_s)
+    everything, more = _open_for(rt, reviewer, now, max_age_s)
     kept = [o for o in everything
             if (agent is None or o.agent == agent)
             and (tool is None or o.interrupt.tool_name == tool)
@@ -206,7 +236,7 @@ def waiting_for(rt: Runtime, reviewer: Reviewer, *, agent: str | None = None,
                    agents=sorted({o.agent for o in everything}),
                    tools=sorted({o.interrupt.tool_name for o in everything}),
                    reasons=sorted({o.interrupt.reason for o in everything}),
-                   truncated=rt.store.all_runs.count(Status.INTERRUPTED) > SCAN)
+                   truncated=more)
 
 
 _REF = re.compile(r"^([A-Za-z0-9_.-]{1,128})/([A-Za-z0-9_.-]{1,128})$")

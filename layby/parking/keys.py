@@ -28,11 +28,13 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
     again, and until the step commits: RetryWait JSON, layby.wire) and retry_at (when the next
     try is due, ms); tenant (the tenant of the key that started it; absent: `default`), by (who
     started it, when four eyes may apply: `api:<name>`; absent for an admin key's run),
-    tokens_after (its run tokens minted before then are refused, ms; absent: none revoked). And
-    the run's interrupts, "i:<interrupt id>" → Interrupt JSON (immutable once written), and its
-    notifications, "n:<notification id>" → Notification JSON (with its token), both under short
-    names (parking.codecs): keys of their own would cost more than they hold; events (a run
-    parked a while: its events, folded; see events).
+    tokens_after (its run tokens minted before then are refused, ms; absent: none revoked), asks
+    (while it waits, the names its interrupts ask, under which the reviewers' request index
+    holds it, a JSON array: asks:<name>; absent: in none). And the run's interrupts,
+    "i:<interrupt id>" → Interrupt JSON (immutable once written), and its notifications,
+    "n:<notification id>" → Notification JSON (with its token), both under short names
+    (parking.codecs): keys of their own would cost more than they hold; events (a run parked a
+    while: its events, folded; see events).
 <p>:{<run>}:interrupts              hash    until migration 1
     only a run of 0.1.0's predecessors (its hash has an `id` field): interrupt id → Interrupt
     JSON; migration 1 moves them into the run's hash and deletes it.
@@ -81,6 +83,11 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
 <p>:{<shard>}:tenants               set     none
     the tenants other than `default` with runs in this shard: what scans of every run read
     beside the shard's own indexes.
+<p>:{<shard>}:asks:<name>           zset    none
+    the reviewers' request index (parking.store.inbox): the shard's waiting runs with an open
+    interrupt that asks <name> (a reviewer's id, a group's name, "*" for the default group; at
+    any escalation level, or handed to them), scored by when first asked (ms); a run leaves it
+    when it stops waiting (the run's `asks`).
 <p>:{<shard>}:deadlines             zset    none
     "<run id> <interrupt id>" scored by expiry (ms).
 <p>:{<shard>}:leases                zset    none
@@ -295,7 +302,9 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "layby.wire) and retry_at (when the next try is due, ms); tenant (the tenant of the key "
         "that started it; absent: `default`), by (who started it, when four eyes may apply: "
         "`api:<name>`; absent for an admin key's run), tokens_after (its run tokens minted "
-        "before then are refused, ms; absent: none revoked). And the run's interrupts, "
+        "before then are refused, ms; absent: none revoked), asks (while it waits, the names "
+        "its interrupts ask, under which the reviewers' request index holds it, a JSON "
+        "array: asks:<name>; absent: in none). And the run's interrupts, "
         "\"i:<interrupt id>\" → Interrupt JSON (immutable once written), and its "
         "notifications, \"n:<notification id>\" → Notification JSON (with its token), both "
         "under short names (parking.codecs): keys of their own would cost more than they "
@@ -365,6 +374,12 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "<p>:{<shard>}:tenants", "set", "none",
         "the tenants other than `default` with runs in this shard: what scans of every run "
         "read beside the shard's own indexes."),
+    KeySpec(
+        "<p>:{<shard>}:asks:<name>", "zset", "none",
+        "the reviewers' request index (parking.store.inbox): the shard's waiting runs "
+        "with an open interrupt that asks <name> (a reviewer's id, a group's name, \"*\" "
+        "for the default group; at any escalation level, or handed to them), scored by when "
+        "first asked (ms); a run leaves it when it stops waiting (the run's `asks`)."),
     KeySpec(
         "<p>:{<shard>}:deadlines", "zset", "none",
         "\"<run id> <interrupt id>\" scored by expiry (ms)."),
@@ -598,6 +613,9 @@ class ShardKeys:
     @property
     def audit(self) -> str:
         return f"{self.base}:audit"
+
+    def asks(self, name: str) -> str:
+        return f"{self.base}:asks:{name}"
 
     def grant(self, ref: str) -> str:
         return f"{self.base}:grant:{ref}"

@@ -46,7 +46,8 @@ RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "adv
 # Scripts on global keys only, without the prelude; those that queue tasks get `_queue`.
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
                       "beat_worker", "reap_workers", "switch_format", "count_versions",
-                      "move_run", "move_members", "move_key", "merge_stats", "record_audit")
+                      "move_run", "move_members", "move_key", "merge_stats", "record_audit",
+                      "index_asks")
 QUEUEING_SCRIPTS = ("claim_due_notifications",)
 # Scripts on one run's hash and events alone, with what folds and unfolds its events.
 FOLDING_SCRIPTS = ("fold_events", "read_events")

@@ -148,6 +148,10 @@ class Directory(BaseModel):
                                  "is not another reviewer of the directory")
             if reviewer.away_until is not None and reviewer.away_until.tzinfo is None:
                 reviewer.away_until = reviewer.away_until.replace(tzinfo=UTC)
+        if "*" in self.reviewers or "*" in self.groups:
+            # The request index's name for the default group (`parking.store.inbox`).
+            raise ValueError("'*' may not name a reviewer or a group: it stands for the "
+                             "default group")
         for group, members in self.groups.items():
             unknown = [m for m in members if m not in self.reviewers]
             if unknown:

@@ -121,6 +121,11 @@ def test_directory_in_yaml_and_its_errors(tmp_path: Path) -> None:
         load_directory(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_directory(tmp_path / "missing.toml")
+    # `*` is the default group's name where requests are indexed by reviewer.
+    starred = tmp_path / "starred.yaml"
+    starred.write_text("reviewers:\n  dan: {email: dan@example.com}\ngroups: {'*': [dan]}\n")
+    with pytest.raises(ConfigError, match="'\\*' may not name a reviewer or a group"):
+        load_directory(starred)
 
 
 def test_an_invalid_directory_is_refused_without_showing_its_secrets(tmp_path: Path) -> None:

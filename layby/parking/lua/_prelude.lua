@@ -56,6 +56,38 @@ local RUN_KEYS = {RUN, ANSWERS, EVENTS, REVIEW}
 -- `<prefix>:{<shard tag>}:<run id>:run`): no call needed.
 local ID = string.match(RUN, ':{([^}]*)}:run$') or string.match(RUN, ':([^:{}]+):run$')
 
+-- The reviewers' request index (`parking.store.inbox`): per name an interrupt asks (a
+-- reviewer's id, a group's name, "*" for the default group; escalation levels' and
+-- hand-overs' names too), the shard's waiting runs that ask it, `<shard base>:asks:<name>`
+-- (zset, by when first asked). The run keeps the names it is under (its field `asks`, a JSON
+-- array), so that leaving `interrupted` takes it out of each (`unask`). Kept in the sharded
+-- layout only (a run still in the legacy one, of a store moving from layby 0.2.0, is put in
+-- it by migration 2: parking.migrations.asks).
+local ASKS = (string.gsub(SHARD_INDEX.queued, ':index:queued$', ':asks:'))
+local ASKS_KEPT = string.find(SHARD_INDEX.queued, ':{', 1, true) ~= nil
+local function ask(names, now)
+  if #names == 0 or not ASKS_KEPT then return end
+  local kept = redis.call('HGET', RUN, 'asks')
+  local all, seen = kept and cjson.decode(kept) or {}, {}
+  for _, name in ipairs(all) do seen[name] = true end
+  for _, name in ipairs(names) do
+    if not seen[name] then
+      seen[name] = true
+      table.insert(all, name)
+      redis.call('ZADD', ASKS .. name, 'NX', now, ID)
+    end
+  end
+  redis.call('HSET', RUN, 'asks', cjson.encode(all))
+end
+local function unask()
+  local kept = redis.call('HGET', RUN, 'asks')
+  if not kept then return end
+  for _, name in ipairs(cjson.decode(kept)) do redis.call('ZREM', ASKS .. name, ID) end
+  redis.call('HDEL', RUN, 'asks')
+end
+-- A hand-over's reviewer, asked from now on (`record`: Delegation JSON).
+local function ask_handed(record, now) ask({cjson.decode(record).to}, now) end
+
 local FINISHED = {completed = true, failed = true, cancelled = true}
 local EVENTS_MAX = __EVENTS_MAX__
 local OUTBOX_GRACE_MS = __OUTBOX_GRACE_MS__
@@ -310,6 +342,7 @@ end
 local function ending(status, now, run)
   skip_notifications(nil, nil, run.noted)
   drop_deadlines(parse_open(run.open))
+  unask()
   return {'status', status, 'updated_at', now, 'open', open_field({})}
 end
 
@@ -399,6 +432,7 @@ local function apply_answers(answers, now, run)
     local v = tonumber(version) + 1
     redis.call('HSET', RUN, 'open', field, 'version', v, 'status', 'resuming',
                'updated_at', now, 'attempts', 0, unpack(waiting))
+    unask()
     redis.call('ZREM', INDEX.interrupted, ID)
     redis.call('ZADD', INDEX.resuming, now, ID)
     event('run.resuming', v, '{}', now)
@@ -426,6 +460,7 @@ local function record_plan(plan, grant_key, version, now, open, mark)
     if open[iid]
         and redis.call('HSETNX', REVIEW, 'delegated:' .. iid .. ':' .. from, record) == 1 then
       event('interrupt.delegated', version, record, now)
+      ask_handed(record, now)
     end
   end
   local planned, dispatch = {}, {}

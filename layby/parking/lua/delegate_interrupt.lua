@@ -2,8 +2,9 @@
 -- per reviewer and interrupt; what was still to be sent to the one handing it on is
 -- skipped; the new reviewer's request is recorded and delivered in the same step (or, when
 -- the caller could not plan it, the announcement task is queued to plan it).
--- Reads run, open, review. Writes review, notifications, notify:due, grant keys, events;
--- queues deliveries (or the announcement task).
+-- Reads run, open, review. Writes review, notifications, notify:due, grant keys, events,
+-- the reviewers' request index (the new reviewer's); queues deliveries (or the
+-- announcement task).
 -- KEYS from EXTRA: the plan's grant keys.
 -- Arguments: interrupt_id, reviewer (the one handing it on), handover (Delegation JSON),
 --   announce ('1' to queue the announcement task instead of a plan), plan (JSON, as
@@ -27,6 +28,7 @@ if redis.call('HSETNX', REVIEW, 'delegated:' .. iid .. ':' .. from, record) == 0
 end
 local now = now_ms()
 skip_notifications({[iid] = true}, from, st[4])
+ask_handed(record, now)
 event('interrupt.delegated', v, record, now)
 local slack = slack_update(A.slack, {iid}, false, now)
 if announce == '1' then

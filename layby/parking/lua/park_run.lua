@@ -3,16 +3,17 @@
 -- before this commit).
 -- Reads run, answers. Writes run (messages, version, status, waiting, its interrupts; the
 -- lease's fields deleted), checkpoints, answers (rules' answers), open, deadlines, leases,
--- index, events, stats, notifications, notify:due, grant keys, review (hand-overs); queues
--- the resume, or the deliveries of the requests due now (or, when the caller could not
--- plan them, the announcement task).
+-- index, events, stats, notifications, notify:due, grant keys, review (hand-overs), the
+-- reviewers' request index; queues the resume, or the deliveries of the requests due now
+-- (or, when the caller could not plan them, the announcement task).
 -- KEYS from EXTRA: the plan's grant keys.
 -- Arguments: version, owner, messages (JSON), event (its data, JSON, without messages:
 --   readers take them from the history), announce ('1' to queue the announcement task,
 --   layby.notify.interrupts, instead of a plan), interrupts (JSON, each {id, record:
 --   Interrupt JSON as stored (a string), expires: ms (left out when it does not), auto:
 --   the answer a policy rule gives (Answer JSON, a string; left out, or '', when none),
---   rule: that rule's name}), plan (JSON, as record_plan reads it), exhausted (JSON: the
+--   rule: that rule's name, asks: the names it asks, for the reviewers' request index}),
+--   plan (JSON, as record_plan reads it), exhausted (JSON: the
 --   tools whose calls ran out of attempts), audit (JSON: the audit entries of the answers
 --   policy rules give, strings)
 -- Returns {'ok', new version, outbox entry or '', {notifications planned},
@@ -61,7 +62,7 @@ local open_raw = run.open
 local noted = (run.noted ~= '0' or #A.plan.notes > 0) and '1' or '0'
 local now = now_ms()
 -- The interrupts are written with the commit, in its HSET (fields 'i:<id>' of the run).
-local waiting, specs = {}, {}
+local waiting, specs, asked = {}, {}, {}
 for _, intr in ipairs(interrupts) do
   table.insert(waiting, intr.id)
   table.insert(specs, INTERRUPT .. intr.id)
@@ -83,6 +84,7 @@ for i, intr in ipairs(interrupts) do
     elseif not open_set[iid] then
       table.insert(open, iid)
       open_set[iid] = true
+      for _, name in ipairs(intr.asks or {}) do table.insert(asked, name) end
       if expiry then redis.call('ZADD', DEADLINES, expiry, ID .. ' ' .. iid) end
     end
   end
@@ -122,6 +124,7 @@ if resumes then
   return {'ok', v, enqueue('resume', v, now), {}, {}, '1'}
 end
 redis.call('ZADD', INDEX.interrupted, now, ID)
+ask(asked, now)
 if announce == '1' then return {'ok', v, enqueue('notify', v, now), {}, {}} end
 local planned, dispatch = record_plan(A.plan, EXTRA, v, now, open_set, false)
 compact_events()

@@ -23,7 +23,9 @@ before anything else it does with it (`lua/move_run.lua`, `parking.store:Store.k
   sharded one's (a process dead before the instant is still reaped); the legacy shard's
   keys are deleted (its queue numbers and fold cursor too: a moved run has no number, and
   every shard's fold starts over, so that runs moved after their shard's fold passed their
-  park are folded too); and only then is the version set to 2.
+  park are folded too); then every run still waiting is put in the reviewers' request
+  index (`asks`: in the legacy layout there was none); and only then is the version set
+  to 2.
 
 Without a switch (a store no process serves: `layby up`'s own before its parts start, or a
 store of 0.1.0 migrated straight on), `prepare` gives the store its shard count and a
@@ -41,7 +43,7 @@ from redis import Redis
 
 from layby.parking import formats
 from layby.parking.keys import Keys, ShardKeys
-from layby.parking.migrations import m0001_versioned
+from layby.parking.migrations import asks, m0001_versioned
 from layby.parking.migrations.registry import Migration, register
 from layby.parking.scripts import standalone
 from layby.parking.shards import DEFAULT_COUNT
@@ -111,10 +113,17 @@ def rewrite(client: Redis, keys: Keys, key: str, dry: bool) -> bool:
 
 def finish(client: Redis, keys: Keys, dry: bool) -> tuple[int, int]:
     """What the scan leaves in the legacy shard, moved or dropped, and the legacy shard's
-    keys deleted; returns (what it looked at, what it changed), or would."""
-    if not scans(client, keys):
-        return 0, 0
+    keys deleted; then every waiting run in the reviewers' request index
+    (`asks.index_waiting`). Returns (what it looked at, what it changed), or would."""
     sharded = _sharded(client, keys)
+    if not scans(client, keys):
+        return asks.index_waiting(client, sharded, dry)
+    seen, changed = _finish_legacy(client, keys, sharded, dry)
+    indexed = asks.index_waiting(client, sharded, dry)
+    return seen + indexed[0], changed + indexed[1]
+
+
+def _finish_legacy(client: Redis, keys: Keys, sharded: Keys, dry: bool) -> tuple[int, int]:
     old = keys.legacy
     found = 0
     for status in Status:

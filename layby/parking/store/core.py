@@ -222,6 +222,7 @@ class Core:
         # broker that is this server is asked (`queue_length`).
         self.length_of_queue: Callable[[str], int | None] | None = None
         self._writing = formats.FIRST
+        self._version: int | None = None
         self._scripts = scripts.register(client, ScriptSettings(
             events_max=config.events_max, outbox_grace_ms=config.outbox_grace_ms,
             lost_message_ms=config.lost_message_ms,
@@ -259,6 +260,7 @@ class Core:
         self._layout_at = began
         if state.written is not None:
             self._writing = state.written
+        self._version = state.version
         if state.version is None and state.shards is None:
             return  # no format key: the layout configured
         layout = formats.layout(state, self.config.prefix, now_ms)
@@ -393,6 +395,13 @@ class Core:
     @writing.setter
     def writing(self, format: int) -> None:
         self._writing = format
+
+    @property
+    def version(self) -> int | None:
+        """The format every record is in (migrations brought them up to it; None: a store
+        without a version yet), read again with its layout."""
+        self.layout  # noqa: B018  (read again when it is time)
+        return self._version
 
     def script_names(self) -> dict[str, str]:
         """Each script's SHA1 (as EVALSHA names it) and its name: for MONITOR's readers."""

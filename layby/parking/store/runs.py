@@ -31,6 +31,7 @@ from layby.parking.store.fields import (
     retry_of,
     reviews_of,
 )
+from layby.parking.store.inbox import names_asked
 from layby.parking.store.outbox import plan_args
 from layby.wire import Answer, Event, InterruptView, RetryWait, RunView, Status
 
@@ -168,7 +169,7 @@ class Runs(Part):
             auto = (by_rule or {}).get(intr.id)
             parked.append({"id": intr.id, "record": codecs.stored_interrupt(intr),
                            "expires": expires, "auto": dumps(auto.wire()) if auto else None,
-                           "rule": intr.rule})
+                           "rule": intr.rule, "asks": names_asked([intr])})
         given, grant_keys = plan_args(plan or Announcements())
         # A park's event is stored without messages, as the earlier steps' events of a
         # parked run are: the history holds them (parking.events fills them in).
