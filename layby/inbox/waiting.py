@@ -142,8 +142,13 @@ def why(directory: Directory, intr: InterruptView, reviewer_id: str, now: float)
 # What one read of the waiting runs found: (run id, agent, open interrupts), and whether
 # there were more runs than it read.
 _Read = tuple[list[tuple[str, str, list[InterruptView]]], bool]
-_read_lock = threading.Lock()
-_last_read: dict[tuple[int, tuple[str, ...]], tuple[float, _Read]] = {}
+_Key = tuple[int, tuple[str, ...]]  # the runtime, the reviewer's names
+# The last read for each reviewer's names, kept while it may still serve (`KEEP_S`), and one
+# lock each: one reviewer's read never waits behind another's.
+_last_read: dict[_Key, tuple[float, _Read]] = {}
+_read_locks: dict[_Key, threading.Lock] = {}
+_locks_lock = threading.Lock()
+KEEP_S = 60.0
 
 
 def names_of(directory: Directory, reviewer: Reviewer) -> list[str]:
@@ -172,19 +177,25 @@ def _read_waiting(rt: Runtime, names: tuple[str, ...]) -> _Read:
 
 def _open_interrupts(rt: Runtime, reviewer: Reviewer, max_age_s: float) -> _Read:
     """What `_read_waiting` finds for `reviewer`, as read at most `max_age_s` ago. One read
-    at a time: whoever asks meanwhile waits for it, and takes a read that began after they
-    asked (as fresh as one of their own) instead of another. Without the request index, one
-    read serves every reviewer."""
+    at a time for each reviewer: whoever asks meanwhile waits for it, and takes a read that
+    began after they asked (as fresh as one of their own) instead of another. Without the
+    request index, one read serves every reviewer."""
     indexed = (rt.store.version or 0) >= formats.SHARDED
     names = tuple(names_of(rt.reviewers.directory(), reviewer)) if indexed else ()
+    key = (id(rt), names)
     asked = time.monotonic()
-    with _read_lock:
-        last = _last_read.get((id(rt), names))
+    with _locks_lock:
+        lock = _read_locks.setdefault(key, threading.Lock())
+    with lock:
+        last = _last_read.get(key)
         if last is not None and (last[0] >= asked or time.monotonic() - last[0] < max_age_s):
             return last[1]
         began = time.monotonic()
         found = _read_waiting(rt, names)
-        _last_read[(id(rt), names)] = (began, found)
+        with _locks_lock:
+            _last_read[key] = (began, found)
+            for old in [k for k, (at, _) in _last_read.items() if began - at > KEEP_S]:
+                del _last_read[old]  # (its lock stays: one per reviewer, however many reads)
         return found
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-# A benchmark beside two other test files would measure them too: these run after the rest,
+# A benchmark beside other test files would measure them too: these run after the rest,
 # one at a time (`./dev test`'s second phase).
 pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
