@@ -181,7 +181,7 @@ def cluster_client(settings: Settings, timeout_s: float | None = None
                    ) -> redis.cluster.RedisCluster:
     """A blocking client of the cluster of LAYBY_REDIS_URL."""
     found = cluster_nodes(redis_url(settings))
-    nodes = [redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
+    nodes = [redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call, unused-ignore]
              for host, port in found.nodes]
     try:
         return redis.cluster.RedisCluster(startup_nodes=nodes,
@@ -247,8 +247,8 @@ def sentinel(settings: Settings, timeout_s: float | None = None
         return None
     group = sentinel_group(url)
     _master_name(settings)  # refused before anything connects
-    # redis-py leaves Sentinel's methods unannotated (here and below).
-    return redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    # redis-py before 8.2 leaves Sentinel's methods unannotated (here and below).
+    return redis.sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         group.sentinels, sentinel_kwargs=settings.sentinel_kwargs(timeout_s),
         **_node_kwargs(settings, group, timeout_s))
 
@@ -262,7 +262,7 @@ def redis_client(settings: Settings, timeout_s: float | None = None) -> redis.Re
     if group is None:
         return _from_url(redis.Redis.from_url, redis_url(settings),
                          **_node_kwargs(settings, timeout_s=timeout_s))
-    client: redis.Redis = group.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = group.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         _master_name(settings), redis_class=redis.Redis)
     return client
 
@@ -293,7 +293,7 @@ async def async_redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     if group is None:
         client = _from_url(aioredis.Redis.from_url, url, **options)
     else:
-        manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
             group.sentinels, sentinel_kwargs=settings.sentinel_kwargs(), **options)
         client = manager.master_for(_master_name(settings), redis_class=aioredis.Redis)
     try:
