@@ -181,7 +181,14 @@ def _start_up(env: dict[str, str], port: int, log: Path, cwd: Path = ROOT
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "layby", "up", "--port", str(port),
                                  "--concurrency", "1", "--no-flower"], env=env, cwd=cwd,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_as_a_terminal_starts_it)
+
+
+def _as_a_terminal_starts_it() -> None:
+    """SIGHUP as a terminal's shell leaves it, whatever the test runner's: a suite started
+    under `nohup` ignores it, and `layby up` rightly keeps a SIGHUP its starter ignored."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _ready(base: str) -> bool:
