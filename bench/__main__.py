@@ -73,6 +73,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "worker park them (a burst, as from a service; about 175 parks/s "
                         "here), rather than take each to its park in the bench process "
                         "(about three times as fast, the same stored)")
+    p.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="timed calls of each kind: list pages a turn with --parked (default "
+                        "200), pages of each side with --tenants (default 300); fewer for a "
+                        "quick look, more for steadier medians")
     p.add_argument("--inbox", type=int, nargs="?", const=20_000, default=0, metavar="N",
                    help="instead of the cycles: park N runs (20,000 if not given), all for "
                         "one reviewer, and measure what the reviewers' inbox costs per 1,000 "
@@ -106,6 +110,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if (args.broker_url or on_cluster) and args.parked:
         p.error("--parked builds its levels on one server that is also their broker: leave "
                 "out --parked with --broker-url or a cluster (they measure the cycles only)")
+    if args.samples is not None and args.samples < 1:
+        p.error("--samples takes a number of timed calls (of --parked or --tenants), at least 1")
+    if args.samples is not None and not (args.parked or args.tenants):
+        p.error("--samples sets the timed calls of --parked or --tenants: give one of them")
     if args.inbox < 0:
         p.error("--inbox takes a number of runs to park, at least 1")
     if args.tenants < 0 or 0 < args.tenants < 1000:
@@ -284,7 +292,7 @@ def _tenants(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     def measure(rt: Any) -> dict[str, Any]:
         print(f"bench: parking {args.tenants} runs and {args.tenants} more of ten tenants, "
               "then reading list pages", file=sys.stderr)
-        return {"tenant_lists": tenants.measure(rt, args.tenants)}
+        return {"tenant_lists": tenants.measure(rt, args.tenants, args.samples or tenants.SAMPLES)}
     return _reads(parts, measure, {"tenants": args.tenants})
 
 
@@ -419,15 +427,17 @@ def _levels(args: argparse.Namespace, parts: Parts, rt: Any, sink: hooks.Sink | 
             worker = extra.start_worker(measure.WORKER_QUEUES, args.concurrency, env)
             measure.wait_for_worker(site_rt.store, worker.alive)
             extra.start_sweeper(env)
-            sites.append(scale.Site(level, site_rt, reviewer, burst=args.burst))
+            sites.append(scale.Site(level, site_rt, reviewer, burst=args.burst,
+                                    worker=worker.nodename))
         # Each app built made itself Celery's current one, which the baseline's `hop` is
         # sent with: the bench's own is again.
         rt.celery.set_current()
         sweeper = parts.start_sweeper({**os.environ, "PYTHONPATH": path})
-        sites.append(scale.Site(args.parked[-1], rt, sink, burst=args.burst))
+        sites.append(scale.Site(args.parked[-1], rt, sink, burst=args.burst,
+                                worker=parts.worker.nodename if parts.worker else ""))
         print(f"bench: parking runs to {', '.join(map(str, args.parked))} (one site each), "
               "then measuring them side by side", file=sys.stderr)
-        levels = scale.side_by_side(sites, args.timeout)
+        levels = scale.side_by_side(sites, args.timeout, args.samples or scale.SAMPLES)
     sweeper.stop()
     scale.persisted(rt.store)
     return levels

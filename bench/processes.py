@@ -45,6 +45,13 @@ class Worker:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    @property
+    def nodename(self) -> str:
+        """The Celery node name a worker answers remote control by (its `-n`, expanded)."""
+        from celery.utils.nodenames import host_format
+
+        return host_format(self.argv[self.argv.index("-n") + 1]) if "-n" in self.argv else ""
+
     def tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

@@ -63,6 +63,7 @@ class Site:
     level: int
     rt: Runtime
     sink: Sink | None = None
+    worker: str = ""  # the site's worker's node name: its counts are asked of it alone
     burst: bool = False  # built by starts through the worker, not by `fill`
     parks: int = 0  # runs parked here by the worker (each announced to the sink once)
     filled: int = 0  # runs parked here by `fill` (their announcements recorded as sent)
@@ -84,9 +85,11 @@ class Site:
         return sum(self.sink.ids.values()) if self.sink is not None else 0
 
 
-def side_by_side(sites: list[Site], timeout_s: float) -> list[dict[str, Any]]:
-    """Build every site up to its level, then measure them in turns; the figures of each
-    level, in the order of `sites` (smallest level first)."""
+def side_by_side(sites: list[Site], timeout_s: float,
+                 samples: int = SAMPLES) -> list[dict[str, Any]]:
+    """Build every site up to its level, then measure them in turns, `samples` timed list
+    calls of each kind a turn; the figures of each level, in the order of `sites`
+    (smallest level first)."""
     for site in sites:
         build_up(site, timeout_s)
     # One batch for all (a quarter of the smallest level, at most PARK_BATCH): parks/s of
@@ -98,7 +101,8 @@ def side_by_side(sites: list[Site], timeout_s: float) -> list[dict[str, Any]]:
         order = sites if i % 2 == 0 else sites[::-1]
         parks = timed_parks(order, batch, timeout_s)
         _rewrites_done(sites)
-        for site, rate, found in zip(order, parks, probe(order, batch), strict=True):
+        for site, rate, found in zip(order, parks, probe(order, batch, samples),
+                                     strict=True):
             site.turns.append({"parks_per_s": rate, **found})
     return [figures(site, timeout_s) for site in sites]
 
@@ -117,7 +121,7 @@ def build_up(site: Site, timeout_s: float) -> None:
     waits, not in its first seconds). The level's runs are built by `fill`, or with
     `site.burst`, started all at once and parked by the worker."""
     store = site.store
-    site.sent_before, site.tasks_before = site.sent(), deliveries_done(site.rt)
+    site.sent_before, site.tasks_before = site.sent(), deliveries_done(site.rt, site.worker)
     finished = min(SAMPLES, site.level)
     _park_announced(site, finished, timeout_s)
     answer_at_rest(site.rt, [run_id for run_id, _
@@ -264,9 +268,13 @@ def park_ms(site: Site, count: int, timeout_s: float) -> float:
     return max(1.0, float(newest[0][1]) - started) if newest else 0.0
 
 
-def deliveries_done(rt: Runtime) -> int:
-    """`layby.notify.deliver` tasks the workers have run (their own count)."""
-    stats = rt.celery.control.inspect(timeout=5).stats() or {}
+def deliveries_done(rt: Runtime, worker: str = "") -> int:
+    """`layby.notify.deliver` tasks the site's worker has run (its own count); without a
+    name, every worker that answers within the broadcast's 5 s."""
+    # Asked of one worker by name, the answer ends the wait: a broadcast to whoever listens
+    # waits out its whole timeout, four times per level.
+    stats = rt.celery.control.inspect(
+        timeout=5, **({"destination": [worker], "limit": 1} if worker else {})).stats() or {}
     return sum(int(s.get("total", {}).get(DELIVER_TASK, 0)) for s in stats.values())
 
 
@@ -311,7 +319,7 @@ def _announced(site: Site, timeout_s: float) -> dict[str, Any]:
     assert site.sink is not None
     _delivered(site.sink, site.sent_before + site.parks, timeout_s)
     time.sleep(2)  # anything queued twice would run by now
-    tasks = deliveries_done(site.rt) - site.tasks_before
+    tasks = deliveries_done(site.rt, site.worker) - site.tasks_before
     messages = site.store.config.messages
     return {"announcements": site.parks, "deliveries": site.sent() - site.sent_before,
             "delivery_tasks": tasks, "duplicate_tasks": tasks - site.parks,
@@ -368,7 +376,7 @@ def history_bytes(store: Store, sample: list[str]) -> float:
 LISTS = ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms")
 
 
-def probe(sites: list[Site], answers: int) -> list[dict[str, Any]]:
+def probe(sites: list[Site], answers: int, samples: int = SAMPLES) -> list[dict[str, Any]]:
     """Times (ms) at each site of list pages at the top and deep in, and of `answers`
     answers (and from each answer until its run completed on its worker), on what is
     parked now, taken in turn: each call, and each answer, at every site one after the
@@ -389,7 +397,7 @@ def probe(sites: list[Site], answers: int) -> list[dict[str, Any]]:
             "list_all_states_ms": lambda s=store: s.lists.list_page(None, limit=50)})
     took: list[dict[str, list[float]]] = [{key: [] for key in TIMINGS} for _ in sites]
     for key in LISTS:
-        for _ in range(SAMPLES):
+        for _ in range(samples):
             for calls, times in zip(pages, took, strict=True):
                 started = time.perf_counter()
                 calls[key]()

@@ -5,7 +5,7 @@ every run), in the same run on the same server.
 N runs of `bench.approval` are parked with `fill` by a key of the default tenant (its
 index holds N runs: the baseline, what the store's one list was), and N/10 by each of ten
 more tenants' keys (`t0` … `t9`, each in indexes of its own). Then the same pages are read
-in turn, one call of each side after the other (A B C A B C …), `SAMPLES` times:
+in turn, one call of each side after the other (A B C A B C …), `--samples` times (300):
 
 - `first`: the first page (50) of the waiting runs: `store.lists.list_page(INTERRUPTED, tenant=
   "t3")`, `…(tenant="default")` (the baseline), and `…()` every tenant's (an admin's list,
@@ -41,7 +41,7 @@ SAMPLES = 300
 LIMIT = 50
 
 
-def measure(rt: Runtime, count: int) -> dict[str, Any]:
+def measure(rt: Runtime, count: int, samples: int = SAMPLES) -> dict[str, Any]:
     store = rt.store
     share = count // TENANTS
     built = [fill.parked(rt, AGENT, count, label="the default tenant: ")]
@@ -63,13 +63,13 @@ def measure(rt: Runtime, count: int) -> dict[str, Any]:
         for call in sides.values():
             call()  # warm, untimed
         took: dict[str, list[float]] = {side: [] for side in sides}
-        for _ in range(SAMPLES):
+        for _ in range(samples):
             for side, call in sides.items():
                 started = time.perf_counter()
                 call()
                 took[side].append((time.perf_counter() - started) * 1000)
         # The store's time apart from the wall's: its snapshots would be timed too.
-        server = {side: _server_us(servers, call) for side, call in sides.items()}
+        server = {side: _server_us(servers, call, samples) for side, call in sides.items()}
         shown = {side: {**distribution(took[side]), "server_us_per_page": server[side]}
                  for side in sides}
         figures[name] = {
@@ -80,16 +80,16 @@ def measure(rt: Runtime, count: int) -> dict[str, Any]:
                for side in ("tenant", "every")},
         }
     return {"baseline_runs": count, "tenants": TENANTS, "tenant_runs": share,
-            "built_per_s": built, "samples": SAMPLES, "limit": LIMIT, "pages": figures}
+            "built_per_s": built, "samples": samples, "limit": LIMIT, "pages": figures}
 
 
-def _server_us(servers: list[Any], call: Callable[[], Any]) -> float:
-    """The store's time in its commands (commandstats) per call, over SAMPLES calls."""
+def _server_us(servers: list[Any], call: Callable[[], Any], samples: int) -> float:
+    """The store's time in its commands (commandstats) per call, over `samples` calls."""
     def calls() -> None:
-        for _ in range(SAMPLES):
+        for _ in range(samples):
             call()
     _, spent = costs.counted(servers, calls)
-    return round(sum(spent.usec_by_command.values()) / SAMPLES, 1)
+    return round(sum(spent.usec_by_command.values()) / samples, 1)
 
 
 def _half_way(store: Store, tenant: str | None, total: int) -> str:

@@ -124,7 +124,8 @@ def test_bench_with_the_broker_on_another_server(tmp_path: Path) -> None:
 def test_bench_over_http_and_on_parked_runs(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, "-m", "bench", "--runs", str(RUNS), "--warmup", "2",
-                           "--rounds", "1", "--http", "--parked", "30,60", "--json", str(out)],
+                           "--rounds", "1", "--http", "--parked", "30,60", "--samples", "20",
+                           "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=280,
                           # Memory is measured once the parked runs' events are folded.
                           env={**os.environ, "LAYBY_FOLD_EVENTS_AFTER_S": "1"})
@@ -158,7 +159,7 @@ def test_bench_over_http_and_on_parked_runs(tmp_path: Path) -> None:
         # the worker, answered and completed.
         assert lv["built_by"] == "fill" and lv["filled"] == lv["level"]
         for key in ("list_first_page_ms", "list_deep_page_ms", "list_all_states_ms"):
-            assert lv[key]["count"] > 0
+            assert lv[key]["count"] == 20  # --samples, a turn
         # A message for each start and each resume, and no copy.
         assert lv["turn_messages"] == lv["turn_messages_needed"] > lv["parked"]
         assert lv["duplicate_turn_messages"] == 0
@@ -300,8 +301,9 @@ def test_bench_inbox_refuses_what_it_does_not_measure(
 @pytest.mark.timeout(240)
 def test_bench_tenants_reports_a_tenants_pages_against_one_index(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, "-m", "bench", "--tenants", "1000", "--json",
-                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=230)
+    done = subprocess.run([sys.executable, "-m", "bench", "--tenants", "1000", "--samples",
+                           "40", "--json", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=230)
     assert done.returncode == 0, done.stdout + done.stderr
     said = done.stdout
     assert "layby bench: tenants' lists" in said
@@ -315,7 +317,7 @@ def test_bench_tenants_reports_a_tenants_pages_against_one_index(tmp_path: Path)
     for page in ("first", "deep"):
         figures = lists["pages"][page]
         for side in ("tenant", "baseline", "every"):
-            assert figures[side]["count"] == lists["samples"] == 300
+            assert figures[side]["count"] == lists["samples"] == 40
             assert 0 < figures[side]["p50"] <= figures[side]["p99"]
             assert figures[side]["server_us_per_page"] > 0
         for side in ("tenant", "every"):
@@ -331,7 +333,9 @@ def test_bench_tenants_refuses_what_it_does_not_measure(
     from bench.__main__ import parse
 
     assert parse(["--tenants"]).tenants == 20_000
+    assert parse(["--tenants", "1000", "--samples", "40"]).samples == 40
     for given in (["--tenants", "999"], ["--tenants", "5000", "--inbox"],
+                  ["--tenants", "5000", "--samples", "0"], ["--samples", "40"],
                   ["--tenants", "5000", "--http"], ["--tenants", "5000", "--cluster"]):
         with pytest.raises(SystemExit) as exited:
             parse(given)
