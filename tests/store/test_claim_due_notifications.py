@@ -58,3 +58,20 @@ def test_with_nothing_due_nothing_changes(world: World) -> None:
     before = world.snapshot()
     assert world.store_with(pushing=True).outbox.claim_due_notifications() == []
     assert world.snapshot() == before
+
+
+def test_every_shards_due_notifications_are_claimed_even_after_the_server_lost_its_scripts(
+        sharded: World) -> None:
+    """The sweeper claims every shard's due notifications in one round trip; a server that
+    lost its scripts (a restart, a failover, a flush) gets them loaded, and the claims go
+    again, none lost."""
+    now = sharded.now()
+    shards = sharded.keys.shards
+    for i, shard in enumerate(shards):
+        sharded.client.zadd(shard.notify_due, {f"run_{i} ntf_{i}": now - 1_000 - i})
+    sharded.client.script_flush()
+    found = sharded.store.outbox.claim_due_notifications(retry_ms=10_000)
+    assert sorted(found) == [(f"run_{i}", f"ntf_{i}") for i in range(len(shards))]
+    for i, shard in enumerate(shards):
+        assert sharded.zset(shard.notify_due)[f"run_{i} ntf_{i}"] >= now + 10_000
+    assert sharded.store.outbox.claim_due_notifications() == []

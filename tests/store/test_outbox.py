@@ -65,3 +65,20 @@ def test_acking_twice_or_acking_an_unknown_entry_changes_nothing_else(world: Wor
     assert world.store.call("ack_outbox", keys, ids=["run_1:turn:1"]) == 1
     assert world.snapshot() == before
     assert list(world.outbox()) == ["run_2:turn:1"]
+
+
+def test_every_shards_outbox_is_claimed_even_after_the_server_lost_its_scripts(
+        sharded: World) -> None:
+    """One round trip claims every shard's overdue entries; a server that lost its scripts
+    has them loaded, and nothing is left behind."""
+    store = sharded.store_with(outbox_grace_ms=-1_000)
+    run_ids = [f"run_{i}" for i in range(12)]
+    for run_id in run_ids:
+        assert store.runs.create_run(run_id, "demo.agent", input="hi", messages=MESSAGES,
+                                     metadata={}, idempotency_key=None).ok
+    held = {sharded.keys.shard_of(run_id).base for run_id in run_ids}
+    assert len(held) > 1  # spread over several shards
+    sharded.client.script_flush()
+    claimed = sharded.store.outbox.claim_outbox(retry_ms=30_000)
+    assert sorted(e.id for e in claimed) == sorted(f"{r}:turn:1" for r in run_ids)
+    assert sharded.store.outbox.claim_outbox() == []
