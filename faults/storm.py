@@ -40,12 +40,13 @@ def run(size: Size, folder: Path) -> Outcome:
         approver = Approver(layby, [])
         approver.start()
         hits: list[tuple[str, float, float]] = []
-        kills = _storm(layby, storm_s, hits, approver, runs)
+        kill_times: list[float] = []
+        kills = _storm(layby, storm_s, hits, kill_times, approver, runs)
         last_kill, last_kill_wall = time.monotonic(), time.time()
         starter.join(120)
         approver.track(runs)
         finished = approver.wait(120)
-        waits = _reruns(layby, hits)
+        waits = _reruns(layby, hits, kill_times)
         outcome = Outcome(NAME, {**run_figures(runs, approver, layby), "kills": kills,
                                  "storm (s)": storm_s})
         ends = [at for _, at in approver.finished.values()]
@@ -86,9 +87,10 @@ def _arrive(layby: LaybySystem, count: int, seconds: float, runs: list[str]) -> 
 
 
 def _storm(layby: LaybySystem, seconds: float, hits: list[tuple[str, float, float]],
-           approver: Approver, runs: list[str]) -> int:
+           kill_times: list[float], approver: Approver, runs: list[str]) -> int:
     """Kill a worker (all of it, or one pool child) every 2-5 s for `seconds`; a dead
-    worker is started again, as its process manager would."""
+    worker is started again, as its process manager would. Each kill's wall time goes to
+    `kill_times`, each running step it landed on to `hits`."""
     rng = random.Random(20261125)
     end, kills, generation = time.monotonic() + seconds, 0, 0
     while time.monotonic() < end:
@@ -106,7 +108,9 @@ def _storm(layby: LaybySystem, seconds: float, hits: list[tuple[str, float, floa
         whole = kills % 2 == 0 or not children  # the whole worker: no goodbye
         os.killpg(main.pid, signal.SIGKILL) if whole else \
             os.kill(rng.choice(children).pid, signal.SIGKILL)
-        hits.extend((run_id, seen_at, time.time()) for run_id in running)
+        killed_at = time.time()
+        kill_times.append(killed_at)
+        hits.extend((run_id, seen_at, killed_at) for run_id in running)
         kills += 1
         if whole:
             main.wait()
@@ -126,19 +130,34 @@ STEP_EVENTS = ("run.started", "turn.committed", "run.interrupted", "run.complete
                "run.failed")
 
 
-def _reruns(layby: LaybySystem, hits: list[tuple[str, float, float]]
-            ) -> list[tuple[float, str]]:
+def _reruns(layby: LaybySystem, hits: list[tuple[str, float, float]],
+            kill_times: list[float]) -> list[tuple[float, str]]:
     """For each step a kill landed on, the wait until the run's next step event (the step
     taken up again: `run.started`; or its end, had it committed just before the kill),
     read from the run's own events; with the run. A step that committed between the look
-    at the running runs and the kill was done before the kill: it is not counted."""
+    at the running runs and the kill was done before the kill: it is not counted.
+
+    A step requeued twice was lost once more: a later kill took down the worker that had
+    taken the requeued step (reserved, not yet started). Its wait then runs from that later
+    kill, the one between its two requeues, so each crash's recovery is measured once; two
+    requeues with no kill between them keep the first kill's wait, which shows it."""
     waits = []
     for run_id, seen_at, killed_at in hits:
-        events = [(at, kind) for at, kind in _events(layby, run_id) if kind in STEP_EVENTS]
+        history = _events(layby, run_id)
+        events = [(at, kind) for at, kind in history if kind in STEP_EVENTS]
         if any(seen_at < at <= killed_at for at, _ in events):
             continue
         after = [at for at, _ in events if at > killed_at]
-        waits.append(((after[0] - killed_at) if after else float("inf"), run_id))
+        if not after:
+            waits.append((float("inf"), run_id))
+            continue
+        requeued = [at for at, kind in history
+                    if kind == "run.requeued" and killed_at < at < after[0]]
+        crash = killed_at
+        if len(requeued) >= 2:
+            crash = max((k for k in kill_times if requeued[-2] < k < requeued[-1]),
+                        default=killed_at)
+        waits.append((after[0] - crash, run_id))
     return waits
 
 
