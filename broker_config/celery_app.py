@@ -26,7 +26,7 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
-from layby.broker_config import logs, transport
+from layby.broker_config import logs, tracing, transport
 from layby.broker_config.events import CONSUMER
 from layby.broker_config.names import (
     JOBS,
@@ -185,6 +185,21 @@ def _declare_every_queue(app: Celery) -> None:
                 log.warning("could not declare layby's queues on the broker (%s)", exc)
 
     signals.worker_init.connect(declare, weak=False, dispatch_uid=f"layby.declare.{id(app)}")
+
+
+def trace_like_layby() -> None:
+    """Workers and the sweeper trace when the OTEL_* variables ask (`tracing`): set up as
+    the worker starts, before its pool forks (the SDK's exporter thread starts again in each
+    child), with Celery's instrumentation continuing each message's trace."""
+
+    def start(sender: Any = None, **_: Any) -> None:
+        queues = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
+        kind = "sweeper" if set(getattr(queues, "consume_from", None) or ()) == {SWEEP} \
+            else "worker"
+        if tracing.configure(kind):
+            tracing.instrument_celery()
+
+    signals.worker_init.connect(start, weak=False, dispatch_uid="layby.traces")
 
 
 def log_like_layby(settings: Settings) -> None:

@@ -16,6 +16,7 @@ placeholders the script fills in:
 | `@@D@@`     | kombu's delivery tag, unique per message            |
 | `@@A@@`     | `agent=<the run's agent> `, or nothing              |
 | `@@S@@`     | `@<version>` for a pinned run's step, or nothing    |
+| `@@P@@`     | the run's trace context (`traceparent`), or nothing  |
 
 A pinned run's steps go to the queue of its agent's version, `layby.turns@<version>`: the
 script pushes onto that queue's key, and the message's routing key names it too (`@@S@@`),
@@ -27,6 +28,11 @@ The arguments Flower shows (the `argsrepr` header) are the run's agent and the i
 column cuts the end off): an operator finds a run's steps by its id, and sees which agent
 they served. Ids and the agent's name only: never a message, an
 answer or a token.
+
+The `traceparent` header is the run's stored trace context (`layby.broker_config.tracing`):
+the worker's span of the step continues the run's trace from it, as OpenTelemetry's Celery
+instrumentation reads it from a message's headers (an empty one starts no trace of its own
+and is ignored).
 
 The body is the task's JSON as is, without kombu's base64 (a message says how its body is
 encoded, and kombu reads an unencoded one as it is): Lua has no base64, and the version
@@ -45,8 +51,8 @@ from celery import Celery
 
 from layby.broker_config.names import DELIVER_TASK, NOTIFY, NOTIFY_TASK, RESUME_RUN, RUN_TURN, TURNS
 
-RUN, VERSION, NOTE, TASK_ID, TAG, AGENT, SUFFIX = ("@@R@@", "@@V@@", "@@N@@", "@@T@@",
-                                                   "@@D@@", "@@A@@", "@@S@@")
+RUN, VERSION, NOTE, TASK_ID, TAG, AGENT, SUFFIX, TRACE = (
+    "@@R@@", "@@V@@", "@@N@@", "@@T@@", "@@D@@", "@@A@@", "@@S@@", "@@P@@")
 
 
 def shown_args(args: list[Any] | tuple[Any, ...], agent: str | None = None) -> str:
@@ -77,7 +83,7 @@ def template(app: Celery, task: str, queue: str, args: tuple[str, str],
         "body": body,
         "content-encoding": "utf-8",
         "content-type": "application/json",
-        "headers": made.headers,
+        "headers": {**made.headers, "traceparent": TRACE},
         "properties": {**made.properties, "reply_to": "", "delivery_mode": 2,
                        "delivery_info": {"exchange": "", "routing_key": queue
                                          + (SUFFIX if pinnable else "")},

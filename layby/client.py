@@ -41,6 +41,7 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import quote, unquote
 
 import httpx
+from opentelemetry import propagate
 from pydantic import BaseModel
 
 from layby import running
@@ -143,10 +144,19 @@ def _start(agent: str, input: Any, messages: list[Message] | list[dict[str, Any]
                  headers={"Idempotency-Key": idempotency_key or _new_key()})
 
 
+def _traced(headers: dict[str, str] | None) -> dict[str, str] | None:
+    """The headers with the caller's current trace context (W3C `traceparent`), when the
+    caller has a span: the gateway continues its trace. Without OpenTelemetry's SDK in the
+    caller's process there is none, and nothing is added."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return {**(headers or {}), **carrier} if carrier else headers
+
+
 def _request(http: httpx.Client | httpx.AsyncClient, call: _Call,
              timeout: httpx.Timeout | None) -> httpx.Request:
     return http.build_request(call.method, call.path, json=call.json, params=call.params,
-                              headers=call.headers,
+                              headers=_traced(call.headers),
                               timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
 
 
@@ -515,7 +525,7 @@ class Client:
             call = _events(run_id, stream.last_id, follow)
             try:
                 with self._http.stream(call.method, call.path, params=call.params,
-                                       headers=call.headers,
+                                       headers=_traced(call.headers),
                                        timeout=stream.timeout()) as response:
                     if response.is_error:
                         response.read()
@@ -659,7 +669,7 @@ class AsyncClient:
             call = _events(run_id, stream.last_id, follow)
             try:
                 async with self._http.stream(call.method, call.path, params=call.params,
-                                             headers=call.headers,
+                                             headers=_traced(call.headers),
                                              timeout=stream.timeout()) as response:
                     if response.is_error:
                         await response.aread()

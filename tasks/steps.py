@@ -27,10 +27,12 @@ from typing import Any
 
 import redis
 
+from layby.broker_config import tracing
 from layby.control import audit
 from layby.control.commands import answered_as, now_iso
 from layby.control.runtime import Runtime, worker_name
 from layby.errors import ConfigError, ResumeError
+from layby.generation import spans
 from layby.generation.agents import Agent
 from layby.generation.answers import to_resume
 from layby.generation.interrupts import BACKGROUND_JOB, Interrupt, ResumeEntry
@@ -61,7 +63,7 @@ from layby.parking import Announcements, RunRecord, Store, Transition, Verdict, 
 from layby.parking.clock import iso
 from layby.tasks.heartbeat import Heartbeat
 from layby.tasks.jobs import starter
-from layby.wire import Answer, InterruptState, RetryWait, ToolRetry
+from layby.wire import Answer, InterruptState, RetryWait, Status, ToolRetry
 
 log = logging.getLogger(__name__)
 # How long a worker holds a pinned run's step it does not host before handing it back: a
@@ -121,10 +123,13 @@ def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) 
         log.info("run %s v%s: %s, nothing to do", run_id, version, claim.verdict)
         return claim.verdict.value
     assert claim.record is not None
+    record = claim.record
+    parked_in = record.trace_was if claim.claimed_from is Status.RESUMING else None
     try:
         with Heartbeat(store, run_id, version, owner,
-                       rt.settings.heartbeat_interval_s) as beat:
-            return _loop(rt, beat, claim.record)
+                       rt.settings.heartbeat_interval_s) as beat, \
+                tracing.resumed(run_id, parked_in):
+            return _loop(rt, beat, record)
     except LostClaim as lost:
         log.info("%s", lost)
         return "stale"
@@ -161,7 +166,10 @@ def _loop(rt: Runtime, beat: Heartbeat, record: RunRecord) -> str:
                  record.checkpoints, run_id)
     while True:
         started = time.monotonic()
-        outcome = _take_step(agent, step, record)
+        with spans.agent_turn(agent.name, agent.model.name, run_id, step.version):
+            outcome = _take_step(agent, step, record)
+        if isinstance(outcome, Park):
+            tracing.parked(run_id, [(i.id, i.reason) for i in outcome.interrupts])
         inline = time.monotonic() < budget_ends
         if isinstance(outcome, Continue) and outcome.replayable and inline:
             # Nothing ran: the next turn goes on from here, at the same version, and one

@@ -28,6 +28,7 @@ from layby.access.rights import (
     keys_named,
     may_review,
 )
+from layby.broker_config import tracing
 from layby.control import audit
 from layby.control.runtime import Runtime
 from layby.errors import (
@@ -97,7 +98,8 @@ def start_run(rt: Runtime, agent: str, *, input: Any = None,
                                    metadata=metadata or {}, idempotency_key=idempotency_key,
                                    agent_version=declared.version, pinned=pinned,
                                    tenant=tenant, started_by=started_by,
-                                   audit=[audit.entry(who.caller, tenant, "start", run=run_id)])
+                                   audit=[audit.entry(who.caller, tenant, "start", run=run_id)],
+                                   trace=tracing.current())
     if result.verdict is Verdict.EXISTS:
         return _started_before(store, result, run_id, agent, idempotency_key, who), False
     rt.publish(result.entries)
@@ -260,6 +262,17 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
     record, specs, answers, open_ids = rt.store.answers.answerable(run_id)
     if record is None:
         raise NotFound(f"no run {run_id!r}", run_id=run_id)
+    with tracing.answering(run_id, channel, [e.interrupt_id for e in entries], record.trace):
+        return _answer(rt, record, specs, answers, open_ids, entries, by=by, channel=channel,
+                       require_all=require_all, idempotency_key=idempotency_key, view=view,
+                       who=who)
+
+
+def _answer(rt: Runtime, record: RunRecord, specs: list[Interrupt],
+            answers: dict[str, Answer], open_ids: set[str], entries: list[ResumeEntry], *,
+            by: str, channel: str, require_all: bool, idempotency_key: str | None,
+            view: bool, who: Identity | None) -> Transition:
+    run_id = record.id
     if who is not None:
         _admit_answerer(rt, who, record, specs, entries)
     if not entries:
@@ -276,7 +289,8 @@ def answer(rt: Runtime, run_id: str, entries: list[ResumeEntry], *, by: str, cha
                         run=run_id, interrupt=r.interrupt_id, via=channel) for r in records]
     result = _recorded(rt.store.answers.answer(run_id, records, require_all=require_all,
                                                votes=votes, deadlines=deadlines, view=view,
-                                               audit=kept, slack=bool(rt.settings.slack)),
+                                               audit=kept, slack=bool(rt.settings.slack),
+                                               trace=tracing.current()),
                        run_id, records, by_id)
     for rec in records:
         log.info("interrupt %s of run %s %s by %s via %s", rec.interrupt_id, run_id,
@@ -537,8 +551,11 @@ def answer_job(rt: Runtime, run_id: str, interrupt_id: str, *, task: str, result
     record = Answer(interrupt_id=interrupt_id, status="resolved", payload=payload,
                     state=InterruptState.RESOLVED, answered_by=f"job:{task}", channel="job",
                     answered_at=now_iso())
-    outcome = store.answers.answer(run_id, [record], allow_early=True)
-    rt.publish(outcome.entries)
+    # The job's own span is in the run's trace already (the step that started it sent it).
+    with tracing.answering(run_id, "job", [interrupt_id], None):
+        outcome = store.answers.answer(run_id, [record], allow_early=True,
+                                       trace=tracing.current())
+        rt.publish(outcome.entries)
     return outcome.verdict.value
 
 

@@ -38,6 +38,7 @@ from layby.broker_config import (
     Settings,
     make_celery,
     pinned_queue,
+    tracing,
 )
 from layby.broker_config.messages import shown_args, templates
 from layby.control.broker_probe import BrokerProbe
@@ -210,9 +211,13 @@ class Runtime:
         try:
             with self.celery.producer_or_acquire() as producer:
                 for e in entries:
-                    self.celery.send_task(e.task, args=e.args, task_id=e.id, queue=e.queue,
-                                          producer=producer,
-                                          argsrepr=shown_args(e.args, e.agent))
+                    # In the run's trace: the publish span of Celery's instrumentation (when
+                    # this process traces) and the message's header both continue it.
+                    with tracing.continued(e.trace):
+                        self.celery.send_task(
+                            e.task, args=e.args, task_id=e.id, queue=e.queue,
+                            producer=producer, argsrepr=shown_args(e.args, e.agent),
+                            headers={"traceparent": e.trace} if e.trace else None)
         except Exception:  # the outbox keeps them; the sweeper tries again
             log.exception("publish failed; %d outbox entries left for the sweeper",
                           len(entries))

@@ -11,6 +11,7 @@ calls' failed attempts) and background jobs through a `JobStarter`.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from layby.errors import InvalidAnswer, UnknownToolCall, UnresolvedToolCall
+from layby.generation import spans
 from layby.generation.agents import Agent
 from layby.generation.interrupts import Interrupt, OnExpire, ResumeMode
 from layby.generation.messages import Message, Part, ToolRequest, ToolResponse
@@ -179,7 +181,10 @@ def model_turn(agent: Agent, step: Step) -> Outcome:
     else:
         request = ModelRequest(messages=step.history, system=agent.system,
                                tools=[t.definition() for t in agent.tools], config=agent.config)
-        message = _with_refs(agent.model.generate(request).message, step.turns_taken)
+        with spans.model_call(agent.model.name, step.run_id, step.history) as span:
+            reply = agent.model.generate(request)
+            spans.record_reply(span, reply.message, reply.finish_reason, reply.usage)
+        message = _with_refs(reply.message, step.turns_taken)
         # Tools with bodies act on this reply: a step run again must see the same one.
         step.checkpoints.put("model", message.wire(), durable=any(
             _acts(agent, p.tool_request.name) for p in message.tool_requests
@@ -253,11 +258,22 @@ def _run_calls(agent: Agent, step: Step,
 
     if len(calls) == 1:
         return dict([one(calls[0])])
+    # Each call in the step's context (its span is the tool call's parent): a pool's
+    # threads have their own.
+    contexts = [contextvars.copy_context() for _ in calls]
     with ThreadPoolExecutor(max_workers=min(8, len(calls))) as pool:
-        return dict(pool.map(one, calls))
+        return dict(pool.map(lambda cc: cc[0].run(one, cc[1]), zip(contexts, calls, strict=True)))
 
 
 def _run_one(agent: Agent, step: Step, request: ToolRequest, restart: Part | None) -> CallResult:
+    with spans.tool_call(request.name, request.ref or "", agent.name, step.run_id) as span:
+        result = _call_tool(agent, step, request, restart)
+        spans.record_outcome(span, result.kind)
+        return result
+
+
+def _call_tool(agent: Agent, step: Step, request: ToolRequest, restart: Part | None
+               ) -> CallResult:
     tool = agent.tool(request.name)
     if tool is None:
         return CallResult("output", {"error": f"unknown tool {request.name!r}; available: "

@@ -35,7 +35,7 @@ from layby import __version__
 from layby.access.keys import KeysFileError
 from layby.access.rights import ADMIN
 from layby.access.tokens import ExpiredRunToken
-from layby.broker_config import logs
+from layby.broker_config import logs, tracing
 from layby.broker_config.settings import Settings, settings_problem
 from layby.control import Runtime, audit, build
 from layby.control.announce import about, announce, process_name, withdraw
@@ -72,7 +72,11 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
 
     drain = Drain()
     lifespan = _lifespan(rt, drain)
-    on = rt.settings.telemetry
+    # The OTEL_* variables turn traces on (`tracing`); LAYBY_TELEMETRY, FastAPI's spans and
+    # metrics for the providers a process set up itself.
+    traced = tracing.configure("gateway")
+    tracing.instrument_celery()
+    on = rt.settings.telemetry or traced
     # Never the reviewer routes: their paths and bodies carry tokens and answers. No log
     # records either: exceptions' messages are not scrubbed there as layby's logs are.
     telemetry: TelemetryConfig = {"tracing": on, "metrics": on, "logs": False,

@@ -23,7 +23,7 @@ import redis
 import typer
 from pydantic import ValidationError
 
-from layby.broker_config import SWEEP, Settings, logs, worker_queues
+from layby.broker_config import SWEEP, Settings, logs, tracing, worker_queues
 from layby.broker_config.settings import broker_shown, settings_problem
 from layby.control import Runtime, build
 from layby.errors import LaybyError
@@ -277,6 +277,7 @@ def reply_listener(host: Annotated[str | None, typer.Option()] = None,
 
     rt = _rt()
     logs.configure(rt.settings)
+    tracing.configure("listener")
     rt.store  # noqa: B018 (made, it has checked the store's format: refused, it exits 2)
     stop, newest, name = threading.Event(), migrations.newest(), process_name("listener")
     announce(lambda: rt.store, name, about("listener", newest), newest,

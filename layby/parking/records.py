@@ -18,6 +18,7 @@ class OutboxEntry(Wire):
     queue: str
     args: list[Any]
     agent: str | None = None  # the run's, shown in Flower beside the ids (never an argument)
+    trace: str | None = None  # the run's trace context (a traceparent), sent as a header
 
 
 @dataclass
@@ -39,6 +40,10 @@ class RunRecord:
     pinned: bool = False  # its steps run only where that version is hosted
     tenant: str = "default"  # whose run it is (read where who may act on it is checked)
     started_by: str | None = None  # the caller that started it, when four eyes may apply
+    # The trace context its steps continue (a W3C traceparent; None: not traced), and the
+    # one its last park was in, once an answer's trace took over (for the resume's link).
+    trace: str | None = None
+    trace_was: str | None = None
 
 
 @dataclass

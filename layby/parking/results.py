@@ -122,12 +122,12 @@ def committed(reply: list[Any]) -> Transition:
 
 def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
     """claim_run's `{'ok', previous status, lease until, attempt, agent, messages, metadata,
-    {checkpoints}, waiting, {interrupts}, {answers}, agent version, pinned}`, or a
-    refusal."""
+    {checkpoints}, waiting, {interrupts}, {answers}, agent version, pinned, tenant, trace,
+    trace_was}`, or a refusal."""
     if reply[0] != Verdict.OK:
         return refusal(reply)
     _, status, _, attempt, agent, messages, metadata, saved, waiting, specs, answers = reply[:11]
-    agent_version, pinned, tenant = [*reply[11:14], "", "", ""][:3]
+    agent_version, pinned, tenant, trace, trace_was = [*reply[11:16], "", "", "", "", ""][:5]
     parked_on: list[Interrupt] = []
     found: dict[str, Answer] = {}
     if waiting:
@@ -141,7 +141,8 @@ def claimed(reply: list[Any], run_id: str, version: int) -> Transition:
                                     for i in range(0, len(saved), 2)},
                        parked_on=parked_on, answers=found,
                        agent_version=agent_version or None, pinned=pinned == "1",
-                       tenant=tenant or "default")
+                       tenant=tenant or "default", trace=trace or None,
+                       trace_was=trace_was or None)
     return Transition(Verdict.OK, version, claimed_from=_status(status),
                       attempt=int(attempt), record=record)
 

@@ -104,7 +104,7 @@ def _lua_string(text: str) -> str:
 
 
 # A message's placeholders (layby.broker_config.messages), by the letter `_queue.lua` fills.
-PLACEHOLDER = re.compile(r"@@([RVNTDAS])@@")
+PLACEHOLDER = re.compile(r"@@([RVNTDASP])@@")
 
 
 def _lua_pieces(message: str) -> str:

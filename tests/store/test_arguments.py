@@ -171,7 +171,7 @@ def test_a_group_that_is_not_json_is_refused(world: World) -> None:
     with pytest.raises(redis.ResponseError,
                        match=r"^answer_interrupts: argument answers is not a JSON array"):
         world.store.run_script("answer_interrupts", "run_1", require_all=False, allow_early=False,
-                               answers="int_a", slack=False)
+                               answers="int_a", slack=False, trace="")
     assert world.snapshot() == before
 
 

@@ -27,7 +27,7 @@ def _answering(iid: str) -> list[str]:
     """answer_interrupts' arguments for one answer, as store.answers.answer lays them out."""
     return argv({"require_all": False, "allow_early": False, "answers": [
         {"id": iid, "answer": answer(iid).model_dump_json(by_alias=True), "need": 1,
-         "deadline": True}], "audit": [], "slack": False})
+         "deadline": True}], "audit": [], "slack": False, "trace": ""})
 
 
 def _stored(world: World, run_id: str = "run_1", after: str = "0-0",

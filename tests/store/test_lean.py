@@ -212,7 +212,7 @@ def test_a_transition_pushes_celerys_own_message_with_the_run_filled_in(
         task_id = f"{run_id}:turn:1"
         values = {"R": run_id, "V": "1", "N": "", "T": task_id,
                   "D": message["properties"]["delivery_tag"], "A": "agent=demo.trivia ",
-                      "S": ""}
+                      "S": "", "P": ""}
         expected = PLACEHOLDER.sub(lambda m: values[m.group(1)],
                                    templates(celery)["turn"].message)
         assert pushed[0] == expected
@@ -222,6 +222,17 @@ def test_a_transition_pushes_celerys_own_message_with_the_run_filled_in(
         assert json.loads(message["body"])[0] == [run_id, 1]
         # What Flower shows: the ids and the run's agent (the arguments stay the ids).
         assert message["headers"]["argsrepr"] == f"agent=demo.trivia ['{run_id}', 1]"
+        assert message["headers"]["traceparent"] == ""  # started in no trace
+        # A run started in a trace: its steps' messages carry it, for the worker's span; a
+        # value that is not a traceparent never reaches a message.
+        parent = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+        for given, carried in ((parent, parent), ('x", "task": "evil', "")):
+            client.delete(TURNS)
+            store.runs.create_run(store.runs.new_run_id(None), "demo.trivia", input="hi",
+                                  messages=[text_message("user", "hi")], metadata={},
+                                  idempotency_key=None, trace=given)
+            [pushed_now] = client.lrange(TURNS, 0, -1)
+            assert json.loads(pushed_now)["headers"]["traceparent"] == carried
     finally:
         client.flushdb()
         client.close()

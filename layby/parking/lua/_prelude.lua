@@ -178,7 +178,7 @@ local function enqueue(kind, version, now, note)
   local entry_id = note or (ID .. ':' .. kind .. ':' .. version)
   -- The agent is shown in Flower beside the ids. A pinned run's steps go to the queue of
   -- the version it started on, read by the workers that host it.
-  local run = redis.call('HMGET', RUN, 'agent', 'pinned', 'agent_version')
+  local run = redis.call('HMGET', RUN, 'agent', 'pinned', 'agent_version', 'trace')
   local agent = run[1]
   local suffix = (run[2] == '1' and (kind == 'turn' or kind == 'resume'))
                  and ('@' .. run[3]) or ''
@@ -191,11 +191,12 @@ local function enqueue(kind, version, now, note)
     local n = redis.call('HINCRBY', QUEUES, queue .. ':sent', 1)
     redis.call('HSET', RUN, 'sent', queue .. ' ' .. n)
   end
-  local pushed = push(kind, ID, version, note, now, agent, suffix)
+  local trace = run[4] or nil
+  local pushed = push(kind, ID, version, note, now, agent, suffix, trace)
   if pushed and kind ~= 'notify' then return '' end
   local args = note and {ID, note} or {ID, tonumber(version)}
   local entry = cjson.encode({id = entry_id, task = task.task, queue = task.queue .. suffix,
-                              args = args, agent = agent or nil})
+                              args = args, agent = agent or nil, trace = trace})
   redis.call('HSET', OUTBOX_ENTRIES, entry_id, entry)
   redis.call('ZADD', OUTBOX, now + (pushed and LOST_MESSAGE_MS or OUTBOX_GRACE_MS), entry_id)
   return pushed and '' or entry
@@ -223,7 +224,8 @@ end
 -- true, or, with the broker elsewhere, false: the caller dispatches it, and the sweeper's
 -- copy waits out the grace time.
 local function deliver_now(nid, now)
-  local pushed = push('deliver', ID, nil, nid, now, redis.call('HGET', RUN, 'agent'))
+  local run = redis.call('HMGET', RUN, 'agent', 'trace')
+  local pushed = push('deliver', ID, nil, nid, now, run[1], nil, run[2] or nil)
   redis.call('ZADD', NOTIFY_DUE, now + (pushed and LOST_MESSAGE_MS or OUTBOX_GRACE_MS),
              ID .. ' ' .. nid)
   return pushed
@@ -399,10 +401,11 @@ end
 
 -- Record answers (each {interrupt id, answer JSON, true when it may have a deadline}, all
 -- checked to be open); resume if none stays open. `run`: the run's status, version,
--- updated_at, open, noted and waiting fields as the caller read them. Returns the new version, the
+-- updated_at, open, noted and waiting fields as the caller read them; `trace`: the trace
+-- context of who answered (a traceparent; '' or nil: none). Returns the new version, the
 -- outbox entry ('' while it waits, or when the resume was pushed) and whether the run
 -- resumes.
-local function apply_answers(answers, now, run)
+local function apply_answers(answers, now, run, trace)
   local status, version, updated_at, open_raw = run[1], run[2], run[3], run[4]
   -- While a run is interrupted its updated_at is when it parked: answers are not changes
   -- of status.
@@ -433,6 +436,12 @@ local function apply_answers(answers, now, run)
     redis.call('HSET', RUN, 'open', field, 'version', v, 'status', 'resuming',
                'updated_at', now, 'attempts', 0, unpack(waiting))
     unask()
+    -- The resume and the steps after it continue the answer's trace; the one they parked
+    -- in stays in `trace_was`, for the resumed step's link back to it.
+    if trace and trace ~= '' then
+      redis.call('HSET', RUN, 'trace_was', redis.call('HGET', RUN, 'trace') or '',
+                 'trace', trace)
+    end
     redis.call('ZREM', INDEX.interrupted, ID)
     redis.call('ZADD', INDEX.resuming, now, ID)
     event('run.resuming', v, '{}', now)

@@ -7,7 +7,8 @@
 -- is published twice. The messages come made (layby.broker_config.messages) with
 -- placeholders: @@R@@ run id, @@V@@ version, @@N@@ notification id, @@T@@ task id,
 -- @@D@@ delivery tag, @@A@@ the run's agent as Flower shows it before the ids, @@S@@ the
--- queue's suffix (a pinned run's steps go to `<queue>@<version>`).
+-- queue's suffix (a pinned run's steps go to `<queue>@<version>`), @@P@@ the run's trace
+-- context (its `trace` field, a W3C traceparent, or '').
 
 -- By kind (turn, resume, notify, deliver): the task and its queue, and, when the broker is
 -- this server, `key` (the queue's list) and `message` (its pieces, for `fill`).
@@ -34,17 +35,18 @@ local function shown_agent(agent)
 end
 
 -- Push the task of `kind` for `run` (at `version`, or about notification `note`) of
--- `agent` (or nil) at `now` (ms), onto its queue with `suffix` ('@<version>' or nil); false
--- when the broker is elsewhere (nothing pushed).
+-- `agent` (or nil) at `now` (ms), onto its queue with `suffix` ('@<version>' or nil), in
+-- the trace `trace` (a traceparent, or nil); false when the broker is elsewhere.
 -- kombu's delivery tag must be unique among messages in flight: the task id and the moment
 -- make it so (a task id is pushed again only by a requeue, long after).
-local function push(kind, run, version, note, now, agent, suffix)
+local function push(kind, run, version, note, now, agent, suffix, trace)
   local task = TASKS[kind]
   if not task.message then return false end
   local task_id = note or (run .. ':' .. kind .. ':' .. version)
   redis.call('LPUSH', task.key .. (suffix or ''),
              fill(task.message, {R = run, V = tostring(version or ''), N = note or '',
                                  T = task_id, D = task_id .. ':' .. now,
-                                 A = shown_agent(agent), S = suffix or ''}))
+                                 A = shown_agent(agent), S = suffix or '',
+                                 P = trace or ''}))
   return true
 end

@@ -11,7 +11,8 @@
 --   the approvals it needs, voter: who approves (left out, or '', when the answer is not an
 --   approval counted toward several), deadline: false when the interrupt has none to drop}),
 --   audit (JSON: the answers' audit entries, strings; written when they are recorded),
---   slack ('1' to queue the update of the run's Slack messages: `slack_update`)
+--   slack ('1' to queue the update of the run's Slack messages: `slack_update`), trace (the
+--   answer's trace context, a traceparent, or '': the resume continues it)
 -- Returns {'ok', version, outbox entry or '', {}, {}, '1' if the run resumes, when (ms),
 --          the id of the last event written, the Slack update's outbox entry or ''} |
 --         {'early'} |
@@ -19,7 +20,7 @@
 --         {'unknown', id} |
 --         {'conflict', id, first answer JSON or '', run status} | {'incomplete', open ids…}
 --         | {'again', id, this reviewer's earlier approval JSON}
-local A = args({'require_all', 'allow_early', 'slack'}, {'answers', 'audit'})
+local A = args({'require_all', 'allow_early', 'slack', 'trace'}, {'answers', 'audit'})
 local require_all, allow_early, given = A.require_all, A.allow_early, A.answers
 local run = redis.call('HMGET', RUN, 'status', 'version', 'updated_at', 'open', 'noted',
                       'waiting')
@@ -77,6 +78,6 @@ if #answers == 0 then
   return {'ok', run[2], '', {}, {}, '0', now, LAST_EVENT,
           slack_update(A.slack, ids, counted, now)}
 end
-local v, entry, resumed = apply_answers(answers, now, run)
+local v, entry, resumed = apply_answers(answers, now, run, A.trace)
 return {'ok', v, entry, {}, {}, resumed and '1' or '0', now, LAST_EVENT,
         slack_update(A.slack, ids, counted, now)}

@@ -8,7 +8,7 @@
 -- Returns {'ok', previous status, lease until, attempt, agent, messages JSON, metadata JSON,
 --          {checkpoint name, value JSON, …}, waiting ('' unless it parked),
 --          {Interrupt JSON of each waiting id}, {its answer JSON or ''}, agent version or '',
---          '1' if pinned or '', tenant or '' (default)}
+--          '1' if pinned or '', tenant or '' (default), trace or '', trace_was or ''}
 --       | {'stale', status, version} | {'busy', owner, lease until}
 --       | {'elsewhere', agent version} (pinned to a version the claimer does not host)
 --       | {'exhausted', attempts} | {'missing'}
@@ -17,7 +17,8 @@ local expected, claimer, lease_ms, max_attempts = A.version, A.owner, A.lease_ms
 local hosts = A.hosts
 local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'lease_until',
                       'updated_at', 'attempts', 'agent', 'messages', 'metadata', 'waiting',
-                      'checkpointed', 'agent_version', 'pinned', 'sent', 'tenant')
+                      'checkpointed', 'agent_version', 'pinned', 'sent', 'tenant',
+                      'trace', 'trace_was')
 local status, version, owner = st[1], st[2], st[3]
 if not version then return {'missing'} end
 if version ~= expected or not (status == 'queued' or status == 'resuming'
@@ -91,4 +92,5 @@ if waiting ~= '' then
   for i = 1, #ids do table.insert(answers, given[i] or '') end
 end
 return {'ok', status, until_ms, attempt, st[7] or '', st[8] or '[]', st[9] or '{}',
-        checkpoints, st[10] or '', specs, answers, st[12] or '', st[13] or '', st[15] or ''}
+        checkpoints, st[10] or '', specs, answers, st[12] or '', st[13] or '', st[15] or '',
+        st[16] or '', st[17] or ''}

@@ -11,10 +11,10 @@
 --   `<turns queue>@<version>`), keyed ('1' or '0'), elsewhere ('1' or '0'), tenant (the
 --   starter's tenant; '' for `default`: the run is then in the shard's own indexes), by
 --   (who started it, when four eyes may apply to it; '' otherwise), audit (JSON: its audit
---   entries, strings)
+--   entries, strings), trace (the trace context its steps continue, a traceparent, or '')
 -- Returns {'created', outbox entry or '', created at (ms), its event's id} or
 -- {'exists', run id} (same idempotency key or run id).
-local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s', 'agent_version', 'pinned', 'keyed', 'elsewhere', 'tenant', 'by'}, {'audit'})
+local A = args({'run_id', 'agent', 'input', 'messages', 'metadata', 'idempotency_ttl_s', 'agent_version', 'pinned', 'keyed', 'elsewhere', 'tenant', 'by', 'trace'}, {'audit'})
 local keyed = A.keyed == '1'
 local IDEMPOTENCY = keyed and KEYS[EXTRA] or ''  -- '' without an idempotency key
 local at = keyed and EXTRA + 1 or EXTRA
@@ -54,7 +54,7 @@ if agent_version ~= '' then
     table.insert(fields, '1')
   end
 end
-for _, named in ipairs({'tenant', 'by'}) do
+for _, named in ipairs({'tenant', 'by', 'trace'}) do
   if A[named] ~= '' then
     table.insert(fields, named)
     table.insert(fields, A[named])

@@ -23,6 +23,7 @@ from layby.parking.store.fields import (
     open_of,
     reviews_of,
     scanned_fields,
+    traceparent,
 )
 from layby.parking.store.outbox import plan_args
 from layby.parking.store.runs import read_view, view_of
@@ -40,26 +41,28 @@ class Answers(Part):
         keys = self.core.keys_of(run_id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(keys.run(run_id), "agent", "status", "version", "metadata", "open",
-                   "tenant", "by")
+                   "tenant", "by", "trace")
         first_scan(pipe, keys, run_id, INTERRUPT)
         pipe.hgetall(keys.answers(run_id))
         raw, specs, answers = pipe.execute()
         record = None if raw[0] is None else RunRecord(
             run_id, raw[0], Status(raw[1]), int(raw[2]), [], codecs.metadata(raw[3]),
-            tenant=raw[5] or DEFAULT_TENANT, started_by=raw[6])
+            tenant=raw[5] or DEFAULT_TENANT, started_by=raw[6], trace=raw[7])
         specs = scanned_fields(self.redis, keys, run_id, INTERRUPT, specs)
         return (record, *interrupts_of(specs, answers, open_of(raw[4])))
 
     def answer(self, run_id: str, answers: list[Answer], *, require_all: bool = False,
                allow_early: bool = False, votes: dict[str, int] | None = None,
                deadlines: set[str] | None = None, view: bool = False,
-               audit: Sequence[str] = (), slack: bool = False) -> Transition:
+               audit: Sequence[str] = (), slack: bool = False,
+               trace: str | None = None) -> Transition:
         """Record answers. `votes`: the interrupts whose answer here is an approval counted
         toward several, with the approvals each needs (each reviewer's counts once).
         `deadlines`: the interrupts that expire, when the caller knows (None: any may).
         With `view`, the result's `view` is the run as the answers left it, read in the
         same round trip. With `slack`, the update of the run's Slack messages is among the
-        result's `entries` (in the outbox, for the caller to publish)."""
+        result's `entries` (in the outbox, for the caller to publish). `trace`: the
+        answer's trace context (a traceparent), which a resume continues."""
         given: list[dict[str, Any]] = []
         for a in answers:
             need = (votes or {}).get(a.interrupt_id, 1)
@@ -67,7 +70,8 @@ class Answers(Part):
                           "voter": a.answered_by if need > 1 else None,
                           "deadline": deadlines is None or a.interrupt_id in deadlines})
         named: dict[str, Any] = {"require_all": require_all, "allow_early": allow_early,
-                                 "answers": given, "audit": list(audit), "slack": slack}
+                                 "answers": given, "audit": list(audit), "slack": slack,
+                                 "trace": traceparent(trace)}
         if not view or self.config.min_replicas_ack:
             return results.committed(self.core.run_script("answer_interrupts", run_id, **named))
         reply, read = self._run_then_read("answer_interrupts", run_id, named, read_view)

@@ -5,6 +5,7 @@ the scripts take."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, cast
 
 from layby.generation.interrupts import Interrupt
@@ -18,6 +19,16 @@ from layby.wire import Answer, Delegation, Escalated, Notification, RetryWait, R
 # (lua/_prelude.lua), and how many a scan for them asks for at once.
 INTERRUPT, NOTE = "i:", "n:"
 SCAN_COUNT = 1000
+
+
+# A W3C traceparent as OpenTelemetry writes it: version 00, trace id, span id, flags.
+_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def traceparent(value: str | None) -> str:
+    """A trace context as the scripts store it: a well-formed traceparent, or '' (the
+    scripts put it into task messages' JSON as it is: nothing else may get there)."""
+    return value if value and _TRACEPARENT.fullmatch(value) else ""
 
 
 def dumps(value: Any) -> str:

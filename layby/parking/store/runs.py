@@ -30,6 +30,7 @@ from layby.parking.store.fields import (
     prefixed,
     retry_of,
     reviews_of,
+    traceparent,
 )
 from layby.parking.store.inbox import names_asked
 from layby.parking.store.outbox import plan_args
@@ -55,11 +56,12 @@ class Runs(Part):
                    metadata: dict[str, Any], idempotency_key: str | None,
                    agent_version: str | None = None, pinned: bool = False,
                    tenant: str = DEFAULT_TENANT, started_by: str | None = None,
-                   audit: Sequence[str] = ()) -> Transition:
+                   audit: Sequence[str] = (), trace: str | None = None) -> Transition:
         """`agent_version`: the version the run starts on; `pinned`: its steps go to that
         version's queue, for the workers that host it. `tenant`: whose run it is (its lists'
         and who may see it); `started_by`: the caller that started it, kept when four eyes
-        may apply. While the store is between layouts, the run's id and its idempotency key
+        may apply; `trace`: the trace context its steps continue (a traceparent). While
+        the store is between layouts, the run's id and its idempotency key
         are looked for in the other one too."""
         layout = self.core.layout
         other = layout.legacy or layout.next
@@ -89,7 +91,8 @@ class Runs(Part):
             idempotency_ttl_s=self.config.idempotency_ttl_s, agent_version=agent_version or "",
             pinned=bool(pinned and agent_version), keyed=bool(idempotency_key),
             elsewhere=other is not None, tenant="" if tenant == DEFAULT_TENANT else tenant,
-            by=started_by or "", audit=list(audit), extra_keys=extra, under=layout.keys)
+            by=started_by or "", audit=list(audit), trace=traceparent(trace), extra_keys=extra,
+            under=layout.keys)
         if reply[0] == "created" and tenant != DEFAULT_TENANT:
             self.core.forget_tenants()  # scans of every run read it from now on
         return results.created(reply, run_id)
