@@ -318,10 +318,13 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
     # (layby.parking.events), so the event reads as it was written.
     event: dict[str, Any] = {"from": len(outcome.messages) - len(added),
                              "historyTo": len(outcome.messages)}
+    # Where the step ran and what took how long, for the run's timeline. Not on a park's
+    # event: a parked run keeps that one folded to a few words for as long as it waits.
+    timed = {"worker": worker_name(), **({"timings": step.timings} if step.timings else {})}
     match outcome:
         case Continue(messages=messages, exhausted=exhausted):
             result = store.runs.advance(step.run_id, step.version, owner, messages,
-                                        {**event, "agentVersion": agent.version,
+                                        {**event, **timed, "agentVersion": agent.version,
                                          "messages": dump_messages(added)}, inline=inline,
                                         exhausted=exhausted)
         case Park():
@@ -329,7 +332,7 @@ def _commit(rt: Runtime, agent: Agent, step: Step, committed: list[Message], own
         case Finish(messages=messages, result=text, exhausted=exhausted):
             event["result"] = text
             result = store.runs.complete(step.run_id, step.version, owner, messages, text,
-                                         {**event, "agentVersion": agent.version,
+                                         {**event, **timed, "agentVersion": agent.version,
                                           "messages": dump_messages(added)}, exhausted=exhausted)
         case Fail(messages=messages, code=code, message=message, detail=detail,
                   exhausted=exhausted):

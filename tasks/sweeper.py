@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import redis
 
+from layby.broker_config import tracing
 from layby.broker_config.logs import about
 from layby.control.runtime import Runtime
 from layby.generation.interrupts import ExpiryAction
@@ -276,8 +277,12 @@ def expire(rt: Runtime, run_id: str, interrupt_id: str) -> int:
         fail = ({"code": "interrupt_expired", "message": f"interrupt {interrupt_id} "
                  f"({spec.tool_name}) expired: {reason}"}
                 if policy.action is ExpiryAction.FAIL else None)
-    result = store.answers.expire(run_id, answer, fail, slack=bool(rt.settings.slack))
-    rt.publish(result.entries)
+    # The resume an expiry causes continues the sweeper's span of it, linked to the run's
+    # trace as any resume is (`tracing.resumed`).
+    with tracing.answering(run_id, "expiry", [interrupt_id], None):
+        result = store.answers.expire(run_id, answer, fail, slack=bool(rt.settings.slack),
+                                      trace=tracing.current())
+        rt.publish(result.entries)
     if result.verdict in (Verdict.OK, Verdict.FAILED):
         log.info("run %s: interrupt %s expired (%s)", run_id, interrupt_id, policy.action.value)
         return 1

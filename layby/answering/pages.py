@@ -27,6 +27,8 @@ from typing import Any
 import jinja2
 
 from layby.answering.forms import DECISIONS, PAYLOAD, Form
+from layby.control import timeline as timelines
+from layby.control.timeline import Entry
 from layby.generation.interrupts import Interrupt
 from layby.reviewers.schemas import is_confirmation
 from layby.wire import InterruptView
@@ -48,14 +50,15 @@ def render_review(*, agent: str, interrupt: InterruptView | None, reviewer_label
                   state: str, form: Form | None, errors: list[dict[str, Any]] | None = None,
                   values: Mapping[str, str] | None = None, message: str | None = None,
                   decision: str | None = None,
-                  handover_to: list[tuple[str, str]] | None = None) -> str:
+                  handover_to: list[tuple[str, str]] | None = None,
+                  timeline: list[Entry] | None = None) -> str:
     """The review page as HTML.
 
     `errors` are `{path, message}` items (from `notifier.forms.Invalid.detail["errors"]`);
     `values` are what was posted, shown again so nothing typed is lost; `message` is the
     reason on a `refused` page and an extra line elsewhere; `decision` is the button a link
     preselected (`?decision=approve`); `handover_to` the (id, name) of the reviewers the
-    request can be handed to.
+    request can be handed to; `timeline` what the run did so far (`control.timeline`).
     """
     if state not in STATES:
         raise ValueError(f"unknown review page state {state!r}; expected one of {sorted(STATES)}")
@@ -77,7 +80,12 @@ def render_review(*, agent: str, interrupt: InterruptView | None, reviewer_label
         answer=getattr(interrupt, "answer", None),
         recorded=_recorded(interrupt),
         handover_to=handover_to or [],
+        timeline=[(e, _took(e.took_ms)) for e in timeline or []],
     )
+
+
+def _took(ms: int | None) -> str:
+    return "" if ms is None else timelines.duration(ms)
 
 
 def field_controls(form: Form, errors: list[dict[str, Any]], values: Mapping[str, str] | None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -89,6 +90,9 @@ class Step:
     # Whether a failed call may wait to be tried again (False while a layby that knows no
     # such waits shares the store: its failure then counts as its last attempt).
     retries: bool = True
+    # How long its model call and each tool call took, as they happen (for the run's
+    # timeline): {"kind": "model"|"tool", "name", "ms", and a tool's "ref" and "outcome"}.
+    timings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def turns_taken(self) -> int:
@@ -181,9 +185,12 @@ def model_turn(agent: Agent, step: Step) -> Outcome:
     else:
         request = ModelRequest(messages=step.history, system=agent.system,
                                tools=[t.definition() for t in agent.tools], config=agent.config)
+        began = time.monotonic()
         with spans.model_call(agent.model.name, step.run_id, step.history) as span:
             reply = agent.model.generate(request)
             spans.record_reply(span, reply.message, reply.finish_reason, reply.usage)
+        step.timings.append({"kind": "model", "name": agent.model.name,
+                             "ms": round((time.monotonic() - began) * 1000)})
         message = _with_refs(reply.message, step.turns_taken)
         # Tools with bodies act on this reply: a step run again must see the same one.
         step.checkpoints.put("model", message.wire(), durable=any(
@@ -266,10 +273,14 @@ def _run_calls(agent: Agent, step: Step,
 
 
 def _run_one(agent: Agent, step: Step, request: ToolRequest, restart: Part | None) -> CallResult:
+    began = time.monotonic()
     with spans.tool_call(request.name, request.ref or "", agent.name, step.run_id) as span:
         result = _call_tool(agent, step, request, restart)
         spans.record_outcome(span, result.kind)
-        return result
+    step.timings.append({"kind": "tool", "name": request.name, "ref": request.ref or "",
+                         "ms": round((time.monotonic() - began) * 1000),
+                         "outcome": result.kind})
+    return result
 
 
 def _call_tool(agent: Agent, step: Step, request: ToolRequest, restart: Part | None

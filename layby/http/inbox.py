@@ -31,7 +31,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from layby.answering import answers
 from layby.answering.forms import entry_from_form, input_from_form
 from layby.answering.pages import outcome
-from layby.control import Runtime, commands
+from layby.control import Runtime, commands, timeline
 from layby.errors import ConfigError, Invalid, LaybyError
 from layby.http.deps import Rt
 from layby.http.errors import status_of
@@ -46,6 +46,7 @@ from layby.inbox.pages import (
     render_history,
     render_inbox,
     render_sign_in,
+    render_timeline,
 )
 from layby.notifier import mail
 from layby.reviewers import routing
@@ -591,6 +592,25 @@ async def history(request: Request, rt: Rt) -> Response:
         return RedirectResponse("/inbox", status_code=303, headers=_HEADERS)
     found = await _in_thread(waiting.history_of, rt, who.reviewer)
     return _page(render_history(_signed(rt, who), found))
+
+
+@router.get("/inbox/timeline")
+@_guarded
+async def run_timeline(request: Request, rt: Rt,
+                       ref: Annotated[str, Query(max_length=300)] = "") -> Response:
+    """What the run behind one of the reviewer's open requests (`ref`: `<run id>/<interrupt
+    id>`, as the inbox's forms name it) did so far. Another's request, or one no longer
+    open, is not theirs to see: 404, and the inbox again."""
+    who = await _in_thread(_who, rt, request)
+    if who is None:
+        return RedirectResponse("/inbox", status_code=303, headers=_HEADERS)
+    found = await _in_thread(waiting.find, rt, who.reviewer, ref)
+    if found is None:
+        return await _in_thread(lambda: _inbox(rt, who, NO_FILTERS, status=404, notice=Notice(
+            "That request is not one waiting for you any more: it was answered, expired, "
+            "or was never yours.", "notice")))
+    entries = await _in_thread(timeline.of_run, rt.store, found.run.id)
+    return _page(render_timeline(_signed(rt, who), found, entries))
 
 
 @router.get("/inbox/events")

@@ -29,7 +29,7 @@ from layby.answering import replies as inbox
 from layby.answering import slack_interactions as interactions
 from layby.answering.forms import DECISIONS, entry_from_form, form_for
 from layby.answering.pages import render_review
-from layby.control import Runtime
+from layby.control import Runtime, timeline
 from layby.control.commands import now_iso
 from layby.errors import (
     ConfigError,
@@ -125,9 +125,11 @@ def _show(opened: answers.Opened, state: str, status: int = 200, rt: Runtime | N
     form = form_for(opened.interrupt, extra.pop("decision", None)) if state == "open" else None
     handover_to = (answers.handover_choices(rt, opened.interrupt)
                    if rt is not None and state == "open" else None)
+    # What the run did so far, for the reviewer deciding (the run's own events).
+    steps = timeline.of_run(rt.store, opened.run.id) if rt is not None else None
     return _page(render_review(agent=opened.run.agent, interrupt=opened.interrupt,
                                reviewer_label=opened.reviewer.label, state=state, form=form,
-                               handover_to=handover_to, **extra), status)
+                               handover_to=handover_to, timeline=steps, **extra), status)
 
 
 # `:path` so that a mangled link (cut short after "/review/", or with a "/" in it) still gets

@@ -18,6 +18,8 @@ import jinja2
 from layby.answering import pages as answer_pages
 from layby.answering.forms import EDIT, Form, form_for, input_fields
 from layby.answering.pages import field_controls
+from layby.control import timeline as timelines
+from layby.control.timeline import Entry
 from layby.generation.messages import Message
 from layby.inbox.waiting import Answered, Listing, Waiting
 
@@ -91,6 +93,13 @@ def render_inbox(who: Signed, listing: Listing, *, filters: Mapping[str, str | N
         context, listing=listing, filters={k: v or "" for k, v in filters.items()},
         notice=notice, refresh_url=refresh_url, current="requests", live=True,
         **_signed(who))
+
+
+def render_timeline(who: Signed, w: Waiting, entries: list[Entry]) -> str:
+    """The timeline of the run behind one of the reviewer's requests (`control.timeline`)."""
+    return templates.get_template("inbox_timeline.html").render(
+        w=w, timeline=[(e, timelines.duration(e.took_ms) if e.took_ms is not None else "")
+                       for e in entries], current="inbox", live=False, **_signed(who))
 
 
 def render_history(who: Signed, history: list[Answered]) -> str:

@@ -612,11 +612,26 @@ def _every_run(store: Store, status: Status | None, limit: int | None,
 
 
 @runs.command("show")
-def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False,
+              timeline: Annotated[bool, typer.Option(
+                  "--timeline", help="what happened when: each step, on which worker, how "
+                                     "long its model and tool calls took, where it waited "
+                                     "and for whom, retries, answers")] = False) -> None:
     """Show a run: its state, history, interrupts and who answered them."""
     from layby.control import commands
+    from layby.control import timeline as timelines
 
-    view = commands.get_run(_rt(), run_id)
+    rt = _rt()
+    view = commands.get_run(rt, run_id)
+    if timeline:
+        entries = timelines.of_run(rt.store, run_id)
+        if as_json:
+            typer.echo(json.dumps([e.model_dump() for e in entries], indent=2))
+            return
+        typer.echo(f"{view.id}  {view.agent}  {view.status.value}  created {view.created_at}")
+        for line in timelines.render(entries):
+            typer.echo(line)
+        return
     if as_json:
         typer.echo(json.dumps(view.wire(), indent=2))
         return

@@ -214,6 +214,16 @@ def test_transfer_approved_from_the_mails_approve_link(reviewed: ReviewedSystem,
     assert page.get_attribute("button.approve", "autofocus") is not None
     assert "chosen" not in (page.get_attribute("button.decline", "class") or "")
     assert response.headers["cache-control"] == "no-store"
+    # What the run did so far, folded away: the step that parked, and whom it notified.
+    page.click("details.timeline summary")
+    rows = [[c.strip() for c in row.locator("td").all_inner_texts()]
+            for row in page.locator("details.timeline tbody tr").all()]
+    whats = [row[1] for row in rows]
+    assert whats[:3] == ["created", "step", "parked"], rows
+    parked = rows[2]
+    assert parked[2] == f"waits for {interrupt_id} (confirmation)" and parked[3].endswith("ms")
+    notified = [row for row in rows if row[1] == "notified"]
+    assert notified and "via email" in notified[0][4]
 
     # A mail scanner (or Alice) opening the link twice: still nothing recorded.
     visit(page, url)

@@ -485,6 +485,29 @@ def test_one_reviewer_cannot_see_or_answer_anothers_request(
     assert "Approved 0 of 1" in reply.text()
     assert answer_of(inboxed, run_id, asks) is None
     assert inboxed.system.run(run_id)["status"] == "interrupted"
+    # Nor what its run did.
+    seen = mallory.request.get(f"{base}/inbox/timeline?ref={run_id}/{asks}")
+    assert seen.status == 404 and run_id not in seen.text()
+    assert "not one waiting for you" in seen.text()
+
+
+def test_a_requests_run_timeline_is_one_click_from_the_inbox(
+        inboxed: ReviewedSystem, open_as: Callable[..., Page]) -> None:
+    """Each request links to what its run did so far: the step that parked it, whom it
+    notified and how, with times."""
+    run_id, asks = parked(inboxed, "demo.transfer", "Send 31 to Carol")
+    page = open_as(ALICE)
+    request_on(page, asks).locator("text=What the run did so far").click()
+    page.wait_for_url(lambda url: "/inbox/timeline?ref=" in url)
+    assert page.locator("h1").inner_text() == "What the run did so far"
+    assert run_id in words(page)
+    rows = [[c.strip() for c in row.locator("td").all_inner_texts()]
+            for row in page.locator("table.timeline tbody tr").all()]
+    assert [row[1] for row in rows][:3] == ["created", "step", "parked"], rows
+    assert rows[2][2] == f"waits for {asks} (confirmation)"
+    assert any(row[1] == "notified" and "via email" in row[4] for row in rows), rows
+    page.click("text=Back to the request")
+    assert request_on(page, asks).count() == 1
 
 
 def test_a_trusted_proxy_names_the_reviewer(inboxed: ReviewedSystem) -> None:

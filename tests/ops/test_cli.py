@@ -159,3 +159,38 @@ def test_the_parked_run_hint_prints_real_ids_and_runs_as_pasted(system: LaybySys
         answered = layby(system, *argv)
         assert answered.returncode == 0, answered.stderr
     assert system.wait_status(run_id, "completed")["status"] == "completed"
+
+
+def test_the_timeline_shows_each_step_its_calls_the_wait_and_who_answered(
+        system: LaybySystem) -> None:
+    """`layby runs show RUN --timeline`: the transfer's first step parks on the approval,
+    the key approves it a while later, the resumed step sends the money and the run ends;
+    each with when, how long, on which worker and by whom."""
+    run_id = system.start_run("demo.transfer", "Send 250 to Bob")["id"]
+    run = system.wait_status(run_id, "interrupted")
+    [interrupt] = system.open_interrupts(run)
+    assert system.answer(run_id, interrupt["id"], payload={"approved": True}).status_code == 200
+    system.wait_status(run_id, "completed")
+    shown = system.layby("runs", "show", run_id, "--timeline")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"{run_id}  demo.transfer  completed")
+    # Each line: the time since the run was created (10 wide; none for a step's calls),
+    # then what happened.
+    kinds = [line[12:].split()[0] for line in lines[1:]]
+    assert kinds == ["created", "step", "parked", "answered", "resuming", "step", "tool",
+                     "committed", "model", "completed"], shown.stdout
+    parked = next(line for line in lines if " parked " in line)
+    assert f"waits for {interrupt['id']} (confirmation)" in parked
+    answered = next(line for line in lines if " answered " in line)
+    assert f"{interrupt['id']} resolved" in answered and "via api" in answered
+    assert re.search(r"by api-key:\w+", answered)
+    tool = next(line for line in lines if line[12:].split()[0] == "tool")
+    assert re.search(r"transfer_funds \(\w+\)\s+\d+ ms", tool), tool
+    completed = lines[-1]
+    assert re.search(r"on [\w.-]+:\d+$", completed), completed
+    # As data, for scripts: the same entries, with times in ms.
+    as_json = json.loads(system.layby("runs", "show", run_id, "--timeline", "--json").stdout)
+    assert [e["what"] for e in as_json] == kinds
+    waited = next(e for e in as_json if e["what"] == "answered")
+    assert waited["channel"] == "api" and waited["took_ms"] >= 0

@@ -17,6 +17,7 @@ from tests.support.harness import API_KEY, LaybySystem
 from tests.support.otlp import Receiver, Span
 
 pytestmark = pytest.mark.integration
+TOKEN_KEYS = "k1:tokens-0123456789abcdef"
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def traced(isolated: Callable[..., LaybySystem], receiver: Receiver) -> LaybySys
     """A system whose processes trace: the standard variables only (and a short export
     delay, so the test need not wait 5 s for each batch)."""
     return isolated(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
-                    OTEL_BSP_SCHEDULE_DELAY="100").start()
+                    OTEL_BSP_SCHEDULE_DELAY="100", LAYBY_TOKEN_KEYS=TOKEN_KEYS).start()
 
 
 def _caller_trace() -> tuple[str, str]:
@@ -116,13 +117,27 @@ def test_the_answers_trace_and_the_runs_trace_are_linked_both_ways(
 
 def test_no_key_or_token_appears_in_any_span(traced: LaybySystem,
                                              receiver: Receiver) -> None:
+    """A run token minted by the key, read with and answered with: neither the key nor the
+    token is in anything exported (the answer is traced all the same)."""
     run_id, _, _, run = _parked_transfer(traced, receiver)
     [interrupt] = traced.open_interrupts(run)
-    assert traced.answer(run_id, interrupt["id"], payload={"approved": True}).status_code == 200
+    with traced.api() as api:
+        minted = api.post(f"/v1/runs/{run_id}/tokens", json={"can": ["read", "answer"]})
+    assert minted.status_code == 201, minted.text
+    token = minted.json()["token"]
+    with traced.api(key=token) as browser:
+        assert browser.get(f"/v1/runs/{run_id}").status_code == 200
+        declined = browser.post(f"/v1/runs/{run_id}/interrupts/{interrupt['id']}",
+                                json={"status": "cancelled", "metadata": {"reason": "no"}})
+    assert declined.status_code == 200, declined.text
     traced.wait_status(run_id, "completed")
+    answer = receiver.wait_for("layby.answer", **{"layby.run.id": run_id})[0]
+    assert answer.attributes["layby.answer.channel"] == "token"
     receiver.wait_for("layby.run.resumed", **{"layby.run.id": run_id})
     exported = b"".join(receiver.raw)
     assert API_KEY.encode() not in exported
+    assert token.encode() not in exported and token.split(".")[-1].encode() not in exported
+    assert TOKEN_KEYS.split(":")[1].encode() not in exported
 
 
 _PROBE = """

@@ -4,12 +4,13 @@
 -- (run, index, outbox) or fails the run (as fail_run does).
 -- Arguments: interrupt_id, answer (JSON, state "expired"), fail_error (JSON, to fail the
 --   run; '' to apply the answer and go on), retention_s, slack ('1' to queue the update of
---   the interrupt's Slack messages: `slack_update`)
+--   the interrupt's Slack messages: `slack_update`), trace (the sweeper's trace context, a
+--   traceparent, or '': a resume continues it)
 -- Returns {'ok' | 'failed', version, outbox entry or '', {}, {}, '1' if the run resumes,
 --          when (ms), the last event's id, the Slack update's outbox entry or ''} |
 -- {'gone'} (answered, or the
 -- run is over: the deadline is dropped) | {'later'} (not due yet)
-local A = args({'interrupt_id', 'answer', 'fail_error', 'retention_s', 'slack'})
+local A = args({'interrupt_id', 'answer', 'fail_error', 'retention_s', 'slack', 'trace'})
 local interrupt_id, answer, fail_error = A.interrupt_id, A.answer, A.fail_error
 local retention_s = A.retention_s
 local now = now_ms()
@@ -24,7 +25,7 @@ if not run[1] or not open[interrupt_id] then
   return {'gone'}
 end
 if fail_error == '' then
-  local v, entry, resumed = apply_answers({{interrupt_id, answer, true}}, now, run)
+  local v, entry, resumed = apply_answers({{interrupt_id, answer, true}}, now, run, A.trace)
   return {'ok', v, entry, {}, {}, resumed and '1' or '0', now, LAST_EVENT,
           slack_update(A.slack, {interrupt_id}, false, now)}
 end

@@ -106,13 +106,14 @@ class Answers(Part):
         return results.committed(reply)
 
     def expire(self, run_id: str, answer: Answer, fail_error: dict[str, Any] | None, *,
-               slack: bool = False) -> Transition:
+               slack: bool = False, trace: str | None = None) -> Transition:
         """Apply an interrupt's expiry: `answer`, or `fail_error` to fail the run.
-        `slack`: as for `answer`."""
+        `slack`, `trace`: as for `answer`."""
         reply = self.core.run_script("expire_interrupt", run_id, interrupt_id=answer.interrupt_id,
                                      answer=dumps(answer.wire()),
                                      fail_error=dumps(fail_error) if fail_error else "",
-                                     retention_s=self.config.retention_s, slack=slack)
+                                     retention_s=self.config.retention_s, slack=slack,
+                                     trace=traceparent(trace))
         return results.committed(reply)
 
     def interrupts(self, run_id: str) -> tuple[list[Interrupt], dict[str, Answer], set[str]]:
