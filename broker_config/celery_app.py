@@ -187,16 +187,21 @@ def _declare_every_queue(app: Celery) -> None:
     signals.worker_init.connect(declare, weak=False, dispatch_uid=f"layby.declare.{id(app)}")
 
 
+def worker_kind(app: Any) -> str:
+    """What a Celery worker of layby's is to the registry of processes, /metrics and traces:
+    `sweeper` when it reads the sweep queue alone, else `worker`."""
+    queues = getattr(getattr(app, "amqp", None), "queues", None)
+    return "sweeper" if set(getattr(queues, "consume_from", None) or ()) == {SWEEP} \
+        else "worker"
+
+
 def trace_like_layby() -> None:
     """Workers and the sweeper trace when the OTEL_* variables ask (`tracing`): set up as
     the worker starts, before its pool forks (the SDK's exporter thread starts again in each
     child), with Celery's instrumentation continuing each message's trace."""
 
     def start(sender: Any = None, **_: Any) -> None:
-        queues = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
-        kind = "sweeper" if set(getattr(queues, "consume_from", None) or ()) == {SWEEP} \
-            else "worker"
-        if tracing.configure(kind):
+        if tracing.configure(worker_kind(getattr(sender, "app", None))):
             tracing.instrument_celery()
 
     signals.worker_init.connect(start, weak=False, dispatch_uid="layby.traces")

@@ -30,6 +30,7 @@ from layby.broker_config import (
     SWEEP_TASK,
     TURNS,
 )
+from layby.broker_config.celery_app import worker_kind
 from layby.control import Runtime, commands
 from layby.notifier import delivery, planning, slack_messages
 from layby.parking import migrations
@@ -153,7 +154,8 @@ def _beat_while_up(rt: Runtime) -> None:
     def ready(sender: Any, **_: Any) -> None:
         beat_worker(lambda: rt.store, f"{sender.hostname}:{os.getpid()}", migrations.newest(),
                     rt.settings.heartbeat_interval_s, stop,
-                    hosting=rt.hosted if _takes_steps(sender.app) else None)
+                    hosting=rt.hosted if _takes_steps(sender.app) else None,
+                    kind=worker_kind(sender.app))
 
     def shutdown(sender: Any, **_: Any) -> None:
         # A warm shutdown gives reserved messages back to the queue: nothing to reap.

@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 
 
 def beat_worker(store_of: Callable[[], Store], name: str, newest_format: int, every_s: float,
-                stop: threading.Event, hosting: Sequence[str] | None = None) -> None:
-    """Beat for worker `name` until `stop`, in a thread of its main process
-    (`layby.control.announce`), telling the agent versions it is `hosting`
+                stop: threading.Event, hosting: Sequence[str] | None = None,
+                kind: str = "worker") -> None:
+    """Beat for worker `name` (a `worker`, or the `sweeper`) until `stop`, in a thread of
+    its main process (`layby.control.announce`), telling the agent versions it is `hosting`
     (`<agent>@<version>`; None: it takes no steps). `store_of` gives the process's store,
     which may be away when the worker starts: the beats go on until it answers."""
     noted = False
@@ -49,7 +50,7 @@ def beat_worker(store_of: Callable[[], Store], name: str, newest_format: int, ev
             noted = True
         return found
 
-    announce(store, name, about("worker", newest_format), newest_format, every_s, stop,
+    announce(store, name, about(kind, newest_format), newest_format, every_s, stop,
              hosting=hosting)
 
 

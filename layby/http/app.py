@@ -395,7 +395,7 @@ def _plain_routes(app: FastAPI) -> None:
         # the figures are every tenant's.
         caller.require(ADMIN, "read /metrics (every tenant's figures)")
         store = rt.store
-        body = await run_in_threadpool(lambda: render_metrics(store.redis, store.layout))
+        body = await run_in_threadpool(lambda: render_metrics(store))
         return Response(body, media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/demo/ledger", include_in_schema=False)

@@ -23,7 +23,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from layby.errors import ConfigError
 from layby.parking import Store, gauges
-from layby.parking.formats import Layout
 from layby.parking.scripts import LATENCY_BUCKETS_S
 from layby.wire import Status
 
@@ -41,16 +40,17 @@ def _age_of_oldest(oldest: tuple[str, int] | None, now_ms: int, due_only: bool) 
 
 
 class LaybyCollector:
-    def __init__(self, client: redis.Redis, layout: Layout) -> None:
-        self.client = client
-        self.layout = layout
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("layby_redis_up", "1 when the Redis server answered this scrape")
+        client, layout = self.store.redis, self.store.layout
         try:
-            read = gauges.read(self.client, self.layout, WAIT_BUCKETS_S)
-            by_version = gauges.runs_by_version(self.client, self.layout,
-                                                (Status.INTERRUPTED,))
+            read = gauges.read(client, layout, WAIT_BUCKETS_S)
+            by_version = gauges.runs_by_version(client, layout, (Status.INTERRUPTED,))
+            live = self.store.processes.live_processes()
+            used, limit = gauges.memory(client)
         except redis.RedisError:
             up.add_metric([], 0)
             yield up
@@ -61,6 +61,7 @@ class LaybyCollector:
         yield _parked_by_version(by_version)
         yield from _backlogs(read)
         yield from _counters(read.stats)
+        yield from _processes(live, used, limit)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -125,12 +126,33 @@ def _backlogs(g: gauges.Gauges) -> Iterator[Metric]:
     yield _gauge("layby_outbox_lag_seconds",
                  "Sweeper lag: how long the oldest due outbox entry has waited",
                  _age_of_oldest(g.oldest_outbox, g.now_ms, due_only=True))
+    queued = GaugeMetricFamily("layby_queue_depth",
+                               "Steps queued and not yet taken by a worker, by queue (layby's "
+                               "own count, the same on Redis and RabbitMQ)", labels=["queue"])
+    for queue, n in sorted(g.queued.items()):
+        queued.add_metric([queue], n)
+    yield queued
     yield _gauge("layby_notifications_due",
                  "Notifications due to be sent (first sends, retries, reminders)",
                  g.notifications_due)
     yield _gauge("layby_notifications_lag_seconds",
                  "How long the oldest due notification has waited to be sent",
                  _age_of_oldest(g.oldest_notification, g.now_ms, due_only=True))
+
+
+def _processes(live: dict[str, str], used: int, limit: int) -> Iterator[Metric]:
+    kinds = Counter(about.split(" ", 1)[0] or "unknown" for about in live.values())
+    processes = GaugeMetricFamily("layby_processes",
+                                  "Live processes by kind (worker, sweeper, gateway, listener): "
+                                  "those whose heartbeat has not lapsed", labels=["kind"])
+    for kind in sorted({"worker", "sweeper", "gateway", *kinds}):
+        processes.add_metric([kind], kinds.get(kind, 0))
+    yield processes
+    yield _gauge("layby_redis_used_memory_bytes",
+                 "Memory the store's server uses (on a cluster, the node nearest its limit)",
+                 used)
+    yield _gauge("layby_redis_maxmemory_bytes",
+                 "The store server's maxmemory (0: no limit set)", limit)
 
 
 def _counters(stats: dict[str, str]) -> Iterator[Metric]:
@@ -150,17 +172,26 @@ def _counters(stats: dict[str, str]) -> Iterator[Metric]:
     exhausted = CounterMetricFamily("layby_tool_retries_exhausted",
                                     "Tool calls whose attempts ran out (the error went to the "
                                     "model, or failed the run), by tool", labels=["tool"])
+    finished = CounterMetricFamily("layby_runs_finished",
+                                   "Runs that ended, by how (completed, failed, cancelled)",
+                                   labels=["state"])
+    failed = CounterMetricFamily("layby_runs_failed",
+                                 "Runs that failed, by their error's code", labels=["code"])
+    sent = CounterMetricFamily("layby_notifications_sent",
+                               "Notifications delivered, by channel", labels=["channel"])
+    families = ((answers, "answers:"), (by_rule, "auto_answers:"),
+                (escalations, "escalations:"), (retries, "tool_retries:"),
+                (exhausted, "tool_retries_exhausted:"), (finished, "finished:"),
+                (failed, "failed:"), (sent, "notifications_sent:"))
     for field, value in sorted(stats.items()):
-        for family, prefix in ((answers, "answers:"), (by_rule, "auto_answers:"),
-                               (escalations, "escalations:"), (retries, "tool_retries:"),
-                               (exhausted, "tool_retries_exhausted:")):
+        for family, prefix in families:
             if field.startswith(prefix):
                 family.add_metric([field.removeprefix(prefix)], float(value))
-    yield answers
-    yield by_rule
-    yield escalations
-    yield retries
-    yield exhausted
+    for state in ("completed", "failed", "cancelled"):
+        if f"finished:{state}" not in stats:
+            finished.add_metric([state], 0.0)
+    for family, _ in families:
+        yield family
     yield CounterMetricFamily("layby_notifications_failed",
                               "Notifications that ran out of attempts",
                               value=float(stats.get("notifications_failed", 0)))
@@ -183,9 +214,9 @@ def _latency(stats: dict[str, str], what: str, doc: str) -> HistogramMetricFamil
                                  sum_value=float(stats.get(f"{what}_latency_ms_sum", 0)) / 1000)
 
 
-def render(client: redis.Redis, layout: Layout) -> bytes:
+def render(store: Store) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(LaybyCollector(client, layout))
+    registry.register(LaybyCollector(store))
     return generate_latest(registry)
 
 
@@ -203,7 +234,7 @@ class _CollectorOfTheStore:
             yield GaugeMetricFamily("layby_redis_up", "1 when the Redis server answered this "
                                     "scrape", value=0)
             return
-        yield from LaybyCollector(store.redis, store.layout).collect()
+        yield from LaybyCollector(store).collect()
 
 
 def serve(host: str, port: int, store: Callable[[], Store]) -> WSGIServer:

@@ -41,6 +41,9 @@ class Gauges:
     last_sweep_ms: int | None = None   # when the sweeper last finished a sweep
     # Runs by tenant and state: each tenant's indexes are counted anyway (`runs` sums them).
     by_tenant: dict[str, dict[Status, int]] = field(default_factory=dict)
+    # Step messages queued and not yet taken, by queue: the numbers the scripts give them
+    # (`<queue>:sent`) past those a claim took (`<queue>:taken`), whatever the broker.
+    queued: dict[str, int] = field(default_factory=dict)
 
 
 def read(client: Redis, layout: Layout, wait_buckets_s: tuple[int, ...]) -> Gauges:
@@ -77,6 +80,7 @@ def _ask(pipe: Any, shard: ShardKeys, indexes: list[ShardKeys], now: int,
         pipe.zcount(key, "-inf", now)
     pipe.zcard(shard.outbox)
     pipe.hgetall(shard.stats)
+    pipe.hgetall(shard.queues)
 
 
 def _told(replies: Iterator[Any], tenants: list[str], now: int,
@@ -95,10 +99,27 @@ def _told(replies: Iterator[Any], tenants: list[str], now: int,
     oldest_outbox, oldest_note = (first_scored(next(replies)) for _ in range(2))
     deadlines = int(next(replies))
     overdue, lapsed, outbox_due, notes_due = (int(next(replies)) for _ in range(4))
-    outbox, stats = int(next(replies)), next(replies)
+    outbox, stats, queues = int(next(replies)), next(replies), next(replies)
     return Gauges(now, {s: runs[s] for s in Status}, dict(parked_since), _oldest(oldest),
                   deadlines, overdue, lapsed, outbox, outbox_due, oldest_outbox, notes_due,
-                  oldest_note, stats, by_tenant=by_tenant)
+                  oldest_note, stats, by_tenant=by_tenant, queued=_queued(queues))
+
+
+def _queued(counts: dict[str, str]) -> dict[str, int]:
+    """A shard's `queues` hash as how many of its steps wait in each queue."""
+    sent = {f.removesuffix(":sent"): int(n) for f, n in counts.items() if f.endswith(":sent")}
+    return {queue: max(0, n - int(counts.get(f"{queue}:taken", 0)))
+            for queue, n in sent.items()}
+
+
+def memory(client: Redis) -> tuple[int, int]:
+    """(used, maxmemory) bytes of the store's server (0: no limit); on a cluster, of the node
+    nearest its limit."""
+    info: dict[str, Any] = client.info("memory")
+    nodes = [info] if "used_memory" in info else [n for n in info.values()
+                                                  if isinstance(n, dict)]
+    found = [(int(n.get("used_memory", 0)), int(n.get("maxmemory", 0))) for n in nodes]
+    return max(found, key=lambda f: f[0] / f[1] if f[1] else 0.0, default=(0, 0))
 
 
 def _summed(each: list[Gauges], last_sweep_ms: int | None) -> Gauges:
@@ -122,7 +143,17 @@ def _summed(each: list[Gauges], last_sweep_ms: int | None) -> Gauges:
         stats={name: str(n) for name, n in stats.items()},
         last_sweep_ms=last_sweep_ms,
         by_tenant={t: {s: sum(g.by_tenant.get(t, {}).get(s, 0) for g in each) for s in Status}
-                   for t in sorted({t for g in each for t in g.by_tenant})})
+                   for t in sorted({t for g in each for t in g.by_tenant})},
+        queued=_added_up(g.queued for g in each))
+
+
+def _added_up(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Counts by name added up, those at 0 kept (a queue that is empty is still shown)."""
+    total: dict[str, int] = {}
+    for each in counts:
+        for name, n in each.items():
+            total[name] = total.get(name, 0) + n
+    return total
 
 
 def _oldest(found: Iterable[tuple[str, int] | None]) -> tuple[str, int] | None:

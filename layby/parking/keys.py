@@ -30,11 +30,12 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
     started it, when four eyes may apply: `api:<name>`; absent for an admin key's run),
     tokens_after (its run tokens minted before then are refused, ms; absent: none revoked), asks
     (while it waits, the names its interrupts ask, under which the reviewers' request index
-    holds it, a JSON array: asks:<name>; absent: in none). And the run's interrupts,
-    "i:<interrupt id>" → Interrupt JSON (immutable once written), and its notifications,
-    "n:<notification id>" → Notification JSON (with its token), both under short names
-    (parking.codecs): keys of their own would cost more than they hold; events (a run parked a
-    while: its events, folded; see events).
+    holds it, a JSON array: asks:<name>; absent: in none), trace (the W3C traceparent its steps
+    continue; absent: not traced) and trace_was (the one its last park was in, once an answer's
+    trace took over). And the run's interrupts, "i:<interrupt id>" → Interrupt JSON (immutable
+    once written), and its notifications, "n:<notification id>" → Notification JSON (with its
+    token), both under short names (parking.codecs): keys of their own would cost more than they
+    hold; events (a run parked a while: its events, folded; see events).
 <p>:{<run>}:interrupts              hash    until migration 1
     only a run of 0.1.0's predecessors (its hash has an `id` field): interrupt id → Interrupt
     JSON; migration 1 moves them into the run's hash and deletes it.
@@ -157,7 +158,9 @@ run": none while the run lives, `retention` seconds once it ended (LAYBY_RETENTI
     (park → answer, parked runs only) and resume (last answer → claimed), notifications_failed
     (sends out of attempts), auto_answers:<rule> (interrupts answered by a policy rule),
     escalations:<level> (levels asked), tool_retries:<tool> (failed calls given another
-    attempt), tool_retries_exhausted:<tool> (calls out of attempts).
+    attempt), tool_retries_exhausted:<tool> (calls out of attempts), finished:<state> (runs that
+    ended: completed, failed, cancelled), failed:<code> (failed runs by their error's code),
+    notifications_sent:<channel> (notifications delivered).
 <p>:{<run>}:run                     hash    as the run, until migration 2
     format 1's (the legacy layout): <p>:{<shard>}:<run>:run of a run not moved yet.
 <p>:{<run>}:answers                 hash    as the run, until migration 2
@@ -304,7 +307,9 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "`api:<name>`; absent for an admin key's run), tokens_after (its run tokens minted "
         "before then are refused, ms; absent: none revoked), asks (while it waits, the names "
         "its interrupts ask, under which the reviewers' request index holds it, a JSON "
-        "array: asks:<name>; absent: in none). And the run's interrupts, "
+        "array: asks:<name>; absent: in none), trace (the W3C traceparent its steps "
+        "continue; absent: not traced) and trace_was (the one its last park was in, once an "
+        "answer's trace took over). And the run's interrupts, "
         "\"i:<interrupt id>\" → Interrupt JSON (immutable once written), and its "
         "notifications, \"n:<notification id>\" → Notification JSON (with its token), both "
         "under short names (parking.codecs): keys of their own would cost more than they "
@@ -472,7 +477,9 @@ KEY_SPECS: tuple[KeySpec, ...] = (
         "notifications_failed (sends out of attempts), auto_answers:<rule> (interrupts "
         "answered by a policy rule), escalations:<level> (levels asked), tool_retries:<tool> "
         "(failed calls given another attempt), tool_retries_exhausted:<tool> (calls out of "
-        "attempts)."),
+        "attempts), finished:<state> (runs that ended: completed, failed, cancelled), "
+        "failed:<code> (failed runs by their error's code), notifications_sent:<channel> "
+        "(notifications delivered)."),
     KeySpec(
         "<p>:{<run>}:run", "hash", "as the run, until migration 2",
         "format 1's (the legacy layout): <p>:{<shard>}:<run>:run of a run not moved yet.", migrated_by=2),

@@ -286,6 +286,48 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     return image
 
 
+def test_the_observability_profile_is_wired_to_layby_and_to_itself(project: Project) -> None:
+    """`--profile observability`: a collector, Jaeger, Prometheus and Grafana, each file
+    they read shipped, each address they use one the others listen on."""
+    done = project.compose("--profile", "observability", "config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    extra = {"otel-collector", "jaeger", "prometheus", "grafana"}
+    assert extra <= set(services)
+    assert not extra & set(project.resolved()["services"]), "on without the profile"
+    for name in extra:
+        for port in services[name].get("ports", []):
+            assert port["host_ip"] == "127.0.0.1", (name, port)
+        for mount in services[name].get("volumes", []):
+            assert Path(mount["source"]).exists(), (name, mount["source"])
+    collector = yaml.safe_load((ROOT / "deploy" / "otel-collector.yaml").read_text())
+    assert collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
+    assert collector["exporters"]["otlp/jaeger"]["endpoint"] == "jaeger:4317"
+    assert collector["service"]["pipelines"]["traces"]["exporters"] == ["otlp/jaeger"]
+    # Prometheus scrapes the gateway's metrics port and loads the rules that ship.
+    scraping = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    gateway_env = services["gateway"]["environment"]
+    [target] = scraping["scrape_configs"][0]["static_configs"][0]["targets"]
+    assert target == f"gateway:{gateway_env['LAYBY_METRICS_PORT']}"
+    assert gateway_env["LAYBY_METRICS_HOST"] == "0.0.0.0"
+    assert scraping["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    assert any(m["target"] == "/etc/prometheus" and Path(m["source"]).name == "prometheus"
+               for m in services["prometheus"]["volumes"])
+    # Traces stay off until .env points layby at the collector; then every part sends.
+    assert gateway_env["OTEL_EXPORTER_OTLP_ENDPOINT"] == ""
+    wired = project.folder / "traced.env"
+    wired.write_text(write_dotenv((ROOT / ".env.example").read_text(), {
+        **DOTENV, "COMPOSE_PROFILES": "observability",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector:4318"}))
+    traced = project.compose("config", "--format", "json", dotenv=wired)
+    assert traced.returncode == 0, traced.stderr
+    resolved = json.loads(traced.stdout)["services"]
+    assert extra <= set(resolved)
+    for name in ("gateway", "worker", "sweeper", "reply-listener"):
+        assert resolved[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == \
+            "http://otel-collector:4318", name
+
+
 def test_the_dockerfile_lints_clean_and_holds_every_package(image: Image,
                                                            project: Project) -> None:
     lint = subprocess.run([str(BIN / "hadolint"), "--no-color", str(ROOT / "Dockerfile")],

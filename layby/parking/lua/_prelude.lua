@@ -348,7 +348,18 @@ local function ending(status, now, run)
   return {'status', status, 'updated_at', now, 'open', open_field({})}
 end
 
+-- Counters read by /metrics (parking.keys documents the fields).
+local function stat(field, by) redis.call('HINCRBY', STATS, field, by or 1) end
+
+-- A failed run, counted by its error's code (layby's own codes: a short fixed set).
+local function count_failure(error_json)
+  local ok, err = pcall(cjson.decode, error_json)
+  local code = ok and type(err) == 'table' and type(err.code) == 'string' and err.code
+  stat('failed:' .. (code or 'unknown'))
+end
+
 local function count_down(status, old_status, now, retention_s)
+  stat('finished:' .. status)
   if old_status and INDEX[old_status] then redis.call('ZREM', INDEX[old_status], ID) end
   redis.call('ZADD', INDEX[status], now, ID)
   -- EXPIRE on a key that does not exist does nothing: no need to look first.
@@ -368,8 +379,6 @@ local function finish(status, now, retention_s, old_status, run, extra)
   count_down(status, old_status, now, retention_s)
 end
 
--- Counters read by /metrics (parking.keys documents the fields).
-local function stat(field, by) redis.call('HINCRBY', STATS, field, by or 1) end
 
 -- A notification out of attempts, for good: on its record and the run's events, and
 -- counted for /metrics. The run stays parked (answers still come through other channels).

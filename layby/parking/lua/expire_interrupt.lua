@@ -34,6 +34,7 @@ event('interrupt.answered', run[2], answer, now)
 local v = tonumber(run[2]) + 1
 finish('failed', now, tonumber(retention_s), run[1], {open = run[4], noted = run[5]},
        {'error', fail_error, 'version', v, 'attempts', 0})
+count_failure(fail_error)
 event('run.failed', v, fail_error, now)
 return {'failed', v, '', {}, {}, '0', now, LAST_EVENT,
         slack_update(A.slack, {interrupt_id}, false, now)}

@@ -26,5 +26,6 @@ if messages ~= '' then
   table.insert(extra, messages)
 end
 finish('failed', now, tonumber(retention_s), status, {open = st[3], noted = st[4]}, extra)
+count_failure(error_json)
 event('run.failed', v, error_json, now)
 return {'ok', v}

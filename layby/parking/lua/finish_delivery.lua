@@ -26,6 +26,7 @@ if outcome == 'sent' then
   rec.due = nil  -- nothing more is due: a parked run keeps the record for as long as it waits
   if A.message ~= '' then rec.message = A.message end
   redis.call('ZREM', NOTIFY_DUE, member)
+  stat('notifications_sent:' .. (rec.channel or 'unknown'))
   event('notification.sent', v, cjson.encode(data), now)
 elseif outcome == 'retry' then
   rec.state = 'retrying'
