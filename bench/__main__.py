@@ -88,6 +88,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "each of ten tenants, and time a page of one tenant's waiting runs "
                         "against a page of every tenant's, the first and half way down; no "
                         "worker runs")
+    p.add_argument("--traces", action="store_true",
+                   help="instead of the cycles against Celery chains: the cycles with the "
+                        "worker's traces off and on (OTLP/HTTP to a sink of the bench's), in "
+                        "--rounds rounds (ABBA), and what tracing costs the worker")
     args = p.parse_args(argv)
     try:
         args.parked = sorted({int(x) for x in args.parked.split(",") if x.strip()})
@@ -127,6 +131,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.inbox and (args.parked or args.http or on_cluster or args.broker_url):
         p.error("--inbox measures the store's reads alone, on one server and without a "
                 "worker: leave out --parked, --http, --broker-url and clusters")
+    if args.traces and (args.parked or args.inbox or args.tenants or args.http):
+        p.error("--traces compares a worker with traces off and on: leave out --parked, "
+                "--inbox, --tenants and --http")
     if args.burst and not args.parked:
         p.error("--burst is how --parked builds its levels: give --parked too")
     if min(args.runs, args.concurrency, args.rounds) < 1 or args.warmup < 0:
@@ -149,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         with Parts(args.redis_url, cluster=args.cluster,
                    broker_url=args.broker_url) as parts:
             result = (_inbox(parts, args) if args.inbox else
-                      _tenants(parts, args) if args.tenants else _bench(parts, args))
+                      _tenants(parts, args) if args.tenants else
+                      _traces(parts, args) if args.traces else _bench(parts, args))
     except KeyboardInterrupt:
         print("bench: interrupted; everything it started is stopped", file=sys.stderr)
         return 130
@@ -157,9 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
     from bench.report import inbox_table, table, tenants_table
+    from bench.traces import table as traces_table
 
     print(inbox_table(result) if args.inbox else
-          tenants_table(result) if args.tenants else table(result))
+          tenants_table(result) if args.tenants else
+          traces_table(result) if args.traces else table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
@@ -206,7 +216,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
 
         rounds = []
         spent = {"layby": costs.Counters(), "baseline": costs.Counters()}
-        for n in _split(args.runs, args.rounds):
+        for n in measure.split(args.runs, args.rounds):
             # ABBA: the order flips every round, so a load that drifts (another program on
             # the machine, the append-only file growing) weighs on both sides alike
             first_chains = len(rounds) % 2 == 0
@@ -269,6 +279,40 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
         if args.broker_url and not rt.settings.broker_is_amqp:
             rt.celery.pool.force_close_all()  # its channels write kombu's tables as they close
             _delete_broker_keys(args.broker_url)
+
+
+def _traces(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
+    """`--traces`: the cycles with the worker's traces off and on, side by side (`traces`)."""
+    from bench import report, traces
+    from layby.control import build
+
+    assert parts.folder is not None and parts.redis_url is not None
+    prefix = _prefix(parts)
+    os.environ.update(_environment(parts, prefix, None))
+    load_before = report.load_average()
+    rt = build()
+    try:
+        rt.store.redis.ping()
+    except Exception as exc:
+        raise BenchError(f"cannot reach Redis at {parts.redis_url}: {exc}") from exc
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    print(f"bench: {args.runs} cycles in {args.rounds} round(s) a side, the worker's traces "
+          "off and on", file=sys.stderr)
+    try:
+        figures = traces.run(parts, rt, {**os.environ, "PYTHONPATH": path}, runs=args.runs,
+                             rounds=args.rounds, concurrency=args.concurrency,
+                             in_flight=args.in_flight, warmup=args.warmup,
+                             timeout_s=args.timeout)
+        settings = {"runs": args.runs, "rounds": args.rounds, "concurrency": args.concurrency,
+                    "in_flight": args.in_flight, "embedded": parts.embedded,
+                    "redis": "embedded" if parts.embedded else parts.redis_url,
+                    "key_prefix": prefix}
+        return {"traces": figures, "settings": settings,
+                "machine": _machine(rt.store.redis, load_before)}
+    finally:
+        _stop_processes(parts)
+        if not parts.embedded:
+            _delete_keys(rt, prefix)
 
 
 def _inbox(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
@@ -453,7 +497,7 @@ def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> di
     http.cycles(url, key, args.warmup, args.in_flight, args.timeout)
     servers = costs.servers(rt.store.redis)
     spent, done, wall, direct_done, direct_wall, rounds = costs.Counters(), 0, 0.0, 0, 0.0, []
-    for i, n in enumerate(_split(args.runs, args.rounds)):
+    for i, n in enumerate(measure.split(args.runs, args.rounds)):
         def over() -> Any:
             return http.cycles(url, key, n, args.in_flight, args.timeout)  # noqa: B023  (called within this iteration)
 
@@ -480,11 +524,6 @@ def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> di
             "cycles_per_s": round(per_s, 2), "direct_cycles_per_s": round(direct_per_s, 2),
             "over_direct": round(per_s / direct_per_s, 3) if direct_per_s else 0.0,
             "rounds": rounds, **costs.per_item(spent, done)}
-
-
-def _split(total: int, parts: int) -> list[int]:
-    parts = max(1, min(parts, total))
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
 def _stop_processes(parts: Parts) -> None:

@@ -287,6 +287,12 @@ def celery_latency(store: Store, tasks: int, timeout_s: float) -> list[int]:
     return waits
 
 
+def split(total: int, parts: int) -> list[int]:
+    """`total` runs as `parts` rounds (fewer when there are fewer runs), as even as can be."""
+    parts = max(1, min(parts, total))
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
 def wait_for_worker(store: Store, alive: Any, timeout_s: float = 90.0) -> float:
     """Until the worker runs a task (one chain of one hop); returns the seconds it took."""
     started = time.monotonic()

@@ -204,7 +204,15 @@ def trace_like_layby() -> None:
         if tracing.configure(worker_kind(getattr(sender, "app", None))):
             tracing.instrument_celery()
 
+    def flush(**_: Any) -> None:
+        # A pool child leaves through os._exit, past the SDK's atexit: the spans it still
+        # holds are sent now, or never.
+        tracing.flush()
+
     signals.worker_init.connect(start, weak=False, dispatch_uid="layby.traces")
+    signals.worker_process_shutdown.connect(flush, weak=False,
+                                            dispatch_uid="layby.traces.flush")
+    signals.worker_shutdown.connect(flush, weak=False, dispatch_uid="layby.traces.flush.main")
 
 
 def log_like_layby(settings: Settings) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -100,6 +100,13 @@ def _exporter(name: str, env: Mapping[str, str]) -> Any:
     return OTLPSpanExporter()
 
 
+def flush(timeout_ms: int = 5000) -> None:
+    """Send the spans this process still holds (a process about to exit)."""
+    if _configured:
+        provider: Any = trace.get_tracer_provider()
+        provider.force_flush(timeout_ms)
+
+
 def instrument_celery() -> None:
     """Celery's own spans (publish, run) from OpenTelemetry's instrumentation, once tracing
     is on: a worker's step continues the trace its message names."""
@@ -155,14 +162,23 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer("layby")
 
 
-@contextmanager
-def resumed(run_id: str, parked_in: str | None) -> Iterator[None]:
+def _tracing() -> bool:
+    """Whether this process has a tracer provider (layby's, or its host's own): without
+    one, layby makes no span at all rather than the API's no-op ones."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def resumed(run_id: str, parked_in: str | None) -> AbstractContextManager[None]:
     """A resumed step, in the trace of the answer that resumed it, linked to the trace the
     run parked in; and in that trace, a `layby.run.resumed` span linked back to this one, so
     that each trace leads to the other. Nothing when the park was not traced."""
-    if context_of(parked_in) is None:
-        yield
-        return
+    if not parked_in or not _tracing() or context_of(parked_in) is None:
+        return nullcontext()
+    return _resumed(run_id, parked_in)
+
+
+@contextmanager
+def _resumed(run_id: str, parked_in: str) -> Iterator[None]:
     with tracer().start_as_current_span(
             "layby.resume", links=links_to(parked_in),
             attributes={"layby.run.id": run_id}) as span:
@@ -184,12 +200,18 @@ def parked(run_id: str, interrupts: list[tuple[str, str]]) -> None:
             "layby.interrupt.reasons": [r for _, r in interrupts]})
 
 
-@contextmanager
 def answering(run_id: str, channel: str, interrupt_ids: list[str],
-              run_trace: str | None) -> Iterator[None]:
+              run_trace: str | None) -> AbstractContextManager[None]:
     """An answer, whichever way it came (`layby.answer`): in the trace of its request (the
     HTTP call's, or a trace of its own: a mail, the sweeper), linked to the run's trace.
     A resume it causes continues it (`resumed`)."""
+    return _answering(run_id, channel, interrupt_ids, run_trace) if _tracing() \
+        else nullcontext()
+
+
+@contextmanager
+def _answering(run_id: str, channel: str, interrupt_ids: list[str],
+               run_trace: str | None) -> Iterator[None]:
     with tracer().start_as_current_span(
             "layby.answer", links=links_to(run_trace),
             attributes={"layby.run.id": run_id, "layby.answer.channel": channel,

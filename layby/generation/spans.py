@@ -12,7 +12,7 @@ check. Prompts, replies, tool arguments and results are recorded only when
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from opentelemetry.util.genai.handler import TelemetryHandler
 
 SCOPE = "layby"
+# What each helper gives where nothing is traced: entered and left for next to nothing.
+_OFF: AbstractContextManager[Any] = nullcontext()
 
 
 def on() -> bool:
@@ -47,24 +49,28 @@ def provider_and_model(name: str) -> tuple[str, str]:
     return (provider, model) if model else (name, name)
 
 
-@contextmanager
-def agent_turn(agent: str, model: str, run_id: str, version: int) -> Iterator[Any]:
+def agent_turn(agent: str, model: str, run_id: str, version: int
+               ) -> AbstractContextManager[Any]:
     """The agent's step of a run: `invoke_agent <agent>`."""
-    if not on():
-        yield None
-        return
+    return _agent_turn(agent, model, run_id, version) if on() else _OFF
+
+
+@contextmanager
+def _agent_turn(agent: str, model: str, run_id: str, version: int) -> Iterator[Any]:
     with _handler().invoke_local_agent(agent_name=agent,
                                        request_model=provider_and_model(model)[1]) as span:
         span.attributes.update({"layby.run.id": run_id, "layby.run.version": version})
         yield span
 
 
+def model_call(model: str, run_id: str, messages: list[Message]
+               ) -> AbstractContextManager[Any]:
+    """One call of the model: `chat <model>`; `record_reply` on what it gives."""
+    return _model_call(model, run_id, messages) if on() else _OFF
+
+
 @contextmanager
-def model_call(model: str, run_id: str, messages: list[Message]) -> Iterator[Any]:
-    """One call of the model: `chat <model>`; `record` the reply on what it yields."""
-    if not on():
-        yield None
-        return
+def _model_call(model: str, run_id: str, messages: list[Message]) -> Iterator[Any]:
     provider, request_model = provider_and_model(model)
     handler = _handler()
     with handler.inference(provider, request_model=request_model) as span:
@@ -89,12 +95,14 @@ def record_reply(span: Any, message: Message, finish_reason: str,
         span.output_messages = [_message(message, output=True, finish_reason=finish_reason)]
 
 
+def tool_call(tool: str, call_id: str, agent: str, run_id: str
+              ) -> AbstractContextManager[Any]:
+    """One tool call: `execute_tool <tool>`; `record_outcome` on what it gives."""
+    return _tool_call(tool, call_id, agent, run_id) if on() else _OFF
+
+
 @contextmanager
-def tool_call(tool: str, call_id: str, agent: str, run_id: str) -> Iterator[Any]:
-    """One tool call: `execute_tool <tool>`; set `layby.tool.outcome` on what it yields."""
-    if not on():
-        yield None
-        return
+def _tool_call(tool: str, call_id: str, agent: str, run_id: str) -> Iterator[Any]:
     with _handler().tool(tool, agent_name=agent) as span:
         span.tool_call_id = call_id
         span.attributes["layby.run.id"] = run_id

@@ -428,3 +428,30 @@ def test_fill_parks_runs_as_the_worker_parks_them(tmp_path: Path,
 def _keys_of(store: object, run_id: str) -> list[str]:
     client = store.redis  # type: ignore[attr-defined]
     return sorted(client.scan_iter(match=f"*{run_id}*", count=1000))
+
+
+@pytest.mark.timeout(240)
+def test_bench_traces_reports_the_worker_with_traces_off_and_on(tmp_path: Path) -> None:
+    out = tmp_path / "traces.json"
+    done = subprocess.run([sys.executable, "-m", "bench", "--traces", "--runs", "8",
+                           "--rounds", "2", "--warmup", "2", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=230,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "traces off vs on" in done.stdout and "on/off: cycles/s x" in done.stdout
+    traces = json.loads(out.read_text())["traces"]
+    for side in ("off", "on"):
+        assert traces[side]["cycles"] == 8 and traces[side]["cycles/s"] > 0
+        assert traces[side]["worker CPU ms per cycle"] > 0
+    # The traced worker exported its spans (every pool child's, flushed as it stopped); the
+    # untraced one nothing, and its tracing calls are a sliver of a cycle.
+    assert traces["exports received"] >= 1 and traces["exported bytes per cycle"] > 500
+    assert 0 < traces["off: share of the worker's CPU per cycle"] < 0.01
+    assert traces["on/off cycles/s"] > 0
+
+
+def test_bench_traces_refuses_what_it_does_not_compare(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "bench", "--traces", "--http"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--traces compares a worker with traces off and on" in done.stderr
