@@ -241,7 +241,7 @@ def test_grants_and_failed_notifications_with_the_stats_key(system: LaybySystem)
     assert planned == (["n2"], ["n2"])
     assert store.outbox.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "ok"
     assert store.outbox.start_delivery(run_id, "n2", deadline_ms=0, max_attempts=1)[0] == "failed"
-    text = render(client, store.layout).decode()
+    text = render(store).decode()
     assert "layby_notifications_failed_total 2.0" in text
     for key in client.scan_iter("metrics-test:*"):
         client.delete(key)
