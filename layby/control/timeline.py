@@ -35,16 +35,29 @@ class Entry(BaseModel):
     depth: int = 0
 
 
-def of_run(store: Store, run_id: str) -> list[Entry]:
-    """The run's timeline, from all of its events (read a page at a time)."""
+# What a page shows at most (the answer page, the inbox): a run of a long loop can have
+# thousands of events, and a page is rendered at each visit.
+PAGE_EVENTS = 2000
+
+
+def of_run(store: Store, run_id: str, max_events: int | None = None) -> list[Entry]:
+    """The run's timeline from its events (read a page at a time): all of them, or its
+    first `max_events`, then a line saying the rest is left out."""
     events: list[Event] = []
     after = "0-0"
     while True:
         page = store.runs.events(run_id, after, count=PAGE)
         events.extend(page)
+        if max_events is not None and len(events) > max_events:
+            break
         if len(page) < PAGE:
             return build(events)
         after = page[-1].id
+    entries = build(events[:max_events])
+    last = entries[-1] if entries else None
+    return [*entries, Entry(at=last.at if last else "", offset_ms=last.offset_ms if last else 0,
+                            what="more", detail="later events are left out here: "
+                                                "`layby runs show RUN --timeline` has them all")]
 
 
 def _ms(at: str) -> int:

@@ -609,7 +609,7 @@ async def run_timeline(request: Request, rt: Rt,
         return await _in_thread(lambda: _inbox(rt, who, NO_FILTERS, status=404, notice=Notice(
             "That request is not one waiting for you any more: it was answered, expired, "
             "or was never yours.", "notice")))
-    entries = await _in_thread(timeline.of_run, rt.store, found.run.id)
+    entries = await _in_thread(timeline.of_run, rt.store, found.run.id, timeline.PAGE_EVENTS)
     return _page(render_timeline(_signed(rt, who), found, entries))
 
 

@@ -126,7 +126,8 @@ def _show(opened: answers.Opened, state: str, status: int = 200, rt: Runtime | N
     handover_to = (answers.handover_choices(rt, opened.interrupt)
                    if rt is not None and state == "open" else None)
     # What the run did so far, for the reviewer deciding (the run's own events).
-    steps = timeline.of_run(rt.store, opened.run.id) if rt is not None else None
+    steps = timeline.of_run(rt.store, opened.run.id, timeline.PAGE_EVENTS) \
+        if rt is not None else None
     return _page(render_review(agent=opened.run.agent, interrupt=opened.interrupt,
                                reviewer_label=opened.reviewer.label, state=state, form=form,
                                handover_to=handover_to, timeline=steps, **extra), status)

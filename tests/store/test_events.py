@@ -215,3 +215,22 @@ def test_a_fold_drops_a_steps_messages_which_readers_take_from_the_history(
     assert _fold(world) == "folded"
     assert "message 1" not in world.run_hash("run_1")["events"]
     assert world.store.runs.events("run_1") == before
+
+
+def test_a_pages_timeline_stops_at_its_limit_and_says_the_rest_is_left_out(
+        world: World) -> None:
+    """The answer page and the inbox read at most so many of a run's events (a long loop's
+    run has thousands); the command reads them all."""
+    from layby.control.timeline import of_run
+
+    world.make("interrupted", interrupts=[interrupt("int_a"), interrupt("int_b")])
+    keys = world.keys.for_scripts("run_1")
+    for iid in ("int_a", "int_b"):
+        world.next_ms()
+        world.store._scripts["answer_interrupts"](keys=keys, args=_answering(iid))
+    whole = of_run(world.store, "run_1")
+    assert [e.what for e in whole][-3:] == ["answered", "answered", "resuming"]
+    cut = of_run(world.store, "run_1", max_events=2)
+    assert [e.what for e in cut][:-1] == [e.what for e in whole][:2]
+    assert cut[-1].what == "more" and "layby runs show RUN --timeline" in cut[-1].detail
+    assert of_run(world.store, "run_1", max_events=len(whole) + 5) == whole
