@@ -57,9 +57,14 @@ def _exporters(env: Mapping[str, str]) -> list[str]:
 def configure(kind: str, env: Mapping[str, str] | None = None) -> bool:
     """Set up this process's tracer provider when the environment asks for traces; `kind`
     (gateway, worker, sweeper, listener) names the service when `OTEL_SERVICE_NAME` does
-    not: `layby-<kind>`. Once per process; returns whether tracing is on."""
+    not: `layby-<kind>`. Once per process; returns whether tracing is on. A process whose
+    host set up its own tracer provider (layby as a library) keeps it: layby's spans go
+    there."""
     env = os.environ if env is None else env
     if _configured:
+        return True
+    if _tracing():
+        _configured.append(kind)
         return True
     if not wanted(env):
         return False
