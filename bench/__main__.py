@@ -245,10 +245,20 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
             "baseline": costs.under_monitor(servers, {}, k, lambda: measure.celery_chains(
                 store, k, hops, args.in_flight, args.timeout)),
         }
+        # Untimed too (every command logged): where the server's time goes, by script.
+        timed = {
+            "layby": costs.under_slowlog(servers, store.script_names(), k, lambda: (
+                measure.layby_cycles(rt, k, args.in_flight, args.timeout))),
+            "baseline": costs.under_slowlog(servers, {}, k, lambda: measure.celery_chains(
+                store, k, hops, args.in_flight, args.timeout)),
+        }
         completed = {"layby": sum(c.completed for c, _ in rounds),
                      "baseline": sum(ch.completed for _, ch in rounds)}
         cost_figures = {side: {**costs.per_item(spent[side], completed[side]),
-                               **seen[side].summary()} for side in spent}
+                               **seen[side].summary(),
+                               "server_us_by_script": timed[side]["by_script"],
+                               "server_us_by_command": timed[side]["by_command"]}
+                        for side in spent}
 
         settings = {"runs": args.runs, "concurrency": args.concurrency,
                     "in_flight": args.in_flight, "rounds": len(rounds),

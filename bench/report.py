@@ -241,6 +241,12 @@ def table(result: dict[str, Any]) -> str:
                                           f"{base_rest.get('p99', nan):.0f} ms p50 / p99, "
                                           "one at a time"),
         ("server time", _server_time(lay_cost, base_cost)),
+        ("server µs by script", ", ".join(
+            f"{name} {us:g}" for name, us in lay_cost.get("server_us_by_script", {}).items())
+            + "; outside scripts: " + ", ".join(
+                f"{name} {us:g}" for name, us in
+                list(lay_cost.get("server_us_by_command", {}).items())[:6])
+            + " (per cycle, each command's own execution, from the slow log)"),
         ("client round trips", f"{lay_cost.get('round_trips', nan)} per cycle, "
                                f"{base_cost.get('round_trips', nan)} per bare chain"),
         ("server commands", f"{lay_cost.get('commands', nan)} per cycle, "

@@ -84,6 +84,12 @@ def test_bench_runs_and_reports(tmp_path: Path) -> None:
     assert set(base_cost["evalsha_by_script"]) <= {"beat_worker"}
     if not base_cost["evalsha_by_script"] and not base_cost["evalsha_not_layby"]:
         assert base_cost["script_us"] == 0
+    # Where the server's time goes, from its slow log: each of a cycle's scripts by name,
+    # and the commands outside them (the bare chains' are all outside).
+    assert set(scripts) <= set(lay_cost["server_us_by_script"])
+    assert all(us > 0 for name, us in lay_cost["server_us_by_script"].items() if name in scripts)
+    assert set(base_cost["server_us_by_script"]) <= {"beat_worker"}
+    assert base_cost["server_us_by_command"] and "server µs by script" in done.stdout
     baseline_latency = result["baseline_publish_to_start_at_rest_ms"]
     assert baseline_latency["count"] == RUNS and baseline_latency["p50"] >= 0
     machine = result["machine"]
