@@ -29,7 +29,7 @@ _OFF: AbstractContextManager[Any] = nullcontext()
 
 
 def on() -> bool:
-    """Whether this process traces: a tracer provider of the SDK was set."""
+    """Whether this process traces: a tracer provider was set (layby's, or its host's)."""
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
@@ -39,8 +39,12 @@ def _handler() -> TelemetryHandler:
 
     from opentelemetry.util.genai.handler import TelemetryHandler
 
+    try:
+        version = metadata.version("layby")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        version = "0.0.0"
     return TelemetryHandler(instrumentation_scope_name=SCOPE,
-                            instrumentation_scope_version=metadata.version("layby"))
+                            instrumentation_scope_version=version)
 
 
 def provider_and_model(name: str) -> tuple[str, str]:
