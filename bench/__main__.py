@@ -294,17 +294,10 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
 def _traces(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
     """`--traces`: the cycles with the worker's traces off and on, side by side (`traces`)."""
     from bench import report, traces
-    from layby.control import build
 
-    assert parts.folder is not None and parts.redis_url is not None
     prefix = _prefix(parts)
-    os.environ.update(_environment(parts, prefix, None))
     load_before = report.load_average()
-    rt = build()
-    try:
-        rt.store.redis.ping()
-    except Exception as exc:
-        raise BenchError(f"cannot reach Redis at {parts.redis_url}: {exc}") from exc
+    rt = _runtime(parts, _environment(parts, prefix, None))
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     print(f"bench: {args.runs} cycles in {args.rounds} round(s) a side, the worker's traces "
           "off and on", file=sys.stderr)
@@ -356,18 +349,12 @@ def _reads(parts: Parts, measure: Callable[[Any], dict[str, Any]],
     whose reviewer directory is the inbox bench's, no worker; its keys deleted afterwards
     from a server that is not the bench's own."""
     from bench import inbox, report
-    from layby.control import build
 
-    assert parts.folder is not None and parts.redis_url is not None
+    assert parts.folder is not None
     prefix = _prefix(parts)
-    os.environ.update({**_environment(parts, prefix, None), **_signing(),
-                       "LAYBY_REVIEWERS_FILE": str(inbox.directory(parts.folder))})
     load_before = report.load_average()
-    rt = build()
-    try:
-        rt.store.redis.ping()
-    except Exception as exc:
-        raise BenchError(f"cannot reach Redis at {parts.redis_url}: {exc}") from exc
+    rt = _runtime(parts, {**_environment(parts, prefix, None), **_signing(),
+                          "LAYBY_REVIEWERS_FILE": str(inbox.directory(parts.folder))})
     try:
         figures = measure(rt)
         settings = {**given, "embedded": parts.embedded, "malloc": _allocator(parts),
@@ -378,6 +365,21 @@ def _reads(parts: Parts, measure: Callable[[Any], dict[str, Any]],
     finally:
         if not parts.embedded:
             _delete_keys(rt, prefix)
+
+
+def _runtime(parts: Parts, env: dict[str, str]) -> Any:
+    """The bench's runtime at its site, built from `env` (which its workers read too), its
+    server checked to answer."""
+    from layby.control import build
+
+    assert parts.folder is not None and parts.redis_url is not None
+    os.environ.update(env)
+    rt = build()
+    try:
+        rt.store.redis.ping()
+    except Exception as exc:
+        raise BenchError(f"cannot reach Redis at {parts.redis_url}: {exc}") from exc
+    return rt
 
 
 def _machine(server: redis.Redis, load_before: float | None) -> dict[str, Any]:
