@@ -251,6 +251,7 @@ def check_config(settings: Settings) -> dict[str, Agent]:
     if rules is not None:
         load_rules(rules).check(directory)
     Keyring(settings.api_key_table, settings.keys_file)  # KeysFileError: file and line
+    tracing.check()  # the OTEL_* variables: an exporter layby ships
     return agents
 
 

@@ -9,11 +9,12 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.harness import API_KEY, LaybySystem
+from tests.support.harness import API_KEY, LaybySystem, wait_until
 from tests.support.otlp import Receiver, Span
 
 pytestmark = pytest.mark.integration
@@ -60,6 +61,10 @@ def _parked_transfer(traced: LaybySystem, receiver: Receiver
 def test_a_run_started_with_a_traceparent_shows_gateway_turn_model_and_tool_in_that_trace(
         traced: LaybySystem, receiver: Receiver) -> None:
     run_id, trace_id, caller_span, _ = _parked_transfer(traced, receiver)
+    # Spans come in batches as they end: the step's own span, which the park's event ends,
+    # is the last of them.
+    wait_until(lambda: any(e[0] == "layby.run.parked" for s in _of(receiver, trace_id)
+                           for e in s.events), 30, what="the step's span with its park")
     spans = _of(receiver, trace_id)
     by_id = {s.span_id: s for s in spans}
     names = {s.name for s in spans}
@@ -176,3 +181,13 @@ def test_an_exporter_layby_does_not_ship_is_refused_with_what_to_use() -> None:
     assert done.returncode != 0
     assert "OTEL_TRACES_EXPORTER names zipkin" in done.stderr
     assert "otlp or console" in done.stderr
+    # Checked with the rest of the configuration before any part starts: one line, exit 2.
+    for asked in ({"OTEL_TRACES_EXPORTER": "zipkin"},
+                  {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+                   "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}):
+        refused = subprocess.run([str(Path(sys.executable).parent / "layby"), "check"],
+                                 env={**clean, **asked}, capture_output=True, text=True,
+                                 timeout=60)
+        assert refused.returncode == 2, refused.stderr
+        [line] = refused.stderr.strip().splitlines()
+        assert line.startswith("error: OTEL_") and ("zipkin" in line or "grpc" in line)
