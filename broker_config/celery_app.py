@@ -40,6 +40,7 @@ from layby.broker_config.names import (
     TURNS,
 )
 from layby.broker_config.settings import Settings, is_sentinel_url
+from layby.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,14 @@ def trace_like_layby() -> None:
     child), with Celery's instrumentation continuing each message's trace."""
 
     def start(sender: Any = None, **_: Any) -> None:
-        if tracing.configure(worker_kind(getattr(sender, "app", None))):
+        try:
+            traced = tracing.configure(worker_kind(getattr(sender, "app", None)))
+        except ConfigError as exc:
+            # `layby worker` refused this before it started Celery; a worker started by
+            # `celery -A` directly runs on, untraced, and says why once.
+            log.error("traces off: %s", exc.message)
+            return
+        if traced:
             tracing.instrument_celery()
 
     def flush(**_: Any) -> None:

@@ -68,16 +68,12 @@ def configure(kind: str, env: Mapping[str, str] | None = None) -> bool:
         return True
     if not wanted(env):
         return False
+    check(env)
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     exporters = [e for e in _exporters(env) or ["otlp"] if e != "none"]
-    unknown = [e for e in exporters if e not in _EXPORTERS]
-    if unknown:
-        raise ConfigError(f"OTEL_TRACES_EXPORTER names {', '.join(unknown)}, which layby does "
-                          f"not ship: use {' or '.join(_EXPORTERS)} (or none), and an "
-                          "OpenTelemetry Collector for any other backend")
     named = "OTEL_SERVICE_NAME" in env or "service.name=" in env.get(
         "OTEL_RESOURCE_ATTRIBUTES", "")
     provider = TracerProvider(resource=Resource.create(
@@ -90,16 +86,30 @@ def configure(kind: str, env: Mapping[str, str] | None = None) -> bool:
     return True
 
 
+def check(env: Mapping[str, str] | None = None) -> None:
+    """Refuse, in one line (ConfigError), traces asked of an exporter or protocol layby
+    does not ship: checked with the rest of a process's configuration before it starts
+    (`control.runtime.check_config`), not when its first span would go."""
+    env = os.environ if env is None else env
+    if not wanted(env):
+        return
+    unknown = [e for e in _exporters(env) if e not in (*_EXPORTERS, "none")]
+    if unknown:
+        raise ConfigError(f"OTEL_TRACES_EXPORTER names {', '.join(unknown)}, which layby does "
+                          f"not ship: use {' or '.join(_EXPORTERS)} (or none), and an "
+                          "OpenTelemetry Collector for any other backend")
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                       env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"))
+    if protocol != "http/protobuf" and "otlp" in (_exporters(env) or ["otlp"]):
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol}: layby exports OTLP over "
+                          "HTTP/protobuf only; set it to http/protobuf (port 4318)")
+
+
 def _exporter(name: str, env: Mapping[str, str]) -> Any:
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
-    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                       env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"))
-    if protocol != "http/protobuf":
-        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol}: layby exports OTLP over "
-                          "HTTP/protobuf only; set it to http/protobuf (port 4318)")
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()

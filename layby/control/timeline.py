@@ -13,16 +13,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
-
+from layby.generation.messages import Wire
 from layby.parking import Store
 from layby.wire import Event
 
 PAGE = 500
 
 
-class Entry(BaseModel):
-    """One line of the timeline. `depth` 1: a part of the step above (a model or tool call)."""
+class Entry(Wire):
+    """One line of the timeline. `depth` 1: a part of the step above (a model or tool call).
+    As data (`layby runs show --timeline --json`), camelCase like the API's shapes."""
 
     at: str  # RFC 3339, the event's time
     offset_ms: int  # since the run was created

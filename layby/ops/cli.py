@@ -626,7 +626,7 @@ def runs_show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
     if timeline:
         entries = timelines.of_run(rt.store, run_id)
         if as_json:
-            typer.echo(json.dumps([e.model_dump() for e in entries], indent=2))
+            typer.echo(json.dumps([e.wire() for e in entries], indent=2))
             return
         typer.echo(f"{view.id}  {view.agent}  {view.status.value}  created {view.created_at}")
         for line in timelines.render(entries):

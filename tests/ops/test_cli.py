@@ -193,4 +193,4 @@ def test_the_timeline_shows_each_step_its_calls_the_wait_and_who_answered(
     as_json = json.loads(system.layby("runs", "show", run_id, "--timeline", "--json").stdout)
     assert [e["what"] for e in as_json] == kinds
     waited = next(e for e in as_json if e["what"] == "answered")
-    assert waited["channel"] == "api" and waited["took_ms"] >= 0
+    assert waited["channel"] == "api" and waited["tookMs"] >= 0
