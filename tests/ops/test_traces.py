@@ -91,6 +91,21 @@ def test_a_run_started_with_a_traceparent_shows_gateway_turn_model_and_tool_in_t
     assert chain[-1].parent_id == caller_span, [s.name for s in chain]
     parked = [e for s in spans for e in s.events if e[0] == "layby.run.parked"]
     assert parked and parked[0][1]["layby.run.id"] == run_id
+    # Prompts and replies stay out unless asked for (below).
+    assert not [k for s in spans for k in s.attributes if k.endswith(".messages")]
+
+
+def test_prompts_and_replies_are_recorded_only_when_asked_for(
+        isolated: Callable[..., LaybySystem], receiver: Receiver) -> None:
+    asked = isolated(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+                     OTEL_BSP_SCHEDULE_DELAY="100",
+                     OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="SPAN_ONLY").start()
+    run_id = asked.start_run("demo.transfer", "Send 250 to Bob")["id"]
+    asked.wait_status(run_id, "interrupted")
+    [chat] = receiver.wait_for("chat scripted", **{"layby.run.id": run_id})
+    assert "Send 250 to Bob" in str(chat.attributes.get("gen_ai.input.messages")), \
+        chat.attributes
+    assert "transfer_funds" in str(chat.attributes.get("gen_ai.output.messages"))
 
 
 def test_the_answers_trace_and_the_runs_trace_are_linked_both_ways(
