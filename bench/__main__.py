@@ -216,20 +216,21 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
 
         rounds = []
         spent = {"layby": costs.Counters(), "baseline": costs.Counters()}
+        pid = worker.process.pid if worker.process is not None else None
         for n in measure.split(args.runs, args.rounds):
             # ABBA: the order flips every round, so a load that drifts (another program on
             # the machine, the append-only file growing) weighs on both sides alike
             first_chains = len(rounds) % 2 == 0
             if first_chains:
                 chains, cost = costs.counted(servers, lambda: measure.celery_chains(
-                    store, n, hops, args.in_flight, args.timeout))  # noqa: B023  (called within this iteration)
+                    store, n, hops, args.in_flight, args.timeout), pid)  # noqa: B023  (called within this iteration)
                 spent["baseline"] += cost
             cycles, cost = costs.counted(servers, lambda: measure.layby_cycles(
-                rt, n, args.in_flight, args.timeout))  # noqa: B023  (called within this iteration)
+                rt, n, args.in_flight, args.timeout), pid)  # noqa: B023  (called within this iteration)
             spent["layby"] += cost
             if not first_chains:
                 chains, cost = costs.counted(servers, lambda: measure.celery_chains(
-                    store, n, hops, args.in_flight, args.timeout))  # noqa: B023  (called within this iteration)
+                    store, n, hops, args.in_flight, args.timeout), pid)  # noqa: B023  (called within this iteration)
                 spent["baseline"] += cost
             rounds.append((cycles, chains))
         at_rest = measure.layby_cycles(rt, args.runs, 1, args.timeout)
@@ -509,6 +510,10 @@ def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> di
     http.cycles(url, key, args.warmup, args.in_flight, args.timeout)
     servers = costs.servers(rt.store.redis)
     spent, done, wall, direct_done, direct_wall, rounds = costs.Counters(), 0, 0.0, 0, 0.0, []
+    spent_direct = costs.Counters()
+    assert parts.worker is not None and parts.worker.process is not None
+    assert parts.gateway is not None and parts.gateway.process is not None
+    worker_pid, gateway_pid = parts.worker.process.pid, parts.gateway.process.pid
     for i, n in enumerate(measure.split(args.runs, args.rounds)):
         def over() -> Any:
             return http.cycles(url, key, n, args.in_flight, args.timeout)  # noqa: B023  (called within this iteration)
@@ -520,10 +525,11 @@ def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> di
         got: dict[str, Any] = {}
         for step in order:
             if step is over:
-                got["http"], cost = costs.counted(servers, over)
+                got["http"], cost = costs.counted(servers, over, worker_pid, gateway_pid)
                 spent += cost
             else:
-                got["direct"] = step()
+                got["direct"], cost = costs.counted(servers, step, worker_pid)
+                spent_direct += cost
         done += got["http"].completed
         wall += got["http"].wall_s
         direct_done += got["direct"].completed
@@ -535,7 +541,9 @@ def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> di
     return {"runs": args.runs, "completed": done, "wall_s": round(wall, 4),
             "cycles_per_s": round(per_s, 2), "direct_cycles_per_s": round(direct_per_s, 2),
             "over_direct": round(per_s / direct_per_s, 3) if direct_per_s else 0.0,
-            "rounds": rounds, **costs.per_item(spent, done)}
+            "rounds": rounds, **costs.per_item(spent, done),
+            "direct_cpu_us_by_process": costs.per_item(spent_direct, direct_done).get(
+                "cpu_us_by_process", {})}
 
 
 def _stop_processes(parts: Parts) -> None:

@@ -27,6 +27,14 @@ and a cycle's transitions land on the primary of its run's shard. The main threa
 is also kept primary by primary, to show how evenly a cycle's cost is spread. Replicas are
 not counted: what a primary spends replicating to them is in its own time.
 
+What a cycle costs each process, in CPU time: the bench's own (the client: starting runs,
+following their events, answering; or publishing chains and waiting for them), the
+worker's main process (Celery's consumer: the broker's reads, kombu's acks, task events)
+and its pool (the tasks), from their `cpu_times` around the batch, beside the server's main
+thread. When the machine is CPU-bound (the bench's 2 cores), the ratio of cycles to chains a
+second is about the inverse ratio of these totals: where a cycle's extra CPU is spent is
+where its throughput goes.
+
 What the counters cannot say (which script, which task) comes from a separate pass of a
 few cycles under MONITOR, untimed: EVALSHA by script name (the store's scripts' SHA1s)
 and the Celery task messages pushed (LPUSH of a task message to a queue, by task name,
@@ -42,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 from redis import Redis
 from redis.cluster import RedisCluster
 
@@ -75,6 +84,7 @@ class Counters:
     active_us: float | None = 0.0  # its active time (None: a server that does not say)
     cpu_us_by_server: Counter[str] = field(default_factory=Counter)  # host:port → µs
     servers: int = 1  # how many servers a snapshot read (its own INFO calls are taken out)
+    process_us: Counter[str] = field(default_factory=Counter)  # PROCESSES → CPU µs
 
     def __sub__(self, other: Counters) -> Counters:
         by = Counter(self.by_command)
@@ -84,11 +94,13 @@ class Counters:
         usec.subtract(other.usec_by_command)
         cpu = Counter(self.cpu_us_by_server)
         cpu.subtract(other.cpu_us_by_server)
+        spent = Counter(self.process_us)
+        spent.subtract(other.process_us)
         return Counters(self.reads - other.reads - SNAPSHOT_READS * self.servers,
                         self.commands - other.commands - SNAPSHOT_COMMANDS * self.servers,
                         +by, +usec, self.cpu_us - other.cpu_us,
                         _either(self.active_us, other.active_us, float.__sub__), cpu,
-                        self.servers)
+                        self.servers, +spent)
 
     def __add__(self, other: Counters) -> Counters:
         cpu = Counter(self.cpu_us_by_server)
@@ -98,7 +110,7 @@ class Counters:
                         self.usec_by_command + other.usec_by_command,
                         self.cpu_us + other.cpu_us,
                         _either(self.active_us, other.active_us, float.__add__), cpu,
-                        max(self.servers, other.servers))
+                        max(self.servers, other.servers), self.process_us + other.process_us)
 
 
 def _either(a: float | None, b: float | None, op: Callable[[float, float], float]
@@ -134,11 +146,46 @@ def snapshot(clients: list[Redis]) -> Counters:
     return total
 
 
-def counted(clients: list[Redis], measure: Callable[[], Any]) -> tuple[Any, Counters]:
-    """`measure()`'s result, and what the servers did meanwhile."""
+# The processes whose CPU a batch counts, beside the server's: this one, the gateway (with
+# --http), the worker's main process and its pool.
+PROCESSES = ("bench", "gateway", "worker main", "worker pool")
+
+
+def process_cpu_us(worker_pid: int | None, gateway_pid: int | None = None) -> Counter[str]:
+    """CPU µs used so far by this process (all its threads), the gateway's, the worker's
+    main process and its pool's processes (a child that left meanwhile is not counted: the
+    pool keeps its children for the bench's length)."""
+    spent: Counter[str] = Counter()
+    spent["bench"] = _cpu_us(psutil.Process())
+    if gateway_pid is not None:
+        gateway = psutil.Process(gateway_pid)
+        spent["gateway"] = _cpu_us(gateway) + sum(
+            _cpu_us(child) for child in gateway.children(recursive=True))
+    if worker_pid is not None:
+        main = psutil.Process(worker_pid)
+        spent["worker main"] = _cpu_us(main)
+        spent["worker pool"] = sum(_cpu_us(child) for child in main.children(recursive=True))
+    return spent
+
+
+def _cpu_us(process: psutil.Process) -> float:
+    try:
+        times = process.cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return (times.user + times.system) * 1_000_000
+
+
+def counted(clients: list[Redis], measure: Callable[[], Any], worker_pid: int | None = None,
+            gateway_pid: int | None = None) -> tuple[Any, Counters]:
+    """`measure()`'s result, and what the servers (and with `worker_pid`, this process, the
+    worker's and the gateway's) did meanwhile."""
     before = snapshot(clients)
+    before.process_us = process_cpu_us(worker_pid, gateway_pid)
     result = measure()
-    return result, snapshot(clients) - before
+    after = snapshot(clients)
+    after.process_us = process_cpu_us(worker_pid, gateway_pid)
+    return result, after - before
 
 
 def per_item(counters: Counters, items: int) -> dict[str, Any]:
@@ -164,6 +211,11 @@ def per_item(counters: Counters, items: int) -> dict[str, Any]:
             "per_s_on_these_primaries": round(1_000_000 / busiest) if busiest > 0 else None,
             "round_trips": round(counters.reads / items, 1),
             "commands": round(counters.commands / items, 1),
+            # CPU µs a cycle (or chain) by process, the server's main thread among them.
+            "cpu_us_by_process": ({**{name: round(counters.process_us[name] / items, 1)
+                                      for name in PROCESSES if name in counters.process_us},
+                                   "server": round(server_us, 1)}
+                                  if counters.process_us else {}),
             "evalsha": round(counters.by_command.get("evalsha", 0) / items, 2),
             "publish": round(counters.by_command.get("publish", 0) / items, 2),
             "top_commands": {name: round(n / items, 2) for name, n in top}}

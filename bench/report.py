@@ -202,6 +202,26 @@ def _server_time(lay: dict[str, Any], base: dict[str, Any]) -> str:
     return line
 
 
+def _by_process(cpu: dict[str, float]) -> str:
+    """CPU µs by process as one line: each, then their sum."""
+    if not cpu:
+        return "not measured"
+    return (", ".join(f"{name} {us:,.0f}" for name, us in cpu.items())
+            + f" = {sum(cpu.values()):,.0f} µs")
+
+
+def _cpu_row(lay: dict[str, Any], base: dict[str, Any]) -> str:
+    """Each side's CPU per cycle (or chain) by process, and the inverse ratio of their
+    totals: what the cycles/s ratio comes to when the machine is CPU-bound."""
+    mine, theirs = lay.get("cpu_us_by_process", {}), base.get("cpu_us_by_process", {})
+    line = f"layby: {_by_process(mine)}; bare chain: {_by_process(theirs)}"
+    if mine and theirs and sum(mine.values()) > 0:
+        over = sum(theirs.values()) / sum(mine.values())
+        line += (f"; bare chain's total over layby's {over:.3f} (the ratio, where the cores "
+                 "are the limit)")
+    return line
+
+
 def _where(s: dict[str, Any]) -> str:
     if s.get("cluster"):
         return (f"an embedded cluster of {s['cluster']} primaries with a replica each, malloc "
@@ -241,6 +261,7 @@ def table(result: dict[str, Any]) -> str:
                                           f"{base_rest.get('p99', nan):.0f} ms p50 / p99, "
                                           "one at a time"),
         ("server time", _server_time(lay_cost, base_cost)),
+        ("CPU per cycle by process", _cpu_row(lay_cost, base_cost)),
         ("server µs by script", ", ".join(
             f"{name} {us:g}" for name, us in lay_cost.get("server_us_by_script", {}).items())
             + "; outside scripts: " + ", ".join(
@@ -282,6 +303,9 @@ def table(result: dict[str, Any]) -> str:
             f"{h['over_direct']:.3f} (rounds: {', '.join(f'{x:.3f}' for x in h['rounds'])}); "
             f"{h.get('round_trips', 0)} round trips and {h.get('commands', 0)} commands per "
             "cycle")))
+        rows.append(("CPU per cycle over HTTP", (
+            f"{_by_process(h.get('cpu_us_by_process', {}))}; direct, in the rounds between: "
+            f"{_by_process(h.get('direct_cpu_us_by_process', {}))}")))
     if result.get("parked"):
         rows += _scale_rows(result["parked"])
     width = max(len(k) for k, _ in rows)
