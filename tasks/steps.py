@@ -109,7 +109,8 @@ class StoreCheckpoints:
 def advance(rt: Runtime, run_id: str, version: int, task_id: str | None = None) -> str:
     """Take the run's pending steps; returns how it went (for logs and Flower)."""
     store = rt.store
-    owner = f"{worker_name()}:{task_id or uuid.uuid4().hex}:{uuid.uuid4().hex[:8]}"
+    unique = uuid.uuid4().hex  # (one draw of the system's randomness: a system call)
+    owner = f"{worker_name()}:{task_id or unique}:{unique[:8]}"
     claim = store.runs.claim(run_id, version, owner, rt.hosted)
     if claim.verdict is Verdict.ELSEWHERE:
         return _hand_back(rt, run_id, version, claim.agent_version)

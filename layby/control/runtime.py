@@ -23,6 +23,7 @@ import socket
 import threading
 import weakref
 from collections.abc import Iterable
+from functools import cache
 
 from celery import Celery
 
@@ -256,4 +257,12 @@ def check_config(settings: Settings) -> dict[str, Agent]:
 
 
 def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process as a step's claim names it: host and pid."""
+    return _named(os.getpid())
+
+
+@cache
+def _named(pid: int) -> str:
+    # Asked at every step: the host's name is a system call, asked once a process (a forked
+    # child has a pid of its own, so a name of its own).
+    return f"{socket.gethostname()}:{pid}"

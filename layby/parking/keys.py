@@ -749,8 +749,15 @@ class Keys:
     def for_scripts(self, run_id: str) -> list[str]:
         """The KEYS every transition script receives, in the order of `lua/_prelude.lua`
         (what came later at the end: lua/move_run.lua reads two such lists side by side)."""
-        shard = self.shard_of(run_id)
-        return [*self.of_run(run_id), shard.outbox, shard.outbox_entries, shard.leases,
-                shard.deadlines, *(shard.index(s) for s in FIRST_STATES), shard.notify_due,
-                shard.stats, self.review(run_id), shard.queues, shard.index(Status.RETRYING),
-                shard.retries]
+        return list(_script_keys(self, run_id))
+
+
+# A step's claim and its commit name the same run's keys, as do an answer's read and its
+# script: kept for the runs last named (21 names each, built and hashed once).
+@lru_cache(maxsize=256)
+def _script_keys(keys: Keys, run_id: str) -> tuple[str, ...]:
+    shard = keys.shard_of(run_id)
+    return (*keys.of_run(run_id), shard.outbox, shard.outbox_entries, shard.leases,
+            shard.deadlines, *(shard.index(s) for s in FIRST_STATES), shard.notify_due,
+            shard.stats, keys.review(run_id), shard.queues, shard.index(Status.RETRYING),
+            shard.retries)

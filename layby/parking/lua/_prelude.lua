@@ -23,7 +23,8 @@ local EXTRA = 22  -- the first of the KEYS a script adds (an idempotency key, gr
 -- named here from the shard's (parking.keys `ShardKeys.of_tenant`). They are not among the
 -- KEYS, which every caller would then have to read the run for first. INDEX[state] is the
 -- run's own index of that state; RUN_TENANT its tenant (false: `default`), read once
--- (create_run gives it).
+-- (create_run gives it; a script whose first read of the run takes `tenant` sets it, as
+-- HMGET gives it: false for `default`).
 local RUN_TENANT = nil
 local function run_tenant()
   if RUN_TENANT == nil then RUN_TENANT = redis.call('HGET', RUN, 'tenant') or false end
@@ -263,8 +264,9 @@ end
 -- as the commit needs it ({status, version, owner, checkpointed, open, noted}) when it does.
 local function check_claim(version, owner)
   local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'checkpointed',
-                        'open', 'noted', 'retry_at')
+                        'open', 'noted', 'retry_at', 'tenant')
   if not st[2] then return {'missing'} end
+  RUN_TENANT = st[8]
   if st[1] ~= 'running' or st[2] ~= version or st[3] ~= owner then
     return {'stale', st[1] or '', st[2] or '', st[3] or ''}
   end

@@ -23,9 +23,10 @@
 local A = args({'require_all', 'allow_early', 'slack', 'trace'}, {'answers', 'audit'})
 local require_all, allow_early, given = A.require_all, A.allow_early, A.answers
 local run = redis.call('HMGET', RUN, 'status', 'version', 'updated_at', 'open', 'noted',
-                      'waiting')
+                      'waiting', 'tenant')
 local status = run[1]
 if not status then return {'missing'} end
+RUN_TENANT = run[7]
 -- A finished run takes no early answers: its keys already count down to expiry.
 if FINISHED[status] and allow_early == '1' then return {'finished', status} end
 local n = #given

@@ -21,6 +21,7 @@ local st = redis.call('HMGET', RUN, 'status', 'version', 'lease_owner', 'lease_u
                       'trace', 'trace_was')
 local status, version, owner = st[1], st[2], st[3]
 if not version then return {'missing'} end
+RUN_TENANT = st[15]
 if version ~= expected or not (status == 'queued' or status == 'resuming'
                               or status == 'running') then
   return {'stale', status, version}
