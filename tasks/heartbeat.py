@@ -112,13 +112,18 @@ class _Beater:
         self.held: set[Heartbeat] = set()
         self.lock = threading.Lock()
         self.wake = threading.Event()
+        # When the thread's wait ends (monotonic): a claim taken is due a beat after that,
+        # at most, and then wakes nothing (a wake is a switch of threads at every step).
+        self.until = 0.0
         threading.Thread(target=self._run, name="heartbeats", daemon=True).start()
 
     def hold(self, beat: Heartbeat) -> None:
         beat.next_beat = time.monotonic() + beat.every_s
         with self.lock:
             self.held.add(beat)
-        self.wake.set()
+            sooner = beat.next_beat < self.until
+        if sooner:
+            self.wake.set()
 
     def drop(self, beat: Heartbeat) -> None:
         with self.lock:
@@ -139,7 +144,11 @@ class _Beater:
                             beat.beat()
                         except Exception:  # one claim's trouble must not stop the others'
                             log.exception("run %s: heartbeat failed", beat.run_id)
-            nearest = min((b.next_beat for b in beats), default=now + 60)
+            with self.lock:
+                # Beats held since the list was taken count too: one due sooner than the
+                # wait's end woke it (or finds it set), one due later waits for it.
+                nearest = min((b.next_beat for b in self.held), default=now + 60)
+                self.until = nearest
             self.wake.wait(max(0.0, nearest - time.monotonic()))
             self.wake.clear()
 
