@@ -116,17 +116,13 @@ def _lua_pieces(message: str) -> str:
 
 
 def _lua_tasks(tasks: Mapping[str, QueuedTask]) -> str:
-    """The tasks by kind, as a Lua table that makes a kind's entry when a script first asks
-    for it: a script runs its whole source at every call, and most queue one task, so the
-    others' messages (a table of pieces each) are not built for nothing."""
     rows = []
     for kind, t in tasks.items():
         fields = [f"task = {_lua_string(t.task)}", f"queue = {_lua_string(t.queue)}"]
         if t.key is not None and t.message is not None:
             fields += [f"key = {_lua_string(t.key)}", f"message = {_lua_pieces(t.message)}"]
-        rows.append(f"if kind == {_lua_value(kind)} then task = {{{', '.join(fields)}}} end")
-    return ("setmetatable({}, {__index = function(made, kind)\n  local task\n  "
-            + "\n  ".join(rows) + "\n  made[kind] = task\n  return task\nend})")
+        rows.append(f"{kind} = {{{', '.join(fields)}}}")
+    return "{" + ", ".join(rows) + "}"
 
 
 @cache
