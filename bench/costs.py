@@ -100,17 +100,19 @@ class Counters:
                         self.commands - other.commands - SNAPSHOT_COMMANDS * self.servers,
                         +by, +usec, self.cpu_us - other.cpu_us,
                         _either(self.active_us, other.active_us, float.__sub__), cpu,
-                        self.servers, +spent)
+                        self.servers, spent)
 
     def __add__(self, other: Counters) -> Counters:
         cpu = Counter(self.cpu_us_by_server)
         cpu.update(other.cpu_us_by_server)
+        spent = Counter(self.process_us)
+        spent.update(other.process_us)  # (not `+`, which drops a process that spent none)
         return Counters(self.reads + other.reads, self.commands + other.commands,
                         self.by_command + other.by_command,
                         self.usec_by_command + other.usec_by_command,
                         self.cpu_us + other.cpu_us,
                         _either(self.active_us, other.active_us, float.__add__), cpu,
-                        max(self.servers, other.servers), self.process_us + other.process_us)
+                        max(self.servers, other.servers), spent)
 
 
 def _either(a: float | None, b: float | None, op: Callable[[float, float], float]
@@ -309,8 +311,10 @@ def under_slowlog(clients: list[Redis], script_names: dict[str, str], cycles: in
     """Run `run()` (which takes `cycles` cycles) with every server's slow log taking every
     command (`slowlog-log-slower-than 0`), then read it back: the server's own time of each
     command's execution (µs, by the clock: no network, no queueing, a blocked BRPOP's wait
-    left out), per cycle, by script (EVALSHA, named) and by command outside scripts. The
-    slow log's settings are put back after."""
+    left out), per cycle, by script (EVALSHA, named) and by command. The server logs the
+    commands a script calls too, each as its own entry: a command's figure counts its calls
+    from scripts with the rest (their time is in their script's as well). The slow log's
+    settings are put back after."""
     saved = []
     for client in clients:
         saved.append(client.config_get("slowlog-*"))

@@ -264,7 +264,7 @@ def table(result: dict[str, Any]) -> str:
         ("CPU per cycle by process", _cpu_row(lay_cost, base_cost)),
         ("server µs by script", ", ".join(
             f"{name} {us:g}" for name, us in lay_cost.get("server_us_by_script", {}).items())
-            + "; outside scripts: " + ", ".join(
+            + "; by command, those scripts call included: " + ", ".join(
                 f"{name} {us:g}" for name, us in
                 list(lay_cost.get("server_us_by_command", {}).items())[:6])
             + " (per cycle, each command's own execution, from the slow log)"),

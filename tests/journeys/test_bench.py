@@ -84,8 +84,16 @@ def test_bench_runs_and_reports(tmp_path: Path) -> None:
     assert set(base_cost["evalsha_by_script"]) <= {"beat_worker"}
     if not base_cost["evalsha_by_script"] and not base_cost["evalsha_not_layby"]:
         assert base_cost["script_us"] == 0
+    # What each process spent a cycle: the four of them, the server's figure its time above.
+    # (Processes count their time in clock ticks, 10 ms here: over so few cycles one may
+    # show none, and which side costs more is the long bench's to say.)
+    for cost in (lay_cost, base_cost):
+        spent = cost["cpu_us_by_process"]
+        assert set(spent) == {"bench", "worker main", "worker pool", "server"}
+        assert all(us >= 0 for us in spent.values()) and spent["server"] == cost["server_us"]
+    assert "CPU per cycle by process" in done.stdout
     # Where the server's time goes, from its slow log: each of a cycle's scripts by name,
-    # and the commands outside them (the bare chains' are all outside).
+    # and by command (the bare chains' are all outside scripts).
     assert set(scripts) <= set(lay_cost["server_us_by_script"])
     assert all(us > 0 for name, us in lay_cost["server_us_by_script"].items() if name in scripts)
     assert set(base_cost["server_us_by_script"]) <= {"beat_worker"}
@@ -141,6 +149,11 @@ def test_bench_over_http_and_on_parked_runs(tmp_path: Path) -> None:
     http = result["http"]
     assert http["runs"] == http["completed"] == RUNS and http["cycles_per_s"] > 0
     assert http["over_direct"] > 0 and http["round_trips"] > 0
+    # Over HTTP the gateway's process is counted; the direct rounds between have none.
+    assert http["cpu_us_by_process"]["gateway"] >= 0
+    assert "gateway" not in http["direct_cpu_us_by_process"]
+    assert set(http["direct_cpu_us_by_process"]) == {"bench", "worker main", "worker pool",
+                                                     "server"}
     levels = result["parked"]["levels"]
     assert [lv["level"] for lv in levels] == [30, 60]
     # Each level on a server of its own, measured side by side in turns; the bench's own
