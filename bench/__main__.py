@@ -56,6 +56,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="start an embedded Valkey Cluster of this many primaries (3 if not "
                         "given), each with a replica, and a Valkey beside it for the broker "
                         "(unless --broker-url), and measure the cycles on it")
+    p.add_argument("--replicas", type=int, default=None, metavar="N",
+                   help="with --cluster: replicas of each primary (default 1); 0 measures "
+                        "the cluster without the cost of feeding replicas, as one server "
+                        "without a replica is measured")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="give up when nothing moves for this many seconds (default 120)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -107,6 +111,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 "give your cluster's as --redis-url redis+cluster://host:port")
     if args.cluster < 0:
         p.error("--cluster takes a number of primaries, at least 1")
+    if args.replicas is not None and (not args.cluster or args.replicas < 0):
+        p.error("--replicas is for the bench's own cluster: give --cluster, and 0 or more "
+                "replicas a primary")
     if is_cluster_url(args.redis_url or "") and not args.broker_url:
         p.error("a store on a cluster needs its broker beside it (Celery's Redis transport "
                 "cannot use a cluster): add --broker-url redis://host:port/0 (or "
@@ -153,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        with Parts(args.redis_url, cluster=args.cluster,
-                   broker_url=args.broker_url) as parts:
+        with Parts(args.redis_url, cluster=args.cluster, broker_url=args.broker_url,
+                   replicas=1 if args.replicas is None else args.replicas) as parts:
             result = (_inbox(parts, args) if args.inbox else
                       _tenants(parts, args) if args.tenants else
                       _traces(parts, args) if args.traces else _bench(parts, args))
@@ -267,6 +274,8 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
                     "embedded": parts.embedded,
                     "malloc": _allocator(parts),
                     "cluster": args.cluster or None,
+                    "replicas": (1 if args.replicas is None else args.replicas)
+                    if args.cluster else None,
                     "primaries": len(servers),
                     "redis": "embedded" if parts.embedded else parts.redis_url,
                     "redis_url": parts.redis_url,

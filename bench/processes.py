@@ -82,12 +82,13 @@ def _signal_group(pgid: int, sig: int) -> None:
 @dataclass
 class Parts:
     """A temporary folder, Valkey (embedded unless `redis_url`; with `cluster`, an embedded
-    cluster of that many primaries, each with a replica, and a broker beside it unless
-    `broker_url`), and later the worker."""
+    cluster of that many primaries, each with `replicas` replicas, and a broker beside it
+    unless `broker_url`), and later the worker."""
 
     redis_url: str | None = None
     cluster: int = 0
     broker_url: str | None = None
+    replicas: int = 1
     folder: Path | None = None
     server: object | None = None  # layby.ops.embedded.EmbeddedRedis, or EmbeddedCluster
     broker: object | None = None  # the embedded broker beside a cluster of the bench's
@@ -106,7 +107,7 @@ class Parts:
 
                 malloc = Settings().embedded_malloc
                 cluster = EmbeddedCluster(self.folder / "cluster", shards=self.cluster,
-                                          malloc=malloc)
+                                          replicas_per_primary=self.replicas, malloc=malloc)
                 self.server = cluster
                 cluster.start()
                 self.redis_url = cluster.url

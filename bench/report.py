@@ -224,7 +224,10 @@ def _cpu_row(lay: dict[str, Any], base: dict[str, Any]) -> str:
 
 def _where(s: dict[str, Any]) -> str:
     if s.get("cluster"):
-        return (f"an embedded cluster of {s['cluster']} primaries with a replica each, malloc "
+        replicas = s.get("replicas", 1)
+        each = {0: "without replicas", 1: "with a replica each"}.get(
+            replicas, f"with {replicas} replicas each")
+        return (f"an embedded cluster of {s['cluster']} primaries {each}, malloc "
                 f"{s.get('malloc', '?')}; broker {s.get('broker_url')}")
     if s["embedded"]:
         return f"embedded, malloc {s.get('malloc', '?')}"

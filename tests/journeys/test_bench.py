@@ -238,6 +238,22 @@ def test_bench_on_a_cluster_with_the_broker_beside_it(tmp_path: Path) -> None:
         cluster.stop()
 
 
+@pytest.mark.timeout(240)
+def test_bench_starts_a_cluster_of_its_own_without_replicas(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "bench", "--runs", str(RUNS), "--warmup", "1",
+                           "--rounds", "1", "--cluster", "2", "--replicas", "0",
+                           "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=220)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "an embedded cluster of 2 primaries without replicas" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["settings"]["cluster"] == result["settings"]["primaries"] == 2
+    assert result["settings"]["replicas"] == 0
+    assert result["layby"]["completed"] == RUNS
+    assert len(result["costs"]["layby"]["server_us_by_primary"]) == 2
+
+
 def test_bench_refuses_a_cluster_without_a_broker_beside_it(
         capsys: pytest.CaptureFixture[str]) -> None:
     from bench.__main__ import parse
@@ -250,6 +266,18 @@ def test_bench_refuses_a_cluster_without_a_broker_beside_it(
     args = parse(["--redis-url", "redis+cluster://127.0.0.1:7000", "--broker-url",
                   "redis://127.0.0.1:6380/0"])
     assert args.broker_url == "redis://127.0.0.1:6380/0"
+
+
+@pytest.mark.parametrize("argv", [["--replicas", "0"], ["--cluster", "--replicas", "-1"]])
+def test_bench_refuses_replicas_without_a_cluster_of_its_own(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import parse
+
+    with pytest.raises(SystemExit) as exited:
+        parse(argv)
+    assert exited.value.code == 2
+    assert "--replicas is for the bench's own cluster" in capsys.readouterr().err
+    assert parse(["--cluster", "--replicas", "0"]).replicas == 0
 
 
 INBOX = 600  # two chunks of the inbox's 500
