@@ -64,8 +64,8 @@ _RUN_IDS = len(RUN_ID_ALPHABET) ** RUN_ID_CHARS
 def generated_run_id() -> str:
     """A fresh run id, `run_` and RUN_ID_CHARS random letters and digits."""
     # One draw from the system's randomness for the whole id, written in base 62: a draw per
-    # letter (secrets.choice) was a system call each, 22 a run, a tenth of what the gateway
-    # spent starting one. The same ids, as likely each.
+    # letter (secrets.choice) was a system call each, 22 a run, a tenth of the gateway's
+    # sampled time under the bench. The same ids, each as likely.
     n = secrets.randbelow(_RUN_IDS)
     letters = []
     for _ in range(RUN_ID_CHARS):
