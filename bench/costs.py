@@ -160,14 +160,22 @@ def process_cpu_us(worker_pid: int | None, gateway_pid: int | None = None) -> Co
     spent: Counter[str] = Counter()
     spent["bench"] = _cpu_us(psutil.Process())
     if gateway_pid is not None:
-        gateway = psutil.Process(gateway_pid)
-        spent["gateway"] = _cpu_us(gateway) + sum(
-            _cpu_us(child) for child in gateway.children(recursive=True))
+        own, children = _tree_us(gateway_pid)
+        spent["gateway"] = own + children
     if worker_pid is not None:
-        main = psutil.Process(worker_pid)
-        spent["worker main"] = _cpu_us(main)
-        spent["worker pool"] = sum(_cpu_us(child) for child in main.children(recursive=True))
+        spent["worker main"], spent["worker pool"] = _tree_us(worker_pid)
     return spent
+
+
+def _tree_us(pid: int) -> tuple[float, float]:
+    """CPU µs of process `pid` and of its children; nothing for one that is gone (the
+    bench then stops on the cycles that no longer move, and says so)."""
+    try:
+        process = psutil.Process(pid)
+        children = process.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0.0, 0.0
+    return _cpu_us(process), sum(_cpu_us(child) for child in children)
 
 
 def _cpu_us(process: psutil.Process) -> float:
