@@ -183,6 +183,13 @@ def transfers_of(reviewed: ReviewedSystem, run_id: str) -> list[dict[str, Any]]:
     return [t for t in reviewed.system.ledger()["transfers"] if t["run"] == run_id]
 
 
+def _sent_notifications(reviewed: ReviewedSystem, run_id: str) -> int:
+    """How many `notification.sent` events the run's stored events hold (read, not followed)."""
+    with reviewed.system.api() as api:
+        stream = api.get(f"/v1/runs/{run_id}/events", params={"follow": "false"}).text
+    return stream.count("event: notification.sent")
+
+
 def parked_transfer(reviewed: ReviewedSystem) -> tuple[str, str, EmailMessage]:
     run = parked(reviewed, "demo.transfer", "Send 250 to Bob")
     intr = reviewed.system.open_interrupts(run)[0]
@@ -199,6 +206,10 @@ def test_transfer_approved_from_the_mails_approve_link(reviewed: ReviewedSystem,
     run_id, interrupt_id, mail = parked_transfer(reviewed)
     url = link_in(mail, "approve")
     assert url.endswith("?decision=approve")
+    # The mail lands before its sender records it sent: the run's timeline (below) shows
+    # both notifications once both are recorded.
+    wait_until(lambda: _sent_notifications(reviewed, run_id) >= 2, 30,
+               what=f"both notifications of {run_id} recorded as sent")
 
     response = visit(page, url)
     assert headline(page) == "Approval needed"
