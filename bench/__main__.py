@@ -114,6 +114,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if args.replicas is not None and (not args.cluster or args.replicas < 0):
         p.error("--replicas is for the bench's own cluster: give --cluster, and 0 or more "
                 "replicas a primary")
+    if args.replicas is None:
+        args.replicas = 1
     if is_cluster_url(args.redis_url or "") and not args.broker_url:
         p.error("a store on a cluster needs its broker beside it (Celery's Redis transport "
                 "cannot use a cluster): add --broker-url redis://host:port/0 (or "
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         with Parts(args.redis_url, cluster=args.cluster, broker_url=args.broker_url,
-                   replicas=1 if args.replicas is None else args.replicas) as parts:
+                   replicas=args.replicas) as parts:
             result = (_inbox(parts, args) if args.inbox else
                       _tenants(parts, args) if args.tenants else
                       _traces(parts, args) if args.traces else _bench(parts, args))
@@ -274,8 +276,8 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
                     "embedded": parts.embedded,
                     "malloc": _allocator(parts),
                     "cluster": args.cluster or None,
-                    "replicas": (1 if args.replicas is None else args.replicas)
-                    if args.cluster else None,
+                    # As the cluster's map shows them (a cluster of the bench's, or one given).
+                    "replicas": costs.replicas_each(store.redis),
                     "primaries": len(servers),
                     "redis": "embedded" if parts.embedded else parts.redis_url,
                     "redis_url": parts.redis_url,

@@ -69,6 +69,15 @@ def servers(client: Redis | RedisCluster) -> list[Redis]:
     return [client]
 
 
+def replicas_each(client: Redis | RedisCluster) -> int | None:
+    """How many replicas each primary has, by the cluster's own map of its nodes (None: one
+    server, whose replicas, if any, the bench does not look for)."""
+    if not isinstance(client, RedisCluster):
+        return None
+    primaries = len(client.get_primaries())  # type: ignore[no-untyped-call]
+    return round(len(client.get_replicas()) / max(1, primaries))  # type: ignore[no-untyped-call]
+
+
 def name_of(client: Redis) -> str:
     kwargs = client.connection_pool.connection_kwargs
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"

@@ -208,7 +208,7 @@ def test_bench_on_a_cluster_with_the_broker_beside_it(tmp_path: Path) -> None:
         assert "summed over 3 primaries" in done.stdout
         result = json.loads(out.read_text())
         assert result["layby"]["completed"] == result["baseline"]["completed"] == RUNS
-        assert result["settings"]["primaries"] == 3
+        assert result["settings"]["primaries"] == 3 and result["settings"]["replicas"] == 0
         lay_cost = result["costs"]["layby"]
         # The store's scripts ran on the primaries (the runs' shards are spread over them);
         # the messages went to the broker beside the cluster.
