@@ -1,4 +1,5 @@
--- Shared by every transition script (prepended by parking/scripts.py).
+-- Shared by every transition script (prepended by parking/scripts.py: each gets the
+-- definitions it uses, `scripts.used_of`).
 --
 -- KEYS, the same for every script that changes a run (parking.keys.Keys.for_scripts),
 -- named here once; scripts use the names, and add KEYS from EXTRA on (documented in their
