@@ -34,7 +34,7 @@ from bench.tasks import hop
 from layby.broker_config import JOBS, NOTIFY, TURNS
 from layby.control import Runtime, commands
 from layby.generation.interrupts import ResumeEntry
-from layby.parking import Store
+from layby.parking import Store, events
 from layby.parking.events import recorded_at
 
 # The queues of a layby worker (all but the sweep queue, as `layby up` runs it). Layby's
@@ -187,7 +187,8 @@ def _one_cycle(rt: Runtime, store: Store, n: int, timeout_s: float) -> Cycle:
     last_progress = time.monotonic()
     while True:
         # A second at most: a longer block would outlast the client's socket timeout.
-        items = stream_items(store.redis.xread(streams, count=100, block=1000))
+        items = stream_items(events.wait(store.redis, key, streams[key], count=100,
+                                         block_ms=1000))
         if items:
             last_progress = time.monotonic()
         elif time.monotonic() - last_progress > timeout_s:

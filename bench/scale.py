@@ -39,7 +39,7 @@ from bench.report import distribution
 from layby.broker_config import DELIVER_TASK
 from layby.control import Runtime, commands
 from layby.generation.interrupts import ResumeEntry
-from layby.parking import Store
+from layby.parking import Store, events
 from layby.parking.keys import ShardKeys
 from layby.parking.registries import cursor_of
 from layby.wire import Status
@@ -444,7 +444,7 @@ def _until_completed(store: Store, run_id: str, after: str, started: float,
     while (left := deadline - time.perf_counter()) > 0:
         # A second at most: a longer block would outlast the client's socket timeout.
         wait_ms = max(1, min(1000, int(left * 1000)))
-        reply = store.redis.xread({key: after}, count=100, block=wait_ms)
+        reply = events.wait(store.redis, key, after, count=100, block_ms=wait_ms)
         for _, entries in stream_items(reply):
             for event_id, fields in entries:
                 after = event_id

@@ -25,7 +25,15 @@ from typing import Any, cast
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
-from redis.exceptions import NoScriptError
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    ConnectionError,
+    NoScriptError,
+    RedisClusterException,
+    ResponseError,
+    TimeoutError,
+)
 
 from layby.parking.clock import iso
 from layby.parking.scripts import argv, folding_source
@@ -152,9 +160,50 @@ def read(client: Redis, key: str, after: str = "0-0", *, block_ms: int | None = 
     """Events after `after` (a stream id); with `block_ms`, wait that long for one."""
     found = stored(client, key, after, count)
     if not found and block_ms is not None:
-        reply: Any = client.xread({key: after}, count=count, block=block_ms)
+        reply: Any = wait(client, key, after, count=count, block_ms=block_ms)
         found = reply[0][1] if reply else []
     return [event_of(eid, fields) for eid, fields in fill(client, key, found)]
+
+
+# What a read sent to the node the client's map names meets when the map is stale or the
+# node away (a slot moved, a failover): the read goes again the usual way.
+_NOT_THERE = (ResponseError, ConnectionError, TimeoutError, RedisClusterException)
+
+
+def wait(client: Redis | RedisCluster, key: str, after: str, *, count: int, block_ms: int
+         ) -> Any:
+    """`XREAD COUNT count BLOCK block_ms STREAMS key after`, its reply as redis-py gives it.
+
+    On a cluster it goes straight to the node that holds the key's slot in the client's
+    map: redis-py cannot read XREAD's keys from its command table (they follow `STREAMS`)
+    and would ask the server for them first, a round trip a read (`COMMAND GETKEYS`). Sent
+    so, a read that meets a stale map goes again the usual way, which learns the new one
+    (redis-py does not retry a read it was told where to send)."""
+    if isinstance(client, RedisCluster):
+        try:
+            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            return client.execute_command(  # type: ignore[no-untyped-call]
+                *_xread(key, after, count, block_ms), target_nodes=node)
+        except _NOT_THERE:
+            pass
+    return client.xread({key: after}, count=count, block=block_ms)
+
+
+async def wait_async(client: AsyncRedis | AsyncRedisCluster, key: str, after: str, *,
+                     count: int, block_ms: int) -> Any:
+    """`wait`, on an async client."""
+    if isinstance(client, AsyncRedisCluster):
+        try:
+            node = client.get_node_from_key(key)
+            return await client.execute_command(*_xread(key, after, count, block_ms),
+                                                target_nodes=node)
+        except _NOT_THERE:
+            pass
+    return await client.xread({key: after}, count=count, block=block_ms)
+
+
+def _xread(key: str, after: str, count: int, block_ms: int) -> tuple[str | int, ...]:
+    return ("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", key, after)
 
 
 def last_park(client: Redis, key: str, interrupt_ids: set[str] | None = None) -> Event | None:
@@ -192,12 +241,12 @@ async def follow_raw(client: AsyncRedis, key: str, after: str, *, keep_going: bo
         if not batch and not keep_going:
             return
         if not batch:
-            wait = KEEP_ALIVE_MS if where is None else min(WHERE_EVERY_MS,
-                                                           KEEP_ALIVE_MS - waited)
-            reply: Any = await client.xread({key: after}, count=PAGE, block=wait)
+            pause = KEEP_ALIVE_MS if where is None else min(WHERE_EVERY_MS,
+                                                            KEEP_ALIVE_MS - waited)
+            reply: Any = await wait_async(client, key, after, count=PAGE, block_ms=pause)
             batch = reply[0][1] if reply else []
             if not batch:
-                waited += wait
+                waited += pause
                 if where is not None and (moved := await where()) != key:
                     key, look = moved, True
                 if waited >= KEEP_ALIVE_MS:

@@ -8,15 +8,17 @@ RedisCluster.)"""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
 
 import pytest
 import redis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from layby.control.runtime import TASK_NAMES
 from layby.ops.embedded import EmbeddedCluster
-from layby.parking import Announcements, Keys, Store, StoreConfig, formats, migrations
+from layby.parking import Announcements, Keys, Store, StoreConfig, events, formats, migrations
 from layby.parking.scripts import standalone
 from layby.parking.shards import slot_of, tags
 from layby.wire import Status
@@ -145,3 +147,89 @@ def test_a_store_of_format_1_made_on_the_cluster_is_taken_to_format_2_without_a_
     again = Store(store.redis, StoreConfig(TASK_NAMES, prefix=keys.prefix, shards=48))
     assert {run_id: again.runs.view(run_id) for run_id in runs} == before
     assert again.answers.answer(runs[0], [answer("int_a")]).resumed
+
+
+def _keys_asked(valkey_cluster: EmbeddedCluster) -> int:
+    """How many times the primaries were asked a command's keys (`COMMAND GETKEYS`)."""
+    asked = 0
+    for primary in valkey_cluster.primaries():
+        with primary.client() as node:
+            asked += node.info("commandstats").get("cmdstat_command|getkeys", {}).get("calls", 0)
+    return asked
+
+
+def test_a_follower_waits_on_the_runs_node_without_asking_for_the_reads_keys(
+        store: Store, valkey_cluster: EmbeddedCluster) -> None:
+    run_id = f"run_{uuid.uuid4().hex}"
+    _parked(store, run_id)
+    client = store.redis
+    key = store.keys.events(run_id)
+    expected = client.xread({key: "0-0"}, count=10, block=100)
+    before = _keys_asked(valkey_cluster)
+    assert events.wait(client, key, "0-0", count=10, block_ms=100) == expected
+    last = expected[0][1][-1][0]
+    assert events.wait(client, key, last, count=10, block_ms=50) == []  # nothing newer
+    assert [e.type for e in events.read(client, key, last, block_ms=50)] == []
+    assert _keys_asked(valkey_cluster) == before
+
+
+def test_a_follower_with_a_stale_map_reads_again_the_usual_way(
+        store: Store, valkey_cluster: EmbeddedCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slot moved since the client read the map: the node it names answers MOVED, and
+    the read goes again as redis-py sends it (which learns the new map)."""
+    run_id = f"run_{uuid.uuid4().hex}"
+    _parked(store, run_id)
+    client = store.redis
+    key = store.keys.events(run_id)
+    holder = client.get_node_from_key(key)
+    elsewhere = next(n for n in client.get_primaries() if n.name != holder.name)
+    monkeypatch.setattr(client, "get_node_from_key", lambda *_, **__: elsewhere)
+    before = _keys_asked(valkey_cluster)
+    got = events.wait(client, key, "0-0", count=10, block_ms=100)
+    assert [fields["type"] for _, fields in got[0][1]] == ["run.created", "run.started",
+                                                           "run.interrupted"]
+    assert _keys_asked(valkey_cluster) == before + 1  # the usual way asks for the keys
+
+
+def test_an_async_follower_waits_on_the_runs_node_too_and_reads_again_with_a_stale_map(
+        store: Store, valkey_cluster: EmbeddedCluster) -> None:
+    run_id = f"run_{uuid.uuid4().hex}"
+    _parked(store, run_id)
+    key = store.keys.events(run_id)
+
+    async def follow() -> list[str]:
+        client = AsyncRedisCluster(host=valkey_cluster.members[0].host,
+                                   port=valkey_cluster.members[0].port, decode_responses=True)
+        try:
+            seen = []
+            async for batch in events.follow_raw(client, key, "0-0"):
+                assert batch is not None
+                seen += [fields["type"] for _, fields in batch]
+                if len(seen) >= 3:
+                    got = await events.wait_async(client, key, batch[-1][0], count=10,
+                                                  block_ms=50)
+                    assert got == []
+                    return seen
+            return seen
+        finally:
+            await client.aclose()
+
+    async def stale() -> list[str]:
+        client = AsyncRedisCluster(host=valkey_cluster.members[0].host,
+                                   port=valkey_cluster.members[0].port, decode_responses=True)
+        try:
+            await client.initialize()
+            holder = client.get_node_from_key(key)
+            elsewhere = next(n for n in client.get_primaries() if n.name != holder.name)
+            client.get_node_from_key = lambda *_, **__: elsewhere  # type: ignore[method-assign]
+            got = await events.wait_async(client, key, "0-0", count=10, block_ms=50)
+            return [fields["type"] for _, fields in got[0][1]]
+        finally:
+            await client.aclose()
+
+    before = _keys_asked(valkey_cluster)
+    assert asyncio.run(follow()) == ["run.created", "run.started", "run.interrupted"]
+    assert _keys_asked(valkey_cluster) == before
+    # With a stale map, the read goes again the usual way (which asks for its keys).
+    assert asyncio.run(stale()) == ["run.created", "run.started", "run.interrupted"]
+    assert _keys_asked(valkey_cluster) == before + 1
