@@ -2,9 +2,9 @@
 `valkey_cluster` fixture), in the sharded layout (`Keys(prefix, shard_count)`): each
 transition's keys are in one slot, so its script runs there; runs live their whole life,
 list pages merge the shards across the primaries, deadlines and lost messages are found in
-every shard, and the runs' keys spread over the primaries. (The store is not yet served
-on a cluster by layby's processes: this is the store alone, through redis-py's
-RedisCluster.)"""
+every shard, the runs' keys spread over the primaries, and a follower waits for a run's
+events on the run's node (without asking for XREAD's keys first). The store alone, through
+redis-py's RedisCluster: layby's processes on a cluster are in tests/ops and tests/faults."""
 
 from __future__ import annotations
 
