@@ -3,13 +3,13 @@ address that carries the token), a reply to a reply that could not be read, and 
 
 from __future__ import annotations
 
+import functools
 import json
 import smtplib
 import ssl
 from email.message import EmailMessage
 from email.utils import formataddr, formatdate, make_msgid
-
-import jinja2
+from typing import TYPE_CHECKING
 
 from layby.broker_config import Settings
 from layby.generation.interrupts import Interrupt
@@ -17,9 +17,19 @@ from layby.reviewers.directory import Reviewer
 from layby.reviewers.schemas import how_to_answer, is_confirmation
 from layby.wire import Notification, RunView
 
-_templates = jinja2.Environment(loader=jinja2.PackageLoader("layby.notifier", "templates"),
-                                autoescape=jinja2.select_autoescape(["html"]),
-                                keep_trailing_newline=True)
+if TYPE_CHECKING:
+    import jinja2
+
+
+@functools.cache
+def _templates() -> jinja2.Environment:
+    # Built by the first mail, not at import: jinja2 costs every worker about 15 ms at its
+    # start, and a worker that sends no mail never needs it.
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("layby.notifier", "templates"),
+                              autoescape=jinja2.select_autoescape(["html"]),
+                              keep_trailing_newline=True)
 
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -86,8 +96,8 @@ def notification_mail(settings: Settings, run: RunView, interrupt: Interrupt,
     mail["X-Auto-Response-Suppress"] = "All"
     mail["X-Layby-Run"] = run.id
     mail["X-Layby-Interrupt"] = interrupt.id
-    mail.set_content(_templates.get_template("email.txt").render(context))
-    mail.add_alternative(_templates.get_template("email.html").render(context), subtype="html")
+    mail.set_content(_templates().get_template("email.txt").render(context))
+    mail.add_alternative(_templates().get_template("email.html").render(context), subtype="html")
     return mail
 
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 import json
 import logging
 from datetime import datetime
-from typing import Any
-
-from slack_sdk import WebClient
-from slack_sdk.errors import SlackApiError, SlackClientError
+from typing import TYPE_CHECKING, Any
 
 from layby.broker_config import Settings
 from layby.generation.interrupts import Interrupt
 from layby.notifier.mail import PermanentFailure
+
+if TYPE_CHECKING:
+    from slack_sdk import WebClient
 from layby.reviewers.config import Reviewers
 from layby.reviewers.schemas import is_confirmation
 from layby.wire import (
@@ -52,6 +52,10 @@ def client(settings: Settings) -> WebClient:
         raise PermanentFailure("Slack is not configured: set LAYBY_SLACK_BOT_TOKEN (and "
                                "LAYBY_SLACK_SIGNING_SECRET)")
     base = settings.slack_api_url.rstrip("/") + "/"
+    # slack_sdk costs every process about 20 ms and 36 modules at its start: only a
+    # deployment that posts to Slack loads it.
+    from slack_sdk import WebClient
+
     return WebClient(token=settings.slack_bot_token.get_secret_value(), base_url=base,
                      timeout=int(max(1, settings.slack_timeout_s)))
 
@@ -60,6 +64,8 @@ def call(settings: Settings, method: str, **params: Any) -> dict[str, Any]:
     """One Web API call ("chat.postMessage"), through slack_sdk's method of that name (which
     sends each method's arguments the way Slack takes them); PermanentFailure for errors
     that will not change, ConnectionError for the rest (the caller retries)."""
+    from slack_sdk.errors import SlackApiError, SlackClientError
+
     try:
         reply = getattr(client(settings), method.replace(".", "_"))(**params)
     except SlackApiError as exc:

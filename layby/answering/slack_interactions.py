@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
-from slack_sdk.signature import SignatureVerifier
-
 from layby.answering import answers
 from layby.answering.forms import DECISION, Field, Form, entry_from_form, form_for
 from layby.control import Runtime, commands
@@ -69,6 +67,9 @@ def verify(secret: str, raw: bytes, headers: dict[str, str], now: float | None =
     if not stamp.isdigit() or abs((now or time.time()) - int(stamp)) > TOLERANCE_S:
         raise BadSignature(f"the X-Slack-Request-Timestamp is more than {TOLERANCE_S} s "
                            "from now: refused as a replay")
+    # Here, not at the top: slack_sdk costs every gateway about 20 ms at its start.
+    from slack_sdk.signature import SignatureVerifier
+
     verifier = SignatureVerifier(secret)
     if not verifier.is_valid(raw, stamp, signature):
         raise BadSignature("the Slack signature does not verify with the signing secret "

@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic import ValidationError
 
 from layby.errors import Invalid
@@ -54,6 +52,11 @@ def schema_errors(schema: dict[str, Any] | None, value: Any) -> list[dict[str, A
     """Validation errors of `value` against a JSON schema, as `{path, message}` items."""
     if not schema:
         return []
+    # jsonschema (with referencing, attrs and rpds) costs every process about 30 ms and 40
+    # modules at its start: loaded by the first answer checked against a schema instead.
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     try:
         validator = Draft202012Validator(schema)
         found = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))

@@ -36,12 +36,8 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import celpy
-from celpy.adapter import json_to_cel
-from celpy.celparser import CELParseError
-from celpy.evaluation import CELEvalError
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -57,6 +53,9 @@ from layby.generation.interrupts import BACKGROUND_JOB, Escalation, Interrupt, R
 from layby.generation.tools import Tool
 from layby.reviewers.directory import Directory, read_file
 from layby.reviewers.schemas import has_approved
+
+if TYPE_CHECKING:
+    import celpy
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +174,7 @@ class Policy:
 
     def __init__(self, rules: list[Rule], source: str = "") -> None:
         self.source = source
-        self._env = celpy.Environment()
+        self._env: celpy.Environment | None = None
         self._rules = [_Compiled(r, self._compile(r)) for r in rules]
 
     @property
@@ -185,6 +184,13 @@ class Policy:
     def _compile(self, rule: Rule) -> Any:
         if not rule.when:
             return None
+        # cel-python and its parser cost every process that starts about 30 ms and 50
+        # modules: only a deployment whose rules have conditions loads them.
+        import celpy
+        from celpy.celparser import CELParseError
+
+        if self._env is None:
+            self._env = celpy.Environment()
         try:
             return self._env.program(self._env.compile(rule.when))
         except CELParseError as exc:
@@ -224,6 +230,8 @@ class Policy:
                 checks.append(Check(rule.name, True, "no condition"))
                 return rule, checks
             if activation is None:
+                from celpy.adapter import json_to_cel  # loaded by the rule's compiling
+
                 activation = {k: json_to_cel(v) for k, v in context.items()}
             matched, why = _condition(compiled.program, activation, rule.when or "")
             checks.append(Check(rule.name, matched, why))
@@ -269,6 +277,9 @@ def _matches(value: str, patterns: list[str]) -> bool:
 
 
 def _condition(program: Any, activation: dict[str, Any], text: str) -> tuple[bool, str]:
+    import celpy  # loaded by the rule's compiling
+    from celpy.evaluation import CELEvalError
+
     try:
         result = program.evaluate(activation)
     except CELEvalError as exc:

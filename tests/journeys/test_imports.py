@@ -200,6 +200,30 @@ def test_importing_layby_connects_to_nothing_and_reads_no_settings(tmp_path: Pat
     assert found == {"after_layby": [], "aliases_kept": True}
 
 
+# What only some deployments use, loaded by the first use instead of at every start (a
+# worker's start cost about 100 ms more with them: `layby up`, a restarted worker, each
+# `layby` command pay it): CEL rule conditions, answers checked against a JSON schema,
+# Slack, and for a worker the mail templates.
+ON_FIRST_USE = {"layby.tasks.app": ["celpy", "lark", "jsonschema", "slack_sdk", "jinja2"],
+                "layby.tasks.clock": ["celpy", "lark", "jsonschema", "slack_sdk", "jinja2"],
+                "layby.http.app": ["celpy", "lark", "jsonschema", "slack_sdk"],
+                "layby.ops.cli": ["celpy", "lark", "jsonschema", "slack_sdk", "jinja2"]}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("entry", sorted(ON_FIRST_USE))
+def test_a_process_starts_without_what_only_some_deployments_use(entry: str) -> None:
+    probe = (f"import sys, {entry}\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules}))\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1].replace("'", '"')))
+    assert "celery" in loaded  # the probe saw the entry's imports
+    assert loaded.isdisjoint(ON_FIRST_USE[entry]), loaded & set(ON_FIRST_USE[entry])
+
+
 @pytest.mark.integration
 def test_every_module_imports(installed: Path) -> None:
     """A name that moved or was renamed fails here, before any system test starts."""
