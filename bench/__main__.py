@@ -25,6 +25,8 @@ from typing import Any
 import redis
 
 from bench import BenchError, hooks
+from bench.beside import Beside
+from bench.beside import summary as beside_figures
 from bench.processes import ROOT, Parts
 
 
@@ -200,6 +202,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
 
     load_before = report.load_average()
     rt = build()
+    beside: Beside | None = None
     try:
         store = rt.store
         store.redis.ping()
@@ -223,8 +226,12 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
               f"{args.runs} chains and {args.runs} runs in {args.rounds} round(s), then "
               f"{args.runs} runs one at a time", file=sys.stderr)
 
+        if args.cluster:
+            beside = _beside(parts, args, path)
         rounds = []
-        spent = {"layby": costs.Counters(), "baseline": costs.Counters()}
+        spent = {"layby": costs.Counters(), "baseline": costs.Counters(),
+                 "beside": costs.Counters()}
+        beside_completed = 0
         pid = worker.process.pid if worker.process is not None else None
         for n in measure.split(args.runs, args.rounds):
             # ABBA: the order flips every round, so a load that drifts (another program on
@@ -234,6 +241,8 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
                 chains, cost = costs.counted(servers, lambda: measure.celery_chains(
                     store, n, hops, args.in_flight, args.timeout), pid)  # noqa: B023  (called within this iteration)
                 spent["baseline"] += cost
+            elif beside is not None:
+                beside_completed += _beside_round(beside, spent, n, args)
             cycles, cost = costs.counted(servers, lambda: measure.layby_cycles(
                 rt, n, args.in_flight, args.timeout), pid)  # noqa: B023  (called within this iteration)
             spent["layby"] += cost
@@ -241,6 +250,8 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
                 chains, cost = costs.counted(servers, lambda: measure.celery_chains(
                     store, n, hops, args.in_flight, args.timeout), pid)  # noqa: B023  (called within this iteration)
                 spent["baseline"] += cost
+            elif beside is not None:
+                beside_completed += _beside_round(beside, spent, n, args)
             rounds.append((cycles, chains))
         at_rest = measure.layby_cycles(rt, args.runs, 1, args.timeout)
         over_http = None
@@ -268,7 +279,7 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
                                **seen[side].summary(),
                                "server_us_by_script": timed[side]["by_script"],
                                "server_us_by_command": timed[side]["by_command"]}
-                        for side in spent}
+                        for side in completed}
 
         settings = {"runs": args.runs, "concurrency": args.concurrency,
                     "in_flight": args.in_flight, "rounds": len(rounds),
@@ -290,8 +301,14 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
             result["parked"] = report.scale_summary(levels)
         if over_http:
             result["http"] = over_http
+        if beside is not None:
+            result["beside"] = beside_figures(
+                beside, spent["beside"], beside_completed,
+                cost_figures["layby"].get("per_s_per_primary"))
         return result
     finally:
+        if beside is not None:
+            beside.stop()
         if sink is not None:
             sink.stop()
         if not parts.embedded or parts.broker_url:
@@ -301,6 +318,35 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
         if args.broker_url and not rt.settings.broker_is_amqp:
             rt.celery.pool.force_close_all()  # its channels write kombu's tables as they close
             _delete_broker_keys(args.broker_url)
+
+
+def _beside(parts: Parts, args: argparse.Namespace, path: str) -> Beside:
+    """With `--cluster`: one server set up as each primary is, its worker warmed up
+    (`beside`)."""
+    assert parts.folder is not None
+    print(f"bench: starting one server beside the cluster (broker apart, {args.replicas} "
+          "replica(s)), measured in the same rounds", file=sys.stderr)
+    beside = Beside(parts.folder / "beside", args.replicas)
+    try:
+        beside.start({**os.environ, "PYTHONPATH": path}, args.concurrency)
+        beside.cycles(args.warmup, args.in_flight, args.timeout)
+    except BaseException:
+        beside.stop()
+        raise
+    return beside
+
+
+def _beside_round(beside: Beside, spent: dict[str, Any], n: int,
+                  args: argparse.Namespace) -> int:
+    """One round's cycles on the server beside the cluster, its counters added to
+    `spent`; how many completed."""
+    from bench import costs
+
+    assert beside.worker is not None and beside.worker.process is not None
+    outcome, cost = costs.counted([beside.primary], lambda: beside.cycles(
+        n, args.in_flight, args.timeout), beside.worker.process.pid)
+    spent["beside"] += cost
+    return int(outcome.completed)
 
 
 def _traces(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:

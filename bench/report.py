@@ -202,6 +202,20 @@ def _server_time(lay: dict[str, Any], base: dict[str, Any]) -> str:
     return line
 
 
+def _beside(one: dict[str, Any], lay: dict[str, Any]) -> str:
+    """The one server measured in the cluster's rounds, and the cluster's primaries
+    against it."""
+    nan = float("nan")
+    replicas = one.get("replicas", 0)
+    like = {0: "no replica", 1: "a replica"}.get(replicas, f"{replicas} replicas")
+    over = one.get("cluster_over_one_server")
+    return (f"broker apart and {like}, as each primary has, in the same rounds: "
+            f"{one.get('server_us', nan)} µs of CPU per cycle, at most "
+            f"{one.get('per_s_per_primary', nan)} cycles/s; a primary of the cluster "
+            f"{lay.get('per_s_per_primary', nan)}: "
+            + (f"{over:.0%} of one server's" if over is not None else "not compared"))
+
+
 def _by_process(cpu: dict[str, float]) -> str:
     """CPU µs by process as one line: each, then their sum."""
     if not cpu:
@@ -309,6 +323,8 @@ def table(result: dict[str, Any]) -> str:
         rows.append(("CPU per cycle over HTTP", (
             f"{_by_process(h.get('cpu_us_by_process', {}))}; direct, in the rounds between: "
             f"{_by_process(h.get('direct_cpu_us_by_process', {}))}")))
+    if result.get("beside"):
+        rows.append(("one server beside it", _beside(result["beside"], lay_cost)))
     if result.get("parked"):
         rows += _scale_rows(result["parked"])
     width = max(len(k) for k, _ in rows)

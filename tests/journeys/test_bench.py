@@ -239,19 +239,38 @@ def test_bench_on_a_cluster_with_the_broker_beside_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_bench_starts_a_cluster_of_its_own_without_replicas(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("replicas", "said"), [(0, "without replicas"),
+                                                 (1, "with a replica each")])
+def test_bench_starts_a_cluster_of_its_own_and_one_server_beside_it(
+        tmp_path: Path, replicas: int, said: str) -> None:
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, "-m", "bench", "--runs", str(RUNS), "--warmup", "1",
-                           "--rounds", "1", "--cluster", "2", "--replicas", "0",
+                           "--rounds", "1", "--cluster", "2", "--replicas", str(replicas),
                            "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=220)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "an embedded cluster of 2 primaries without replicas" in done.stdout
+    assert f"an embedded cluster of 2 primaries {said}" in done.stdout
     result = json.loads(out.read_text())
     assert result["settings"]["cluster"] == result["settings"]["primaries"] == 2
-    assert result["settings"]["replicas"] == 0
+    assert result["settings"]["replicas"] == replicas
     assert result["layby"]["completed"] == RUNS
-    assert len(result["costs"]["layby"]["server_us_by_primary"]) == 2
+    lay_cost = result["costs"]["layby"]
+    assert len(lay_cost["server_us_by_primary"]) == 2
+    # One server set up as each primary is (its replicas linked, as its own INFO says),
+    # measured in the same rounds, and the cluster's primaries over it.
+    one = result["beside"]
+    assert one["completed"] == RUNS and one["replicas"] == replicas
+    assert one["primaries"] == 1 and one["server_us"] > 0
+    assert one["per_s_per_primary"] == round(1_000_000 / one["server_us"])
+    assert one["cluster_over_one_server"] == round(
+        lay_cost["per_s_per_primary"] / one["per_s_per_primary"], 3)
+    assert f"a primary of the cluster {lay_cost['per_s_per_primary']}: " in done.stdout
+    assert f"{one['cluster_over_one_server']:.0%} of one server's" in done.stdout
+    # Its worker and its server are stopped with the rest.
+    worker_tag = one["worker"].split(" -n ")[1].split()[0]
+    assert not [c for c in _cmdlines() if worker_tag in c]
+    with pytest.raises(redis.exceptions.ConnectionError):
+        redis.Redis.from_url(one["redis_url"], socket_connect_timeout=1).ping()
 
 
 def test_bench_refuses_a_cluster_without_a_broker_beside_it(
