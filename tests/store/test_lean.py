@@ -530,3 +530,38 @@ def test_a_run_parked_by_0_1_0s_predecessors_is_answered_and_finishes_once_migra
     assert system.answer(run_id, question["id"], payload="Jaws").status_code == 200
     done = system.wait_status(run_id, "completed")
     assert done["result"].startswith("Right!")
+
+
+def test_back_to_back_sweeps_fold_and_prune_once(store_server: EmbeddedRedis) -> None:
+    """Folding looks for runs parked LAYBY_FOLD_EVENTS_AFTER_S ago and pruning for runs
+    finished LAYBY_RETENTION_S ago: a pass every second need not look for either (at 48
+    shards they were 240 of an idle pass's 590 commands). Passes back to back look once; a
+    pass half the fold delay later folds again; pruning waits its minute."""
+    from layby.control import build
+    from layby.tasks.sweeper import sweep
+
+    settings = Settings(redis_url=store_server.url.rsplit("/", 1)[0] + "/9",
+                        fold_events_after_s=1)
+    client = redis.Redis(port=store_server.port, db=9, decode_responses=True)
+    client.flushdb()
+    rt = build(settings)
+    shards = len(rt.store.shards)
+
+    def calls(command: str) -> int:
+        return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+    def one_pass() -> tuple[int, int]:
+        """(fold cursors read, index entries pruned) by one sweep."""
+        gets, prunes = calls("get"), calls("zremrangebyscore")
+        sweep(rt)
+        return calls("get") - gets, calls("zremrangebyscore") - prunes
+
+    try:
+        first, again, later = one_pass(), one_pass(), (time.sleep(0.6), one_pass())[1]
+        assert first[0] >= shards and first[1] == 3 * shards  # completed, failed, cancelled
+        assert again[0] < shards and again[1] == 0
+        assert later[0] >= shards and later[1] == 0
+    finally:
+        rt.store.redis.close()
+        client.flushdb()
+        client.close()
