@@ -4,9 +4,10 @@ carry" has a baseline from the same run on the same machine.
 
 Apart from the cluster, what a primary spends is its share of the cycles, and what feeding
 its replicas costs. One server given the same replicas and the same broker apart spends the
-second alike: what is left between the two is the cluster's own cost (more commands a
-cycle, the slots). Two runs of the bench, one of each, differ by more than that on a small
-machine; rounds that alternate in one run do not.
+second alike: what is left between the two is the cluster's own cost (its nodes' upkeep,
+the followers' reads a primary each, and on a small machine, more servers sharing its
+cores). Two runs of the bench, one of each, differ by more than that on a small machine;
+rounds that alternate in one run do not.
 """
 
 from __future__ import annotations
@@ -116,4 +117,3 @@ def summary(beside: Beside, spent: Any, completed: int, cluster_per_primary: flo
     figures["cluster_over_one_server"] = (round(cluster_per_primary / one, 3)
                                           if one and cluster_per_primary else None)
     return figures
-
