@@ -16,8 +16,8 @@ shapes). Importing layby connects to nothing and reads no settings.
 """
 
 from importlib import metadata as _metadata
+from typing import TYPE_CHECKING, Any
 
-from layby.client import AsyncClient, Client
 from layby.errors import Conflict, Invalid, LaybyError, NotFound, Unauthorized
 from layby.generation.agents import Agent
 from layby.generation.interrupts import (
@@ -33,6 +33,21 @@ from layby.generation.scripted import Call, Case, Choose, Reply, ScriptedModel
 from layby.generation.stored_run import StoredRun
 from layby.generation.tools import Approval, Ask, ToolContext, interrupt_tool, tool
 from layby.wire import Answer, Delegation, Event, InterruptView, RunSummary, RunView, Status
+
+if TYPE_CHECKING:
+    from layby.client import AsyncClient, Client
+
+
+def __getattr__(name: str) -> Any:
+    # The clients load with their first use (`from layby import Client` included): a
+    # worker, a sweeper or a gateway never needs httpx, which with its command line's rich
+    # and pygments (loaded when installed) cost each start about 70 ms.
+    if name in ("Client", "AsyncClient"):
+        from layby import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'layby' has no attribute {name!r}")
+
 
 try:
     __version__ = _metadata.version("layby")

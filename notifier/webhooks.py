@@ -12,9 +12,8 @@ import json
 import os
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 from standardwebhooks import Webhook
 
 from layby.broker_config import Settings
@@ -22,6 +21,9 @@ from layby.generation.interrupts import Interrupt
 from layby.notifier.mail import PermanentFailure, page_url
 from layby.reviewers.directory import Reviewer
 from layby.wire import Notification, RunView
+
+if TYPE_CHECKING:
+    import httpx
 
 USER_AGENT = "layby-webhooks/0.1"
 
@@ -70,6 +72,10 @@ def sign(secret: str, webhook_id: str, body: str, at: float | None = None) -> di
 
 def where(url: str) -> str:
     """A webhook URL as errors and logs show it: its path may be a secret (Slack-style)."""
+    # httpx here and below, not at the top: with the command-line client it loads when
+    # installed (rich, pygments), it cost every worker's start about 70 ms.
+    import httpx
+
     parts = httpx.URL(url)
     return f"{parts.scheme}://{parts.host}" + (f":{parts.port}" if parts.port else "")
 
@@ -81,6 +87,8 @@ def _http() -> httpx.Client:
     """The process's HTTP client: connections to receivers are kept and reused (a client a
     send would build a TLS context and open a connection every time). A forked child
     makes its own."""
+    import httpx
+
     found = _clients.get(os.getpid())
     if found is None:
         found = _clients[os.getpid()] = httpx.Client(follow_redirects=False)
@@ -95,6 +103,8 @@ def send(settings: Settings, reviewer: Reviewer, note: Notification,
     text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
     headers = {"content-type": "application/json", "user-agent": USER_AGENT,
                **sign(reviewer.webhook.secret, note.id, text)}
+    import httpx
+
     try:
         reply = _http().post(reviewer.webhook.url, content=text.encode(), headers=headers,
                              timeout=settings.webhook_timeout_s)

@@ -201,13 +201,14 @@ def test_importing_layby_connects_to_nothing_and_reads_no_settings(tmp_path: Pat
 
 
 # What only some deployments use, loaded by the first use instead of at every start (a
-# worker's start cost about 100 ms more with them: `layby up`, a restarted worker, each
+# worker's start cost about 150 ms more with them: `layby up`, a restarted worker, each
 # `layby` command pay it): CEL rule conditions, answers checked against a JSON schema,
-# Slack, and for a worker the mail templates.
-ON_FIRST_USE = {"layby.tasks.app": ["celpy", "lark", "jsonschema", "slack_sdk", "jinja2"],
-                "layby.tasks.clock": ["celpy", "lark", "jsonschema", "slack_sdk", "jinja2"],
-                "layby.http.app": ["celpy", "lark", "jsonschema", "slack_sdk"],
-                "layby.ops.cli": ["celpy", "lark", "jsonschema", "slack_sdk", "jinja2"]}
+# Slack, webhooks and layby's own HTTP client (httpx), and for a worker the mail templates.
+SOME_USE = ["celpy", "lark", "jsonschema", "slack_sdk", "httpx"]
+ON_FIRST_USE = {"layby.tasks.app": [*SOME_USE, "jinja2"],
+                "layby.tasks.clock": [*SOME_USE, "jinja2"],
+                "layby.http.app": SOME_USE,
+                "layby.ops.cli": [*SOME_USE, "jinja2"]}
 
 
 @pytest.mark.integration
