@@ -49,6 +49,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'layby' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), "AsyncClient", "Client"})
+
+
 try:
     __version__ = _metadata.version("layby")
 except _metadata.PackageNotFoundError:  # a source tree that was never installed

@@ -214,13 +214,13 @@ ON_FIRST_USE = {"layby.tasks.app": [*SOME_USE, "jinja2"],
 @pytest.mark.integration
 @pytest.mark.parametrize("entry", sorted(ON_FIRST_USE))
 def test_a_process_starts_without_what_only_some_deployments_use(entry: str) -> None:
-    probe = (f"import sys, {entry}\n"
-             "print(sorted({m.split('.')[0] for m in sys.modules}))\n")
+    probe = (f"import json, sys, {entry}\n"
+             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
-    loaded = set(json.loads(done.stdout.strip().splitlines()[-1].replace("'", '"')))
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
     assert "celery" in loaded  # the probe saw the entry's imports
     assert loaded.isdisjoint(ON_FIRST_USE[entry]), loaded & set(ON_FIRST_USE[entry])
 
