@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support import forkserver
 from tests.support.harness import ROOT, LaybySystem
 
 LAYBY = str(Path(sys.executable).parent / "layby")
@@ -19,8 +20,7 @@ USER = "ada"
 
 def layby(system: LaybySystem, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**system.env, "USER": USER}
-    return subprocess.run([LAYBY, *args], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
+    return forkserver.run([LAYBY, *args], env, ROOT, timeout)
 
 
 def _clean_failure(done: subprocess.CompletedProcess[str], *expected: str) -> None:

@@ -141,7 +141,7 @@ def test_prometheus_loads_the_rules_and_evaluates_every_expression_on_a_live_gat
             try:
                 targets = httpx.get(f"{api}/targets", timeout=2).json()["data"]
                 rules = httpx.get(f"{api}/rules", timeout=2).json()["data"]["groups"]
-            except (httpx.HTTPError, KeyError):
+            except (httpx.HTTPError, KeyError, ValueError):  # ValueError: 503s while it starts
                 return False
             up = [t["health"] for t in targets["activeTargets"]] == ["up"]
             # A rule not evaluated yet says so with the zero time, year 0001.

@@ -31,6 +31,8 @@ from layby.parking.keys import Keys
 from layby.parking.migrations.m0001_versioned import old_keys
 from layby.parking.scripts import standalone
 from layby.wire import Status
+from tests.support import forkserver
+from tests.support.forkserver import Forked
 
 API_KEY = "test-key-0123456789"
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,10 +142,13 @@ class Proc:
     name: str
     argv: list[str]
     log: Path
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | Forked | None = None
 
     def start(self, env: dict[str, str]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        if (forked := forkserver.spawn(self.argv, env, ROOT, self.log)) is not None:
+            self.process = forked
+            return
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(self.argv, env=env, cwd=ROOT, stdout=out,
                                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -248,8 +253,7 @@ class LaybySystem:
 
     def layby(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """`layby <args>` (the command line) on the system's store."""
-        return subprocess.run([LAYBY, *args], env=self.env, cwd=ROOT, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=timeout)
+        return forkserver.run([LAYBY, *args], self.env, ROOT, timeout)
 
     # -- what users do ---------------------------------------------------------------
 

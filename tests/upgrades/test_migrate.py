@@ -29,6 +29,7 @@ from layby.parking import Keys, formats
 from layby.parking.migrations.m0001_versioned import old_keys
 from tests.store.conftest import MESSAGES, World
 from tests.store.test_migrations import _aged, _parked_with_a_note
+from tests.support import forkserver
 from tests.support.harness import ROOT
 
 pytestmark = pytest.mark.integration
@@ -45,9 +46,7 @@ class Unversioned:
     env: dict[str, str]
 
     def layby(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([LAYBY, *args], env=self.env, cwd=ROOT,
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=timeout)
+        return forkserver.run([LAYBY, *args], self.env, ROOT, timeout)
 
 
 @pytest.fixture
