@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="also write the outcomes here")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    # Each process from a new interpreter, as a deployment starts it, not forked by the
+    # tests' fork server (tests/support/forkserver.py): a worker started again after a
+    # kill must take as long to be ready as it would in production.
+    os.environ["LAYBY_TEST_FORKSERVER"] = "0"
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="layby-faults-") as tmp:
         for name in args.only or found:
