@@ -20,8 +20,9 @@ which set `sys.path`) or in its working folder gets a process of its own, as bef
 other command line. `LAYBY_TEST_FORKSERVER=0` turns it off.
 
 The server (`python -m tests.support.forkserver SOCKET`) is the parent of what it starts:
-it reaps them and writes each one's exit code to `<pid>.exit` beside its socket, which
-`Forked`, the test's handle, reads (a process a test did not start cannot be waited on).
+it reaps them and writes each one's exit code beside its socket (`<serial>.exit`, by the
+number it gave the process), which `Forked`, the test's handle, reads (a process a test
+did not start cannot be waited on).
 It exits when the test process that started it closes its stdin (at exit, or dead).
 """
 
@@ -116,6 +117,8 @@ def _serve(path: str) -> dict[str, Any]:
     selector.register(listener, selectors.EVENT_READ)
     selector.register(sys.stdin, selectors.EVENT_READ)
     print(json.dumps({"read": read, "taken": _taken_as_main()}), flush=True)
+    started: dict[int, int] = {}  # pid → serial, of those running
+    done: set[int] = set()
     while True:
         for key, _ in selector.select(timeout=0.05):
             if key.fileobj is not listener:
@@ -130,11 +133,15 @@ def _serve(path: str) -> dict[str, Any]:
                     selector.close()
                     listener.close()
                     return request  # type: ignore[no-any-return]
-                conn.sendall(f"{pid}\n".encode())
-        _reap(folder)
+                started[pid] = len(started) + len(done)
+                conn.sendall(f"{pid} {started[pid]}\n".encode())
+        _reap(folder, started, done)
 
 
-def _reap(folder: Path) -> None:
+def _reap(folder: Path, started: dict[int, int], done: set[int]) -> None:
+    """Write the exit code of each process that ended to `<serial>.exit`: by the number
+    the server gave it, not its pid, which a later process may get (pids wrap at 32,768
+    here, Chromium's and Valkey's threads taking theirs)."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -142,9 +149,11 @@ def _reap(folder: Path) -> None:
             return
         if pid == 0:
             return
-        done = folder / f"{pid}.exit"
-        done.with_suffix(".part").write_text(str(os.waitstatus_to_exitcode(status)))
-        done.with_suffix(".part").rename(done)
+        serial = started.pop(pid)
+        done.add(serial)
+        code = folder / f"{serial}.exit"
+        code.with_suffix(".part").write_text(str(os.waitstatus_to_exitcode(status)))
+        code.with_suffix(".part").rename(code)
 
 
 def _become(request: dict[str, Any]) -> None:
@@ -182,17 +191,17 @@ def _become(request: dict[str, Any]) -> None:
 class Forked:
     """What the harness uses of `subprocess.Popen`, for a process the server started."""
 
-    def __init__(self, pid: int, argv: list[str], folder: Path) -> None:
-        self.pid, self.args, self._done = pid, argv, folder / f"{pid}.exit"
+    def __init__(self, pid: int, serial: int, argv: list[str], server: _Server) -> None:
+        self.pid, self.args, self._server = pid, argv, server
+        self._done = server.folder / f"{serial}.exit"
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None and self._done.exists():
             self.returncode = int(self._done.read_text())
-        elif self.returncode is None and not _alive(self.pid):
-            # Reaped a moment ago (its code on its way), or by init: the server is gone.
-            time.sleep(0.2)
-            self.returncode = int(self._done.read_text()) if self._done.exists() else -1
+        elif self.returncode is None and self._server.process.poll() is not None:
+            # The server is gone (killed): init reaps what it started, code unknown.
+            self.returncode = None if _alive(self.pid) else -1
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -315,8 +324,8 @@ def _spawn(argv: list[str], env: dict[str, str], cwd: Path, stdout: Path, stderr
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(str(server.folder / "socket"))
         conn.sendall((json.dumps(request) + "\n").encode())
-        pid = int(conn.makefile().readline())
-    return Forked(pid, argv, server.folder)
+        pid, serial = map(int, conn.makefile().readline().split())
+    return Forked(pid, serial, argv, server)
 
 
 def _stop() -> None:
