@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support import forkserver
@@ -99,7 +100,7 @@ def test_a_worker_it_starts_is_killed_and_reaped_as_a_process_of_its_own_is(
         assert os.getpgid(process.pid) == process.pid  # a session of its own
         assert "LAYBY_LOG_FORMAT" not in os.environ  # the setting reached the worker only
         assert json.loads(worker.output().splitlines()[-1])["message"].endswith("ready.")
-        pool = _children_of(process.pid)
+        pool = psutil.Process(process.pid).children()
         assert len(pool) == running.worker_count
         os.killpg(process.pid, signal.SIGKILL)
         assert process.wait(10) == -signal.SIGKILL
@@ -109,19 +110,8 @@ def test_a_worker_it_starts_is_killed_and_reaped_as_a_process_of_its_own_is(
         running.stop()
 
 
-def _alive(pid: int) -> bool:
+def _alive(process: psutil.Process) -> bool:
     try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-
-
-def _children_of(pid: int) -> list[int]:
-    found = []
-    for task in Path("/proc").glob("[0-9]*"):
-        try:
-            if int((task / "stat").read_text().rpartition(")")[2].split()[1]) == pid:
-                found.append(int(task.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
