@@ -21,6 +21,11 @@ import pytest
 from layby.ops.embedded import EmbeddedCluster, EmbeddedRedis
 from tests.support.harness import LaybySystem
 from tests.support.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewed_system
+from tests.support.tls import share as share_tls
+
+# Every httpx client of a test process takes one TLS context (tests/support/tls.py): built
+# for each, they cost the suite's processes more CPU than their tests did.
+share_tls()
 
 # Fixtures (here and in test modules) that start layby's processes or other programs; a
 # test is marked by any of them it uses, however indirectly. A cluster's six servers take

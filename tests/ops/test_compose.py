@@ -544,8 +544,9 @@ class Deployment:
 
     def wait_status(self, run_id: str, *statuses: str, timeout: float = 90) -> dict[str, Any]:
         # A worker started again boots (imports, connects) before it takes anything: on a
-        # loaded machine, tens of seconds.
-        return wait_until(lambda: (run := self.run(run_id))["status"] in statuses and run,
+        # loaded machine, tens of seconds. A run started by a task message is not there
+        # until a worker takes it (404, no status).
+        return wait_until(lambda: (run := self.run(run_id)).get("status") in statuses and run,
                           timeout, what=f"run {run_id} to be {'/'.join(statuses)}")
 
 
