@@ -39,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     # tests' fork server (tests/support/forkserver.py): a worker started again after a
     # kill must take as long to be ready as it would in production.
     os.environ["LAYBY_TEST_FORKSERVER"] = "0"
+    # The suite's callers (its httpx clients, thousands of them in `answers`) take one TLS
+    # context, as the tests' do (tests/support/tls.py): built for each, they cost this
+    # process more CPU than layby's processes it measures on the same cores.
+    from tests.support.tls import share
+
+    share()
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="layby-faults-") as tmp:
         for name in args.only or found:
