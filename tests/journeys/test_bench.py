@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
-# The bench's figures beside other test files measure them too, but these tests assert what
-# a report holds, never how fast: they run with the rest (the figures are the bench's own runs').
+# These tests assert what the bench's report holds, never its figures (which, beside other
+# test files, measure their load too): they run with the rest, not `alone`.
 pytestmark = [pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
