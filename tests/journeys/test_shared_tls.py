@@ -3,6 +3,7 @@ httpx would give each of them, and a client that asks for other TLS keeps its ow
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 
 import httpx
@@ -21,6 +22,7 @@ def test_every_client_takes_the_one_context_with_httpxs_own_trust() -> None:
         assert _context(two) is shared
     client = httpx.AsyncClient()
     assert _context(client) is shared
+    asyncio.run(client.aclose())
     # What httpx builds for a client of its own: the same CA certificates, verified.
     own = httpx.create_ssl_context()
     assert shared.cert_store_stats() == own.cert_store_stats()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import selectors
@@ -118,7 +119,7 @@ def _serve(path: str) -> dict[str, Any]:
     selector.register(sys.stdin, selectors.EVENT_READ)
     print(json.dumps({"read": read, "taken": _taken_as_main()}), flush=True)
     started: dict[int, int] = {}  # pid → serial, of those running
-    done: set[int] = set()
+    serials = itertools.count()
     while True:
         for key, _ in selector.select(timeout=0.05):
             if key.fileobj is not listener:
@@ -133,12 +134,12 @@ def _serve(path: str) -> dict[str, Any]:
                     selector.close()
                     listener.close()
                     return request  # type: ignore[no-any-return]
-                started[pid] = len(started) + len(done)
+                started[pid] = next(serials)
                 conn.sendall(f"{pid} {started[pid]}\n".encode())
-        _reap(folder, started, done)
+        _reap(folder, started)
 
 
-def _reap(folder: Path, started: dict[int, int], done: set[int]) -> None:
+def _reap(folder: Path, started: dict[int, int]) -> None:
     """Write the exit code of each process that ended to `<serial>.exit`: by the number
     the server gave it, not its pid, which a later process may get (pids wrap at 32,768
     here, Chromium's and Valkey's threads taking theirs)."""
@@ -149,9 +150,7 @@ def _reap(folder: Path, started: dict[int, int], done: set[int]) -> None:
             return
         if pid == 0:
             return
-        serial = started.pop(pid)
-        done.add(serial)
-        code = folder / f"{serial}.exit"
+        code = folder / f"{started.pop(pid)}.exit"
         code.with_suffix(".part").write_text(str(os.waitstatus_to_exitcode(status)))
         code.with_suffix(".part").rename(code)
 
