@@ -260,17 +260,20 @@ def _bench(parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
         baseline_at_rest = measure.celery_latency(store, args.runs, args.timeout)
         # Untimed: which scripts and tasks a cycle takes, read off MONITOR.
         k = min(args.runs, 50)
+        # Both sides name layby's scripts: in the bare chains' window they are the idle
+        # worker's own (its heartbeat, a lease's renewal), never a cycle's.
+        names = store.script_names()
         seen = {
-            "layby": costs.under_monitor(servers, store.script_names(), k, lambda: (
+            "layby": costs.under_monitor(servers, names, k, lambda: (
                 measure.layby_cycles(rt, k, args.in_flight, args.timeout))),
-            "baseline": costs.under_monitor(servers, {}, k, lambda: measure.celery_chains(
+            "baseline": costs.under_monitor(servers, names, k, lambda: measure.celery_chains(
                 store, k, hops, args.in_flight, args.timeout)),
         }
         # Untimed too (every command logged): where the server's time goes, by script.
         timed = {
-            "layby": costs.under_slowlog(servers, store.script_names(), k, lambda: (
+            "layby": costs.under_slowlog(servers, names, k, lambda: (
                 measure.layby_cycles(rt, k, args.in_flight, args.timeout))),
-            "baseline": costs.under_slowlog(servers, {}, k, lambda: measure.celery_chains(
+            "baseline": costs.under_slowlog(servers, names, k, lambda: measure.celery_chains(
                 store, k, hops, args.in_flight, args.timeout)),
         }
         completed = {"layby": sum(c.completed for c, _ in rounds),

@@ -61,15 +61,19 @@ def _parked_transfer(traced: LaybySystem, receiver: Receiver
 def test_a_run_started_with_a_traceparent_shows_gateway_turn_model_and_tool_in_that_trace(
         traced: LaybySystem, receiver: Receiver) -> None:
     run_id, trace_id, caller_span, _ = _parked_transfer(traced, receiver)
-    # Spans come in batches as they end: the step's own span, which the park's event ends,
-    # is the last of them.
+    # Each process sends its spans in batches as they end, on its own schedule: the worker's
+    # step span (which the park's event ends) and the gateway's request span may come in
+    # either order.
     wait_until(lambda: any(e[0] == "layby.run.parked" for s in _of(receiver, trace_id)
                            for e in s.events), 30, what="the step's span with its park")
+
+    def continued() -> list[Span]:
+        return [s for s in _of(receiver, trace_id)
+                if s.service == "layby-gateway" and s.parent_id == caller_span]
+
+    wait_until(continued, 30, what="a gateway span that continues the caller's")
     spans = _of(receiver, trace_id)
     by_id = {s.span_id: s for s in spans}
-    names = {s.name for s in spans}
-    gateway = [s for s in spans if s.service == "layby-gateway" and s.parent_id == caller_span]
-    assert gateway, f"no gateway span continues the caller's: {sorted(names)}"
     turn = receiver.wait_for("invoke_agent demo.transfer", **{"layby.run.id": run_id})[0]
     assert turn.trace_id == trace_id and turn.service == "layby-worker"
     assert turn.attributes["gen_ai.operation.name"] == "invoke_agent"
