@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from layby.ops.embedded import EmbeddedCluster, EmbeddedRedis
-from tests.support.harness import LaybySystem
+from tests.support.harness import LaybySystem, stop_all
 from tests.support.reviewers import ReviewedSystem, SmtpServer, WebhookReceiver, reviewed_system
 from tests.support.tls import share as share_tls
 
@@ -112,8 +112,7 @@ def isolated(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[callable]:
         return made[-1]
 
     yield make
-    for s in made:
-        s.stop()
+    stop_all(made)
     import redis as _r
 
     for db in range(1, 16):
