@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,13 @@ from tests.support.tls import share as share_tls
 # Every httpx client of a test process takes one TLS context (tests/support/tls.py): built
 # for each, they cost the suite's processes more CPU than their tests did.
 share_tls()
+
+# pytest rewrites every test module's asserts as it imports it (about 10 s of CPU for the
+# suite) and keeps what it wrote in __pycache__, unless writing bytecode is off, as
+# PYTHONDONTWRITEBYTECODE (which CI images often set) turns it off: then every pytest
+# process (each xdist worker, each of ./dev test's phases) rewrites them all again. This
+# process only: the processes the tests start keep the variable as they found it.
+sys.dont_write_bytecode = False
 
 # Fixtures (here and in test modules) that start layby's processes or other programs; a
 # test is marked by any of them it uses, however indirectly. A cluster's six servers take
