@@ -51,16 +51,23 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     from it, as `pip install layby` would."""
     out = tmp_path_factory.mktemp("wheel")
     source = source_copy(tmp_path_factory.mktemp("source"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w",
-                    str(out), str(source)], check=True, timeout=300, env=_clean_env())
+    # The build backend the project names (setuptools) from the tests' environment, as
+    # tests/upgrades/test_upgrade.py builds the previous release: the same wheel, without
+    # installing setuptools into an isolated environment first.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--no-build-isolation", "-w", str(out), str(source)], check=True,
+                   timeout=300, env=_clean_env())
     [wheel] = out.glob("layby-*.whl")
     venv = tmp_path_factory.mktemp("venv") / "env"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # A virtualenv without pip of its own (ensurepip is 4 s of CPU): the tests' pip installs
+    # into it (`pip --python`), resolving the wheel's dependencies as `pip install` would.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
     # No byte-compiling of every installed module (mypy's among them): a third of the
     # install's time; what the tests import is compiled when they import it.
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                           "--no-compile", str(wheel), *TOOLS], capture_output=True, text=True,
-                          timeout=600, env=_clean_env())
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
+                           "install", "--quiet", "--no-compile", str(wheel), *TOOLS],
+                          capture_output=True, text=True, timeout=600, env=_clean_env())
     assert done.returncode == 0, done.stderr[-3000:]
     return Installed(wheel, venv)
 
