@@ -29,10 +29,11 @@ from tests.support.tls import share as share_tls
 share_tls()
 
 # pytest rewrites every test module's asserts as it imports it (about 10 s of CPU for the
-# suite) and keeps what it wrote in __pycache__, unless writing bytecode is off, as
-# PYTHONDONTWRITEBYTECODE (which CI images often set) turns it off: then every pytest
-# process (each xdist worker, each of ./dev test's phases) rewrites them all again. This
-# process only: the processes the tests start keep the variable as they found it.
+# suite's modules, in each pytest process) and keeps what it wrote in __pycache__, unless
+# writing bytecode is off, as PYTHONDONTWRITEBYTECODE (which CI images often set) turns it
+# off: then every pytest process (each xdist worker, each of ./dev test's phases) rewrites
+# them all again. This process only: the processes the tests start keep the variable as
+# they found it.
 sys.dont_write_bytecode = False
 
 # Fixtures (here and in test modules) that start layby's processes or other programs; a
