@@ -43,7 +43,7 @@ from layby.broker_config import (
 )
 from layby.broker_config.settings import write_private
 from layby.control import connections
-from layby.ops.embedded import EmbeddedRedis
+from layby.ops.embedded import EmbeddedRedis, free_port
 from layby.ops.flower import ensure_credentials, flower_argv, flower_env
 from layby.ops.lifetime import die_with_parent
 from layby.parking import formats, migrations
@@ -183,8 +183,8 @@ class System:
         if not self.settings.api_keys:
             env["LAYBY_API_KEYS"] = key
         env.update(self._reviewer_env(data_dir))
-        self._check(env)
-        url = self.settings.redis_url or self._start_embedded(data_dir)
+        ports = self._check(env)
+        url = self.settings.redis_url or self._start_embedded(data_dir, avoid=ports)
         env["LAYBY_REDIS_URL"] = url
         self._store_format(url, owned=not self.settings.redis_url)
         self.children = self._parts(env)
@@ -209,11 +209,16 @@ class System:
                 "mail": env.get("LAYBY_MAIL_CATCHER_DIR", ""),
                 "flower": flower_url, "flower_auth": flower_auth}
 
-    def _start_embedded(self, data_dir: Path) -> str:
-        """The embedded server, started in the data folder; its URL, written there too for
-        the commands started in the same folder (`Settings.resolved_redis_url`)."""
+    def _start_embedded(self, data_dir: Path, avoid: set[int]) -> str:
+        """The embedded server, started in the data folder on a free port none of the parts
+        will bind (`avoid`: they are free now too, and not bound yet); its URL, written
+        there too for the commands started in the same folder
+        (`Settings.resolved_redis_url`)."""
+        port = free_port()
+        while port in avoid:  # seen once: the gateway's port, then "address already in use"
+            port = free_port()
         # Kept before it starts: stopped with the rest if a signal comes while it does.
-        self.redis = EmbeddedRedis(data_dir / "valkey",
+        self.redis = EmbeddedRedis(data_dir / "valkey", port=port,
                                    malloc=self.settings.embedded_malloc)
         try:
             self.redis.start()
@@ -279,11 +284,11 @@ class System:
                 continue
             signal.signal(sig, _stop)
 
-    def _check(self, env: dict[str, str]) -> None:
+    def _check(self, env: dict[str, str]) -> set[int]:
         """What would stop a part once started, checked before any is: the user's modules,
         the reviewer directory and rules the parts will read (`layby check`, in a process
         of its own: the user's code, and whatever threads it starts at import, stay out of
-        the process that starts every part), and the ports."""
+        the process that starts every part), and the ports; those ports."""
         settings = self.settings
         checked = subprocess.run([sys.executable, "-m", "layby", "check"], env=env,
                                  capture_output=True, text=True, check=False)
@@ -304,6 +309,7 @@ class System:
             wanted["Flower dashboard"] = (settings.flower_host, settings.flower_port,
                                 "LAYBY_FLOWER_PORT, or --no-flower")
         check_ports(wanted)
+        return {port for _, port, _ in wanted.values()}
 
     def _stack(self, data_dir: Path, env: dict[str, str], url: str) -> running.Stack:
         """What the commands started in this folder need of this system: its settings as
