@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from celery import Celery
 
@@ -16,6 +18,9 @@ from layby.parking import Store
 from layby.parking.failover import through_failover
 from layby.reviewers.config import Reviewers
 from layby.wire import Notification, RunView
+
+if TYPE_CHECKING:
+    from layby.parking.registries import Shard
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +48,12 @@ def dispatch(app: Celery, pairs: list[tuple[str, str]]) -> int:
     return sent
 
 
-def dispatch_due(store: Store, app: Celery, settings: Settings) -> int:
-    """The sweeper's part: queue deliveries that are due (retries, reminders, lost ones)."""
+def dispatch_due(store: Store, app: Celery, settings: Settings,
+                 shards: Sequence[Shard] | None = None) -> int:
+    """The sweeper's part: queue deliveries that are due (retries, reminders, lost ones),
+    in `shards` when given (`store.deadlines.find_due`), every shard otherwise."""
     return dispatch(app, store.outbox.claim_due_notifications(
-        retry_ms=int(settings.outbox_grace_s * 1000)))
+        retry_ms=int(settings.outbox_grace_s * 1000), shards=shards))
 
 
 def deliver(store: Store, settings: Settings, reviewers: Reviewers, run_id: str,

@@ -113,20 +113,26 @@ def sweep(rt: Runtime) -> dict[str, int]:
 
 def _sweep(rt: Runtime) -> dict[str, int]:
     store = rt.store
-    counts = {"published": rt.publish(store.outbox.claim_outbox()), "expired": 0, "requeued": 0}
-    counts["requeued"] += _after_a_restart(rt) + _after_worker_deaths(rt) + _retry_failed(rt)
-    counts["notifications"] = _guarded(delivery.dispatch_due, store, rt.celery, rt.settings)
-    for run_id, interrupt_id in store.deadlines.due_deadlines():
+    counts = {"expired": 0,
+              "requeued": _after_a_restart(rt) + _after_worker_deaths(rt) + _retry_failed(rt)}
+    # Where anything is due, asked once the passes above made due what they had to: the
+    # reads below then look only there (an idle pass reads no shard).
+    due = store.deadlines.find_due()
+    counts["published"] = rt.publish(store.outbox.claim_outbox(shards=due.outbox))
+    counts["notifications"] = _guarded(delivery.dispatch_due, store, rt.celery, rt.settings,
+                                       due.notifications)
+    for run_id, interrupt_id in store.deadlines.due_deadlines(shards=due.deadlines):
         with about(run_id=run_id, interrupt_id=interrupt_id):
             counts["expired"] += _guarded(expire, rt, run_id, interrupt_id)
-    for run_id in store.deadlines.due_retries():
+    for run_id in store.deadlines.due_retries(shards=due.retries):
         with about(run_id=run_id):
             counts["retried"] = counts.get("retried", 0) + _guarded(_retry_due, rt, run_id)
-    for run_id in store.deadlines.lapsed_leases():
+    for run_id in store.deadlines.lapsed_leases(shards=due.leases):
         with about(run_id=run_id):
             counts["requeued"] += _guarded(_requeue, rt, run_id,
                                            "its worker stopped answering")
-    for run_id in store.deadlines.waiting_too_long(store.config.lost_message_ms):
+    for run_id in (store.deadlines.waiting_too_long(store.config.lost_message_ms)
+                   if due.lost else ()):
         with about(run_id=run_id):
             counts["requeued"] += _guarded(_requeue, rt, run_id,
                                            "its task message is overdue")

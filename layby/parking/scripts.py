@@ -48,13 +48,13 @@ RUN_SCRIPTS = ("create_run", "claim_run", "renew_lease", "save_checkpoint", "adv
 STANDALONE_SCRIPTS = ("claim_outbox", "ack_outbox", "claim_due_notifications",
                       "beat_worker", "reap_workers", "switch_format", "count_versions",
                       "move_run", "move_members", "move_key", "merge_stats", "record_audit",
-                      "index_asks")
+                      "index_asks", "find_due")
 QUEUEING_SCRIPTS = ("claim_due_notifications",)
 # Scripts on one run's hash and events alone, with what folds and unfolds its events.
 FOLDING_SCRIPTS = ("fold_events", "read_events")
 # Scripts that write nothing: flagged so (`#!lua flags=no-writes`), they still run on a
 # server full under `noeviction`, as plain reads do.
-READING_SCRIPTS = ("count_versions", "read_events")
+READING_SCRIPTS = ("count_versions", "read_events", "find_due")
 # Scripts that move what a store of format 1 holds in the legacy layout into the sharded
 # one (migration 2): keys of several slots, on one server (a legacy store is never on a
 # cluster).

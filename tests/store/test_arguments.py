@@ -98,7 +98,8 @@ def _keys(world: World, name: str) -> list[str]:
             "move_key": [world.shard.grant("g"), Keys(world.prefix, 3).shards[0].grant("g")],
             "merge_stats": [world.shard.stats, Keys(world.prefix, 3).shards[0].stats],
             "record_audit": [Keys(world.prefix, 3).shards[0].audit],
-            "index_asks": [world.keys.run("run_1"), world.shard.asks("alice")]}[name]
+            "index_asks": [world.keys.run("run_1"), world.shard.asks("alice")],
+            "find_due": [world.shard.outbox, world.shard.notify_due]}[name]
 
 
 @pytest.mark.parametrize("name", [s for s in SCRIPTS if _declared(s)])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+from dataclasses import replace
 
 import pytest
 import redis
@@ -74,6 +75,12 @@ def test_deadlines_and_lost_messages_are_found_across_the_cluster(store: Store) 
     for run_id in expiring:
         _parked(store, run_id, expires_ms=1)
     assert sorted(store.deadlines.due_deadlines()) == sorted((r, "int_a") for r in expiring)
+    # Where they are due, asked a slot at a time (a script each, in one pipeline).
+    due = store.deadlines.find_due()
+    assert set(due.deadlines) == {store.shard_of(r) for r in expiring}
+    assert (due.retries, due.leases, due.notifications, due.lost) == ((), (), (), False)
+    assert sorted(store.deadlines.due_deadlines(shards=due.deadlines)) == sorted(
+        (r, "int_a") for r in expiring)
     # Queued runs whose queue is empty (the broker says so): lost, in every shard.
     queued = [f"run_{uuid.uuid4().hex}" for _ in range(8)]
     for run_id in queued:
@@ -81,6 +88,8 @@ def test_deadlines_and_lost_messages_are_found_across_the_cluster(store: Store) 
                                      metadata={}, idempotency_key=None).ok
     store.length_of_queue = {"layby.turns": 0}.get
     assert sorted(store.deadlines.waiting_too_long(0)) == sorted(queued)
+    lost = Store(store.redis, replace(store.config, lost_message_ms=0))
+    assert lost.deadlines.find_due().lost and not store.deadlines.find_due().lost
 
 
 def test_the_runs_keys_spread_over_the_primaries(store: Store,

@@ -1,14 +1,18 @@
-"""What the sweeper reads: interrupts past their deadline, retries due, leases lapsed,
-runs whose task message is lost or may have been reserved by a dead worker, and when the
-sweeper last swept."""
+"""What the sweeper reads: where anything is due at all, interrupts past their deadline,
+retries due, leases lapsed, runs whose task message is lost or may have been reserved by a
+dead worker, and when the sweeper last swept."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from redis.crc import key_slot
 
 from layby.parking import pinning
-from layby.parking.registries import due_in
-from layby.parking.store.core import Part
+from layby.parking.registries import Registry, Shard, due_in
+from layby.parking.store.core import Part, on_cluster
 from layby.wire import Status
 
 # The lost-message check reads the oldest waiting runs this many at a time, up to this many
@@ -22,14 +26,65 @@ LOST_SCAN_PAGES = 10
 RESERVED_HEADROOM = 100
 
 
+@dataclass(frozen=True)
+class Due:
+    """Where a sweep has something to do (`Deadlines.find_due`): for each of its reads, the
+    shards whose sorted set holds a member due; `lost`, whether a run waits past
+    LAYBY_LOST_MESSAGE_S (its message may be lost)."""
+
+    outbox: tuple[Shard, ...]
+    notifications: tuple[Shard, ...]
+    deadlines: tuple[Shard, ...]
+    retries: tuple[Shard, ...]
+    leases: tuple[Shard, ...]
+    lost: bool
+
+
 class Deadlines(Part):
     """What the sweeper reads (`store.deadlines`)."""
 
-    def due_deadlines(self, limit: int = 200) -> list[tuple[str, str]]:
-        """(run id, interrupt id) of interrupts past their deadline, the longest past first."""
+    def find_due(self) -> Due:
+        """Where anything is due, in one round trip (`lua/find_due.lua`, a script a slot on
+        a cluster, one on a server): a sweep with nothing to do then reads no shard. An
+        idle pass at 48 shards read 336 sorted sets and ran 96 claims, 539 commands and
+        8.7 ms of the sweeper's CPU every second; the sweeper was most of an idle
+        deployment's CPU."""
+        shards = self.core.shards
+        kinds = ("outbox", "notifications", "deadlines", "retries", "leases")
+        wanted: list[tuple[str, int, str, int]] = [
+            (kind, i, key, 0) for i, shard in enumerate(shards)
+            for kind, key in zip(kinds, (shard.keys.outbox, shard.keys.notify_due,
+                                         shard.keys.deadlines, shard.keys.retries,
+                                         shard.keys.leases), strict=True)]
+        index = self.core.all_runs  # (every tenant's; `lost` is one flag, of no shard)
+        wanted += [("lost", 0, key, self.config.lost_message_ms)
+                   for status in (Status.QUEUED, Status.RESUMING) for key in index.sets[status]]
+        groups: dict[int, list[tuple[str, int, str, int]]] = {}
+        cluster = on_cluster(self.redis)
+        for item in wanted:
+            groups.setdefault(key_slot(item[2].encode()) if cluster else 0, []).append(item)
+
+        def fill(pipe: object) -> None:
+            for group in groups.values():
+                self.core.call("find_due", [key for _, _, key, _ in group], client=pipe,
+                               lags=[lag for _, _, _, lag in group])
+
+        found: dict[str, list[Shard]] = {kind: [] for kind in (*kinds, "lost")}
+        for group, positions in zip(groups.values(),
+                                    self.core.pipelined(fill, "find_due"), strict=True):
+            for position in positions:
+                kind, i, _, _ = group[int(position) - 1]
+                found[kind].append(shards[i])
+        return Due(outbox=tuple(found["outbox"]), notifications=tuple(found["notifications"]),
+                   deadlines=tuple(found["deadlines"]), retries=tuple(found["retries"]),
+                   leases=tuple(found["leases"]), lost=bool(found["lost"]))
+
+    def due_deadlines(self, limit: int = 200, shards: Sequence[Shard] | None = None
+                      ) -> list[tuple[str, str]]:
+        """(run id, interrupt id) of interrupts past their deadline, the longest past first
+        (in `shards`, when given, rather than every shard)."""
         pairs = []
-        for member, _ in due_in([shard.deadlines for shard in self.core.shards], self.core.now_ms(),
-                                limit):
+        for member, _ in self._due(lambda shard: shard.deadlines, shards, limit):
             run_id, _, interrupt_id = member.rpartition(" ")
             pairs.append((run_id, interrupt_id))
         return pairs
@@ -40,15 +95,23 @@ class Deadlines(Part):
         found = due_in([shard.deadlines for shard in self.core.shards], float("inf"), limit)
         return list(dict.fromkeys(member.rpartition(" ")[0] for member, _ in found))
 
-    def due_retries(self, limit: int = 200) -> list[str]:
+    def due_retries(self, limit: int = 200, shards: Sequence[Shard] | None = None
+                    ) -> list[str]:
         """Retrying runs whose next try is due, the longest due first."""
-        return [run_id for run_id, _ in due_in([shard.retries for shard in self.core.shards],
-                                               self.core.now_ms(), limit)]
+        return [run_id for run_id, _ in self._due(lambda shard: shard.retries, shards, limit)]
 
-    def lapsed_leases(self, limit: int = 200) -> list[str]:
+    def lapsed_leases(self, limit: int = 200, shards: Sequence[Shard] | None = None
+                      ) -> list[str]:
         """Running runs whose claim lapsed, the longest lapsed first."""
-        return [run_id for run_id, _ in due_in([shard.leases for shard in self.core.shards],
-                                               self.core.now_ms(), limit)]
+        return [run_id for run_id, _ in self._due(lambda shard: shard.leases, shards, limit)]
+
+    def _due(self, registry: Callable[[Shard], Registry], shards: Sequence[Shard] | None,
+             limit: int) -> list[tuple[str, int]]:
+        """What is due now in `registry` of `shards` (every shard's when None)."""
+        chosen = self.core.shards if shards is None else shards
+        if not chosen:
+            return []
+        return due_in([registry(shard) for shard in chosen], self.core.now_ms(), limit)
 
     def waiting(self, before_ms: int, limit: int = 200) -> list[str]:
         """Every run queued or resuming since before `before_ms`, a page at a time: a

@@ -10,7 +10,7 @@ from typing import Any, cast
 from layby.parking import results
 from layby.parking.keys import Keys, ShardKeys
 from layby.parking.records import Announcements, OutboxEntry
-from layby.parking.registries import due_in
+from layby.parking.registries import Shard, due_in
 from layby.parking.store.core import Part
 from layby.parking.store.fields import (
     NOTE,
@@ -37,26 +37,33 @@ class Outbox(Part):
                                                  extra_keys=grant_keys)
         return [str(x) for x in planned], [str(x) for x in dispatch]
 
-    def claim_due_notifications(self, limit: int = 100,
-                                retry_ms: int = 10_000) -> list[tuple[str, str]]:
+    def claim_due_notifications(self, limit: int = 100, retry_ms: int = 10_000,
+                                shards: Sequence[Shard] | None = None) -> list[tuple[str, str]]:
         """Queue the deliveries of notifications due to be sent, at most `limit` a shard
-        (a script each, every shard's in one round trip: `_each_shard`); returns (run id,
-        notification id) of those the caller must queue itself (the broker elsewhere)."""
+        (a script each, every shard's, or those of `shards`, in one round trip:
+        `_each_shard`); returns (run id, notification id) of those the caller must queue
+        itself (the broker elsewhere)."""
         def claim(pipe: Any, shard: ShardKeys) -> None:
             self.core.call("claim_due_notifications", [shard.notify_due], client=pipe,
                            limit=limit, retry_ms=retry_ms)
 
         return [cast("tuple[str, str]", tuple(m.split(" ", 1)))
-                for raw in self._each_shard("claim_due_notifications", claim) for m in raw]
+                for raw in self._each_shard("claim_due_notifications", claim, shards)
+                for m in raw]
 
-    def _each_shard(self, script: str, queue: Callable[[Any, ShardKeys], None]) -> list[Any]:
+    def _each_shard(self, script: str, queue: Callable[[Any, ShardKeys], None],
+                    shards: Sequence[Shard] | None) -> list[Any]:
         """`script`, queued by `queue` for every shard, in one pipeline: the sweeper's clock
         claims every second, and a round trip a shard was 96 of them at 48 shards with
         nothing due. Each claim stands alone: one whose node had lost its scripts (NOSCRIPT
         after a restart) is sent again with the others, which then find what they claimed
         already claimed, its entries published at their claim's end (`retry_ms`)."""
+        chosen = self.core.shards if shards is None else shards
+        if not chosen:
+            return []
+
         def fill(pipe: Any) -> None:
-            for shard in self.core.shards:
+            for shard in chosen:
                 queue(pipe, shard.keys)
         return self.core.pipelined(fill, script)
 
@@ -129,14 +136,15 @@ class Outbox(Part):
         raw = one_field(self.redis, self.core.keys_of(run_id), run_id, NOTE, notification_id)
         return notification_of(notification_id, raw) if raw else None
 
-    def claim_outbox(self, limit: int = 100, retry_ms: int = 10_000) -> list[OutboxEntry]:
+    def claim_outbox(self, limit: int = 100, retry_ms: int = 10_000,
+                     shards: Sequence[Shard] | None = None) -> list[OutboxEntry]:
         """Outbox entries due to be published, each claimed for `retry_ms`: at most `limit`
-        a shard (a script each, every shard's in one round trip)."""
+        a shard (a script each, every shard's, or those of `shards`, in one round trip)."""
         def claim(pipe: Any, shard: ShardKeys) -> None:
             self.core.call("claim_outbox", [shard.outbox, shard.outbox_entries], client=pipe,
                            limit=limit, retry_ms=retry_ms)
 
-        return [entry for raw in self._each_shard("claim_outbox", claim)
+        return [entry for raw in self._each_shard("claim_outbox", claim, shards)
                 for entry in results.entries_of(raw)]
 
     def _by_shard(self, entries: Sequence[tuple[str, str]]) -> dict[ShardKeys, list[str]]:
