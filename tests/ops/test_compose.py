@@ -268,12 +268,21 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
                     into = target / origin_name if dest.endswith("/") else target
                     into.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy(origin, into)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # Without a pip of its own (ensurepip is 4 s of CPU): the tests' pip installs into it.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
     built = rootfs / source.lstrip("/")
     # The Dockerfile's `pip install`, minus downloading the dependencies again: a .pth
     # file lends them from the tests' environment, after the image's own site-packages.
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                    "--no-deps", "."], cwd=built, check=True, timeout=300)
+    # pip builds a wheel of the tree and installs it: here the wheel is built with the
+    # tests' build backend (setuptools), as tests/journeys/test_example.py builds it,
+    # without setting up an isolated build environment first.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--no-build-isolation", "-w", str(tmp / "wheel"), "."],
+                   cwd=built, check=True, timeout=300)
+    [wheel] = (tmp / "wheel").glob("layby-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
+                    "install", "--quiet", "--no-deps", str(wheel)], check=True, timeout=300)
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
                                 "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
