@@ -9,6 +9,9 @@ local A = args({}, {'lags'})
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lags, due = A.lags, {}
+if #lags ~= #KEYS then
+  refuse('lags has ' .. #lags .. ' values for ' .. #KEYS .. ' keys: give one a key')
+end
 for i = 1, #KEYS do
   if redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', now - lags[i], 'LIMIT', 0, 1)[1] then
     table.insert(due, i)
