@@ -53,8 +53,11 @@ def test_each_read_is_named_with_the_shards_where_something_is_due(sharded: Worl
                       deadlines=(shards[0],),
                       retries=(), leases=(shards[1],), lost=False)
     # What each read then finds there is what it finds reading every shard.
-    assert store.deadlines.due_deadlines(shards=due.deadlines) == store.deadlines.due_deadlines()
-    assert store.deadlines.lapsed_leases(shards=due.leases) == store.deadlines.lapsed_leases()
+    expired = [(_in_shard(0, "expired"), "int_a")]
+    assert store.deadlines.due_deadlines(shards=due.deadlines) == expired
+    assert store.deadlines.due_deadlines() == expired
+    assert store.deadlines.lapsed_leases(shards=due.leases) == [_in_shard(1, "lapsed")]
+    assert store.deadlines.lapsed_leases() == [_in_shard(1, "lapsed")]
     # Runs waiting (queued) longer than the lost-message delay.
     assert sharded.store_with(lost_message_ms=0).deadlines.find_due().lost
     assert not sharded.store_with(lost_message_ms=60_000).deadlines.find_due().lost
