@@ -35,5 +35,6 @@ def test_the_embedded_server_skips_the_ports_the_parts_will_bind(
 
     assert up_system.redis is not None and up_system.redis.port != up_system.port
     assert url == up_system.redis.url
-    assert redis.Redis.from_url(url).ping()
+    with redis.Redis.from_url(url) as client:
+        assert client.ping()
     assert (tmp_path / "redis.url").read_text().strip() == url
