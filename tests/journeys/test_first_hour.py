@@ -198,6 +198,18 @@ def _ready(base: str) -> bool:
         return False
 
 
+def _up_ready(up: subprocess.Popen[bytes], port: int, log: Path, what: str = "layby up"
+              ) -> None:
+    """Waits for `layby up` to be ready; one that exits first fails the test at once, with
+    what it said (a wait to the timeout would only say it never came up)."""
+    def ready() -> bool:
+        if up.poll() is not None:
+            raise AssertionError(f"{what} exited with {up.returncode}; it said:\n"
+                                 f"{log.read_text()[-3000:]}")
+        return _ready(f"http://127.0.0.1:{port}")
+    wait_until(ready, 90, what=what)
+
+
 def _family(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
     """`layby up` and everything it started (the Valkey server, the parts, their pools)."""
     me = psutil.Process(proc.pid)
@@ -369,7 +381,7 @@ def test_closing_the_terminal_stops_everything(tmp_path: Path) -> None:
     up = _start_up(_env(tmp_path / "data", **_ports()), port, log)
     family: list[psutil.Process] = []
     try:
-        wait_until(lambda: _ready(f"http://127.0.0.1:{port}"), 90, what="layby up")
+        _up_ready(up, port, log)
         family = _family(up)
         assert len(family) >= 6  # up, valkey, worker (and its pool), sweeper, gateway, …
         up.send_signal(signal.SIGHUP)
@@ -396,7 +408,7 @@ def test_a_killed_up_takes_its_parts_along_and_its_lock_is_taken_over(tmp_path: 
     family: list[psutil.Process] = []
     again = None
     try:
-        wait_until(lambda: _ready(f"http://127.0.0.1:{port}"), 90, what="layby up")
+        _up_ready(up, port, log)
         family = _family(up)
         up.kill()  # SIGKILL: no chance to stop anything itself
         up.wait()
@@ -408,7 +420,7 @@ def test_a_killed_up_takes_its_parts_along_and_its_lock_is_taken_over(tmp_path: 
             raise AssertionError(f"still running: {[p.pid for p in _gone(family)]}") from None
         # The lock died with its owner: the next `layby up` on the folder starts.
         again = _start_up(_env(data_dir, **_ports()), port, log)
-        wait_until(lambda: _ready(f"http://127.0.0.1:{port}"), 90, what="layby up, again")
+        _up_ready(again, port, log, "layby up, again")
     finally:
         _kill(up, family)
         if again is not None:
@@ -435,7 +447,7 @@ def test_a_second_terminal_in_the_project_folder_uses_the_running_stack(
     family: list[psutil.Process] = []
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _ready(base), 90, what="layby up")
+        _up_ready(up, port, log)
         family = _family(up)
 
         agents = _layby("agents", env=second, cwd=project)
