@@ -28,7 +28,7 @@ from layby.errors import ConfigError
 from layby.generation.importing import import_user_module
 from layby.ops.embedded import free_port
 from layby.ops.supervisor import port_free
-from tests.support.harness import ROOT, wait_until
+from tests.support.harness import ROOT, wait_until, wait_up
 
 integration = pytest.mark.integration
 
@@ -189,25 +189,6 @@ def _as_a_terminal_starts_it() -> None:
     """SIGHUP as a terminal's shell leaves it, whatever the test runner's: a suite started
     under `nohup` ignores it, and `layby up` rightly keeps a SIGHUP its starter ignored."""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
-
-def _ready(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _up_ready(up: subprocess.Popen[bytes], port: int, log: Path, what: str = "layby up"
-              ) -> None:
-    """Waits for `layby up` to be ready; one that exits first fails the test at once, with
-    what it said (a wait to the timeout would only say it never came up)."""
-    def ready() -> bool:
-        if up.poll() is not None:
-            raise AssertionError(f"{what} exited with {up.returncode}; it said:\n"
-                                 f"{log.read_text()[-3000:]}")
-        return _ready(f"http://127.0.0.1:{port}")
-    wait_until(ready, 90, what=what)
 
 
 def _family(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
@@ -381,7 +362,7 @@ def test_closing_the_terminal_stops_everything(tmp_path: Path) -> None:
     up = _start_up(_env(tmp_path / "data", **_ports()), port, log)
     family: list[psutil.Process] = []
     try:
-        _up_ready(up, port, log)
+        wait_up(up, f"http://127.0.0.1:{port}", log)
         family = _family(up)
         assert len(family) >= 6  # up, valkey, worker (and its pool), sweeper, gateway, …
         up.send_signal(signal.SIGHUP)
@@ -408,7 +389,7 @@ def test_a_killed_up_takes_its_parts_along_and_its_lock_is_taken_over(tmp_path: 
     family: list[psutil.Process] = []
     again = None
     try:
-        _up_ready(up, port, log)
+        wait_up(up, f"http://127.0.0.1:{port}", log)
         family = _family(up)
         up.kill()  # SIGKILL: no chance to stop anything itself
         up.wait()
@@ -420,7 +401,7 @@ def test_a_killed_up_takes_its_parts_along_and_its_lock_is_taken_over(tmp_path: 
             raise AssertionError(f"still running: {[p.pid for p in _gone(family)]}") from None
         # The lock died with its owner: the next `layby up` on the folder starts.
         again = _start_up(_env(data_dir, **_ports()), port, log)
-        _up_ready(again, port, log, "layby up, again")
+        wait_up(again, f"http://127.0.0.1:{port}", log, what="layby up, again")
     finally:
         _kill(up, family)
         if again is not None:
@@ -447,7 +428,7 @@ def test_a_second_terminal_in_the_project_folder_uses_the_running_stack(
     family: list[psutil.Process] = []
     try:
         base = f"http://127.0.0.1:{port}"
-        _up_ready(up, port, log)
+        wait_up(up, f"http://127.0.0.1:{port}", log)
         family = _family(up)
 
         agents = _layby("agents", env=second, cwd=project)

@@ -24,7 +24,7 @@ import layby
 from layby.ops.embedded import EmbeddedRedis, free_port
 from layby.wire import RunView, Status
 from tests.support.bank import Ledger, flaky_bank
-from tests.support.harness import LAYBY, ROOT, LaybySystem, wait_until
+from tests.support.harness import LAYBY, ROOT, LaybySystem, wait_until, wait_up
 
 pytestmark = pytest.mark.integration
 
@@ -137,7 +137,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                                   start_new_session=True)
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_until(lambda: _ready(base), 90, what="layby up")
+            wait_up(up, base, log)
             key = (project / ".layby" / "api_key").read_text().strip()
             yield Stack(base, key, log, bank, env, project)
         finally:
@@ -146,13 +146,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 up.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(up.pid, signal.SIGKILL)
-
-
-def _ready(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _events(client: layby.Client, run_id: str, kind: str) -> list[layby.Event]:

@@ -18,7 +18,7 @@ import redis
 
 from layby.ops.embedded import EmbeddedCluster, EmbeddedRedis, free_port
 from layby.parking.keys import Keys
-from tests.support.harness import ROOT, back_to_the_legacy_layout, wait_until
+from tests.support.harness import ROOT, back_to_the_legacy_layout, wait_until, wait_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -52,13 +52,6 @@ def _client(base: str, key: str) -> httpx.Client:
     return httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"})
 
 
-def _ready(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
     """Ctrl-C as a terminal sends it; returns what was still running afterwards."""
     children = psutil.Process(proc.pid).children(recursive=True)
@@ -72,7 +65,7 @@ def test_layby_up_survives_a_restart_with_a_parked_run(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}"
     up = _up(data_dir, port, log)
     try:
-        wait_until(lambda: _ready(base), UP_WITHIN_S, what="layby up")
+        wait_up(up, base, log, UP_WITHIN_S)
         key = _printed(log, "api key")
         assert key and (data_dir / "api_key").read_text().strip() == key
         assert _printed(log, "gateway") == base
@@ -102,7 +95,7 @@ def test_layby_up_survives_a_restart_with_a_parked_run(tmp_path: Path) -> None:
         valkey.stop()
     up = _up(data_dir, port, log)
     try:
-        wait_until(lambda: _ready(base), UP_WITHIN_S, what="layby up, again")
+        wait_up(up, base, log, UP_WITHIN_S, "layby up, again")
         assert f"layby up: migrated the data in {data_dir} to format 1" in log.read_text()
         assert f"layby up: migrated the data in {data_dir} to format 2" in log.read_text()
         api = _client(base, key)
@@ -142,7 +135,7 @@ def test_layby_up_with_the_broker_on_another_server(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}"
     up = _up(data_dir, port, log, LAYBY_BROKER_URL=broker.url)
     try:
-        wait_until(lambda: _ready(base), UP_WITHIN_S, what="layby up")
+        wait_up(up, base, log, UP_WITHIN_S)
         assert f"  broker    Redis 127.0.0.1:{broker.port}   (LAYBY_BROKER_URL)" in log.read_text()
         _a_transfer_approved(base, log)
         # Celery's queues were on the broker's server, not on the embedded store.
@@ -162,7 +155,7 @@ def test_layby_up_on_a_cluster_with_the_broker_beside_it(tmp_path: Path) -> None
     up = _up(data_dir, port, log, LAYBY_REDIS_URL=f"valkey+cluster://{cluster.members[0].address}",
              LAYBY_BROKER_URL=broker.url)
     try:
-        wait_until(lambda: _ready(base), UP_WITHIN_S, what="layby up")
+        wait_up(up, base, log, UP_WITHIN_S)
         run_id = _a_transfer_approved(base, log)
         # The store was made in the sharded layout, its shard count recorded; the run's
         # keys carry its shard's tag.
@@ -188,7 +181,7 @@ def test_the_email_round_trip_on_one_machine(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}"
     up = _up(data_dir, port, log)
     try:
-        wait_until(lambda: _ready(base), UP_WITHIN_S, what="layby up")
+        wait_up(up, base, log, UP_WITHIN_S)
         assert _printed(log, "mail") == f"{base}/mail"
         with _client(base, _printed(log, "api key")) as api:
             run_id = api.post("/v1/runs", json={"agent": "demo.transfer",

@@ -137,6 +137,22 @@ def wait_until(check: Callable[[], Any], timeout: float = 20.0, every: float = 0
         time.sleep(every)
 
 
+def wait_up(up: subprocess.Popen[bytes], base: str, log: Path, within: float = 90,
+            what: str = "layby up") -> None:
+    """Waits for `layby up` (started as `up`, writing to `log`) to say at `base` that it is
+    ready; one that exits first fails the test at once, with what it said, where a wait to
+    the timeout would only say it never came up."""
+    def ready() -> bool:
+        if up.poll() is not None:
+            raise AssertionError(f"{what} exited with {up.returncode}; it said:\n"
+                                 f"{log.read_text()[-3000:]}")
+        try:
+            return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+    wait_until(ready, within, what=what)
+
+
 @dataclass
 class Proc:
     name: str
