@@ -97,7 +97,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     for `bind(0)` is in that range, where any outgoing connection may take it as its own
     before the server binds it (seen: a test's Flower, on a machine busy with the suite's
     connections, "Address already in use"). Not one given lately, by this process or
-    another of this user's on the machine (`_given_elsewhere`): a caller often takes
+    another of this user's on the machine (`_note_given`): a caller often takes
     several before starting anything on them, and two processes picking at once drew the
     same one (seen: two test files' `layby up`, "the reply listener is taken")."""
     low = _ephemeral_low()
@@ -105,9 +105,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         pick = random.SystemRandom()
         for _ in range(50):
             port = pick.randrange(FIRST_PICKED, low)
-            if port in _GIVEN or not _bindable(host, port):
-                continue
-            if _given_elsewhere(port):
+            if port in _GIVEN or not _bindable(host, port) or not _note_given(port):
                 continue
             _GIVEN.append(port)
             return port
@@ -125,37 +123,45 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
-def _given_elsewhere(port: int) -> bool:
-    """Whether another process of this user was given `port` in the last GIVEN_FOR_S, by a
-    list of the ports given lately that every free_port on the machine shares (a file in
-    the temporary directory, read and written under an exclusive lock); if not, `port` is
-    added to it. Where the list cannot be kept (no lock, no writable temporary directory),
-    only this process's own are known."""
+def _note_given(port: int) -> bool:
+    """Notes `port` as given, in a list of the ports given in the last GIVEN_FOR_S that
+    every free_port of this user on the machine shares (a file in the temporary directory,
+    read and rewritten under an exclusive lock); False when another process was given it
+    there already. Where the list cannot be kept (no flock, no writable temporary
+    directory, a file that is not one), only this process's own ports are known."""
     if sys.platform == "win32":  # no flock there
-        return False
+        return True
     path = Path(tempfile.gettempdir()) / f"layby-ports-{os.getuid()}"
     now = time.time()
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    except OSError:
-        return False
-    with os.fdopen(fd, "r+") as given:
-        fcntl.flock(given, fcntl.LOCK_EX)
-        recent = {}
-        for line in given.read().split("\n"):
-            number, _, at = line.partition(" ")
-            try:
-                if now - float(at) < GIVEN_FOR_S:
-                    recent[int(number)] = at
-            except ValueError:
-                continue  # a line cut short by a process killed as it wrote
-        if port in recent:
-            return True
-        recent[port] = f"{now:.1f}"
-        given.seek(0)
-        given.truncate()
-        given.write("".join(f"{n} {at}\n" for n, at in recent.items()))
-    return False
+        with os.fdopen(fd, "r+") as given:
+            fcntl.flock(given, fcntl.LOCK_EX)
+            recent = _recent(given.read(), now)
+            if port in recent:
+                return False
+            recent[port] = str(int(now))
+            given.seek(0)
+            given.truncate()
+            given.write("".join(f"{n} {at}\n" for n, at in recent.items()))
+    except (OSError, ValueError):
+        return True
+    return True
+
+
+def _recent(text: str, now: float) -> dict[int, str]:
+    """The list's ports given in the last GIVEN_FOR_S, each with when (in whole seconds)."""
+    recent: dict[int, str] = {}
+    for line in text.split("\n"):
+        number, _, at = line.partition(" ")
+        try:
+            # Both ways: after the clock was set back, a port noted "later" is not kept
+            # for longer than that.
+            if abs(now - int(at)) < GIVEN_FOR_S:
+                recent[int(number)] = at
+        except ValueError:
+            continue  # a line cut short by a process killed as it wrote
+    return recent
 
 
 def _ephemeral_low() -> int | None:

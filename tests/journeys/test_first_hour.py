@@ -428,7 +428,7 @@ def test_a_second_terminal_in_the_project_folder_uses_the_running_stack(
     family: list[psutil.Process] = []
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_up(up, f"http://127.0.0.1:{port}", log)
+        wait_up(up, base, log)
         family = _family(up)
 
         agents = _layby("agents", env=second, cwd=project)
