@@ -70,12 +70,18 @@ def servers(client: Redis | RedisCluster) -> list[Redis]:
 
 
 def replicas_each(client: Redis | RedisCluster) -> int | None:
-    """How many replicas each primary has, by the cluster's own map of its nodes (None: one
-    server, whose replicas, if any, the bench does not look for)."""
+    """How many replicas each primary has, by one node's account of the cluster (`CLUSTER
+    NODES`; None: one server, whose replicas, if any, the bench does not look for). Not by
+    redis-py's map: it comes from `CLUSTER SLOTS`, which leaves out a replica the node
+    takes as failed or still loading (seen: a cluster formed with a replica each, on a
+    busy machine, reported "without replicas")."""
     if not isinstance(client, RedisCluster):
         return None
-    primaries = len(client.get_primaries())  # type: ignore[no-untyped-call]
-    return round(len(client.get_replicas()) / max(1, primaries))  # type: ignore[no-untyped-call]
+    nodes = client.cluster_nodes().values()  # type: ignore[no-untyped-call]
+    live = [n for n in nodes if "fail" not in n["flags"].split(",")]
+    primaries = {n["node_id"] for n in live if "master" in n["flags"] and n["slots"]}
+    replicas = [n for n in live if "slave" in n["flags"] and n["master_id"] in primaries]
+    return round(len(replicas) / max(1, len(primaries)))
 
 
 def name_of(client: Redis) -> str:
