@@ -120,5 +120,5 @@ def test_an_idle_sweep_runs_two_scripts_where_it_ran_two_a_shard(
 def test_lags_that_do_not_fit_the_keys_are_refused(sharded: World) -> None:
     shard = sharded.store.shards[0].keys
     with pytest.raises(redis.ResponseError,
-                       match=r"^find_due: lags has 1 values for 2 keys: give one a key"):
+                       match=r"^find_due: lags has 1 values for 2 keys: give one lag per key"):
         sharded.store.call("find_due", [shard.outbox, shard.leases], lags=[0])

@@ -10,7 +10,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lags, due = A.lags, {}
 if #lags ~= #KEYS then
-  refuse('lags has ' .. #lags .. ' values for ' .. #KEYS .. ' keys: give one a key')
+  refuse('lags has ' .. #lags .. ' values for ' .. #KEYS .. ' keys: give one lag per key')
 end
 for i = 1, #KEYS do
   if redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', now - lags[i], 'LIMIT', 0, 1)[1] then
