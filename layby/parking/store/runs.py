@@ -45,12 +45,10 @@ class Runs(Part):
         sharded layout the key is written by the run's creation, in the run's shard: a
         retry with the key, under another fresh id, must look in the same one)."""
         keys = self.core.keys
-        while True:
-            run_id = generated_run_id()
-            if idempotency_key is None or len(keys.shards) == 1 or (
-                    keys.shard_number(run_id)
-                    == sharding.shard_of(idempotency_key, len(keys.shards))):
-                return run_id
+        if idempotency_key is None or len(keys.shards) == 1:
+            return generated_run_id()
+        wanted = sharding.shard_of(idempotency_key, len(keys.shards))
+        return generated_run_id(lambda run_id: keys.shard_number(run_id) == wanted)
 
     def create_run(self, run_id: str, agent: str, *, input: Any, messages: list[Message],
                    metadata: dict[str, Any], idempotency_key: str | None,
