@@ -16,7 +16,7 @@ from layby.control import Runtime
 from layby.control.connections import async_redis
 from layby.http.drain import Drain, retry_hint
 from layby.parking import events
-from layby.parking.keys import DEFAULT_TENANT
+from layby.parking.keys import DEFAULT_TENANT, Keys
 from layby.wire import FINAL_EVENTS, Event
 
 # A stream entry id, as `Last-Event-ID` must give it; anything else breaks XREAD mid-stream.
@@ -100,7 +100,7 @@ async def _where(rt: Runtime, run_id: str) -> tuple[str, events.Where | None]:
     layout: `Store.keys_of`), and, while it may still move (a store in the legacy layout),
     how to find it again."""
     store = rt.store
-    keys = await asyncio.to_thread(store.keys_of, run_id)
+    keys = await _keys_of(rt, run_id)
     if keys.shard_count is not None:  # the sharded layout: it stays there
         return keys.events(run_id), None
 
@@ -110,10 +110,16 @@ async def _where(rt: Runtime, run_id: str) -> tuple[str, events.Where | None]:
     return keys.events(run_id), where
 
 
+async def _keys_of(rt: Runtime, run_id: str) -> Keys:
+    """`Store.keys_of`, on a thread only when it may take a round trip."""
+    settled = rt.store.settled_keys()
+    return settled if settled is not None else await asyncio.to_thread(rt.store.keys_of, run_id)
+
+
 async def run_tenant(rt: Runtime, run_id: str) -> str | None:
     """The run's tenant, or None when it is not there (unknown, or past retention)."""
     client = await _client(rt)
-    keys = await asyncio.to_thread(rt.store.keys_of, run_id)
+    keys = await _keys_of(rt, run_id)
     agent, tenant = await client.hmget(keys.run(run_id), ["agent", "tenant"])
     return None if agent is None else str(tenant or DEFAULT_TENANT)
 

@@ -144,6 +144,9 @@ def test_before_the_layout_instant_every_process_keeps_the_legacy_layout(
     store = world.store_with()
     assert store.layout == formats.Layout(Keys(world.prefix), next=Keys(world.prefix, SHARDS))
     assert store.writing == 2
+    # Which keys a run is under takes a look in the store now (the gateway's event loop
+    # asks a thread): no keys are settled.
+    assert store.settled_keys() is None
     assert store.runs.create_run("run_n", "demo.agent", input="hi", messages=MESSAGES,
                                  metadata={}, idempotency_key=None).ok
     assert store.runs.claim(QUEUED, 1, OWNER).ok
@@ -163,6 +166,7 @@ def test_from_the_instant_a_run_of_the_legacy_layout_moves_before_it_is_touched(
     _switched(world)
     store = _at_the_instant(world)
     sharded = Keys(world.prefix, SHARDS)
+    assert store.settled_keys() is None  # a run may be in either layout
     # A view moves it, and reads it as it was.
     assert store.runs.view(PARKED) == before[PARKED]
     assert not world.client.exists(world.keys.run(PARKED))
@@ -423,6 +427,7 @@ def test_layby_migrate_moves_the_rest_and_leaves_no_key_of_the_legacy_layout(
 
     after = world.store_with()
     assert after.layout == formats.Layout(Keys(world.prefix, SHARDS))
+    assert after.settled_keys() == after.keys_of("run_05") == Keys(world.prefix, SHARDS)
     assert {run_id: after.runs.view(run_id) for run_id in before} == before
     assert gauges.read(world.client, after.layout, (60,)).stats == counters
     assert after.answers.grant("ref_1") == "grant one"
