@@ -69,6 +69,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="also drive N cycles through a gateway with layby.AsyncClient "
                         "(following each run's event stream) and report them beside the "
                         "direct path")
+    p.add_argument("--http-transport", choices=("aiohttp", "httpx"), default=None,
+                   help="with --http: the client's transport (default aiohttp's when the "
+                        "`aiohttp` extra is installed, else httpx's own)")
     p.add_argument("--parked", default="",
                    help="first park this many runs (a comma-separated list: levels, each "
                         "on a server and worker of its own, measured side by side: parks/s, "
@@ -567,7 +570,8 @@ def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> di
 
     key = uuid.uuid4().hex
     url = parts.start_gateway({**os.environ, "LAYBY_API_KEYS": key, "PYTHONPATH": path})
-    http.cycles(url, key, args.warmup, args.in_flight, args.timeout)
+    transport = args.http_transport or http.default_transport()
+    http.cycles(url, key, args.warmup, args.in_flight, args.timeout, transport)
     servers = costs.servers(rt.store.redis)
     spent, done, wall, direct_done, direct_wall, rounds = costs.Counters(), 0, 0.0, 0, 0.0, []
     spent_direct = costs.Counters()
@@ -576,7 +580,7 @@ def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> di
     worker_pid, gateway_pid = parts.worker.process.pid, parts.gateway.process.pid
     for i, n in enumerate(measure.split(args.runs, args.rounds)):
         def over() -> Any:
-            return http.cycles(url, key, n, args.in_flight, args.timeout)  # noqa: B023  (called within this iteration)
+            return http.cycles(url, key, n, args.in_flight, args.timeout, transport)  # noqa: B023  (called within this iteration)
 
         def direct() -> Any:
             return measure.layby_cycles(rt, n, args.in_flight, args.timeout)  # noqa: B023  (called within this iteration)
@@ -599,7 +603,8 @@ def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> di
     per_s = done / wall if wall else 0.0
     direct_per_s = direct_done / direct_wall if direct_wall else 0.0
     return {"runs": args.runs, "completed": done, "wall_s": round(wall, 4),
-            "cycles_per_s": round(per_s, 2), "direct_cycles_per_s": round(direct_per_s, 2),
+            "transport": transport, "cycles_per_s": round(per_s, 2),
+            "direct_cycles_per_s": round(direct_per_s, 2),
             "over_direct": round(per_s / direct_per_s, 3) if direct_per_s else 0.0,
             "rounds": rounds, **costs.per_item(spent, done),
             "direct_cpu_us_by_process": costs.per_item(spent_direct, direct_done).get(

@@ -4,6 +4,10 @@
 request (`AsyncClient.stream`: SSE, no polling) until it parks, answer, follow it until it
 completes. Figure: completed cycles
 over wall time, beside the direct path's measured in the same run.
+
+The client's transport (`--http-transport`): aiohttp's (`layby.client.aiohttp_transport`,
+the `aiohttp` extra) when it is installed, as a service that makes many requests would
+choose it; else httpx's own.
 """
 
 from __future__ import annotations
@@ -15,6 +19,18 @@ from dataclasses import dataclass
 from bench import BenchError
 from bench.agents import AGENT
 from layby import AsyncClient
+from layby.client import aiohttp_transport
+
+TRANSPORTS = ("aiohttp", "httpx")
+
+
+def default_transport() -> str:
+    """aiohttp's when the `aiohttp` extra is installed, else httpx's."""
+    try:
+        import httpx_aiohttp  # noqa: F401
+    except ImportError:
+        return "httpx"
+    return "aiohttp"
 
 
 @dataclass
@@ -44,9 +60,10 @@ async def _cycle(client: AsyncClient, n: int) -> bool:
     return completed
 
 
-async def _cycles(url: str, key: str, runs: int, in_flight: int, timeout_s: float
-                  ) -> HttpOutcome:
-    async with AsyncClient(url, key) as client:
+async def _cycles(url: str, key: str, runs: int, in_flight: int, timeout_s: float,
+                  transport: str) -> HttpOutcome:
+    async with AsyncClient(url, key, transport=(
+            aiohttp_transport() if transport == "aiohttp" else None)) as client:
         queue = iter(range(runs))
         done = 0
 
@@ -61,11 +78,12 @@ async def _cycles(url: str, key: str, runs: int, in_flight: int, timeout_s: floa
         return HttpOutcome(runs, done, time.perf_counter() - started)
 
 
-def cycles(url: str, key: str, runs: int, in_flight: int, timeout_s: float) -> HttpOutcome:
+def cycles(url: str, key: str, runs: int, in_flight: int, timeout_s: float,
+           transport: str) -> HttpOutcome:
     """N cycles over HTTP, `in_flight` at once, on uvloop when it is there (as uvicorn
     runs the gateway, and as a service would run its client)."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(_cycles(url, key, runs, in_flight, timeout_s))
-    return uvloop.run(_cycles(url, key, runs, in_flight, timeout_s))
+        return asyncio.run(_cycles(url, key, runs, in_flight, timeout_s, transport))
+    return uvloop.run(_cycles(url, key, runs, in_flight, timeout_s, transport))

@@ -314,7 +314,7 @@ def table(result: dict[str, Any]) -> str:
     ]
     if result.get("http"):
         h = result["http"]
-        rows.append(("over HTTP (layby.AsyncClient)", (
+        rows.append((f"over HTTP (layby.AsyncClient, {h.get('transport', 'httpx')})", (
             f"{h['cycles_per_s']:.1f} cycles/s ({h['completed']}/{h['runs']}) against "
             f"{h['direct_cycles_per_s']:.1f} direct in rounds between them: "
             f"{h['over_direct']:.3f} (rounds: {', '.join(f'{x:.3f}' for x in h['rounds'])}); "

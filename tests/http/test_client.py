@@ -10,6 +10,7 @@ import pytest
 
 import layby
 from layby import AsyncClient, Client, Conflict, Invalid, NotFound, Status, Unauthorized
+from layby.client import aiohttp_transport
 from tests.support.harness import API_KEY, LaybySystem
 
 
@@ -140,9 +141,11 @@ def test_wait_gives_up_after_its_timeout(client: Client) -> None:
     assert client.wait(run.id, timeout=10).status is Status.CANCELLED
 
 
-def test_the_async_client_drives_the_same_run(system: LaybySystem) -> None:
+@pytest.mark.parametrize("transport", ["httpx", "aiohttp"])
+def test_the_async_client_drives_the_same_run(system: LaybySystem, transport: str) -> None:
     async def drive() -> layby.RunView:
-        async with AsyncClient(system.base_url, api_key=API_KEY) as client:
+        async with AsyncClient(system.base_url, api_key=API_KEY, transport=(
+                aiohttp_transport() if transport == "aiohttp" else None)) as client:
             run = await client.start("demo.trivia", input="Quiz me")
             run = await client.wait(run.id, until=[Status.INTERRUPTED], timeout=30)
             await client.answer(run.id, run.open_interrupts[0].id, payload="Jaws")

@@ -1,20 +1,25 @@
-"""`layby.Client` on the edges of the event stream, against a local HTTP server that speaks
-the gateway's protocol with scripted answers (the states a real gateway only reaches by
-chance: a connection dropped in the middle of an event, a run nobody answers, a reply with
-a field this client does not know yet)."""
+"""`layby.Client` and `layby.AsyncClient` (on httpx's transport and on aiohttp's) on the edges
+of the event stream, against a local HTTP server that speaks the gateway's protocol with
+scripted answers (the states a real gateway only reaches by chance: a connection dropped in
+the middle of an event, a run nobody answers, a reply with a field this client does not
+know yet)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 
-from layby import Client, Status
+from layby import AsyncClient, Client, Status
+from layby.client import aiohttp_transport
 
 RUN = {"id": "run_a", "agent": "demo.trivia", "status": "interrupted", "version": 2,
        "messages": [], "interrupts": [], "createdAt": "2026-01-01T00:00:00.000Z",
@@ -193,3 +198,76 @@ def test_a_server_that_answers_a_start_with_the_run_is_followed_for_its_events(
         assert run.id == "run_a"
         assert [e.type for e in run] == ["run.created", "run.completed"]
     assert server.last_event_ids == [None]
+
+
+# AsyncClient's transports: httpx's own (the default) and aiohttp's (`aiohttp_transport`).
+TRANSPORTS: dict[str, Callable[[], httpx.AsyncBaseTransport | None]] = {
+    "httpx": lambda: None, "aiohttp": aiohttp_transport}
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_the_async_client_resumes_a_dropped_stream_after_the_last_whole_event(
+        server: Scripted, transport: str) -> None:
+    cut = frame("3-0", "run.resuming", 3)
+    server.streams = [
+        [frame("1-0", "run.created", 1), frame("2-0", "run.started", 1), cut[:30], None],
+        [cut, frame("4-0", "run.completed", 4)],
+    ]
+
+    async def follow() -> list[tuple[str | None, str]]:
+        async with AsyncClient(server.url, api_key="k",
+                               transport=TRANSPORTS[transport]()) as client:
+            return [(e.id, e.type) async for e in client.events("run_a")]
+
+    assert asyncio.run(follow()) == [("1-0", "run.created"), ("2-0", "run.started"),
+                                     ("3-0", "run.resuming"), ("4-0", "run.completed")]
+    assert server.last_event_ids == [None, "2-0"]
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_the_async_client_retries_a_503_and_a_started_stream_that_drops(
+        server: Scripted, transport: str) -> None:
+    server.unavailable = 1
+    cut = frame("2-0", "run.interrupted", 2)
+    server.streams = [[frame("1-0", "run.created", 1), cut[:25], None],
+                      [cut, frame("3-0", "run.completed", 3)]]
+
+    async def drive() -> list[tuple[str | None, str]]:
+        async with AsyncClient(server.url, api_key="k",
+                               transport=TRANSPORTS[transport]()) as client:
+            async with client.stream("demo.trivia", input="Quiz me") as run:
+                got = [(e.id, e.type) async for e in run]
+            server.unavailable = 1
+            assert (await client.answer("run_a", "int_1", payload="Jaws")).resumed is True
+            return got
+
+    assert asyncio.run(drive()) == [("1-0", "run.created"), ("2-0", "run.interrupted"),
+                                    ("3-0", "run.completed")]
+    assert server.last_event_ids == [None, "1-0"]
+    # Each retry carried the same key as its first try: the server takes it as the same.
+    assert len(server.keys) == 4
+    assert server.keys[0] == server.keys[1] != server.keys[2] == server.keys[3]
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_the_async_clients_wait_keeps_its_timeout_through_keep_alives(
+        server: Scripted, transport: str) -> None:
+    server.streams = [[b": keep-alive\n\n"] * 200]
+    server.pause_s = 0.05
+
+    async def wait() -> None:
+        async with AsyncClient(server.url, api_key="k",
+                               transport=TRANSPORTS[transport]()) as client:
+            await client.wait("run_a", until="completed", timeout=1.0)
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        asyncio.run(wait())
+    assert time.monotonic() - started < 3
+
+
+def test_the_aiohttp_transport_without_its_extra_says_what_to_install(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "httpx_aiohttp", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'layby\[aiohttp\]'"):
+        aiohttp_transport()

@@ -145,9 +145,10 @@ def test_bench_over_http_and_on_parked_runs(tmp_path: Path) -> None:
                           # Memory is measured once the parked runs' events are folded.
                           env={**os.environ, "LAYBY_FOLD_EVENTS_AFTER_S": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "over HTTP (layby.AsyncClient)" in done.stdout and "60 parked" in done.stdout
+    assert "over HTTP (layby.AsyncClient, aiohttp)" in done.stdout and "60 parked" in done.stdout
     result = json.loads(out.read_text())
     http = result["http"]
+    assert http["transport"] == "aiohttp"  # the test extra installs the aiohttp extra
     assert http["runs"] == http["completed"] == RUNS and http["cycles_per_s"] > 0
     assert http["over_direct"] > 0 and http["round_trips"] > 0
     # Over HTTP the gateway's process is counted; the direct rounds between have none.
