@@ -21,8 +21,6 @@ from bench.agents import AGENT
 from layby import AsyncClient
 from layby.client import aiohttp_transport
 
-TRANSPORTS = ("aiohttp", "httpx")
-
 
 def default_transport() -> str:
     """aiohttp's when the `aiohttp` extra is installed, else httpx's."""
