@@ -286,6 +286,7 @@ class Plan:
     after: str = "0-0"
     seen: int = 0
     user_message_id: str | None = None
+    fresh: bool = False  # started by this request: no event of it can be folded yet
 
 
 def _after(park: Event | None, plan: Plan) -> Plan:
@@ -315,11 +316,12 @@ def prepare(rt: Runtime, agent: str, body: RunAgentInput, caller: Identity) -> P
         return _resume(rt, view, body, caller)
     if view is None:
         uid, text = last_user_text(body.messages)
-        commands.start_run(rt, agent, input=text, run_id=run_id,
-                           idempotency_key=f"agui:{run_id}",
-                           metadata={"agui": {"threadId": body.thread_id,
-                                              "userMessageId": uid}}, who=caller)
-        return Plan(run_id, user_message_id=uid)
+        _, created = commands.start_run(rt, agent, input=text, run_id=run_id,
+                                        idempotency_key=f"agui:{run_id}",
+                                        metadata={"agui": {"threadId": body.thread_id,
+                                                           "userMessageId": uid}},
+                                        who=caller)
+        return Plan(run_id, user_message_id=uid, fresh=created)
     return _reconnect(rt, view, body)
 
 
@@ -375,7 +377,7 @@ async def _stream(rt: Runtime, encoder: EventEncoder, cursor: Cursor, plan: Plan
                   state: Any) -> AsyncIterator[str]:
     yield encoder.encode(RunStartedEvent(thread_id=cursor.thread_id,
                                          run_id=cursor.agui_run_id))
-    async for event in run_events(rt, plan.run_id, plan.after):
+    async for event in run_events(rt, plan.run_id, plan.after, fresh=plan.fresh):
         if event is None:
             yield ": keep-alive\n\n"
             continue

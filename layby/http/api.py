@@ -107,7 +107,8 @@ async def start_run(request: Request, body: StartRun, rt: Rt, caller: Caller,
     if not created:
         headers["Idempotent-Replayed"] = "true"
     if _wants_events(request.headers.get("accept", "")):
-        return EventStreamResponse(sse(rt, view.id, "0-0", follow), status_code=202,
+        return EventStreamResponse(sse(rt, view.id, "0-0", follow, fresh=created),
+                                   status_code=202,
                                    media_type="text/event-stream",
                                    headers={**headers, **STREAM_HEADERS})
     return _json(view, status_code=202, headers=headers)

@@ -124,23 +124,26 @@ async def run_tenant(rt: Runtime, run_id: str) -> str | None:
     return None if agent is None else str(tenant or DEFAULT_TENANT)
 
 
-async def run_events(rt: Runtime, run_id: str, after: str, follow: bool = True
-                     ) -> AsyncIterator[Event | None]:
+async def run_events(rt: Runtime, run_id: str, after: str, follow: bool = True, *,
+                     fresh: bool = False) -> AsyncIterator[Event | None]:
     """The run's events after `after`, then (with `follow`) as they come; None for a
-    keep-alive."""
+    keep-alive. `fresh`: the request started the run (`parking.events.follow_raw`)."""
     key, where = await _where(rt, run_id)
     client = await _client(rt)
-    async for event in events.follow(client, key, after, keep_going=follow, where=where):
+    async for event in events.follow(client, key, after, keep_going=follow, where=where,
+                                     fresh=fresh):
         yield event
 
 
-async def sse(rt: Runtime, run_id: str, after: str, follow: bool) -> AsyncIterator[bytes]:
+async def sse(rt: Runtime, run_id: str, after: str, follow: bool, *, fresh: bool = False
+              ) -> AsyncIterator[bytes]:
     """Server-sent events from the run's stream: replay, then follow until the run ends.
-    Each entry is written as it is stored (its data is not parsed and written again)."""
+    Each entry is written as it is stored (its data is not parsed and written again).
+    `fresh`: the request started the run (`parking.events.follow_raw`)."""
     client = await _client(rt)
     key, where = await _where(rt, run_id)
     async for batch in events.follow_raw(client, key, after, keep_going=follow,
-                                         where=where):
+                                         where=where, fresh=fresh):
         if batch is None:
             yield b": keep-alive\n\n"
             continue

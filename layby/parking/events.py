@@ -218,7 +218,7 @@ def last_park(client: Redis, key: str, interrupt_ids: set[str] | None = None) ->
 
 
 async def follow_raw(client: AsyncRedis, key: str, after: str, *, keep_going: bool = True,
-                     where: Where | None = None
+                     where: Where | None = None, fresh: bool = False
                      ) -> AsyncIterator[list[tuple[str, dict[str, str]]] | None]:
     """`follow`, a batch at a time (what one read found), each entry as `fill` gives it:
     (id, fields), its data unparsed.
@@ -233,8 +233,12 @@ async def follow_raw(client: AsyncRedis, key: str, after: str, *, keep_going: bo
     `where`: the run may move to the sharded layout while it is followed (its store in the
     legacy one): a wait is at most WHERE_EVERY_MS, and after one that found nothing the
     run's events key is asked again (a move keeps the stream's ids: the follower goes on
-    from `after` there)."""
-    look = True
+    from `after` there).
+
+    `fresh`: the run was created an instant ago (the request that follows it started it),
+    so none of its events can have been folded: the first read is the wait itself, which
+    returns at once what the stream holds after `after` (one round trip, no script)."""
+    look = not (fresh and keep_going)
     waited = 0
     while True:
         batch = await stored_async(client, key, after) if look else []
@@ -268,11 +272,13 @@ def wire_json(event_id: str, fields: dict[str, str]) -> str:
 
 
 async def follow(client: AsyncRedis, key: str, after: str, *, keep_going: bool = True,
-                 where: Where | None = None) -> AsyncIterator[Event | None]:
+                 where: Where | None = None, fresh: bool = False
+                 ) -> AsyncIterator[Event | None]:
     """Events after `after`: what is there, then, with `keep_going`, each as it comes and
     None every 15 s without one (for a keep-alive). Async, so a waiting stream holds a
     socket, not one of the server's threads."""
-    async for batch in follow_raw(client, key, after, keep_going=keep_going, where=where):
+    async for batch in follow_raw(client, key, after, keep_going=keep_going, where=where,
+                                  fresh=fresh):
         if batch is None:
             yield None
             continue
