@@ -4,9 +4,11 @@ carry" has a baseline from the same run on the same machine.
 
 Apart from the cluster, what a primary spends is its share of the cycles, and what feeding
 its replicas costs. One server given the same replicas and the same broker apart spends the
-second alike: what is left between the two is the cluster's own cost (its nodes' upkeep,
-the followers' reads a primary each, and on a small machine, more servers sharing its
-cores). Two runs of the bench, one of each, differ by more than that on a small machine;
+second alike, and its runs are followed as the cluster's are, each by a read of its own
+(on one server the bench could follow them all with one `XREAD`, as a cluster cannot: the
+cheaper reads were the bench's client's, not the store's). What is left between the two
+is the cluster's own cost (its nodes' upkeep, and on a small machine, more servers sharing
+its cores). Two runs of the bench, one of each, differ by more than that on a small machine;
 rounds that alternate in one run do not.
 """
 
@@ -72,14 +74,15 @@ class Beside:
         return self
 
     def cycles(self, runs: int, in_flight: int, timeout_s: float) -> Any:
-        """`runs` cycles on the one server (`measure.layby_cycles`); BenchError if its
-        worker died."""
+        """`runs` cycles on the one server (`measure.layby_cycles`), each run followed by a
+        read of its own as on the cluster (so the two differ by the store, not by how the
+        bench's client follows); BenchError if its worker died."""
         from bench import measure
 
         if self.worker is None or not self.worker.alive():
             tail = self.worker.tail() if self.worker is not None else ""
             raise BenchError(f"the worker beside the cluster exited:\n{tail}")
-        return measure.layby_cycles(self.rt, runs, in_flight, timeout_s)
+        return measure.layby_cycles(self.rt, runs, in_flight, timeout_s, lanes=True)
 
     def stop(self) -> None:
         if self.worker is not None:

@@ -100,11 +100,13 @@ def stream_items(reply: Any) -> list[tuple[str, list[tuple[str, dict[str, str]]]
     return list(reply.items()) if isinstance(reply, dict) else list(reply)  # RESP3 or RESP2
 
 
-def layby_cycles(rt: Runtime, runs: int, in_flight: int, timeout_s: float) -> LaybyOutcome:
+def layby_cycles(rt: Runtime, runs: int, in_flight: int, timeout_s: float, *,
+                 lanes: bool = False) -> LaybyOutcome:
     """N runs of the bench agent; each is answered (in this process, through
-    `control.commands.answer`, as the HTTP API would) as soon as it parks."""
+    `control.commands.answer`, as the HTTP API would) as soon as it parks. `lanes`: follow
+    each run with a read of its own, as on a cluster, where that is the only way."""
     store = rt.store
-    if on_cluster(store):
+    if lanes or on_cluster(store):
         return _cycles_in_lanes(rt, runs, in_flight, timeout_s)
     streams: dict[str, str] = {}  # events key -> last id read
     active: dict[str, Cycle] = {}

@@ -209,7 +209,8 @@ def _beside(one: dict[str, Any], lay: dict[str, Any]) -> str:
     replicas = one.get("replicas", 0)
     like = {0: "no replica", 1: "a replica"}.get(replicas, f"{replicas} replicas")
     over = one.get("cluster_over_one_server")
-    return (f"broker apart and {like}, as each primary has, in the same rounds: "
+    return (f"broker apart and {like}, as each primary has, each run followed by a read "
+            f"of its own as there, in the same rounds: "
             f"{one.get('server_us', nan)} µs of CPU per cycle, at most "
             f"{one.get('per_s_per_primary', nan)} cycles/s; a primary of the cluster "
             f"{lay.get('per_s_per_primary', nan)}: "

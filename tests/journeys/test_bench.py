@@ -266,6 +266,7 @@ def test_bench_starts_a_cluster_of_its_own_and_one_server_beside_it(
     assert one["per_s_per_primary"] == round(1_000_000 / one["server_us"])
     assert one["cluster_over_one_server"] == round(
         lay_cost["per_s_per_primary"] / one["per_s_per_primary"], 3)
+    assert "each run followed by a read of its own as there" in done.stdout
     assert f"a primary of the cluster {lay_cost['per_s_per_primary']}: " in done.stdout
     assert f"{one['cluster_over_one_server']:.0%} of one server's" in done.stdout
     # Its worker and its server are stopped with the rest.
