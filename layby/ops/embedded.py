@@ -145,7 +145,7 @@ def _note_given(port: int) -> bool:
             given.truncate()
             given.write("".join(f"{n} {at}\n" for n, at in recent.items()))
     except (OSError, ValueError):
-        return True
+        pass  # the list cannot be kept: only this process's own ports are known
     return True
 
 

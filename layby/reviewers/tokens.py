@@ -19,10 +19,11 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from layby.errors import Forbidden
+from layby.ids import random_strings
 
 KID = re.compile(r"^[a-z0-9]{1,8}$")
 TOKEN = re.compile(r"^([a-z0-9]{1,8})-([a-z2-7]{16})-([a-z2-7]{16})$")
@@ -96,13 +97,11 @@ def _sign(key: bytes, kid: str, ref: str, grant: Grant) -> str:
 
 
 # Refs made from one read of the system's randomness when one must fit a shard: in a store
-# of 48 shards about 48 are made before one lands in its run's, and a read each (a system
-# call, `getrandom`) was 48 of them at every notification of a park.
+# of 48 shards about 48 are made before one lands in its run's.
 _DRAWN_AT_ONCE = 64
-# A ref: 16 letters of lowercase base32 (80 bits), as `_b32` writes 10 bytes. Each from
-# a random byte: the 256 bytes are each of the 32 letters eight times.
+# A ref: 16 letters of lowercase base32 (80 bits), as `_b32` writes 10 bytes.
 _REF_LETTERS = 16
-_AS_LETTER = bytes(ord("abcdefghijklmnopqrstuvwxyz234567"[b % 32]) for b in range(256))
+_BASE32 = "abcdefghijklmnopqrstuvwxyz234567"
 
 
 def issue(keys: dict[str, bytes], grant: Grant,
@@ -111,17 +110,9 @@ def issue(keys: dict[str, bytes], grant: Grant,
     `fits`: which refs will do (in a sharded store, those in the shard of the grant's run,
     which is where the grant is stored and looked up: drawn until one fits)."""
     kid, key = next(iter(keys.items()))
-    ref = next(ref for ref in _fresh_refs(1 if fits is None else _DRAWN_AT_ONCE)
-               if fits is None or fits(ref))
+    drawn = random_strings(_BASE32, _REF_LETTERS, 1 if fits is None else _DRAWN_AT_ONCE)
+    ref = next(ref for ref in drawn if fits is None or fits(ref))
     return ref, f"{kid}-{ref}-{_sign(key, kid, ref, grant)}"
-
-
-def _fresh_refs(at_once: int) -> Iterator[str]:
-    """Fresh random refs, without end, `at_once` from each read of the randomness."""
-    while True:
-        letters = secrets.token_bytes(_REF_LETTERS * at_once).translate(_AS_LETTER).decode()
-        for at in range(0, len(letters), _REF_LETTERS):
-            yield letters[at:at + _REF_LETTERS]
 
 
 def ref_of(token: str) -> str | None:

@@ -11,6 +11,7 @@ import pytest
 from redis.crc import key_slot
 
 from layby.control.commands import RUN_ID, new_run_id
+from layby.ids import random_strings
 from layby.parking import Announcements, Keys, Verdict, generated_run_id
 from layby.parking.shards import tags
 from layby.parking.store.core import RUN_ID_ALPHABET
@@ -119,6 +120,20 @@ def test_a_generated_run_id_is_short_random_and_usable_anywhere() -> None:
         for run_id in drawn:
             counts[run_id[position]] += 1
         assert min(counts.values()) > 40 and max(counts.values()) < 170, position
+
+
+@pytest.mark.parametrize("alphabet", [RUN_ID_ALPHABET, "abcdefghijklmnopqrstuvwxyz234567"])
+def test_random_strings_take_every_letter_as_often(alphabet: str) -> None:
+    """What run ids and token refs are drawn from: 62 letters do not divide 256 bytes, so
+    mapping every byte would make 8 letters a quarter likelier than the rest."""
+    drawn = random_strings(alphabet, 100, at_once=64)
+    letters = "".join(next(drawn) for _ in range(3000))
+    assert len(letters) == 300_000 and set(letters) == set(alphabet)
+    mean = len(letters) / len(alphabet)
+    counts = [letters.count(letter) for letter in alphabet]
+    assert 0.92 * mean < min(counts) and max(counts) < 1.08 * mean, (min(counts), max(counts))
+    with pytest.raises(ValueError, match="an alphabet of 1 to 256 letters, not 0"):
+        next(random_strings("", 4))
 
 
 def test_a_grant_and_an_outbox_ack_touch_their_runs_shard_alone(sharded: World) -> None:

@@ -25,7 +25,6 @@ transition that does not find its run looks in the sharded layout too (`Layout.n
 
 from __future__ import annotations
 
-import secrets
 import string
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +34,7 @@ from typing import Any, TypeVar, cast
 from redis import Redis, RedisCluster, RedisError
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
+from layby.ids import random_strings
 from layby.parking import (
     formats,
     registries,
@@ -58,28 +58,17 @@ RUN_ID_ALPHABET = string.digits + string.ascii_uppercase + string.ascii_lowercas
 RUN_ID_CHARS = 22
 
 
-# A random byte as a letter of the alphabet: each of the 62 is four of the 248 bytes below
-# 248, and the bytes from 248 up are dropped, so that every letter is as likely.
-_AS_LETTER = bytes(ord(RUN_ID_ALPHABET[b % len(RUN_ID_ALPHABET)]) for b in range(256))
-_UNEVEN = bytes(range(len(RUN_ID_ALPHABET) * 4, 256))
 # Ids made from one read of the system's randomness when one must fit a shard: in a store
-# of 48 shards about 48 are made before one lands in the shard an idempotency key names,
-# and a read each (a system call, `getrandom`) was 48 of them at every start with a key.
+# of 48 shards about 48 are made before one lands in the shard an idempotency key names.
 _DRAWN_AT_ONCE = 64
 
 
 def generated_run_id(fits: Callable[[str], bool] | None = None) -> str:
     """A fresh run id, `run_` and RUN_ID_CHARS random letters and digits; with `fits`, the
     first fresh one it accepts. Every id is as likely as any other."""
-    at_once = 1 if fits is None else _DRAWN_AT_ONCE
-    while True:
-        # A tenth more bytes than letters: about 3 % of bytes are dropped.
-        drawn = secrets.token_bytes(RUN_ID_CHARS * at_once * 11 // 10 + 4)
-        letters = drawn.translate(_AS_LETTER, _UNEVEN).decode()
-        for at in range(0, len(letters) - RUN_ID_CHARS + 1, RUN_ID_CHARS):
-            run_id = "run_" + letters[at:at + RUN_ID_CHARS]
-            if fits is None or fits(run_id):
-                return run_id
+    drawn = random_strings(RUN_ID_ALPHABET, RUN_ID_CHARS, 1 if fits is None else _DRAWN_AT_ONCE)
+    return next(run_id for run_id in ("run_" + letters for letters in drawn)
+                if fits is None or fits(run_id))
 
 
 @dataclass(frozen=True)
