@@ -225,6 +225,12 @@ def _by_process(cpu: dict[str, float]) -> str:
             + f" = {sum(cpu.values()):,.0f} µs")
 
 
+def _preempted(lay: dict[str, Any]) -> str:
+    n = lay.get("server_calls_preempted", 0)
+    return (f"; {n} call{'s' if n != 1 else ''} over 20 times {'their' if n != 1 else 'its'}"
+            " kind's median left out: the machine stopped the server") if n else ""
+
+
 def _cpu_row(lay: dict[str, Any], base: dict[str, Any]) -> str:
     """Each side's CPU per cycle (or chain) by process, and the inverse ratio of their
     totals: what the cycles/s ratio comes to when the machine is CPU-bound."""
@@ -285,7 +291,8 @@ def table(result: dict[str, Any]) -> str:
             + "; by command, those scripts call included: " + ", ".join(
                 f"{name} {us:g}" for name, us in
                 list(lay_cost.get("server_us_by_command", {}).items())[:6])
-            + " (per cycle, each command's own execution, from the slow log)"),
+            + " (per cycle, each command's own execution, from the slow log"
+            + _preempted(lay_cost) + ")"),
         ("client round trips", f"{lay_cost.get('round_trips', nan)} per cycle, "
                                f"{base_cost.get('round_trips', nan)} per bare chain"),
         ("server commands", f"{lay_cost.get('commands', nan)} per cycle, "
