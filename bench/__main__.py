@@ -570,7 +570,7 @@ def _levels(args: argparse.Namespace, parts: Parts, rt: Any, sink: hooks.Sink | 
 def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> dict[str, Any]:
     """The cycles through a gateway, in rounds that alternate with the direct path's (ABBA,
     as the baseline's do): the ratio compares what ran under the same load."""
-    from bench import costs, http, measure
+    from bench import costs, http, measure, routes
 
     key = uuid.uuid4().hex
     url = parts.start_gateway({**os.environ, "LAYBY_API_KEYS": key, "PYTHONPATH": path})
@@ -606,7 +606,10 @@ def _over_http(args: argparse.Namespace, parts: Parts, rt: Any, path: str) -> di
                       if got["direct"].per_s else 0.0)
     per_s = done / wall if wall else 0.0
     direct_per_s = direct_done / direct_wall if direct_wall else 0.0
+    # Untimed: what each of a cycle's requests costs the gateway, one at a time.
+    by_route = routes.by_route(url, key, gateway_pid, min(args.runs, 300), args.timeout)
     return {"runs": args.runs, "completed": done, "wall_s": round(wall, 4),
+            "gateway_by_route": by_route,
             "transport": transport, "cycles_per_s": round(per_s, 2),
             "direct_cycles_per_s": round(direct_per_s, 2),
             "over_direct": round(per_s / direct_per_s, 3) if direct_per_s else 0.0,

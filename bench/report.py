@@ -225,6 +225,14 @@ def _by_process(cpu: dict[str, float]) -> str:
             + f" = {sum(cpu.values()):,.0f} µs")
 
 
+def _by_route(routes: dict[str, Any]) -> str:
+    us = routes["us_by_route"]
+    return (", ".join(f"{route} {value:,.0f}" for route, value in us.items())
+            + f" (the gateway's CPU a request, one at a time, {routes['requests']} of each; "
+            f"a finished run's stream sent {routes['events_per_stream']:g} events; "
+            "/healthz is the floor: uvicorn, the middleware, a thread, one PING)")
+
+
 def _preempted(lay: dict[str, Any]) -> str:
     n = lay.get("server_calls_preempted", 0)
     return (f"; {n} call{'s' if n != 1 else ''} over 20 times {'their' if n != 1 else 'its'}"
@@ -331,6 +339,8 @@ def table(result: dict[str, Any]) -> str:
         rows.append(("CPU per cycle over HTTP", (
             f"{_by_process(h.get('cpu_us_by_process', {}))}; direct, in the rounds between: "
             f"{_by_process(h.get('direct_cpu_us_by_process', {}))}")))
+        if h.get("gateway_by_route"):
+            rows.append(("gateway µs by route", _by_route(h["gateway_by_route"])))
     if result.get("beside"):
         rows.append(("one server beside it", _beside(result["beside"], lay_cost)))
     if result.get("parked"):

@@ -159,6 +159,17 @@ def test_bench_over_http_and_on_parked_runs(tmp_path: Path) -> None:
     assert "gateway" not in http["direct_cpu_us_by_process"]
     assert set(http["direct_cpu_us_by_process"]) == {"bench", "worker main", "worker pool",
                                                      "server"}
+    # What each of a cycle's requests costs the gateway, beside the floor (/healthz).
+    by_route = http["gateway_by_route"]
+    assert by_route["requests"] == RUNS
+    assert list(by_route["us_by_route"]) == [
+        "GET /healthz", "GET /v1/agents", "POST /v1/runs", "GET /v1/runs/{id}",
+        "POST /v1/runs/{id}/interrupts/{id}", "GET /v1/runs/{id}/events"]
+    assert all(us >= 0 for us in by_route["us_by_route"].values())
+    # A finished cycle's stream: created, started, interrupted, interrupt.answered,
+    # resuming, started, completed.
+    assert by_route["events_per_stream"] == 7
+    assert "gateway µs by route" in done.stdout
     levels = result["parked"]["levels"]
     assert [lv["level"] for lv in levels] == [30, 60]
     # Each level on a server of its own, measured side by side in turns; the bench's own
