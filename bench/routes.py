@@ -23,7 +23,8 @@ from bench import BenchError
 from bench.agents import AGENT
 from bench.costs import process_cpu_us
 
-# The report's names, in the order a cycle makes them (the floor's first).
+# The report's names, in the order they are measured: the floor first, then a cycle's
+# requests as it makes them (a run read stands for the reads a caller makes between).
 HEALTHZ = "GET /healthz"
 AGENTS = "GET /v1/agents"
 START = "POST /v1/runs"
