@@ -1,6 +1,8 @@
 """The dashboard and the alert rules that ship (deploy/grafana/layby.json,
 deploy/prometheus/alerts.yml): every expression parses (promql-parser, a maintained PromQL
-parser) and every metric it names is on a live gateway's /metrics."""
+parser) and every metric it names is on a live gateway's /metrics; the dashboard is what
+Grafana's own dashboard types accept (@grafana/schema, checked by TypeScript), and
+Prometheus itself loads the rules."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from tests.support.harness import API_KEY, ROOT, LaybySystem, free_port, wait_un
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "layby.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
+# Grafana's dashboard types as Grafana publishes them (@grafana/schema) and TypeScript.
+GRAFANA_TYPES = Path(__file__).resolve().parent / "grafana_types"
 
 
 def _selected(expr: str) -> set[str]:
@@ -82,6 +86,55 @@ def test_the_dashboard_is_a_grafana_dashboard_over_a_chosen_prometheus() -> None
         for target in panel.get("targets", []):
             assert target["datasource"]["uid"] == "${datasource}"
             assert _selected(target["expr"]), (panel["title"], target["expr"])
+
+
+def _grafana_types() -> Path:
+    """Grafana's types and TypeScript from npm (`npm ci` from the lock file), once per
+    checkout. A machine without Node fails the test, as the AG-UI client's tests do."""
+    assert shutil.which("node") and shutil.which("npm"), \
+        "the dashboard's check needs Node.js and npm on the machine (apt-get install nodejs npm)"
+    modules = GRAFANA_TYPES / "node_modules"
+    if not (modules / "@grafana" / "schema").exists():
+        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=GRAFANA_TYPES,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"npm ci in {GRAFANA_TYPES} failed:\n{done.stderr[-3000:]}"
+    return modules
+
+
+def _typecheck(dashboard: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    """TypeScript's verdict on a dashboard's JSON written as an object literal that must
+    satisfy Grafana's `Dashboard`: a field Grafana does not know (at any depth), or a value
+    of the wrong type, is an error."""
+    modules = _grafana_types()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "node_modules").symlink_to(modules)
+    source = folder / "dashboard.ts"
+    source.write_text('import type { Dashboard } from "@grafana/schema";\n\n'
+                      f"export const dashboard = {dashboard.strip()} satisfies Dashboard;\n")
+    return subprocess.run(["node", str(modules / "typescript" / "bin" / "tsc"), "--noEmit",
+                           "--strict", "--target", "es2022", "--module", "nodenext",
+                           "--moduleResolution", "nodenext", "--skipLibCheck", str(source)],
+                          cwd=folder, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.integration
+def test_grafanas_own_dashboard_types_accept_the_dashboard(tmp_path: Path) -> None:
+    done = _typecheck(DASHBOARD.read_text(), tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.integration
+def test_grafanas_types_refuse_a_field_grafana_does_not_know_or_a_value_it_cannot_take(
+        tmp_path: Path) -> None:
+    """The check above can fail: a panel's `gridPos` misspelt, and a variable whose
+    `current` is empty (which the dashboard had until Grafana's types said so)."""
+    shipped = DASHBOARD.read_text()
+    misspelt = _typecheck(shipped.replace('"gridPos"', '"gridPosition"', 1), tmp_path / "a")
+    assert misspelt.returncode != 0 and "'\"gridPosition\"' does not exist" in misspelt.stdout
+    empty = shipped.replace('"type": "datasource",', '"type": "datasource", "current": {},', 1)
+    assert empty != shipped
+    refused = _typecheck(empty, tmp_path / "b")
+    assert refused.returncode != 0 and "VariableOption" in refused.stdout
 
 
 @pytest.mark.integration
