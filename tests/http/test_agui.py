@@ -6,7 +6,6 @@ pure translation of layby events into AG-UI events."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 import uuid
@@ -20,6 +19,7 @@ from ag_ui.core import RunFinishedEvent
 from layby.generation.messages import Message, Part, ToolRequest, ToolResponse, text_message
 from layby.http import agui
 from layby.wire import Event
+from tests.support import npm
 from tests.support.harness import API_KEY, LaybySystem, wait_until
 
 
@@ -455,21 +455,9 @@ NODE_DIR = Path(__file__).resolve().parent / "agui_node"  # @ag-ui/client 1.0.x,
 NODE_DIR_0059 = Path(__file__).resolve().parent / "agui_node_0059"
 
 
-def _install_node_client(folder: Path = NODE_DIR) -> None:
-    """The real client from npm (`npm ci` from the lock file), once per checkout. A machine
-    without Node fails the test: the AG-UI tests need the real client, not a stand-in."""
-    assert shutil.which("node") and shutil.which("npm"), \
-        "the AG-UI tests need Node.js and npm on the machine (apt-get install nodejs npm)"
-    if (folder / "node_modules" / "@ag-ui" / "client").exists():
-        return
-    done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=folder,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"npm ci in {folder} failed:\n{done.stderr[-3000:]}"
-
-
 def _drive(system: LaybySystem, folder: Path) -> dict[str, Any]:
     """Run drive.mjs with the client installed in `folder`; its JSON report."""
-    _install_node_client(folder)
+    npm.installed(folder, "@ag-ui/client", "the AG-UI client's tests")
     version = json.loads((folder / "node_modules" / "@ag-ui" / "client" /
                           "package.json").read_text())["version"]
     pinned = json.loads((folder / "package.json").read_text())["dependencies"]["@ag-ui/client"]

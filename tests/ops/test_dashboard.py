@@ -18,6 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import npm
 from tests.support.harness import API_KEY, ROOT, LaybySystem, free_port, wait_until
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "layby.json"
@@ -88,24 +89,11 @@ def test_the_dashboard_is_a_grafana_dashboard_over_a_chosen_prometheus() -> None
             assert _selected(target["expr"]), (panel["title"], target["expr"])
 
 
-def _grafana_types() -> Path:
-    """Grafana's types and TypeScript from npm (`npm ci` from the lock file), once per
-    checkout. A machine without Node fails the test, as the AG-UI client's tests do."""
-    assert shutil.which("node") and shutil.which("npm"), \
-        "the dashboard's check needs Node.js and npm on the machine (apt-get install nodejs npm)"
-    modules = GRAFANA_TYPES / "node_modules"
-    if not (modules / "@grafana" / "schema").exists():
-        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=GRAFANA_TYPES,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"npm ci in {GRAFANA_TYPES} failed:\n{done.stderr[-3000:]}"
-    return modules
-
-
 def _typecheck(dashboard: str, folder: Path) -> subprocess.CompletedProcess[str]:
     """TypeScript's verdict on a dashboard's JSON written as an object literal that must
     satisfy Grafana's `Dashboard`: a field Grafana does not know (at any depth), or a value
     of the wrong type, is an error."""
-    modules = _grafana_types()
+    modules = npm.installed(GRAFANA_TYPES, "@grafana/schema", "the dashboard's check")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "node_modules").symlink_to(modules)
     source = folder / "dashboard.ts"
