@@ -5,8 +5,23 @@ reviewer token's ref that must fit its run's)."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
+
+# Strings drawn from one read when one must fit (a shard of a store's 48): about 48 are
+# made before one lands where it must, and a read each was 48 system calls at every start
+# with an idempotency key, and at every notification of a park.
+FITTING_AT_ONCE = 64
+
+
+def first_fitting(alphabet: str, length: int, fits: Callable[[str], bool] | None,
+                  prefix: str = "") -> str:
+    """A fresh `prefix` and `length` random letters of `alphabet`; with `fits`, the first
+    such string it accepts (drawn FITTING_AT_ONCE to a read of the randomness)."""
+    if fits is None:
+        return prefix + next(random_strings(alphabet, length))
+    drawn = (prefix + letters for letters in random_strings(alphabet, length, FITTING_AT_ONCE))
+    return next(found for found in drawn if fits(found))
 
 
 def random_strings(alphabet: str, length: int, at_once: int = 1) -> Iterator[str]:

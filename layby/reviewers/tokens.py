@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from layby.errors import Forbidden
-from layby.ids import random_strings
+from layby.ids import first_fitting
 
 KID = re.compile(r"^[a-z0-9]{1,8}$")
 TOKEN = re.compile(r"^([a-z0-9]{1,8})-([a-z2-7]{16})-([a-z2-7]{16})$")
@@ -96,9 +96,6 @@ def _sign(key: bytes, kid: str, ref: str, grant: Grant) -> str:
     return _b32(hmac.new(key, message, hashlib.sha256).digest()[:10])
 
 
-# Refs made from one read of the system's randomness when one must fit a shard: in a store
-# of 48 shards about 48 are made before one lands in its run's.
-_DRAWN_AT_ONCE = 64
 # A ref: 16 letters of lowercase base32 (80 bits), as `_b32` writes 10 bytes.
 _REF_LETTERS = 16
 _BASE32 = "abcdefghijklmnopqrstuvwxyz234567"
@@ -110,8 +107,7 @@ def issue(keys: dict[str, bytes], grant: Grant,
     `fits`: which refs will do (in a sharded store, those in the shard of the grant's run,
     which is where the grant is stored and looked up: drawn until one fits)."""
     kid, key = next(iter(keys.items()))
-    drawn = random_strings(_BASE32, _REF_LETTERS, 1 if fits is None else _DRAWN_AT_ONCE)
-    ref = next(ref for ref in drawn if fits is None or fits(ref))
+    ref = first_fitting(_BASE32, _REF_LETTERS, fits)
     return ref, f"{kid}-{ref}-{_sign(key, kid, ref, grant)}"
 
 

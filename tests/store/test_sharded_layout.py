@@ -11,7 +11,7 @@ import pytest
 from redis.crc import key_slot
 
 from layby.control.commands import RUN_ID, new_run_id
-from layby.ids import random_strings
+from layby.ids import first_fitting, random_strings
 from layby.parking import Announcements, Keys, Verdict, generated_run_id
 from layby.parking.shards import tags
 from layby.parking.store.core import RUN_ID_ALPHABET
@@ -134,6 +134,23 @@ def test_random_strings_take_every_letter_as_often(alphabet: str) -> None:
     assert 0.92 * mean < min(counts) and max(counts) < 1.08 * mean, (min(counts), max(counts))
     with pytest.raises(ValueError, match="an alphabet of 1 to 256 letters, not 0"):
         next(random_strings("", 4))
+
+
+def test_a_string_that_must_fit_is_the_first_drawn_that_does() -> None:
+    """How a run id is made for an idempotency key's shard, and a token's ref for its run's:
+    the prefix is part of what `fits` judges, and what it refuses is never returned."""
+    seen: list[str] = []
+
+    def ends_in_zero(candidate: str) -> bool:
+        seen.append(candidate)
+        return candidate.endswith("0")
+
+    found = first_fitting(RUN_ID_ALPHABET, 22, ends_in_zero, prefix="run_")
+    assert found == seen[-1] and len(found) == 26 and found.startswith("run_")
+    assert found.endswith("0") and not any(s.endswith("0") for s in seen[:-1])
+    assert all(s.startswith("run_") for s in seen)
+    plain = first_fitting("ab", 8, None)
+    assert len(plain) == 8 and set(plain) <= {"a", "b"}
 
 
 def test_a_grant_and_an_outbox_ack_touch_their_runs_shard_alone(sharded: World) -> None:

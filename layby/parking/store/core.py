@@ -34,7 +34,7 @@ from typing import Any, TypeVar, cast
 from redis import Redis, RedisCluster, RedisError
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
-from layby.ids import random_strings
+from layby.ids import first_fitting
 from layby.parking import (
     formats,
     registries,
@@ -58,17 +58,10 @@ RUN_ID_ALPHABET = string.digits + string.ascii_uppercase + string.ascii_lowercas
 RUN_ID_CHARS = 22
 
 
-# Ids made from one read of the system's randomness when one must fit a shard: in a store
-# of 48 shards about 48 are made before one lands in the shard an idempotency key names.
-_DRAWN_AT_ONCE = 64
-
-
 def generated_run_id(fits: Callable[[str], bool] | None = None) -> str:
     """A fresh run id, `run_` and RUN_ID_CHARS random letters and digits; with `fits`, the
     first fresh one it accepts. Every id is as likely as any other."""
-    drawn = random_strings(RUN_ID_ALPHABET, RUN_ID_CHARS, 1 if fits is None else _DRAWN_AT_ONCE)
-    return next(run_id for run_id in ("run_" + letters for letters in drawn)
-                if fits is None or fits(run_id))
+    return first_fitting(RUN_ID_ALPHABET, RUN_ID_CHARS, fits, prefix="run_")
 
 
 @dataclass(frozen=True)
